@@ -1,0 +1,318 @@
+//! What the VMM observes of the guest: events, exits, latency samples.
+//!
+//! vCPU threads feed [`Monitor::on_event`] with each value the guest writes
+//! to the event port, timestamped with the host monotonic clock on arrival,
+//! and count their MMIO and port exits. Host-side injectors record when
+//! they injected ([`Monitor::note_injection`]), so a latency is host clock
+//! on both ends.
+
+use crate::guest::GuestEvent;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+/// Per-vCPU record of what the guest reported.
+#[derive(Clone, Debug, Default)]
+pub struct VcpuStats {
+    /// x2APIC ID the vCPU reported at boot.
+    pub apic_id: Option<u32>,
+    /// Slot the vCPU found in the region's APIC table.
+    pub slot: Option<u32>,
+    /// STATUS/ERROR after the handshake (vCPU 0 only).
+    pub handshake: Option<(u32, u32)>,
+    /// vCPU 0 found pvsched at this `dev << 3 | fn`.
+    pub pci_found: Option<u32>,
+    /// vCPU 0 moved BAR2 here.
+    pub bar_moved: Option<u64>,
+    /// The vCPU reached its workload loop.
+    pub ready: bool,
+    /// The vCPU saw the stop flag.
+    pub done: bool,
+    /// First unexpected exception vector.
+    pub fault: Option<u32>,
+    /// Workload events (wakeups acknowledged, round trips, IPIs received, spins).
+    pub events: u64,
+    /// Latency samples in nanoseconds (meaning depends on the workload).
+    pub samples_ns: Vec<u64>,
+    /// `ipi`: pings sent.
+    pub ipi_sent: u64,
+    /// `ipi`: pings received.
+    pub ipi_received: u64,
+    /// `ipi`: pongs received (completed round trips).
+    pub pongs: u64,
+    /// `spin`: completed spins.
+    pub spins: u64,
+    /// `spin`: PAUSE iterations over all spins.
+    pub pause_iterations: u64,
+    /// `spin`: requests answered.
+    pub spin_answers: u64,
+    /// MMIO exits counted at the start of the slot-update burst.
+    pub burst_mmio_begin: Option<u64>,
+    /// MMIO exits during the slot-update burst.
+    pub burst_mmio_exits: Option<u64>,
+    /// Slot updates in the burst.
+    pub burst_updates: Option<u32>,
+    /// `hostile`: (step, ERROR) pairs.
+    pub hostile: Vec<(u32, u32)>,
+    /// Event values the VMM did not understand.
+    pub unknown_events: u64,
+}
+
+struct VcpuRecord {
+    stats: Mutex<VcpuStats>,
+    mmio_exits: AtomicU64,
+    pio_exits: AtomicU64,
+    injected_at: AtomicU64,
+    sent_at: AtomicU64,
+}
+
+/// Shared observation state of one VM.
+pub struct Monitor {
+    start: Instant,
+    vcpus: Vec<VcpuRecord>,
+    console: Mutex<Vec<u8>>,
+}
+
+const CONSOLE_MAX: usize = 64 * 1024;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Monitor {
+    /// A monitor for `nr_vcpus` vCPUs.
+    pub fn new(nr_vcpus: u32) -> Self {
+        Self {
+            start: Instant::now(),
+            vcpus: (0..nr_vcpus)
+                .map(|_| VcpuRecord {
+                    stats: Mutex::new(VcpuStats::default()),
+                    mmio_exits: AtomicU64::new(0),
+                    pio_exits: AtomicU64::new(0),
+                    injected_at: AtomicU64::new(0),
+                    sent_at: AtomicU64::new(0),
+                })
+                .collect(),
+            console: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Nanoseconds since the monitor was created (never 0).
+    pub fn now_ns(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Number of vCPUs.
+    pub fn nr_vcpus(&self) -> u32 {
+        self.vcpus.len() as u32
+    }
+
+    /// Count an MMIO exit of `vcpu`.
+    pub fn count_mmio(&self, vcpu: u32) {
+        if let Some(r) = self.vcpus.get(vcpu as usize) {
+            r.mmio_exits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Count a port exit of `vcpu`.
+    pub fn count_pio(&self, vcpu: u32) {
+        if let Some(r) = self.vcpus.get(vcpu as usize) {
+            r.pio_exits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// MMIO exits of `vcpu` so far.
+    pub fn mmio_exits(&self, vcpu: u32) -> u64 {
+        self.vcpus
+            .get(vcpu as usize)
+            .map_or(0, |r| r.mmio_exits.load(Ordering::Relaxed))
+    }
+
+    /// Port exits of `vcpu` so far.
+    pub fn pio_exits(&self, vcpu: u32) -> u64 {
+        self.vcpus
+            .get(vcpu as usize)
+            .map_or(0, |r| r.pio_exits.load(Ordering::Relaxed))
+    }
+
+    /// Record that an interrupt was injected into `vcpu` now. Returns false
+    /// (and records nothing) while a previous injection is unacknowledged.
+    pub fn note_injection(&self, vcpu: u32) -> bool {
+        let Some(r) = self.vcpus.get(vcpu as usize) else {
+            return false;
+        };
+        r.injected_at
+            .compare_exchange(0, self.now_ns(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Forget an unacknowledged injection into `vcpu` (lost or timed out);
+    /// returns when it was made.
+    pub fn clear_injection(&self, vcpu: u32) -> Option<u64> {
+        let r = self.vcpus.get(vcpu as usize)?;
+        let t = r.injected_at.swap(0, Ordering::AcqRel);
+        (t != 0).then_some(t)
+    }
+
+    /// Console bytes from the guest.
+    pub fn console_byte(&self, b: u8) {
+        let mut c = lock(&self.console);
+        if c.len() < CONSOLE_MAX {
+            c.push(b);
+        }
+    }
+
+    /// Console text so far.
+    pub fn console(&self) -> String {
+        String::from_utf8_lossy(&lock(&self.console)).into_owned()
+    }
+
+    /// A copy of `vcpu`'s record.
+    pub fn stats(&self, vcpu: u32) -> VcpuStats {
+        self.vcpus
+            .get(vcpu as usize)
+            .map(|r| lock(&r.stats).clone())
+            .unwrap_or_default()
+    }
+
+    /// Sum of workload events over all vCPUs.
+    pub fn total_events(&self) -> u64 {
+        self.vcpus.iter().map(|r| lock(&r.stats).events).sum()
+    }
+
+    /// Whether every vCPU in `which` has reported `done`.
+    pub fn all_done(&self, which: impl Iterator<Item = u32>) -> bool {
+        let mut all = true;
+        for v in which {
+            all &= self.stats(v).done;
+        }
+        all
+    }
+
+    /// Whether every vCPU reached its workload loop (or stopped).
+    pub fn all_ready(&self) -> bool {
+        self.vcpus.iter().all(|r| {
+            let s = lock(&r.stats);
+            s.ready || s.done || s.fault.is_some()
+        })
+    }
+
+    /// Handle one event-port value from `vcpu`.
+    pub fn on_event(&self, vcpu: u32, value: u32) {
+        let now = self.now_ns();
+        let Some(rec) = self.vcpus.get(vcpu as usize) else {
+            return;
+        };
+        let event = GuestEvent::decode(value);
+        let peer_sent = |peer: u32| {
+            self.vcpus
+                .get(peer as usize)
+                .map(|p| p.sent_at.load(Ordering::Acquire))
+                .filter(|t| *t != 0)
+        };
+        let mut s = lock(&rec.stats);
+        match event {
+            GuestEvent::Boot(id) => s.apic_id = Some(id),
+            GuestEvent::PciFound(bdf) => s.pci_found = Some(bdf),
+            GuestEvent::Handshake { status, error } => s.handshake = Some((status, error)),
+            GuestEvent::Slot(slot) => s.slot = slot,
+            GuestEvent::BurstBegin(_) => {
+                s.burst_mmio_begin = Some(rec.mmio_exits.load(Ordering::Relaxed));
+            }
+            GuestEvent::BurstEnd(n) => {
+                let now_exits = rec.mmio_exits.load(Ordering::Relaxed);
+                s.burst_mmio_exits = s.burst_mmio_begin.map(|b| now_exits.saturating_sub(b));
+                s.burst_updates = Some(n);
+            }
+            GuestEvent::Ready => s.ready = true,
+            GuestEvent::WakeAck => {
+                let t = rec.injected_at.swap(0, Ordering::AcqRel);
+                if t != 0 {
+                    s.samples_ns.push(now.saturating_sub(t));
+                }
+                s.events += 1;
+            }
+            GuestEvent::IpiSent(_) => {
+                rec.sent_at.store(now, Ordering::Release);
+                s.ipi_sent += 1;
+            }
+            GuestEvent::IpiReceived(from) => {
+                if let Some(t) = peer_sent(from) {
+                    s.samples_ns.push(now.saturating_sub(t));
+                }
+                s.ipi_received += 1;
+                s.events += 1;
+            }
+            GuestEvent::PongReceived(_) => {
+                let t = rec.sent_at.load(Ordering::Acquire);
+                if t != 0 {
+                    s.samples_ns.push(now.saturating_sub(t));
+                }
+                s.pongs += 1;
+                s.events += 1;
+            }
+            GuestEvent::SpinBegin(_) => rec.sent_at.store(now, Ordering::Release),
+            GuestEvent::SpinEnd(n) => {
+                let t = rec.sent_at.load(Ordering::Acquire);
+                if t != 0 {
+                    s.samples_ns.push(now.saturating_sub(t));
+                }
+                s.spins += 1;
+                s.pause_iterations += u64::from(n);
+                s.events += 1;
+            }
+            GuestEvent::SpinAnswered(_) => {
+                s.spin_answers += 1;
+                s.events += 1;
+            }
+            GuestEvent::HostileError { step, error } => s.hostile.push((step, error)),
+            GuestEvent::BarMoved(base) => s.bar_moved = Some(base),
+            GuestEvent::Done => s.done = true,
+            GuestEvent::Fault(v) => {
+                if s.fault.is_none() {
+                    s.fault = Some(v);
+                }
+            }
+            GuestEvent::Unknown(_) => s.unknown_events += 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest::events::code;
+
+    #[test]
+    fn wake_latency_is_ack_minus_injection() {
+        let m = Monitor::new(2);
+        assert!(m.note_injection(1));
+        assert!(!m.note_injection(1), "one outstanding injection per vCPU");
+        m.on_event(1, code::WAKE_ACK << 24);
+        let s = m.stats(1);
+        assert_eq!(s.events, 1);
+        assert_eq!(s.samples_ns.len(), 1);
+        assert!(m.note_injection(1));
+        // An ack without an injection counts but gives no sample.
+        m.on_event(0, code::WAKE_ACK << 24);
+        assert_eq!(m.stats(0).samples_ns.len(), 0);
+        assert_eq!(m.total_events(), 2);
+    }
+
+    #[test]
+    fn ipi_counts_and_bad_indices_are_ignored() {
+        let m = Monitor::new(2);
+        m.on_event(0, code::IPI_SENT << 24 | 1);
+        m.on_event(1, code::IPI_RECV << 24);
+        m.on_event(0, code::PONG_RECV << 24 | 1);
+        m.on_event(7, code::IPI_SENT << 24);
+        m.on_event(1, code::IPI_RECV << 24 | 0xff_ffff);
+        assert_eq!(m.stats(0).ipi_sent, 1);
+        assert_eq!(m.stats(0).pongs, 1);
+        assert_eq!(m.stats(1).ipi_received, 2);
+        m.on_event(0, 0xee00_0000);
+        assert_eq!(m.stats(0).unknown_events, 1);
+    }
+}

@@ -1,0 +1,444 @@
+//! Running a workload for a while and summarising it (`pvsched run`).
+//!
+//! [`Run::start`] builds and starts the VM and, for `wakeup`, an injector
+//! thread that sends one MSI at a time to each vCPU and timestamps it.
+//! [`Run::finish`] stops in an order that loses nothing in flight: the
+//! injector first, then the stop flag, then the vCPUs that drive a pair
+//! (they poll the flag), then the passive ones (woken by the stop vector),
+//! and finally every vCPU thread is kicked out of KVM_RUN and joined.
+
+use crate::guest::Workload;
+use crate::guest::events::{VEC_STOP, VEC_WAKE};
+use crate::monitor::Monitor;
+use crate::stats::{self, Summary};
+use crate::vcpu::VcpuEnd;
+use crate::vm::{self, Vm, VmConfig};
+use pvsched_abi as abi;
+use pvsched_device::RegionMode;
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long to wait for the guest to notice the stop flag.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+/// How long [`Run::start`] waits for the guest to reach its workload loops.
+const BOOT_WAIT: Duration = Duration::from_secs(10);
+/// An injection not acknowledged after this long counts as lost.
+const WAKE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// What to run.
+#[derive(Clone)]
+pub struct RunConfig {
+    /// The VM.
+    pub vm: VmConfig,
+    /// How long the workload runs.
+    pub duration: Duration,
+    /// `wakeup`: time between two injections into the same vCPU.
+    pub wakeup_interval: Duration,
+}
+
+impl RunConfig {
+    /// Defaults: 2 ms between wakeups.
+    pub fn new(vm: VmConfig, duration: Duration) -> Self {
+        Self {
+            vm,
+            duration,
+            wakeup_interval: Duration::from_millis(2),
+        }
+    }
+}
+
+/// A snapshot for live progress.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    /// Time since start.
+    pub elapsed: Duration,
+    /// Workload events so far (all vCPUs).
+    pub events: u64,
+    /// Whether every vCPU reached its workload loop.
+    pub ready: bool,
+}
+
+/// The guest half of a slot as the host read it through the region view.
+#[derive(Clone, Debug, Serialize)]
+pub struct SlotReading {
+    /// Sequence counter (even).
+    pub seq: u32,
+    /// `kern_cs` bits.
+    pub kern_cs: u32,
+    /// Policy.
+    pub policy: u32,
+    /// RT priority.
+    pub rt_prio: u32,
+    /// Slot index waited on.
+    pub wait_on: Option<u32>,
+    /// Completed updates.
+    pub updates: u64,
+}
+
+/// Per-vCPU results.
+#[derive(Clone, Debug, Serialize)]
+pub struct VcpuReport {
+    /// vCPU index.
+    pub index: u32,
+    /// Host thread ID.
+    pub tid: i32,
+    /// x2APIC ID the guest read.
+    pub apic_id: Option<u32>,
+    /// Region slot the guest found.
+    pub slot: Option<u32>,
+    /// Workload events.
+    pub events: u64,
+    /// Latency samples.
+    pub samples: usize,
+    /// Median latency, µs.
+    pub p50_us: Option<f64>,
+    /// 99th percentile, µs.
+    pub p99_us: Option<f64>,
+    /// Maximum, µs.
+    pub max_us: Option<f64>,
+    /// MMIO exits of this vCPU.
+    pub mmio_exits: u64,
+    /// Port exits of this vCPU.
+    pub pio_exits: u64,
+    /// Slot updates in the start-up burst.
+    pub burst_updates: Option<u32>,
+    /// MMIO exits during the burst (0 in device-region mode: no exits).
+    pub burst_mmio_exits: Option<u64>,
+    /// `ipi`: pings sent.
+    pub ipi_sent: u64,
+    /// `ipi`: pings received.
+    pub ipi_received: u64,
+    /// `spin`: completed spins.
+    pub spins: u64,
+    /// `spin`: PAUSE iterations.
+    pub pause_iterations: u64,
+    /// `hostile`: (step, ERROR) the guest saw.
+    pub hostile: Vec<(u32, u32)>,
+    /// Unexpected exception vector, if any.
+    pub fault: Option<u32>,
+    /// The guest half of its slot as read by the host at the end.
+    pub guest_slot: Option<SlotReading>,
+    /// Why the vCPU thread ended.
+    pub end: Option<VcpuEnd>,
+}
+
+/// The result of a run (also the `--json` output).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Workload name.
+    pub workload: Workload,
+    /// "device" or "guest".
+    pub region: &'static str,
+    /// Wall time the workload ran, seconds.
+    pub duration_s: f64,
+    /// Workload events, all vCPUs.
+    pub events: u64,
+    /// Latency samples, all vCPUs.
+    pub samples: usize,
+    /// Median latency over all vCPUs, µs.
+    pub p50_us: Option<f64>,
+    /// 99th percentile, µs.
+    pub p99_us: Option<f64>,
+    /// Maximum, µs.
+    pub max_us: Option<f64>,
+    /// `DRIVER_OK`, `FAILED: <ERROR name>` or `NOT_REACHED`.
+    pub handshake: String,
+    /// STATUS the guest read after DRIVER_OK.
+    pub handshake_status: Option<u32>,
+    /// ERROR the guest read after DRIVER_OK.
+    pub handshake_error: Option<u32>,
+    /// Device STATUS at the end.
+    pub device_status: u32,
+    /// Device ERROR at the end.
+    pub device_error: u32,
+    /// `wakeup`: injections never acknowledged.
+    pub lost_wakeups: u64,
+    /// Every vCPU thread was stopped by the VMM and joined.
+    pub clean_shutdown: bool,
+    /// Per vCPU.
+    pub per_vcpu: Vec<VcpuReport>,
+    /// What the guest wrote to its serial port.
+    pub console: String,
+}
+
+impl RunReport {
+    /// Whether the handshake reached DRIVER_OK.
+    pub fn driver_ok(&self) -> bool {
+        self.handshake_status
+            .is_some_and(|s| s & abi::STATUS_DRIVER_OK != 0)
+    }
+}
+
+/// Name of an ERROR code.
+pub fn error_name(code: u32) -> &'static str {
+    match code {
+        abi::ERR_NONE => "NONE",
+        abi::ERR_BAD_SEQUENCE => "BAD_SEQUENCE",
+        abi::ERR_FEATURES_UNSUPPORTED => "FEATURES_UNSUPPORTED",
+        abi::ERR_NO_REGION_MODE => "NO_REGION_MODE",
+        abi::ERR_VERSION_MISMATCH => "VERSION_MISMATCH",
+        abi::ERR_REGION_ZERO_SIZE => "REGION_ZERO_SIZE",
+        abi::ERR_REGION_UNALIGNED => "REGION_UNALIGNED",
+        abi::ERR_REGION_WRAPS => "REGION_WRAPS",
+        abi::ERR_REGION_OUTSIDE_RAM => "REGION_OUTSIDE_RAM",
+        abi::ERR_REGION_TOO_SMALL => "REGION_TOO_SMALL",
+        abi::ERR_REGION_CHANGED => "REGION_CHANGED",
+        abi::ERR_REGION_UNMAPPED => "REGION_UNMAPPED",
+        abi::ERR_REGION_UNAVAILABLE => "REGION_UNAVAILABLE",
+        abi::ERR_DEVICE_FAILED => "DEVICE_FAILED",
+        0xffff => "DEVICE_NOT_FOUND",
+        _ => "UNKNOWN",
+    }
+}
+
+/// A workload in progress.
+pub struct Run {
+    vm: Vm,
+    workload: Workload,
+    started: Instant,
+    injector: Option<JoinHandle<()>>,
+    stop_injector: Arc<AtomicBool>,
+    lost: Arc<AtomicU64>,
+}
+
+impl Run {
+    /// Build and start the VM and the workload's host side. Returns once
+    /// every vCPU reached its workload loop (or after 10 s if the guest
+    /// never gets there; the report then shows how far it got).
+    pub fn start(cfg: &RunConfig) -> vm::Result<Self> {
+        let mut vm = Vm::new(cfg.vm.clone())?;
+        vm.start()?;
+        // The workload's time starts once the guest is in its loops
+        // (handshake and slot burst done); a broken guest gets BOOT_WAIT.
+        let deadline = Instant::now() + BOOT_WAIT;
+        while !vm.monitor().all_ready() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let stop_injector = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicU64::new(0));
+        let injector = if cfg.vm.workload == Workload::Wakeup {
+            let inj = vm.injector();
+            let monitor = vm.monitor().clone();
+            let stop = stop_injector.clone();
+            let lost = lost.clone();
+            let interval = cfg.wakeup_interval;
+            Some(
+                std::thread::Builder::new()
+                    .name("pvsched-inject".into())
+                    .spawn(move || inject_loop(&inj, &monitor, &stop, &lost, interval))
+                    .map_err(vm::Error::Spawn)?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            workload: cfg.vm.workload,
+            vm,
+            started: Instant::now(),
+            injector,
+            stop_injector,
+            lost,
+        })
+    }
+
+    /// The VM (TIDs, device, region view...).
+    pub fn vm(&self) -> &Vm {
+        &self.vm
+    }
+
+    /// Live progress.
+    pub fn progress(&self) -> Progress {
+        let m = self.vm.monitor();
+        Progress {
+            elapsed: self.started.elapsed(),
+            events: m.total_events(),
+            ready: m.all_ready(),
+        }
+    }
+
+    /// Stop everything, join every thread, and summarise.
+    pub fn finish(mut self) -> RunReport {
+        let duration = self.started.elapsed();
+        self.stop_injector.store(true, Ordering::Release);
+        if let Some(h) = self.injector.take()
+            && h.join().is_err()
+        {
+            log::warn!("injector thread panicked");
+        }
+        let monitor = self.vm.monitor().clone();
+        let n = monitor.nr_vcpus();
+        if let Err(e) = self.vm.request_stop() {
+            log::warn!("{e}");
+        }
+        let active: Vec<u32> = (0..n).filter(|v| self.workload.is_active(*v, n)).collect();
+        let passive: Vec<u32> = (0..n).filter(|v| !self.workload.is_active(*v, n)).collect();
+        self.stop_group(&active, STOP_WAIT / 4);
+        self.stop_group(&passive, Duration::ZERO);
+
+        let view = self.vm.region_view();
+        let (device_status, device_error) = self.vm.device_status();
+        let tids = self.vm.vcpu_tids();
+        let mut per_vcpu = Vec::new();
+        let mut all_samples = Vec::new();
+        for v in 0..n {
+            let s = monitor.stats(v);
+            let sum = stats::summarize(&s.samples_ns);
+            all_samples.extend_from_slice(&s.samples_ns);
+            let guest_slot = match (&view, s.slot) {
+                (Some(view), Some(slot)) => view.read_guest_slot(slot).ok().map(|g| SlotReading {
+                    seq: g.seq,
+                    kern_cs: g.kern_cs,
+                    policy: g.policy,
+                    rt_prio: g.rt_prio,
+                    wait_on: g.wait_on,
+                    updates: g.updates,
+                }),
+                _ => None,
+            };
+            per_vcpu.push(VcpuReport {
+                index: v,
+                tid: tids.get(v as usize).copied().unwrap_or(0),
+                apic_id: s.apic_id,
+                slot: s.slot,
+                events: s.events,
+                samples: sum.samples,
+                p50_us: sum.p50_us,
+                p99_us: sum.p99_us,
+                max_us: sum.max_us,
+                mmio_exits: monitor.mmio_exits(v),
+                pio_exits: monitor.pio_exits(v),
+                burst_updates: s.burst_updates,
+                burst_mmio_exits: s.burst_mmio_exits,
+                ipi_sent: s.ipi_sent,
+                ipi_received: s.ipi_received,
+                spins: s.spins,
+                pause_iterations: s.pause_iterations,
+                hostile: s.hostile.clone(),
+                fault: s.fault,
+                guest_slot,
+                end: None,
+            });
+        }
+        let hs = monitor.stats(0).handshake;
+        let workload = self.workload;
+        let region = match self.vm.config().region {
+            RegionMode::Device => "device",
+            RegionMode::Guest => "guest",
+        };
+        let shutdown = self.vm.shutdown();
+        for (r, end) in per_vcpu.iter_mut().zip(shutdown.vcpu_ends.iter()) {
+            r.end = Some(end.clone());
+        }
+        let Summary {
+            samples,
+            p50_us,
+            p99_us,
+            max_us,
+        } = stats::summarize(&all_samples);
+        let handshake = match hs {
+            Some((st, _)) if st & abi::STATUS_DRIVER_OK != 0 => "DRIVER_OK".to_owned(),
+            Some((_, err)) => format!("FAILED: {}", error_name(err)),
+            None => "NOT_REACHED".to_owned(),
+        };
+        RunReport {
+            vcpus: n,
+            workload,
+            region,
+            duration_s: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
+            events: per_vcpu.iter().map(|r| r.events).sum(),
+            samples,
+            p50_us,
+            p99_us,
+            max_us,
+            handshake,
+            handshake_status: hs.map(|h| h.0),
+            handshake_error: hs.map(|h| h.1),
+            device_status,
+            device_error,
+            lost_wakeups: self.lost.load(Ordering::Relaxed),
+            clean_shutdown: shutdown.clean(),
+            per_vcpu,
+            console: monitor.console(),
+        }
+    }
+
+    /// Wait up to `grace` for `group` to report done by itself, then wake
+    /// the rest with the stop vector and wait again.
+    fn stop_group(&self, group: &[u32], grace: Duration) {
+        let monitor = self.vm.monitor();
+        let deadline = Instant::now() + grace;
+        while !monitor.all_done(group.iter().copied()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let deadline = Instant::now() + STOP_WAIT;
+        let mut last_kick = None::<Instant>;
+        while !monitor.all_done(group.iter().copied()) && Instant::now() < deadline {
+            if last_kick.is_none_or(|t| t.elapsed() > Duration::from_millis(50)) {
+                for v in group {
+                    if !monitor.stats(*v).done
+                        && let Err(e) = self.vm.inject(*v, VEC_STOP)
+                    {
+                        log::warn!("{e}");
+                    }
+                }
+                last_kick = Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Run `cfg` for its duration, calling `progress` about once a second.
+pub fn run(cfg: &RunConfig, mut progress: impl FnMut(&Progress)) -> vm::Result<RunReport> {
+    let run = Run::start(cfg)?;
+    let end = Instant::now() + cfg.duration;
+    let mut next = Instant::now() + Duration::from_secs(1);
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        std::thread::sleep((end.min(next)).saturating_duration_since(now));
+        if Instant::now() >= next {
+            progress(&run.progress());
+            next += Duration::from_secs(1);
+        }
+    }
+    Ok(run.finish())
+}
+
+fn inject_loop(
+    inj: &vm::Injector,
+    monitor: &Monitor,
+    stop: &AtomicBool,
+    lost: &AtomicU64,
+    interval: Duration,
+) {
+    let n = monitor.nr_vcpus();
+    let mut since: Vec<Option<Instant>> = vec![None; n as usize];
+    while !stop.load(Ordering::Acquire) {
+        for v in 0..n {
+            if !monitor.stats(v).ready {
+                continue;
+            }
+            let slot = &mut since[v as usize];
+            if monitor.note_injection(v) {
+                *slot = Some(Instant::now());
+                if let Err(e) = inj.inject(v, VEC_WAKE) {
+                    log::warn!("{e}");
+                    monitor.clear_injection(v);
+                }
+            } else if slot.is_some_and(|t| t.elapsed() > WAKE_TIMEOUT) {
+                monitor.clear_injection(v);
+                lost.fetch_add(1, Ordering::Relaxed);
+                *slot = None;
+            }
+        }
+        std::thread::sleep(interval);
+    }
+}

@@ -1,0 +1,568 @@
+//! One VM: KVM VM with in-kernel irqchip, memfd guest RAM, the PCI bus with
+//! the pvsched device, the test guest, and N vCPU threads.
+//!
+//! ```no_run
+//! use pvsched_vmm::{Vm, VmConfig, Workload};
+//! let mut vm = Vm::new(VmConfig::new(2, Workload::Idle)).unwrap();
+//! vm.start().unwrap();
+//! println!("vCPU TIDs: {:?}", vm.vcpu_tids());
+//! let report = vm.shutdown();
+//! assert!(report.clean());
+//! ```
+
+use crate::guest::layout::{self, MMIO_HOLE_BASE, MMIO_HOLE_END, PARAM_STOP, PARAMS_ADDR};
+use crate::guest::{self, GuestParams, Workload};
+use crate::host_bridge::HostBridge;
+use crate::io::IoHub;
+use crate::kick;
+use crate::memory;
+use crate::memslot::BarMemslot;
+use crate::monitor::Monitor;
+use crate::pci_root::{PciRoot, SharedDevice};
+use crate::vcpu::{self, VcpuEnd};
+use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_msi, kvm_userspace_memory_region};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use pvsched_abi as abi;
+use pvsched_device::{
+    BarIndex, DeviceConfig, NullSink, PciDevice, PolicySink, PvschedDevice, RegionMode, RegionView,
+};
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread::JoinHandle;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, MmapRegion};
+
+/// PCI device number of the host bridge.
+pub const HOST_BRIDGE_DEVICE: u8 = 0;
+/// PCI device number of pvsched (`00:01.0`).
+pub const PVSCHED_DEVICE: u8 = 1;
+/// KVM memslot of guest RAM.
+const RAM_SLOT: u32 = 0;
+/// KVM memslot of BAR2 (device region).
+const BAR2_SLOT: u32 = 1;
+/// Identity-map/TSS pages KVM needs on Intel hosts, below the IOAPIC.
+const TSS_ADDRESS: usize = 0xfffb_d000;
+/// x2APIC/xAPIC MSI address base.
+const MSI_ADDRESS: u32 = 0xfee0_0000;
+
+/// Errors building or running a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// /dev/kvm does not exist.
+    #[error(
+        "/dev/kvm does not exist: load the kvm module (modprobe kvm_intel or kvm_amd) or run on a host with virtualization enabled"
+    )]
+    KvmMissing,
+    /// /dev/kvm is not accessible.
+    #[error(
+        "permission denied opening /dev/kvm: add your user to the 'kvm' group (usermod -aG kvm $USER) or run as root"
+    )]
+    KvmPermission,
+    /// Another KVM error.
+    #[error("{what} failed: {source}")]
+    Kvm {
+        /// The operation.
+        what: &'static str,
+        /// KVM error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// The configuration is invalid.
+    #[error("invalid VM configuration: {0}")]
+    Config(String),
+    /// Guest memory.
+    #[error(transparent)]
+    Memory(#[from] memory::Error),
+    /// The test guest.
+    #[error(transparent)]
+    Guest(#[from] guest::Error),
+    /// The device model.
+    #[error("pvsched device: {0}")]
+    Device(#[from] pvsched_device::Error),
+    /// vCPU setup.
+    #[error(transparent)]
+    Vcpu(#[from] vcpu::Error),
+    /// The kick signal.
+    #[error(transparent)]
+    Kick(#[from] kick::Error),
+    /// Spawning a thread.
+    #[error("spawning a vCPU thread failed: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// Memslot.
+    #[error(transparent)]
+    Memslot(#[from] crate::memslot::Error),
+    /// Writing guest memory from the host.
+    #[error("writing guest memory at {0:#x} failed")]
+    GuestWrite(u64),
+    /// Injecting an interrupt.
+    #[error("injecting vector {vector:#x} into vCPU {vcpu} failed: {source}")]
+    Inject {
+        /// vCPU index.
+        vcpu: u32,
+        /// Vector.
+        vector: u8,
+        /// KVM error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+}
+
+/// Result alias for this module.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// How to build a VM.
+#[derive(Clone)]
+pub struct VmConfig {
+    /// Number of vCPUs (1..=64).
+    pub vcpus: u32,
+    /// Guest RAM bytes (multiple of 4096).
+    pub ram_size: u64,
+    /// Which region mode the guest negotiates.
+    pub region: RegionMode,
+    /// What the test guest does.
+    pub workload: Workload,
+    /// Slot updates in the guest's start-up burst.
+    pub slot_burst: u32,
+    /// Seed for the hostile workload.
+    pub seed: u32,
+    /// Ask vCPU 0 to move BAR2 to this address before the handshake.
+    pub bar2_move: Option<u32>,
+    /// BAR2 backing from the embedder (e.g. an mmapped BPF array map);
+    /// `None`: a memfd of `PvschedDevice::region_bar_size(vcpus)` bytes.
+    pub device_region: Option<Arc<MmapRegion>>,
+    /// Where the device reports attach/detach/kick; `None`: [`NullSink`].
+    pub policy_sink: Option<Arc<dyn PolicySink>>,
+    /// Features the device offers (default: all of ABI v1).
+    pub device_features: u64,
+}
+
+impl VmConfig {
+    /// Defaults: device region, 2 MiB RAM, 16 slot updates in the burst.
+    pub fn new(vcpus: u32, workload: Workload) -> Self {
+        Self {
+            vcpus,
+            ram_size: layout::DEFAULT_RAM_SIZE,
+            region: RegionMode::Device,
+            workload,
+            slot_burst: 16,
+            seed: 0x5eed_1234,
+            bar2_move: None,
+            device_region: None,
+            policy_sink: None,
+            device_features: abi::F_ALL,
+        }
+    }
+}
+
+/// What [`Vm::shutdown`] found.
+#[derive(Clone, Debug)]
+pub struct ShutdownReport {
+    /// Why each vCPU thread ended, by index.
+    pub vcpu_ends: Vec<VcpuEnd>,
+}
+
+impl ShutdownReport {
+    /// Whether every vCPU was stopped by the VMM (no crash).
+    pub fn clean(&self) -> bool {
+        self.vcpu_ends.iter().all(|e| *e == VcpuEnd::Stopped)
+    }
+}
+
+struct VcpuThread {
+    handle: JoinHandle<VcpuEnd>,
+}
+
+/// A running (or ready to run) VM.
+pub struct Vm {
+    cfg: VmConfig,
+    vm: Arc<VmFd>,
+    ram: GuestMemoryMmap,
+    device: Arc<Mutex<PvschedDevice>>,
+    pci: Arc<PciRoot>,
+    bar2: Option<Arc<BarMemslot>>,
+    monitor: Arc<Monitor>,
+    apic_ids: Vec<u32>,
+    pending: Vec<VcpuFd>,
+    threads: Vec<VcpuThread>,
+    tids: Arc<Mutex<Vec<i32>>>,
+    running: Arc<AtomicBool>,
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
+    move |source| Error::Kvm { what, source }
+}
+
+/// Open /dev/kvm, turning the errors a user can fix into clear ones.
+pub fn open_kvm() -> Result<Kvm> {
+    check_device("/dev/kvm")?;
+    Kvm::new().map_err(kvm_err("opening /dev/kvm"))
+}
+
+/// Whether the KVM device at `path` can be opened read-write.
+fn check_device(path: &str) -> Result<()> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::KvmMissing),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(Error::KvmPermission),
+        _ => Ok(()),
+    }
+}
+
+impl Vm {
+    /// Build the VM: memory, irqchip, PCI bus, device, test guest, vCPUs.
+    pub fn new(cfg: VmConfig) -> Result<Self> {
+        if cfg.vcpus == 0 || cfg.vcpus > layout::MAX_GUEST_VCPUS {
+            return Err(Error::Config(format!(
+                "vcpus must be 1..={}, got {}",
+                layout::MAX_GUEST_VCPUS,
+                cfg.vcpus
+            )));
+        }
+        if cfg.ram_size < layout::min_ram_size(cfg.vcpus) || cfg.ram_size > MMIO_HOLE_BASE {
+            return Err(Error::Config(format!(
+                "ram_size {:#x} must be between {:#x} and {:#x}",
+                cfg.ram_size,
+                layout::min_ram_size(cfg.vcpus),
+                MMIO_HOLE_BASE
+            )));
+        }
+        kick::install()?;
+        let kvm = open_kvm()?;
+        let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
+        vm.set_tss_address(TSS_ADDRESS)
+            .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+        vm.create_irq_chip()
+            .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+
+        let ram = memory::guest_ram(cfg.ram_size)?;
+        for region in ram.iter() {
+            let mr = kvm_userspace_memory_region {
+                slot: RAM_SLOT,
+                flags: 0,
+                guest_phys_addr: 0,
+                memory_size: cfg.ram_size,
+                userspace_addr: region.as_ptr() as u64,
+            };
+            // SAFETY: the range is `ram`'s own mapping, which the Vm owns.
+            // Every vCPU thread is joined (Drop) before `ram` is unmapped, so
+            // no guest code runs on the slot afterwards; KVM itself only
+            // reports EFAULT for a slot whose memory is gone.
+            unsafe { vm.set_user_memory_region(mr) }
+                .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION (RAM)"))?;
+        }
+
+        let apic_ids: Vec<u32> = (0..cfg.vcpus).collect();
+        let mut dcfg = DeviceConfig::new(cfg.vcpus);
+        dcfg.apic_ids = apic_ids.clone();
+        dcfg.features = cfg.device_features;
+        let pci_id = (u32::from(dcfg.ids.device) << 16) | u32::from(dcfg.ids.vendor);
+        let sink = cfg
+            .policy_sink
+            .clone()
+            .unwrap_or_else(|| Arc::new(NullSink));
+        let mut dev = PvschedDevice::new(dcfg, sink)?;
+        dev.set_guest_memory(ram.clone());
+        let mut bar2 = None;
+        if cfg.device_features & abi::F_DEVICE_REGION != 0 {
+            let backing = match &cfg.device_region {
+                Some(r) => r.clone(),
+                None => memory::memfd_region(
+                    c"pvsched-region",
+                    PvschedDevice::region_bar_size(cfg.vcpus),
+                )?,
+            };
+            dev.set_device_region(backing.clone())?;
+            bar2 = Some(Arc::new(BarMemslot::new(vm.clone(), BAR2_SLOT, backing)));
+        }
+        let device = Arc::new(Mutex::new(dev));
+
+        let mut pci = PciRoot::new();
+        pci.add(
+            HOST_BRIDGE_DEVICE,
+            Arc::new(Mutex::new(HostBridge)) as SharedDevice,
+            Vec::new(),
+        );
+        let slots = bar2
+            .iter()
+            .map(|s| (BarIndex(abi::REGION_BAR), s.clone()))
+            .collect();
+        pci.add(PVSCHED_DEVICE, device.clone() as SharedDevice, slots);
+        let pci = Arc::new(pci);
+        assign_bars(&pci, &device)?;
+
+        let program = guest::program::build().map_err(guest::Error::from)?;
+        guest::load(
+            &ram,
+            &program,
+            &GuestParams {
+                workload: cfg.workload,
+                apic_ids: apic_ids.clone(),
+                guest_region: cfg.region == RegionMode::Guest,
+                pci_id,
+                slot_burst: cfg.slot_burst,
+                seed: cfg.seed,
+                bar2_move: cfg.bar2_move,
+                guest_region_gpa: layout::GUEST_REGION_GPA as u32,
+            },
+        )?;
+
+        let supported = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let mut pending = Vec::new();
+        for (i, id) in apic_ids.iter().enumerate() {
+            let v = vm
+                .create_vcpu(i as u64)
+                .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+            vcpu::setup(&v, i as u32, *id, &supported)?;
+            pending.push(v);
+        }
+        Ok(Self {
+            monitor: Arc::new(Monitor::new(cfg.vcpus)),
+            cfg,
+            vm,
+            ram,
+            device,
+            pci,
+            bar2,
+            apic_ids,
+            pending,
+            threads: Vec::new(),
+            tids: Arc::new(Mutex::new(Vec::new())),
+            running: Arc::new(AtomicBool::new(true)),
+        })
+    }
+
+    /// Start one thread per vCPU, named `vcpu N`. Returns once every thread
+    /// has recorded its TID.
+    pub fn start(&mut self) -> Result<()> {
+        let n = self.pending.len();
+        let barrier = Arc::new(Barrier::new(n + 1));
+        let io = Arc::new(IoHub {
+            pci: self.pci.clone(),
+            monitor: self.monitor.clone(),
+        });
+        *lock(&self.tids) = vec![0; n];
+        for (i, v) in self.pending.drain(..).enumerate() {
+            let io = io.clone();
+            let running = self.running.clone();
+            let tids = self.tids.clone();
+            let barrier = barrier.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("vcpu {i}"))
+                .spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    let tid = unsafe { libc::gettid() };
+                    lock(&tids)[i] = tid;
+                    barrier.wait();
+                    vcpu::run_loop(v, i as u32, io, running)
+                })
+                .map_err(Error::Spawn)?;
+            self.threads.push(VcpuThread { handle });
+        }
+        barrier.wait();
+        Ok(())
+    }
+
+    /// Host thread IDs of the vCPU threads, by vCPU index (empty before start).
+    pub fn vcpu_tids(&self) -> Vec<i32> {
+        lock(&self.tids).clone()
+    }
+
+    /// x2APIC ID of each vCPU, by index (slot i of the region maps to `apic_ids()[i]`).
+    pub fn apic_ids(&self) -> &[u32] {
+        &self.apic_ids
+    }
+
+    /// The configuration the VM was built with.
+    pub fn config(&self) -> &VmConfig {
+        &self.cfg
+    }
+
+    /// The pvsched device.
+    pub fn device(&self) -> &Arc<Mutex<PvschedDevice>> {
+        &self.device
+    }
+
+    /// A view of the attached region, if the guest reached DRIVER_OK.
+    pub fn region_view(&self) -> Option<RegionView> {
+        lock(&self.device).region_view()
+    }
+
+    /// STATUS and ERROR of the device.
+    pub fn device_status(&self) -> (u32, u32) {
+        let d = lock(&self.device);
+        (d.status(), d.error())
+    }
+
+    /// PCI bus 0 (host-side configuration accesses, for tests and tools).
+    pub fn pci(&self) -> &Arc<PciRoot> {
+        &self.pci
+    }
+
+    /// Guest address where BAR2's memslot is registered, if any.
+    pub fn bar2_memslot(&self) -> Option<u64> {
+        self.bar2.as_ref().and_then(|s| s.mapped_at())
+    }
+
+    /// BAR2's backing mapping (device-region mode).
+    pub fn bar2_backing(&self) -> Option<Arc<MmapRegion>> {
+        self.bar2.as_ref().map(|s| s.backing().clone())
+    }
+
+    /// Guest RAM.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.ram
+    }
+
+    /// Events, exits and samples seen so far.
+    pub fn monitor(&self) -> &Arc<Monitor> {
+        &self.monitor
+    }
+
+    /// Inject fixed interrupt `vector` into vCPU `index` with KVM_SIGNAL_MSI.
+    pub fn inject(&self, index: u32, vector: u8) -> Result<()> {
+        self.injector().inject(index, vector)
+    }
+
+    /// A handle other threads can inject interrupts with.
+    pub fn injector(&self) -> Injector {
+        Injector {
+            vm: self.vm.clone(),
+            apic_ids: self.apic_ids.clone().into(),
+        }
+    }
+
+    /// Ask the guest to stop its workload (sets the stop flag it polls).
+    pub fn request_stop(&self) -> Result<()> {
+        let addr = PARAMS_ADDR + PARAM_STOP;
+        self.ram
+            .write_obj(1u32, GuestAddress(addr))
+            .map_err(|_| Error::GuestWrite(addr))
+    }
+
+    /// Kick every vCPU out of KVM_RUN and join every thread.
+    pub fn shutdown(mut self) -> ShutdownReport {
+        self.stop_threads()
+    }
+
+    fn stop_threads(&mut self) -> ShutdownReport {
+        self.running.store(false, Ordering::Release);
+        let mut ends = Vec::new();
+        for t in self.threads.drain(..) {
+            let pthread = t.handle.as_pthread_t();
+            while !t.handle.is_finished() {
+                if let Err(e) = kick::kick(pthread) {
+                    log::debug!("kick: {e}");
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            ends.push(
+                t.handle
+                    .join()
+                    .unwrap_or_else(|_| VcpuEnd::RunError("vCPU thread panicked".into())),
+            );
+        }
+        ShutdownReport { vcpu_ends: ends }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop_threads();
+        }
+    }
+}
+
+/// Injects interrupts into a VM's vCPUs from any thread.
+#[derive(Clone)]
+pub struct Injector {
+    vm: Arc<VmFd>,
+    apic_ids: Arc<[u32]>,
+}
+
+impl Injector {
+    /// Inject fixed interrupt `vector` into vCPU `index` with KVM_SIGNAL_MSI
+    /// (physical destination = the vCPU's APIC ID, edge triggered).
+    pub fn inject(&self, index: u32, vector: u8) -> Result<()> {
+        let apic = self
+            .apic_ids
+            .get(index as usize)
+            .copied()
+            .ok_or_else(|| Error::Config(format!("no vCPU {index}")))?;
+        let msi = kvm_msi {
+            address_lo: MSI_ADDRESS | ((apic & 0xff) << 12),
+            address_hi: 0,
+            data: u32::from(vector),
+            ..Default::default()
+        };
+        self.vm
+            .signal_msi(msi)
+            .map(|_| ())
+            .map_err(|source| Error::Inject {
+                vcpu: index,
+                vector,
+                source,
+            })
+    }
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Firmware: place every BAR of pvsched in the 32-bit MMIO hole (naturally
+/// aligned) and enable memory decoding.
+fn assign_bars(pci: &PciRoot, device: &Arc<Mutex<PvschedDevice>>) -> Result<()> {
+    let bars = lock(device).bars();
+    let mut next = MMIO_HOLE_BASE;
+    for bar in bars {
+        let size = bar.size.max(4096);
+        let base = next.checked_next_multiple_of(size).unwrap_or(u64::MAX);
+        let end = base.saturating_add(size);
+        if end > MMIO_HOLE_END {
+            return Err(Error::Config(format!(
+                "{} does not fit in the MMIO hole",
+                bar.index
+            )));
+        }
+        let Some(reg) = bar.index.config_dword() else {
+            continue;
+        };
+        pci.config_write(PVSCHED_DEVICE, reg, 0, &(base as u32).to_le_bytes());
+        next = end;
+    }
+    let command = pci.config_read(PVSCHED_DEVICE, 1) as u16 | 0x2;
+    pci.config_write(PVSCHED_DEVICE, 1, 0, &command.to_le_bytes());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_fixable_errors_say_how() {
+        let e = check_device("/nonexistent/kvm").unwrap_err();
+        assert!(matches!(e, Error::KvmMissing));
+        assert!(e.to_string().contains("modprobe"));
+        assert!(Error::KvmPermission.to_string().contains("kvm' group"));
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_before_touching_kvm() {
+        for (vcpus, ram) in [
+            (0, layout::DEFAULT_RAM_SIZE),
+            (65, layout::DEFAULT_RAM_SIZE),
+            (2, 0x1000),
+        ] {
+            let mut cfg = VmConfig::new(vcpus, Workload::Idle);
+            cfg.ram_size = ram;
+            assert!(matches!(Vm::new(cfg), Err(Error::Config(_))));
+        }
+    }
+}

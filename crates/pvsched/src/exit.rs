@@ -1,0 +1,28 @@
+//! Process exit codes, shared by every subcommand.
+
+/// Exit codes, as documented in `--help`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// Success.
+    Ok = 0,
+    /// Anything else went wrong (see the message).
+    Failure = 1,
+    // 2: bad command line, exited with by clap itself.
+    /// /dev/kvm does not exist.
+    NoKvm = 3,
+    /// /dev/kvm exists but may not be opened.
+    KvmPermission = 4,
+    /// The guest did not reach DRIVER_OK or a vCPU crashed.
+    Guest = 5,
+}
+
+/// The exit-code table shown at the end of `--help`.
+pub const HELP: &str = "\
+Exit codes:
+  0  success
+  1  other failure (the message says what failed)
+  2  bad command line
+  3  /dev/kvm does not exist (load kvm_intel/kvm_amd, enable virtualization)
+  4  permission denied on /dev/kvm (join the 'kvm' group or run as root)
+  5  the guest did not reach DRIVER_OK, or a vCPU crashed";

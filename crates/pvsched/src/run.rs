@@ -1,0 +1,349 @@
+//! `pvsched run`: boot the reference VMM with the test guest, run a
+//! workload, print live progress and a summary (or one JSON object).
+
+use crate::exit::Exit;
+use clap::{Args, ValueEnum};
+use pvsched_device::RegionMode;
+use pvsched_vmm::{Run, RunConfig, RunReport, VmConfig, Workload};
+use std::io::Write;
+use std::time::Duration;
+use std::time::Instant;
+
+/// Host policy to run beside the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Policy {
+    /// No host policy: the device only negotiates the region.
+    None,
+}
+
+/// Where the shared region lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Region {
+    /// BAR2 is the region (a memslot: guest writes never exit).
+    Device,
+    /// The guest hands the device a page range of its RAM.
+    Guest,
+}
+
+/// Workloads selectable on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadArg {
+    /// Halted vCPUs woken by injected interrupts; injection-to-handler latency.
+    Wakeup,
+    /// x2APIC IPI ping-pong between vCPU pairs; round-trip time.
+    Ipi,
+    /// A vCPU sets wait_on and spins until its partner answers an IPI.
+    Spin,
+    /// The guest writes garbage to the device; the device refuses.
+    Hostile,
+}
+
+impl From<WorkloadArg> for Workload {
+    fn from(w: WorkloadArg) -> Self {
+        match w {
+            WorkloadArg::Wakeup => Workload::Wakeup,
+            WorkloadArg::Ipi => Workload::Ipi,
+            WorkloadArg::Spin => Workload::Spin,
+            WorkloadArg::Hostile => Workload::Hostile,
+        }
+    }
+}
+
+/// Arguments of `pvsched run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Number of vCPUs (1..=64).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub vcpus: u32,
+    /// What the test guest does.
+    #[arg(long, value_enum, default_value_t = WorkloadArg::Wakeup)]
+    pub workload: WorkloadArg,
+    /// How long to run, e.g. 10s, 500ms, 1m.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Region mode the guest negotiates.
+    #[arg(long, value_enum, default_value_t = Region::Device)]
+    pub region: Region,
+    /// Host policy.
+    #[arg(long, value_enum, default_value_t = Policy::None)]
+    pub policy: Policy,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run the subcommand; returns the exit code.
+pub fn main(args: &RunArgs) -> Exit {
+    let mut vm = VmConfig::new(args.vcpus, args.workload.into());
+    vm.region = match args.region {
+        Region::Device => RegionMode::Device,
+        Region::Guest => RegionMode::Guest,
+    };
+    match args.policy {
+        Policy::None => vm.policy_sink = None,
+    }
+    let cfg = RunConfig::new(vm, args.duration);
+    eprintln!(
+        "pvsched run: {} vCPUs, workload {}, {} region, {}",
+        args.vcpus,
+        Workload::from(args.workload),
+        region_name(args.region),
+        humantime::format_duration(args.duration)
+    );
+    let run = match Run::start(&cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pvsched run: {e}");
+            return exit_for(&e);
+        }
+    };
+    // A host policy attaches here: it gets the vCPU threads with
+    // `run.vm().vcpu_tids()` and their APIC IDs with `run.vm().apic_ids()`.
+    let report = wait_with_progress(run, args.duration);
+    if args.json {
+        match serde_json::to_string(&report) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("pvsched run: encoding JSON failed: {e}");
+                return Exit::Failure;
+            }
+        }
+    } else {
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = print_table(&mut out, &report) {
+            eprintln!("pvsched run: writing the summary failed: {e}");
+            return Exit::Failure;
+        }
+    }
+    verdict(&report)
+}
+
+/// Let `run` go for `duration`, printing a progress line to stderr each second.
+fn wait_with_progress(run: Run, duration: Duration) -> RunReport {
+    let start = Instant::now();
+    let end = start + duration;
+    let mut next = start + Duration::from_secs(1);
+    let mut last = 0u64;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        std::thread::sleep(end.min(next).saturating_duration_since(now));
+        if Instant::now() >= next {
+            let p = run.progress();
+            eprintln!(
+                "[{:>4}s] events {:>8} (+{}/s){}",
+                p.elapsed.as_secs(),
+                p.events,
+                p.events.saturating_sub(last),
+                if p.ready { "" } else { "  (guest starting)" }
+            );
+            last = p.events;
+            next += Duration::from_secs(1);
+        }
+    }
+    run.finish()
+}
+
+fn region_name(r: Region) -> &'static str {
+    match r {
+        Region::Device => "device",
+        Region::Guest => "guest",
+    }
+}
+
+/// Exit code for a VM that could not start.
+fn exit_for(e: &pvsched_vmm::Error) -> Exit {
+    match e {
+        pvsched_vmm::Error::KvmMissing => Exit::NoKvm,
+        pvsched_vmm::Error::KvmPermission => Exit::KvmPermission,
+        _ => Exit::Failure,
+    }
+}
+
+/// Exit code for a finished run.
+fn verdict(r: &RunReport) -> Exit {
+    if !r.driver_ok() {
+        eprintln!("pvsched run: handshake {}", r.handshake);
+        return Exit::Guest;
+    }
+    if !r.clean_shutdown || r.per_vcpu.iter().any(|v| v.fault.is_some()) {
+        eprintln!("pvsched run: a vCPU crashed (see the table)");
+        return Exit::Guest;
+    }
+    Exit::Ok
+}
+
+fn us(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"))
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| x.to_string())
+}
+
+/// The human summary.
+pub fn print_table(out: &mut impl Write, r: &RunReport) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "\npvsched run: {} vCPUs, {} workload, {} region, {:.1} s, handshake {}",
+        r.vcpus, r.workload, r.region, r.duration_s, r.handshake
+    )?;
+    writeln!(
+        out,
+        "{:>4} {:>8} {:>4} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>11}  end",
+        "vCPU",
+        "TID",
+        "APIC",
+        "slot",
+        "events",
+        "p50 µs",
+        "p99 µs",
+        "max µs",
+        "MMIO exits",
+        "burst exits"
+    )?;
+    for v in &r.per_vcpu {
+        let end = match &v.end {
+            Some(pvsched_vmm::VcpuEnd::Stopped) => "stopped".to_owned(),
+            Some(e) => format!("{e:?}"),
+            None => "-".to_owned(),
+        };
+        let end = match v.fault {
+            Some(f) => format!("{end}, guest fault #{f}"),
+            None => end,
+        };
+        writeln!(
+            out,
+            "{:>4} {:>8} {:>4} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>11}  {end}",
+            v.index,
+            v.tid,
+            opt(v.apic_id),
+            opt(v.slot),
+            v.events,
+            us(v.p50_us),
+            us(v.p99_us),
+            us(v.max_us),
+            v.mmio_exits,
+            opt(v.burst_mmio_exits),
+        )?;
+    }
+    writeln!(
+        out,
+        "{:>4} {:>8} {:>4} {:>4} {:>9} {:>9} {:>9} {:>9}",
+        "all",
+        "",
+        "",
+        "",
+        r.events,
+        us(r.p50_us),
+        us(r.p99_us),
+        us(r.max_us)
+    )?;
+    for v in r.per_vcpu.iter().filter(|v| !v.hostile.is_empty()) {
+        let steps: Vec<String> = v
+            .hostile
+            .iter()
+            .map(|(step, err)| format!("{step}:{}", pvsched_vmm::runner::error_name(*err)))
+            .collect();
+        writeln!(out, "vCPU {} refusals: {}", v.index, steps.join(" "))?;
+    }
+    let what = match r.workload {
+        Workload::Wakeup => "latency: MSI injection to the guest handler's acknowledgement",
+        Workload::Ipi => "latency: ping round trip (driver), ping one-way (partner)",
+        Workload::Spin => "latency: wait_on set until the partner answered",
+        Workload::Hostile => "hostile: the device's refusals are listed above",
+        Workload::Idle => "idle",
+    };
+    writeln!(out, "{what}; host monotonic clock on both ends")?;
+    if r.lost_wakeups > 0 {
+        writeln!(out, "lost wakeups: {}", r.lost_wakeups)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pvsched_vmm::{VcpuEnd, VcpuReport};
+
+    fn report(status: u32) -> RunReport {
+        RunReport {
+            vcpus: 1,
+            workload: Workload::Wakeup,
+            region: "device",
+            duration_s: 1.0,
+            events: 3,
+            samples: 3,
+            p50_us: Some(40.0),
+            p99_us: Some(90.5),
+            max_us: Some(100.0),
+            handshake: "DRIVER_OK".into(),
+            handshake_status: Some(status),
+            handshake_error: Some(0),
+            device_status: status,
+            device_error: 0,
+            lost_wakeups: 0,
+            clean_shutdown: true,
+            per_vcpu: vec![VcpuReport {
+                index: 0,
+                tid: 42,
+                apic_id: Some(0),
+                slot: Some(0),
+                events: 3,
+                samples: 3,
+                p50_us: Some(40.0),
+                p99_us: Some(90.5),
+                max_us: Some(100.0),
+                mmio_exits: 12,
+                pio_exits: 20,
+                burst_updates: Some(16),
+                burst_mmio_exits: Some(0),
+                ipi_sent: 0,
+                ipi_received: 0,
+                spins: 0,
+                pause_iterations: 0,
+                hostile: Vec::new(),
+                fault: None,
+                guest_slot: None,
+                end: Some(VcpuEnd::Stopped),
+            }],
+            console: String::new(),
+        }
+    }
+
+    #[test]
+    fn verdicts_and_exit_codes() {
+        assert_eq!(verdict(&report(0xf)), Exit::Ok);
+        assert_eq!(verdict(&report(0x8b)), Exit::Guest);
+        let mut crashed = report(0xf);
+        crashed.clean_shutdown = false;
+        assert_eq!(verdict(&crashed), Exit::Guest);
+        assert_eq!(exit_for(&pvsched_vmm::Error::KvmMissing), Exit::NoKvm);
+        assert_eq!(
+            exit_for(&pvsched_vmm::Error::KvmPermission),
+            Exit::KvmPermission
+        );
+        assert_eq!(
+            exit_for(&pvsched_vmm::Error::Config("x".into())),
+            Exit::Failure
+        );
+    }
+
+    #[test]
+    fn table_has_one_row_per_vcpu_and_a_total() {
+        let mut out = Vec::new();
+        print_table(&mut out, &report(0xf)).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("handshake DRIVER_OK"));
+        assert!(text.contains("      90.5"));
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.trim_start().starts_with("0 "))
+                .count(),
+            1
+        );
+        assert!(text.lines().any(|l| l.trim_start().starts_with("all")));
+    }
+}
