@@ -315,15 +315,16 @@ impl Registers {
         }
         let defined = HANDSHAKE_ORDER.iter().fold(0, |a, b| a | b);
         if added & !defined != 0 {
+            // `fail` clears DRIVER_OK: the region must be let go as well.
             self.fail(abi::ERR_BAD_SEQUENCE);
-            return Effect::None;
+            return Effect::Detach;
         }
         let mut prev = 0;
         for bit in HANDSHAKE_ORDER {
             if added & bit != 0 {
                 if prev != 0 && self.state.status & prev == 0 {
                     self.fail(abi::ERR_BAD_SEQUENCE);
-                    return Effect::None;
+                    return Effect::Detach;
                 }
                 match bit {
                     abi::STATUS_FEATURES_OK => {

@@ -506,3 +506,26 @@ fn guest_memory_swap() {
     assert!(!new.is_attached());
     assert_eq!(sink.balance.load(Ordering::SeqCst), 0);
 }
+
+/// Regression: an undefined or device-owned STATUS bit written while the
+/// region is attached fails the device *and* lets the region go (the device
+/// must not keep touching guest memory once DRIVER_OK is gone).
+#[test]
+fn bad_status_bits_while_attached_detach_the_region() {
+    for bad in [0x10u32, 0x20, abi::STATUS_DEVICE_NEEDS_RESET] {
+        let (mut dev, sink) = device(NR);
+        dev.set_guest_memory(ram());
+        assert_eq!(guest_handshake(&mut dev, GPA, 4096), 0xf);
+        let view = dev.region_view().unwrap();
+        reg_write(&mut dev, abi::REG_STATUS, 0xf | bad);
+        assert_eq!(dev.status() & abi::STATUS_DRIVER_OK, 0, "bit {bad:#x}");
+        assert_ne!(dev.status() & abi::STATUS_FAILED, 0, "bit {bad:#x}");
+        assert_eq!(dev.error(), abi::ERR_BAD_SEQUENCE);
+        assert!(dev.region_view().is_none(), "bit {bad:#x}: region kept");
+        assert!(
+            view.read_guest_slot(0).is_err(),
+            "bit {bad:#x}: old view still works"
+        );
+        assert_eq!(sink.balance.load(Ordering::SeqCst), 0);
+    }
+}

@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
+/*
+ * pvsched BPF policy <-> userspace interface: the one C definition of the
+ * records the BPF program and the agent exchange (per-VM configuration,
+ * per-vCPU state, decision records, statistics, synthetic test events).
+ * crates/pvsched-agent/src/intf.rs mirrors it and tests/intf_layout.rs
+ * compares every size and offset with this file compiled by the C compiler.
+ *
+ * Include after the ABI header (pvsched_abi.h) which provides __u32 etc.
+ */
+#ifndef PVSCHED_BPF_INTF_H
+#define PVSCHED_BPF_INTF_H
+
+/* Limits. A VM's region lives in one 16 KiB element of the `regions` map. */
+#define PVS_MAX_VMS 16
+#define PVS_MAX_VCPUS_PER_VM 64
+#define PVS_REGION_STRIDE 16384
+#define PVS_MAX_TIDS (PVS_MAX_VMS * PVS_MAX_VCPUS_PER_VM)
+/* gid = vm_id << PVS_GID_SHIFT | slot index */
+#define PVS_GID_SHIFT 10
+
+/* Region modes (pvs_vm.mode). */
+#define PVS_MODE_NONE 0	  /* no region: only halt/yield boosts */
+#define PVS_MODE_DEVICE 1 /* region = element vm_id of the `regions` map */
+#define PVS_MODE_GUEST 2  /* region slots at pvs_vcpu.slot_addr (VMM address) */
+
+/* Internal vCPU run states (pvs_vcpu.state). */
+#define PVS_ST_UNKNOWN 0
+#define PVS_ST_RUNNING 1
+#define PVS_ST_PREEMPTED 2
+#define PVS_ST_HALTED 3
+#define PVS_ST_WOKEN 4 /* woken from a halt, not yet on a CPU */
+
+/* Event kinds (pvs_decision.event, test-run args[0]). */
+#define PVS_EV_SWITCH_OUT 1 /* a = 1 if preempted (still runnable), 0 if it blocked */
+#define PVS_EV_SWITCH_IN 2
+#define PVS_EV_WAKEUP 3
+#define PVS_EV_VCPU_WAKEUP 4
+#define PVS_EV_IPI 5	    /* a = dest_id, b = icr_low */
+#define PVS_EV_USER_EXIT 6  /* a = exit reason */
+#define PVS_EV_TICK 7	    /* agent timer: re-evaluate (throttle, windows) */
+#define PVS_EV_MAX 8
+
+/* Decision reasons. */
+#define PVS_R_NONE 0	   /* the guest no longer asks */
+#define PVS_R_CS 1	   /* kernel critical section (kern_cs) */
+#define PVS_R_RT_TASK 2	   /* guest runs an RT task */
+#define PVS_R_NICE_TASK 3  /* guest runs a high-priority (negative nice) task */
+#define PVS_R_HALT 4	   /* halted vCPU: the waking interrupt must preempt batch work */
+#define PVS_R_YIELD 5	   /* target of a waiting sender's directed-yield slot */
+#define PVS_R_MAX_BOOST 6  /* throttled: continuous boost exceeded max_boost_ns */
+#define PVS_R_BUDGET 7	   /* throttled: budget of the window used up */
+#define PVS_R_THROTTLED 8  /* still throttled */
+
+/* Per-VM configuration: admin caps and policy knobs. */
+struct pvs_caps {
+	__u32 allow_rt;	     /* 0: RT requests become nice boosts at nice_floor */
+	__u32 max_rt_prio;   /* highest SCHED_FIFO priority granted (1..99) */
+	__s32 nice_floor;    /* lowest nice granted (-20..19) */
+	__u32 cs_rt_prio;    /* RT priority for a kernel critical section */
+	__u32 halt_kind;     /* PVSCHED_BOOST_* for a halted vCPU */
+	__s32 halt_prio;     /* its RT priority or nice */
+	__u32 yield_kind;    /* PVSCHED_BOOST_* for a directed-yield target */
+	__s32 yield_prio;    /* its RT priority or nice */
+	__u64 max_boost_ns;  /* longest continuous boost; 0 = unlimited */
+	__u64 throttle_ns;   /* no boost for this long after max_boost_ns */
+	__u64 budget_ns;     /* boosted time allowed per window; 0 = unlimited */
+	__u64 window_ns;     /* budget window */
+	__u64 ipi_window_ns; /* how long an IPI pair stays confirmed */
+};
+
+/* Per-VM record (`vms` array, key = vm_id). */
+struct pvs_vm {
+	__u32 active;
+	__u32 nr_vcpus;
+	__u32 mode; /* PVS_MODE_* */
+	__u32 wait_on_enabled; /* honour slot.wait_on (PVSCHED_F_WAIT_ON) */
+	struct pvs_caps caps;
+};
+
+/* Per-vCPU state (`vcpus` hash, key = gid). */
+struct pvs_vcpu {
+	__u32 tid;
+	__u32 vm_id;
+	__u32 index;
+	__u32 state;	    /* PVS_ST_* */
+	__u64 slot_addr;    /* PVS_MODE_GUEST: VMM address of the slot */
+	/* last valid guest request, after caps */
+	__u32 req_kind;
+	__s32 req_prio;
+	__u32 req_reason;
+	__u32 wait_on;	    /* last valid guest wait_on */
+	/* applied boost */
+	__u32 boost;	    /* PVSCHED_BOOST_* */
+	__s32 boost_prio;
+	__u32 boost_reason;
+	__u32 throttled;    /* 1 while throttled */
+	__u64 boost_start;
+	__u64 acct_start;   /* boost time before this is in budget_used */
+	__u64 window_start;
+	__u64 budget_used;
+	__u64 throttled_until;
+	/* IPI-aware directed yield */
+	__u32 last_ipi_target; /* slot index + 1, or 0 */
+	__u32 yield_slot;      /* slot index + 1, or 0 */
+	__u64 last_ipi_ns;
+	__u32 yield_boosting;  /* target currently boosted on our behalf, + 1 */
+	__u32 pad0;
+	__u64 yield_mask;      /* senders waiting on us (bit = sender index) */
+	/* counters */
+	__u64 boosts;
+	__u64 throttles;
+	__u64 boosted_ns;
+	__u64 ipis;
+	__u64 slot_hits;
+};
+
+/* Decision record (`decisions` ring buffer). */
+struct pvs_decision {
+	__u64 ts;     /* bpf_ktime_get_ns() (CLOCK_MONOTONIC) */
+	__u32 tid;
+	__u32 gid;
+	__u32 kind;   /* PVSCHED_BOOST_* to apply now (NONE = restore baseline) */
+	__s32 prio;   /* RT priority or nice */
+	__u32 reason; /* PVS_R_* */
+	__u32 event;  /* PVS_EV_* that caused it */
+};
+
+/* Per-CPU statistics (`stats` per-CPU array, key 0). */
+struct pvs_stats {
+	__u64 events[PVS_EV_MAX];
+	__u64 decisions;
+	__u64 dropped;	     /* ring buffer full */
+	__u64 boosts;
+	__u64 unboosts;
+	__u64 throttles;
+	__u64 ipi_pairs;
+	__u64 slot_hits;
+	__u64 torn_reads;    /* guest half read while the guest wrote it */
+	__u64 read_errors;   /* guest-region reads that failed */
+};
+
+#endif /* PVSCHED_BPF_INTF_H */

@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * pvsched BPF policy: IPI-aware directed yield. kvm_apic_ipi gives unicast
+ * sender -> receiver pairs (APIC ID -> slot through the `apics` map); a
+ * vCPU's directed-yield slot holds the guest's wait_on hint, else its
+ * receiver confirmed within ipi_window_ns; while the sender waits (halted,
+ * preempted, woken-not-running, or wait_on set) the slot's target carries a
+ * bit for it in yield_mask, which gives it the VM's yield boost.
+ */
+#ifndef PVSCHED_IPI_BPF_H
+#define PVSCHED_IPI_BPF_H
+
+/* Record a unicast fixed physical IPI from s. */
+static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 icr_low, __u64 now)
+{
+	__u64 key;
+	__u32 *idx;
+
+	if ((icr_low >> 18) & 3)	 /* shorthand: self / all / all-but-self */
+		return;
+	if ((icr_low >> 8) & 7)		 /* only fixed delivery */
+		return;
+	if (icr_low & (1 << 11))	 /* logical destination: not one receiver */
+		return;
+	key = ((__u64)s->vm_id << 32) | dest_id;
+	idx = bpf_map_lookup_elem(&apics, &key);
+	if (!idx || *idx == s->index || *idx >= PVS_MAX_VCPUS_PER_VM)
+		return;
+	s->last_ipi_target = *idx + 1;
+	s->last_ipi_ns = now;
+	s->ipis++;
+	STAT_INC(ipi_pairs);
+}
+
+/* Recompute s's directed-yield slot; returns the target to re-evaluate
+ * through *old_t / *new_t (slot index + 1, 0 = none). */
+static __always_inline void yield_update(struct pvs_vcpu *s, const struct pvs_vm *vm, __u64 now,
+					 __u32 *old_t, __u32 *new_t)
+{
+	__u32 slot = 0, target;
+	int waits;
+
+	*old_t = 0;
+	*new_t = 0;
+	if (s->wait_on)
+		slot = s->wait_on;
+	else if (s->last_ipi_target && now - s->last_ipi_ns <= vm->caps.ipi_window_ns)
+		slot = s->last_ipi_target;
+	s->yield_slot = slot;
+	waits = s->state == PVS_ST_HALTED || s->state == PVS_ST_PREEMPTED ||
+		s->state == PVS_ST_WOKEN || s->wait_on;
+	target = waits ? slot : 0;
+	if (target == s->yield_boosting)
+		return;
+	*old_t = s->yield_boosting;
+	*new_t = target;
+	s->yield_boosting = target;
+	if (target)
+		s->slot_hits++;
+}
+
+/* Set or clear sender bit `sender` in the target's mask and re-evaluate it. */
+static __always_inline void yield_mark(const struct pvs_vm *vm, __u32 vm_id, __u32 target1,
+				       __u32 sender, int set, __u64 now, __u32 event)
+{
+	struct pvs_vcpu *t;
+
+	if (!target1 || sender >= 64)
+		return;
+	t = vcpu_by_index(vm_id, target1 - 1);
+	if (!t)
+		return;
+	if (set) {
+		t->yield_mask |= 1ULL << sender;
+		STAT_INC(slot_hits);
+	} else {
+		t->yield_mask &= ~(1ULL << sender);
+	}
+	apply_boost(t, vm, now, event);
+	publish(t, vm);
+}
+
+#endif

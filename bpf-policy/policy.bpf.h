@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * pvsched BPF policy: one event for one registered vCPU, from any program
+ * (real tracepoint or the test-run entry). Order: state transition, request
+ * refresh, directed-yield slot, own boost, host half, yield targets.
+ */
+#ifndef PVSCHED_POLICY_BPF_H
+#define PVSCHED_POLICY_BPF_H
+
+static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 a, __u64 b,
+					 __u64 now, __u32 cur_tid)
+{
+	__u32 vm_id = v->vm_id, old_t = 0, new_t = 0;
+	struct pvs_vm *vm;
+	struct pvs_stats *s;
+
+	vm = bpf_map_lookup_elem(&vms, &vm_id);
+	if (!vm || !vm->active)
+		return;
+	s = stats_get();
+	if (s && event < PVS_EV_MAX)
+		s->events[event]++;
+	switch (event) {
+	case PVS_EV_SWITCH_OUT:
+		v->state = a ? PVS_ST_PREEMPTED : PVS_ST_HALTED;
+		break;
+	case PVS_EV_SWITCH_IN:
+	case PVS_EV_VCPU_WAKEUP:
+	case PVS_EV_USER_EXIT:
+		v->state = PVS_ST_RUNNING;
+		break;
+	case PVS_EV_WAKEUP:
+		v->state = PVS_ST_WOKEN;
+		break;
+	case PVS_EV_IPI:
+		ipi_record(v, (__u32)a, (__u32)b, now);
+		break;
+	default:
+		break;
+	}
+	refresh_request(v, vm, cur_tid);
+	yield_update(v, vm, now, &old_t, &new_t);
+	apply_boost(v, vm, now, event);
+	publish(v, vm);
+	if (old_t != new_t) {
+		yield_mark(vm, vm_id, old_t, v->index, 0, now, event);
+		yield_mark(vm, vm_id, new_t, v->index, 1, now, event);
+	}
+}
+
+/* The registered vCPU with thread id `tid`, or NULL. */
+static __always_inline struct pvs_vcpu *vcpu_by_tid(__u32 tid)
+{
+	__u32 *gid = bpf_map_lookup_elem(&tids, &tid);
+
+	if (!gid)
+		return NULL;
+	return bpf_map_lookup_elem(&vcpus, gid);
+}
+
+static __always_inline __u32 current_tid(void)
+{
+	return (__u32)bpf_get_current_pid_tgid();
+}
+
+#endif

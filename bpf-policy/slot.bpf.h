@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * pvsched BPF policy: reading the guest half and publishing the host half of
+ * a vCPU's region slot, in both region modes. Every guest value is clamped;
+ * a torn read (odd or changed seq) keeps the last valid request.
+ */
+#ifndef PVSCHED_SLOT_BPF_H
+#define PVSCHED_SLOT_BPF_H
+
+/* Pointer to slot `index` of device-region VM `vm_id`, or NULL. */
+static __always_inline struct pvsched_slot *device_slot(__u32 vm_id, __u32 nr, __u32 index)
+{
+	__u32 key = vm_id;
+	__u8 *base = bpf_map_lookup_elem(&regions, &key);
+	__u32 off;
+
+	if (!base || index >= nr || nr > PVS_MAX_VCPUS_PER_VM)
+		return NULL;
+	off = pvsched_slots_offset(nr) + PVSCHED_SLOT_SIZE * index;
+	if (off > PVS_REGION_STRIDE - PVSCHED_SLOT_SIZE)
+		return NULL;
+	return (struct pvsched_slot *)(base + off);
+}
+
+/* Guest request before caps: best of critical section and running task. */
+static __always_inline __u32 boost_rank(__u32 kind, __s32 prio)
+{
+	if (kind == PVSCHED_BOOST_RT)
+		return 1000 + (__u32)prio;
+	if (kind == PVSCHED_BOOST_NICE)
+		return 100 + (__u32)(20 - prio);
+	return 0;
+}
+
+/* Clamp a boost to the VM's caps; NONE if nothing is left of it. */
+static __always_inline void caps_clamp(const struct pvs_caps *c, __u32 *kind, __s32 *prio)
+{
+	if (*kind == PVSCHED_BOOST_RT) {
+		if (!c->allow_rt || c->max_rt_prio == 0) {
+			*kind = PVSCHED_BOOST_NICE;
+			*prio = c->nice_floor;
+		} else {
+			__s32 max = c->max_rt_prio > 99 ? 99 : (__s32)c->max_rt_prio;
+
+			if (*prio > max)
+				*prio = max;
+			if (*prio < 1)
+				*prio = 1;
+		}
+	}
+	if (*kind == PVSCHED_BOOST_NICE) {
+		if (*prio < c->nice_floor)
+			*prio = c->nice_floor;
+		if (*prio < PVSCHED_NICE_MIN)
+			*prio = PVSCHED_NICE_MIN;
+		if (*prio >= 0) {
+			*kind = PVSCHED_BOOST_NONE;
+			*prio = 0;
+		}
+	}
+	if (*kind != PVSCHED_BOOST_RT && *kind != PVSCHED_BOOST_NICE) {
+		*kind = PVSCHED_BOOST_NONE;
+		*prio = 0;
+	}
+}
+
+/* Derive the capped request from guest fields; store it in v. */
+static __always_inline void set_request(struct pvs_vcpu *v, const struct pvs_vm *vm,
+					__u32 kern_cs, __u32 policy, __s32 nice,
+					__u32 rt_prio, __u32 wait_on)
+{
+	__u32 kind = PVSCHED_BOOST_NONE, reason = PVS_R_NONE;
+	__s32 prio = 0;
+	__u32 tkind = PVSCHED_BOOST_NONE, treason = PVS_R_NONE;
+	__s32 tprio = 0;
+
+	if (kern_cs & PVSCHED_CS_ALL) {
+		kind = PVSCHED_BOOST_RT;
+		prio = vm->caps.cs_rt_prio > 99 ? 99 : (__s32)vm->caps.cs_rt_prio;
+		if (prio < 1)
+			prio = 1;
+		reason = PVS_R_CS;
+	}
+	if (policy == PVSCHED_POLICY_FIFO || policy == PVSCHED_POLICY_RR) {
+		tkind = PVSCHED_BOOST_RT;
+		tprio = rt_prio > 99 ? 99 : (rt_prio < 1 ? 1 : (__s32)rt_prio);
+		treason = PVS_R_RT_TASK;
+	} else if (policy == PVSCHED_POLICY_DEADLINE) {
+		tkind = PVSCHED_BOOST_RT;
+		tprio = 99;
+		treason = PVS_R_RT_TASK;
+	} else if ((policy == PVSCHED_POLICY_NORMAL || policy == PVSCHED_POLICY_BATCH) && nice < 0) {
+		tkind = PVSCHED_BOOST_NICE;
+		tprio = nice < PVSCHED_NICE_MIN ? PVSCHED_NICE_MIN : nice;
+		treason = PVS_R_NICE_TASK;
+	}
+	if (boost_rank(tkind, tprio) > boost_rank(kind, prio)) {
+		kind = tkind;
+		prio = tprio;
+		reason = treason;
+	}
+	caps_clamp(&vm->caps, &kind, &prio);
+	if (kind == PVSCHED_BOOST_NONE)
+		reason = PVS_R_NONE;
+	v->req_kind = kind;
+	v->req_prio = prio;
+	v->req_reason = reason;
+	if (!vm->wait_on_enabled || wait_on > vm->nr_vcpus || wait_on == v->index + 1)
+		wait_on = PVSCHED_WAIT_NONE;
+	v->wait_on = wait_on;
+}
+
+/* Refresh v's request from its slot if this context can read it. */
+static __always_inline void refresh_request(struct pvs_vcpu *v, const struct pvs_vm *vm, __u32 cur_tid)
+{
+	struct pvsched_slot_guest g;
+	__u32 seq2;
+
+	if (vm->mode == PVS_MODE_DEVICE) {
+		struct pvsched_slot *s = device_slot(v->vm_id, vm->nr_vcpus, v->index);
+
+		if (!s)
+			return;
+		g.seq = READ_ONCE(s->guest.seq);
+		barrier();
+		g.kern_cs = READ_ONCE(s->guest.kern_cs);
+		g.policy = READ_ONCE(s->guest.policy);
+		g.nice = READ_ONCE(s->guest.nice);
+		g.rt_prio = READ_ONCE(s->guest.rt_prio);
+		g.wait_on = READ_ONCE(s->guest.wait_on);
+		barrier();
+		seq2 = READ_ONCE(s->guest.seq);
+	} else if (vm->mode == PVS_MODE_GUEST) {
+		/* Only in the vCPU thread's own context is the VMM's mm current. */
+		if (cur_tid != v->tid || !v->slot_addr)
+			return;
+		if (bpf_probe_read_user(&g, sizeof(g), (const void *)v->slot_addr)) {
+			STAT_INC(read_errors);
+			return;
+		}
+		seq2 = g.seq;
+	} else {
+		return;
+	}
+	if ((g.seq & 1) || g.seq != seq2) {
+		STAT_INC(torn_reads);
+		return;
+	}
+	set_request(v, vm, g.kern_cs, g.policy, g.nice, g.rt_prio, g.wait_on);
+}
+
+/* Publish v's host-visible state into the host half of its device slot. */
+static __always_inline void publish(const struct pvs_vcpu *v, const struct pvs_vm *vm)
+{
+	struct pvsched_slot *s;
+	__u32 st;
+
+	if (vm->mode != PVS_MODE_DEVICE)
+		return;
+	s = device_slot(v->vm_id, vm->nr_vcpus, v->index);
+	if (!s)
+		return;
+	st = v->state == PVS_ST_WOKEN ? PVSCHED_VCPU_PREEMPTED : v->state;
+	WRITE_ONCE(s->host.seq, s->host.seq + 1);
+	barrier();
+	WRITE_ONCE(s->host.vcpu_state, st);
+	WRITE_ONCE(s->host.boost, v->boost);
+	WRITE_ONCE(s->host.boost_prio, v->boost_prio);
+	WRITE_ONCE(s->host.throttled, v->throttled);
+	WRITE_ONCE(s->host.yield_target, v->yield_slot);
+	WRITE_ONCE(s->host.boosts, v->boosts);
+	WRITE_ONCE(s->host.throttles, v->throttles);
+	WRITE_ONCE(s->host.boosted_ns, v->boosted_ns);
+	barrier();
+	WRITE_ONCE(s->host.seq, s->host.seq + 1);
+}
+
+#endif

@@ -1,0 +1,637 @@
+//! The agent: loads and attaches the BPF policy, registers VMs (map
+//! population, region mapping), and runs the consumer thread (SCHED_FIFO,
+//! blocking in epoll on the ring buffer, never spinning) that applies
+//! decisions to registered vCPU threads and drives the policy timer.
+//!
+//! Seam for the embedded mode and a later multi-VM daemon: [`Agent::load`]
+//! once per host, [`Agent::register_vm`] per VM, the returned [`VmHandle`]
+//! owns the registration (drop = unregister + restore baselines).
+
+use crate::applier::ThreadState;
+use crate::intf::{
+    GID_SHIFT, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE, PvsDecision, PvsVcpu,
+    PvsVm,
+};
+use crate::object::{ObjectError, PolicyObject, RegionMmap, test_run};
+use crate::safety::{self, Restore};
+use crate::sched::{self, SchedAttr};
+use pvsched_policy::Caps;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Errors of the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// BPF could not be loaded or attached: the agent refuses to run.
+    #[error("pvsched agent refuses to start: the BPF policy could not be set up: {0}")]
+    Bpf(#[from] ObjectError),
+    /// The VM description is invalid.
+    #[error("register_vm: {0}")]
+    Invalid(String),
+    /// Every VM slot is taken.
+    #[error("register_vm: the agent already serves {MAX_VMS} VMs")]
+    Full,
+    /// A system call failed.
+    #[error("pvsched agent: {what} failed: {source}")]
+    Sys {
+        /// What.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, AgentError>;
+
+/// Agent configuration.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// SCHED_FIFO priority of the consumer thread (0 = leave it SCHED_OTHER).
+    pub consumer_rt_prio: u32,
+    /// Policy timer period (throttling and windows of vCPUs with no events).
+    pub tick: Duration,
+    /// Install the SIGINT/SIGTERM restore thread.
+    pub handle_signals: bool,
+    /// Install the restore-on-panic hook.
+    pub handle_panics: bool,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            consumer_rt_prio: 50,
+            tick: Duration::from_millis(5),
+            handle_signals: true,
+            handle_panics: true,
+        }
+    }
+}
+
+/// Where the VM's region is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegionSpec {
+    /// No region (only halt and directed-yield boosts).
+    None,
+    /// Device region: the agent provides it (see [`VmHandle::region`]).
+    DeviceMap,
+    /// Guest region: the VMM host address of each slot (index order).
+    GuestAddrs(Vec<u64>),
+}
+
+/// A VM to register.
+#[derive(Clone, Debug)]
+pub struct VmSpec {
+    /// vCPU thread ids, by slot index.
+    pub vcpu_tids: Vec<u32>,
+    /// APIC ID of each slot.
+    pub apic_ids: Vec<u32>,
+    /// Admin caps.
+    pub caps: Caps,
+    /// Region mode.
+    pub region: RegionSpec,
+}
+
+#[derive(Default)]
+struct VmEntry {
+    caps: Caps,
+    nr: u32,
+    latencies: Vec<u64>,
+    lat_next: usize,
+    decisions: u64,
+}
+
+const LAT_SAMPLES: usize = 8192;
+
+#[derive(Default)]
+struct Registry {
+    threads: HashMap<u32, ThreadState>,
+    vms: HashMap<u32, VmEntry>,
+    foreign: u64,
+}
+
+struct Inner {
+    obj: Mutex<PolicyObject>,
+    reg: Mutex<Registry>,
+    stop: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Restore for Inner {
+    fn restore_all(&self) {
+        if let Ok(mut r) = self.reg.try_lock() {
+            for t in r.threads.values_mut() {
+                t.restore();
+            }
+        }
+    }
+}
+
+/// The loaded, attached policy and its consumer thread.
+pub struct Agent {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+    wake: OwnedFd,
+}
+
+fn now_mono() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the valid timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd returns a new fd or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Agent {
+    /// Loads and attaches the policy and starts the consumer thread. Fails,
+    /// saying why, if BPF cannot be used (never silently does nothing).
+    pub fn load(cfg: AgentConfig) -> Result<Agent> {
+        let mut obj = PolicyObject::load(true)?;
+        let ring = obj
+            .take_ring()
+            .ok_or(AgentError::Bpf(ObjectError::NoMap("decisions")))?;
+        let test_fd = obj.test_fd().map_err(|source| AgentError::Sys {
+            what: "dup test fd",
+            source,
+        })?;
+        let inner = Arc::new(Inner {
+            obj: Mutex::new(obj),
+            reg: Mutex::new(Registry::default()),
+            stop: AtomicBool::new(false),
+        });
+        let wake = eventfd().map_err(|source| AgentError::Sys {
+            what: "eventfd",
+            source,
+        })?;
+        let wake2 = wake.try_clone().map_err(|source| AgentError::Sys {
+            what: "dup eventfd",
+            source,
+        })?;
+        let inner2 = inner.clone();
+        let cfg2 = cfg.clone();
+        let thread = std::thread::Builder::new()
+            .name("pvsched-apply".into())
+            .spawn(move || consumer(inner2, ring, test_fd, wake2, cfg2))
+            .map_err(|source| AgentError::Sys {
+                what: "spawn consumer thread",
+                source,
+            })?;
+        let weak: std::sync::Weak<dyn Restore> =
+            Arc::downgrade(&(inner.clone() as Arc<dyn Restore>));
+        safety::register(weak);
+        if cfg.handle_panics {
+            safety::install_panic_hook();
+        }
+        if cfg.handle_signals {
+            safety::install_signal_thread().map_err(|source| AgentError::Sys {
+                what: "signal thread",
+                source,
+            })?;
+        }
+        Ok(Agent {
+            inner,
+            thread: Some(thread),
+            wake,
+        })
+    }
+
+    /// Registers a VM: validates it, fills the maps, maps its region.
+    pub fn register_vm(&self, spec: VmSpec) -> Result<VmHandle> {
+        let nr = spec.vcpu_tids.len();
+        if nr == 0 || nr > MAX_VCPUS_PER_VM as usize {
+            return Err(AgentError::Invalid(format!(
+                "{nr} vCPUs (1..={MAX_VCPUS_PER_VM} supported)"
+            )));
+        }
+        if spec.apic_ids.len() != nr {
+            return Err(AgentError::Invalid(
+                "apic_ids and vcpu_tids differ in length".into(),
+            ));
+        }
+        spec.caps
+            .validate()
+            .map_err(|e| AgentError::Invalid(e.to_string()))?;
+        let (mode, addrs) = match &spec.region {
+            RegionSpec::None => (MODE_NONE, vec![0; nr]),
+            RegionSpec::DeviceMap => (MODE_DEVICE, vec![0; nr]),
+            RegionSpec::GuestAddrs(a) if a.len() == nr => (MODE_GUEST, a.clone()),
+            RegionSpec::GuestAddrs(_) => {
+                return Err(AgentError::Invalid(
+                    "GuestAddrs needs one address per vCPU".into(),
+                ));
+            }
+        };
+        for &tid in &spec.vcpu_tids {
+            if !std::path::Path::new(&format!("/proc/{tid}")).exists() {
+                return Err(AgentError::Invalid(format!("thread {tid} does not exist")));
+            }
+        }
+        let mut obj = lock(&self.inner.obj);
+        let mut reg = lock(&self.inner.reg);
+        if let Some(t) = reg
+            .threads
+            .values()
+            .find(|t| spec.vcpu_tids.contains(&t.tid))
+        {
+            return Err(AgentError::Invalid(format!(
+                "thread {} is already registered",
+                t.tid
+            )));
+        }
+        let vm_id = (0..MAX_VMS)
+            .find(|i| !reg.vms.contains_key(i))
+            .ok_or(AgentError::Full)?;
+        let region = if mode == MODE_DEVICE {
+            let r = obj.map_region(vm_id)?;
+            r.clear();
+            Some(Arc::new(r))
+        } else {
+            None
+        };
+        let vm = PvsVm {
+            active: 0,
+            nr_vcpus: nr as u32,
+            mode,
+            wait_on_enabled: spec.caps.wait_on as u32,
+            caps: (&spec.caps).into(),
+        };
+        obj.set_vm(vm_id, &vm)?;
+        for (i, (&tid, &apic)) in spec.vcpu_tids.iter().zip(&spec.apic_ids).enumerate() {
+            let gid = (vm_id << GID_SHIFT) | i as u32;
+            let v = PvsVcpu {
+                tid,
+                vm_id,
+                index: i as u32,
+                slot_addr: addrs[i],
+                ..Default::default()
+            };
+            obj.set_vcpu(gid, &v)?;
+            obj.set_apic(vm_id, apic, Some(i as u32))?;
+            reg.threads
+                .insert(gid, ThreadState::new(tid, vm_id, i as u32));
+        }
+        for (i, &tid) in spec.vcpu_tids.iter().enumerate() {
+            obj.set_tid(tid, Some((vm_id << GID_SHIFT) | i as u32))?;
+        }
+        obj.set_vm(vm_id, &PvsVm { active: 1, ..vm })?;
+        reg.vms.insert(
+            vm_id,
+            VmEntry {
+                caps: spec.caps.clone(),
+                nr: nr as u32,
+                ..Default::default()
+            },
+        );
+        Ok(VmHandle {
+            inner: self.inner.clone(),
+            vm_id,
+            spec,
+            region,
+        })
+    }
+
+    /// Run time statistics per program: (name, run_cnt, run_time_ns).
+    pub fn prog_stats(&self) -> Vec<(String, u64, u64)> {
+        lock(&self.inner.obj).prog_stats()
+    }
+
+    /// Summed BPF statistics.
+    pub fn bpf_stats(&self) -> Result<crate::intf::PvsStats> {
+        Ok(lock(&self.inner.obj).stats()?)
+    }
+
+    /// Restores every boosted thread now (all VMs).
+    pub fn restore_all(&self) {
+        let mut r = lock(&self.inner.reg);
+        for t in r.threads.values_mut() {
+            t.restore();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.restore_all();
+    }
+}
+
+/// Per-vCPU statistics.
+#[derive(Clone, Debug, Default)]
+pub struct VcpuStats {
+    /// Thread.
+    pub tid: u32,
+    /// Boosts decided by BPF.
+    pub boosts: u64,
+    /// Throttles decided by BPF.
+    pub throttles: u64,
+    /// Nanoseconds boosted (closed boosts).
+    pub boosted_ns: u64,
+    /// Unicast IPIs recorded from this vCPU.
+    pub ipis: u64,
+    /// Times this vCPU's directed-yield slot target was boosted.
+    pub slot_hits: u64,
+    /// Current directed-yield slot (+1, 0 = none).
+    pub yield_slot: u32,
+    /// Last confirmed IPI receiver (+1).
+    pub last_ipi_target: u32,
+    /// Currently decided boost.
+    pub boost: u32,
+    /// Its priority.
+    pub boost_prio: i32,
+    /// 1 while throttled.
+    pub throttled: u32,
+    /// sched_setattr boosts the agent applied.
+    pub boosts_applied: u64,
+    /// Failed syscalls.
+    pub errors: u64,
+}
+
+/// Per-VM statistics.
+#[derive(Clone, Debug, Default)]
+pub struct VmStats {
+    /// By slot index.
+    pub vcpus: Vec<VcpuStats>,
+    /// Decisions the applier handled for this VM.
+    pub decisions: u64,
+    /// Decisions the ring buffer dropped (all VMs).
+    pub dropped: u64,
+    /// Decision → applied latency samples.
+    pub apply_samples: usize,
+    /// p50, ns.
+    pub apply_p50_ns: u64,
+    /// p99, ns.
+    pub apply_p99_ns: u64,
+}
+
+/// A registered VM; drop unregisters it and restores its threads.
+pub struct VmHandle {
+    inner: Arc<Inner>,
+    vm_id: u32,
+    spec: VmSpec,
+    region: Option<Arc<RegionMmap>>,
+}
+
+impl VmHandle {
+    /// The agent's id for this VM.
+    pub fn vm_id(&self) -> u32 {
+        self.vm_id
+    }
+
+    /// The device region (RegionSpec::DeviceMap): register
+    /// `as_ptr()`/`len()` as BAR2's memslot.
+    pub fn region(&self) -> Option<Arc<RegionMmap>> {
+        self.region.clone()
+    }
+
+    /// Baselines captured so far (tid, attributes).
+    pub fn baselines(&self) -> Vec<(u32, Option<SchedAttr>)> {
+        let r = lock(&self.inner.reg);
+        let mut v: Vec<_> = r
+            .threads
+            .values()
+            .filter(|t| t.vm_id == self.vm_id)
+            .map(|t| (t.index, t.tid, t.baseline))
+            .collect();
+        v.sort_by_key(|x| x.0);
+        v.into_iter().map(|(_, t, b)| (t, b)).collect()
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> VmStats {
+        let obj = lock(&self.inner.obj);
+        let reg = lock(&self.inner.reg);
+        let mut out = VmStats::default();
+        if let Ok(s) = obj.stats() {
+            out.dropped = s.dropped;
+        }
+        for i in 0..self.spec.vcpu_tids.len() as u32 {
+            let gid = (self.vm_id << GID_SHIFT) | i;
+            let mut vs = VcpuStats {
+                tid: self.spec.vcpu_tids[i as usize],
+                ..Default::default()
+            };
+            if let Ok(v) = obj.vcpu(gid) {
+                vs.boosts = v.boosts;
+                vs.throttles = v.throttles;
+                vs.boosted_ns = v.boosted_ns;
+                vs.ipis = v.ipis;
+                vs.slot_hits = v.slot_hits;
+                vs.yield_slot = v.yield_slot;
+                vs.last_ipi_target = v.last_ipi_target;
+                vs.boost = v.boost;
+                vs.boost_prio = v.boost_prio;
+                vs.throttled = v.throttled;
+            }
+            if let Some(t) = reg.threads.get(&gid) {
+                vs.boosts_applied = t.boosts_applied;
+                vs.errors = t.errors;
+            }
+            out.vcpus.push(vs);
+        }
+        if let Some(vm) = reg.vms.get(&self.vm_id) {
+            out.decisions = vm.decisions;
+            let mut l = vm.latencies.clone();
+            l.sort_unstable();
+            out.apply_samples = l.len();
+            if !l.is_empty() {
+                out.apply_p50_ns = l[l.len() / 2];
+                out.apply_p99_ns = l[(l.len() * 99 / 100).min(l.len() - 1)];
+            }
+        }
+        out
+    }
+
+    /// Re-evaluates vCPU `index` now (the device's KICK doorbell: the guest
+    /// changed its slot and wants the host to look before the next event).
+    /// Out-of-range indices are ignored (guest input).
+    pub fn kick(&self, index: u32) {
+        if index as usize >= self.spec.vcpu_tids.len() {
+            log::debug!("pvsched: kick of slot {index} ignored (out of range)");
+            return;
+        }
+        let gid = (self.vm_id << GID_SHIFT) | index;
+        let obj = lock(&self.inner.obj);
+        if let Err(e) = obj.test_run(pvsched_policy::event::EV_TICK, gid, now_mono(), 0, 0) {
+            log::warn!("pvsched: kick of slot {index}: {e}");
+        }
+    }
+
+    /// Restores this VM's boosted threads now.
+    pub fn restore(&self) {
+        let mut r = lock(&self.inner.reg);
+        for t in r.threads.values_mut().filter(|t| t.vm_id == self.vm_id) {
+            t.restore();
+        }
+    }
+}
+
+impl Drop for VmHandle {
+    fn drop(&mut self) {
+        let mut obj = lock(&self.inner.obj);
+        // Stop the policy first so no new decision arrives, then restore.
+        let _ = obj.set_vm(self.vm_id, &PvsVm::default());
+        for (i, (&tid, &apic)) in self
+            .spec
+            .vcpu_tids
+            .iter()
+            .zip(&self.spec.apic_ids)
+            .enumerate()
+        {
+            let _ = obj.set_tid(tid, None);
+            let _ = obj.remove_vcpu((self.vm_id << GID_SHIFT) | i as u32);
+            let _ = obj.set_apic(self.vm_id, apic, None);
+        }
+        drop(obj);
+        let mut reg = lock(&self.inner.reg);
+        let vm_id = self.vm_id;
+        for t in reg.threads.values_mut().filter(|t| t.vm_id == vm_id) {
+            t.restore();
+        }
+        reg.threads.retain(|_, t| t.vm_id != vm_id);
+        reg.vms.remove(&vm_id);
+    }
+}
+
+fn handle(inner: &Inner, d: &PvsDecision) {
+    let mut guard = lock(&inner.reg);
+    let reg = &mut *guard;
+    let vm_id = d.gid >> GID_SHIFT;
+    let Some(vm) = reg.vms.get_mut(&vm_id) else {
+        reg.foreign += 1;
+        return;
+    };
+    // Registered TIDs only: the thread must be the one registered at gid.
+    let Some(t) = reg
+        .threads
+        .get_mut(&d.gid)
+        .filter(|t| t.tid == d.tid && t.index < vm.nr)
+    else {
+        reg.foreign += 1;
+        return;
+    };
+    vm.decisions += 1;
+    if t.apply(d.kind, d.prio, d.reason, &vm.caps) {
+        let lat = now_mono().saturating_sub(d.ts);
+        if vm.latencies.len() < LAT_SAMPLES {
+            vm.latencies.push(lat);
+        } else {
+            vm.latencies[vm.lat_next] = lat;
+            vm.lat_next = (vm.lat_next + 1) % LAT_SAMPLES;
+        }
+    }
+}
+
+fn consumer(
+    inner: Arc<Inner>,
+    mut ring: aya::maps::RingBuf<aya::maps::MapData>,
+    test_fd: OwnedFd,
+    wake: OwnedFd,
+    cfg: AgentConfig,
+) {
+    if cfg.consumer_rt_prio > 0 {
+        let attr = SchedAttr {
+            policy: pvsched_abi::POLICY_FIFO,
+            priority: cfg.consumer_rt_prio.min(99),
+            nice: 0,
+            flags: 0,
+        };
+        if let Err(e) = sched::set(sched::gettid(), &attr) {
+            log::warn!("pvsched consumer stays SCHED_OTHER: {e}");
+        }
+    }
+    // SAFETY: epoll_create1 returns a new fd or -1.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        log::error!(
+            "pvsched consumer: epoll_create1 failed: {}",
+            io::Error::last_os_error()
+        );
+        return;
+    }
+    // SAFETY: fresh fd we own.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    for (fd, tag) in [
+        (std::os::fd::AsRawFd::as_raw_fd(&ring), 1u64),
+        (wake.as_raw_fd(), 2u64),
+    ] {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: tag,
+        };
+        // SAFETY: valid epoll fd, valid target fd, valid event struct.
+        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            log::error!(
+                "pvsched consumer: epoll_ctl failed: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+    }
+    let tick_ns = cfg.tick.as_nanos().max(1_000_000) as u64;
+    let mut next_tick = now_mono() + tick_ns;
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    while !inner.stop.load(Ordering::SeqCst) {
+        let wait_ms = (next_tick.saturating_sub(now_mono()) / 1_000_000).max(1) as i32;
+        // SAFETY: evs is a valid buffer of 4 events.
+        unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, wait_ms) };
+        if inner.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        while let Some(item) = ring.next() {
+            if let Some(d) = PvsDecision::from_bytes(&item) {
+                handle(&inner, &d);
+            }
+        }
+        let now = now_mono();
+        if now >= next_tick {
+            next_tick = now + tick_ns;
+            let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
+            for gid in gids {
+                if let Err(e) = test_run(
+                    &test_fd,
+                    pvsched_policy::event::EV_TICK,
+                    gid,
+                    now_mono(),
+                    0,
+                    0,
+                ) {
+                    log::warn!("pvsched timer: BPF_PROG_TEST_RUN failed: {e}");
+                    break;
+                }
+            }
+            while let Some(item) = ring.next() {
+                if let Some(d) = PvsDecision::from_bytes(&item) {
+                    handle(&inner, &d);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! The embedded BPF policy object: load (and optionally attach) it with aya,
+//! populate its maps, mmap a VM's region element, run synthetic events with
+//! `BPF_PROG_TEST_RUN` (raw `bpf(2)`; aya 0.14 has no test-run call), read
+//! decisions and statistics. Used by the agent and by the differential test.
+
+use crate::intf::{
+    MAX_VCPUS_PER_VM, MAX_VMS, PvsDecision, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE,
+};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::{BtfTracePoint, RawTracePoint};
+use aya::{Btf, Ebpf, EbpfLoader};
+use pvsched_abi::{SlotGuest, SlotHost};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+/// The compiled policy (built by build.rs from bpf-policy/).
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pvsched.bpf.o"));
+
+/// Tracepoint programs: (program, tp_btf tracepoint).
+pub const TRACEPOINTS: [(&str, &str); 5] = [
+    ("pvs_sched_switch", "sched_switch"),
+    ("pvs_sched_wakeup", "sched_wakeup"),
+    ("pvs_kvm_vcpu_wakeup", "kvm_vcpu_wakeup"),
+    ("pvs_kvm_apic_ipi", "kvm_apic_ipi"),
+    ("pvs_kvm_userspace_exit", "kvm_userspace_exit"),
+];
+/// The synthetic-event entry.
+pub const TEST_PROG: &str = "pvs_test_event";
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    /// Kernel BTF unavailable.
+    #[error(
+        "reading kernel BTF from /sys/kernel/btf/vmlinux failed: {0} (the policy needs CONFIG_DEBUG_INFO_BTF)"
+    )]
+    Btf(#[source] aya::BtfError),
+    /// The object could not be loaded.
+    #[error(
+        "loading the BPF policy object failed: {0} (needs root or CAP_BPF+CAP_PERFMON, kernel BTF, and cgroup memory for the maps)"
+    )]
+    Load(#[source] aya::EbpfError),
+    /// A program is missing from the object.
+    #[error("BPF program {0} missing from the embedded object (rebuild pvsched-agent)")]
+    NoProgram(&'static str),
+    /// A map is missing from the object.
+    #[error("BPF map {0} missing from the embedded object (rebuild pvsched-agent)")]
+    NoMap(&'static str),
+    /// The verifier or the attach refused a program.
+    #[error("BPF program {name}: {what} failed: {source}")]
+    Program {
+        /// Program.
+        name: &'static str,
+        /// load or attach.
+        what: &'static str,
+        /// Cause (the verifier log is in it).
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A map operation failed.
+    #[error("BPF map {name}: {source}")]
+    Map {
+        /// Map.
+        name: &'static str,
+        /// Cause.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// A system call failed.
+    #[error("{what} failed: {source}")]
+    Sys {
+        /// What.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A bad argument.
+    #[error("invalid argument: {0}")]
+    Invalid(&'static str),
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, ObjectError>;
+
+fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> ObjectError {
+    move |source| ObjectError::Map { name, source }
+}
+
+/// A loaded policy object.
+pub struct PolicyObject {
+    ebpf: Ebpf,
+    test_fd: OwnedFd,
+    ring: Option<RingBuf<MapData>>,
+    regions_fd: OwnedFd,
+}
+
+impl PolicyObject {
+    /// Loads the object; loads and attaches the tracepoint programs if
+    /// `attach`, and always loads (never attaches) the test-run entry.
+    pub fn load(attach: bool) -> Result<PolicyObject> {
+        let btf = Btf::from_sys_fs().map_err(ObjectError::Btf)?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .load(OBJECT)
+            .map_err(ObjectError::Load)?;
+        if attach {
+            for (name, tp) in TRACEPOINTS {
+                let p: &mut BtfTracePoint = ebpf
+                    .program_mut(name)
+                    .ok_or(ObjectError::NoProgram(name))?
+                    .try_into()
+                    .map_err(|source| ObjectError::Program {
+                        name,
+                        what: "type",
+                        source,
+                    })?;
+                p.load(tp, &btf).map_err(|source| ObjectError::Program {
+                    name,
+                    what: "load",
+                    source,
+                })?;
+                p.attach().map_err(|source| ObjectError::Program {
+                    name,
+                    what: "attach",
+                    source,
+                })?;
+            }
+        }
+        let p: &mut RawTracePoint = ebpf
+            .program_mut(TEST_PROG)
+            .ok_or(ObjectError::NoProgram(TEST_PROG))?
+            .try_into()
+            .map_err(|source| ObjectError::Program {
+                name: TEST_PROG,
+                what: "type",
+                source,
+            })?;
+        p.load().map_err(|source| ObjectError::Program {
+            name: TEST_PROG,
+            what: "load",
+            source,
+        })?;
+        let test_fd = p
+            .fd()
+            .map_err(|source| ObjectError::Program {
+                name: TEST_PROG,
+                what: "fd",
+                source,
+            })?
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| ObjectError::Sys {
+                what: "dup program fd",
+                source,
+            })?;
+        let ring = RingBuf::try_from(
+            ebpf.take_map("decisions")
+                .ok_or(ObjectError::NoMap("decisions"))?,
+        )
+        .map_err(map_err("decisions"))?;
+        let regions_fd = match ebpf.map("regions").ok_or(ObjectError::NoMap("regions"))? {
+            aya::maps::Map::Array(d) => {
+                d.fd()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|source| ObjectError::Sys {
+                        what: "dup regions fd",
+                        source,
+                    })?
+            }
+            _ => return Err(ObjectError::NoMap("regions")),
+        };
+        Ok(PolicyObject {
+            ebpf,
+            test_fd,
+            ring: Some(ring),
+            regions_fd,
+        })
+    }
+
+    /// A duplicate of the test-run program fd (for the agent's timer).
+    pub fn test_fd(&self) -> io::Result<OwnedFd> {
+        self.test_fd.try_clone()
+    }
+
+    /// Takes the decisions ring buffer (once).
+    pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
+        self.ring.take()
+    }
+
+    /// Drains the decisions ring buffer (if not taken).
+    pub fn drain_decisions(&mut self) -> Vec<PvsDecision> {
+        let mut out = Vec::new();
+        if let Some(r) = self.ring.as_mut() {
+            while let Some(item) = r.next() {
+                if let Some(d) = PvsDecision::from_bytes(&item) {
+                    out.push(d);
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes VM `vm_id`'s record.
+    pub fn set_vm(&mut self, vm_id: u32, vm: &PvsVm) -> Result<()> {
+        let mut a: Array<_, PvsVm> =
+            Array::try_from(self.ebpf.map_mut("vms").ok_or(ObjectError::NoMap("vms"))?)
+                .map_err(map_err("vms"))?;
+        a.set(vm_id, vm, 0).map_err(map_err("vms"))
+    }
+
+    /// Inserts or replaces a vCPU's state.
+    pub fn set_vcpu(&mut self, gid: u32, v: &PvsVcpu) -> Result<()> {
+        let mut m: HashMap<_, u32, PvsVcpu> = HashMap::try_from(
+            self.ebpf
+                .map_mut("vcpus")
+                .ok_or(ObjectError::NoMap("vcpus"))?,
+        )
+        .map_err(map_err("vcpus"))?;
+        m.insert(gid, v, 0).map_err(map_err("vcpus"))
+    }
+
+    /// Reads a vCPU's state.
+    pub fn vcpu(&self, gid: u32) -> Result<PvsVcpu> {
+        let m: HashMap<_, u32, PvsVcpu> =
+            HashMap::try_from(self.ebpf.map("vcpus").ok_or(ObjectError::NoMap("vcpus"))?)
+                .map_err(map_err("vcpus"))?;
+        m.get(&gid, 0).map_err(map_err("vcpus"))
+    }
+
+    /// Removes a vCPU's state.
+    pub fn remove_vcpu(&mut self, gid: u32) -> Result<()> {
+        let mut m: HashMap<_, u32, PvsVcpu> = HashMap::try_from(
+            self.ebpf
+                .map_mut("vcpus")
+                .ok_or(ObjectError::NoMap("vcpus"))?,
+        )
+        .map_err(map_err("vcpus"))?;
+        m.remove(&gid).map_err(map_err("vcpus"))
+    }
+
+    /// Maps a thread to a vCPU (`None` removes it).
+    pub fn set_tid(&mut self, tid: u32, gid: Option<u32>) -> Result<()> {
+        let mut m: HashMap<_, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("tids")
+                .ok_or(ObjectError::NoMap("tids"))?,
+        )
+        .map_err(map_err("tids"))?;
+        match gid {
+            Some(g) => m.insert(tid, g, 0).map_err(map_err("tids")),
+            None => m.remove(&tid).map_err(map_err("tids")),
+        }
+    }
+
+    /// Maps (vm, APIC ID) to a slot index (`None` removes it).
+    pub fn set_apic(&mut self, vm_id: u32, apic_id: u32, index: Option<u32>) -> Result<()> {
+        let mut m: HashMap<_, u64, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("apics")
+                .ok_or(ObjectError::NoMap("apics"))?,
+        )
+        .map_err(map_err("apics"))?;
+        let key = ((vm_id as u64) << 32) | apic_id as u64;
+        match index {
+            Some(i) => m.insert(key, i, 0).map_err(map_err("apics")),
+            None => m.remove(&key).map_err(map_err("apics")),
+        }
+    }
+
+    /// Sums the per-CPU statistics.
+    pub fn stats(&self) -> Result<PvsStats> {
+        let a: PerCpuArray<_, PvsStats> =
+            PerCpuArray::try_from(self.ebpf.map("stats").ok_or(ObjectError::NoMap("stats"))?)
+                .map_err(map_err("stats"))?;
+        let per = a.get(&0, 0).map_err(map_err("stats"))?;
+        let mut s = PvsStats::default();
+        for c in per.iter() {
+            for (d, e) in s.events.iter_mut().zip(c.events.iter()) {
+                *d += e;
+            }
+            s.decisions += c.decisions;
+            s.dropped += c.dropped;
+            s.boosts += c.boosts;
+            s.unboosts += c.unboosts;
+            s.throttles += c.throttles;
+            s.ipi_pairs += c.ipi_pairs;
+            s.slot_hits += c.slot_hits;
+            s.torn_reads += c.torn_reads;
+            s.read_errors += c.read_errors;
+        }
+        Ok(s)
+    }
+
+    /// Run time statistics of every loaded program: (name, run_cnt, run_time_ns).
+    /// Counted only while `kernel.bpf_stats_enabled=1` or an
+    /// [`aya::sys::enable_stats`] fd is held.
+    pub fn prog_stats(&self) -> Vec<(String, u64, u64)> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let i = p.info().ok()?;
+                Some((
+                    name.to_string(),
+                    i.run_count(),
+                    i.run_time().as_nanos() as u64,
+                ))
+            })
+            .collect()
+    }
+
+    /// Maps VM `vm_id`'s region element (shared with BPF and, through a KVM
+    /// memslot, with the guest).
+    pub fn map_region(&self, vm_id: u32) -> Result<RegionMmap> {
+        RegionMmap::new(&self.regions_fd, vm_id)
+    }
+
+    /// Runs one synthetic event through the policy (`BPF_PROG_TEST_RUN`).
+    pub fn test_run(&self, event: u32, gid: u32, now: u64, a: u64, b: u64) -> Result<u32> {
+        test_run(&self.test_fd, event, gid, now, a, b).map_err(|source| ObjectError::Sys {
+            what: "bpf(BPF_PROG_TEST_RUN)",
+            source,
+        })
+    }
+}
+
+/// `union bpf_attr`, the `test` member used by BPF_PROG_TEST_RUN.
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    pad: u32,
+}
+
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+/// Runs the test-run entry `fd` with raw_tp args `[event, gid, now, a, b]`.
+pub fn test_run(fd: &OwnedFd, event: u32, gid: u32, now: u64, a: u64, b: u64) -> io::Result<u32> {
+    let args: [u64; 5] = [event as u64, gid as u64, now, a, b];
+    let mut attr = TestRunAttr {
+        prog_fd: fd.as_raw_fd() as u32,
+        ctx_size_in: size_of_val(&args) as u32,
+        ctx_in: args.as_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: attr is a valid, initialised bpf_attr prefix of the size we
+    // pass; ctx_in points to `args`, alive for the call; the kernel writes
+    // only into attr (retval, duration).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestRunAttr,
+            size_of::<TestRunAttr>() as u32,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(attr.retval)
+}
+
+/// A VM's region: `REGION_STRIDE` bytes of the `regions` map, mmapped
+/// MAP_SHARED. The VMM registers [`RegionMmap::as_ptr`]/[`RegionMmap::len`]
+/// as BAR2's KVM memslot; BPF, the guest and the host see the same bytes.
+pub struct RegionMmap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value until
+// drop; all accesses through it are volatile byte/word copies.
+unsafe impl Send for RegionMmap {}
+// SAFETY: as above; concurrent volatile accesses are the protocol.
+unsafe impl Sync for RegionMmap {}
+
+impl RegionMmap {
+    fn new(fd: &OwnedFd, vm_id: u32) -> Result<RegionMmap> {
+        if vm_id >= MAX_VMS {
+            return Err(ObjectError::Invalid("vm_id >= MAX_VMS"));
+        }
+        let len = REGION_STRIDE as usize;
+        // SAFETY: a fresh shared mapping of an mmapable BPF array; offset
+        // is page aligned and inside the map (vm_id < MAX_VMS).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                (vm_id as libc::off_t) * REGION_STRIDE as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(ObjectError::Sys {
+                what: "mmap of the regions map (needs BPF_F_MMAPABLE)",
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(RegionMmap { ptr: p.cast(), len })
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length in bytes (a power of two, page aligned).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Zeroes the whole region.
+    pub fn clear(&self) {
+        for i in 0..self.len {
+            // SAFETY: i < len, inside our mapping.
+            unsafe { self.ptr.add(i).write_volatile(0) };
+        }
+    }
+
+    fn slot_off(nr: u32, index: u32) -> Option<usize> {
+        if index >= nr || nr > MAX_VCPUS_PER_VM {
+            return None;
+        }
+        Some(pvsched_abi::slot_offset(nr, index) as usize)
+    }
+
+    /// Writes a guest half with the seq protocol (tests and embedders that
+    /// play the guest).
+    pub fn write_guest(&self, nr: u32, index: u32, g: &SlotGuest) -> bool {
+        let Some(off) = Self::slot_off(nr, index) else {
+            return false;
+        };
+        // SAFETY: off + 128 <= region_size(nr) <= len (nr <= 64), the
+        // pointer is 64-byte aligned inside our mapping.
+        unsafe {
+            let p = self.ptr.add(off).cast::<SlotGuest>();
+            let seq = std::ptr::addr_of!((*p).seq).read_volatile();
+            let odd = seq.wrapping_add(1) | 1;
+            std::ptr::addr_of_mut!((*p).seq).write_volatile(odd);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            let v = SlotGuest { seq: odd, ..*g };
+            p.write_volatile(v);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            std::ptr::addr_of_mut!((*p).seq).write_volatile(odd.wrapping_add(1));
+        }
+        true
+    }
+
+    /// Reads a host half (as the guest would).
+    pub fn read_host(&self, nr: u32, index: u32) -> Option<SlotHost> {
+        let off = Self::slot_off(nr, index)?;
+        // SAFETY: as in write_guest; the host half is the second 64 bytes.
+        Some(unsafe { self.ptr.add(off + 64).cast::<SlotHost>().read_volatile() })
+    }
+}
+
+impl Drop for RegionMmap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are the mapping created in new(), unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}

@@ -1,0 +1,204 @@
+//! Thread scheduling attributes: `sched_getattr`/`sched_setattr` through
+//! `libc::syscall` with the kernel's `struct sched_attr`, the baseline a
+//! thread had before its first boost, and [`restore_baselines`], which a VMM
+//! calls on its own vCPU threads when the agent dies (lowering a thread's
+//! priority back to what it was needs no privilege).
+
+use std::io;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedError {
+    /// sched_getattr failed.
+    #[error("sched_getattr(tid {tid}) failed: {source} (is the thread alive?)")]
+    Get {
+        /// Thread.
+        tid: u32,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// sched_setattr failed.
+    #[error("sched_setattr(tid {tid}, {attr:?}) failed: {source} (raising needs CAP_SYS_NICE)")]
+    Set {
+        /// Thread.
+        tid: u32,
+        /// What was asked.
+        attr: SchedAttr,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, SchedError>;
+
+/// The kernel's `struct sched_attr` (VER0 + utilization clamps, 56 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RawSchedAttr {
+    size: u32,
+    sched_policy: u32,
+    sched_flags: u64,
+    sched_nice: i32,
+    sched_priority: u32,
+    sched_runtime: u64,
+    sched_deadline: u64,
+    sched_period: u64,
+    sched_util_min: u32,
+    sched_util_max: u32,
+}
+
+/// `SCHED_FLAG_RESET_ON_FORK`.
+pub const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
+
+/// The attributes the agent changes and restores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedAttr {
+    /// `SCHED_*` policy.
+    pub policy: u32,
+    /// RT priority (FIFO/RR), else 0.
+    pub priority: u32,
+    /// Nice (NORMAL/BATCH/IDLE).
+    pub nice: i32,
+    /// `SCHED_FLAG_*` (only RESET_ON_FORK is kept and set).
+    pub flags: u64,
+}
+
+/// Reads a thread's attributes.
+pub fn get(tid: u32) -> Result<SchedAttr> {
+    let mut a = RawSchedAttr::default();
+    // SAFETY: sched_getattr writes at most `size` (= size_of RawSchedAttr)
+    // bytes into the valid, writable struct we pass; other args are integers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid as libc::pid_t,
+            &mut a as *mut RawSchedAttr,
+            size_of::<RawSchedAttr>() as u32,
+            0u32,
+        )
+    };
+    if r != 0 {
+        return Err(SchedError::Get {
+            tid,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(SchedAttr {
+        policy: a.sched_policy,
+        priority: a.sched_priority,
+        nice: a.sched_nice,
+        flags: a.sched_flags,
+    })
+}
+
+/// Sets a thread's policy, priority, nice and RESET_ON_FORK flag.
+pub fn set(tid: u32, attr: &SchedAttr) -> Result<()> {
+    let a = RawSchedAttr {
+        size: size_of::<RawSchedAttr>() as u32,
+        sched_policy: attr.policy,
+        sched_flags: attr.flags & SCHED_FLAG_RESET_ON_FORK,
+        sched_nice: attr.nice,
+        sched_priority: attr.priority,
+        ..Default::default()
+    };
+    // SAFETY: sched_setattr reads `a.size` bytes from the valid struct we
+    // pass and nothing else; the other args are integers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setattr,
+            tid as libc::pid_t,
+            &a as *const RawSchedAttr,
+            0u32,
+        )
+    };
+    if r != 0 {
+        return Err(SchedError::Set {
+            tid,
+            attr: *attr,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// A thread and the attributes it must get back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadBaseline {
+    /// Thread id.
+    pub tid: u32,
+    /// Its attributes before any boost.
+    pub attr: SchedAttr,
+}
+
+/// Captures the current attributes of `tids` (a VMM does this for its vCPU
+/// threads before registering them, to restore them itself if the agent dies).
+pub fn capture_baselines(tids: &[u32]) -> Result<Vec<ThreadBaseline>> {
+    tids.iter()
+        .map(|&tid| {
+            Ok(ThreadBaseline {
+                tid,
+                attr: get(tid)?,
+            })
+        })
+        .collect()
+}
+
+/// Puts every thread back to its baseline when it differs; returns how many
+/// were changed, and the first error after trying them all.
+///
+/// ```no_run
+/// let b = pvsched_agent::sched::capture_baselines(&[std::process::id()]).unwrap();
+/// pvsched_agent::sched::restore_baselines(&b).unwrap();
+/// ```
+pub fn restore_baselines(baselines: &[ThreadBaseline]) -> Result<usize> {
+    let mut n = 0;
+    let mut first_err = None;
+    for b in baselines {
+        match get(b.tid) {
+            Ok(cur)
+                if cur.policy == b.attr.policy
+                    && cur.priority == b.attr.priority
+                    && cur.nice == b.attr.nice => {}
+            _ => match set(b.tid, &b.attr) {
+                Ok(()) => n += 1,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            },
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(n),
+    }
+}
+
+/// The calling thread's id.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn get_set_roundtrip_on_own_thread() {
+        let tid = gettid();
+        let before = get(tid).unwrap();
+        let lower = SchedAttr {
+            nice: (before.nice + 1).min(19),
+            ..before
+        };
+        set(tid, &lower).unwrap();
+        assert_eq!(get(tid).unwrap().nice, lower.nice);
+        // Going back down from a raised nice needs CAP_SYS_NICE unless it is
+        // within RLIMIT_NICE; this test thread only raises (lowers priority).
+        let b = [ThreadBaseline { tid, attr: lower }];
+        assert_eq!(restore_baselines(&b).unwrap(), 0);
+    }
+}

@@ -1,0 +1,98 @@
+//! Shared helpers of the agent's integration tests: the real-capability
+//! check and a stand-in vCPU thread.
+#![allow(dead_code)]
+
+use pvsched_agent::sched::{self, SchedAttr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Whether real BPF works here. Missing: panic under PVSCHED_REQUIRE_REAL=1,
+/// else print SKIP and return false.
+pub fn need_bpf(test: &str) -> bool {
+    match pvsched_agent::PolicyObject::load(false) {
+        Ok(_) => true,
+        Err(e) => {
+            if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
+                panic!(
+                    "{test}: real BPF is required (PVSCHED_REQUIRE_REAL=1): {}",
+                    report(&e)
+                );
+            }
+            eprintln!("SKIP: {test}: BPF unavailable: {}", report(&e));
+            false
+        }
+    }
+}
+
+/// A thread standing in for a vCPU thread: sets its nice, then sleeps
+/// `period` in a loop (every sleep is a sched_switch out and a wakeup).
+pub struct FakeVcpu {
+    pub tid: u32,
+    stop: Arc<AtomicBool>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeVcpu {
+    pub fn spawn(nice: i32, period: Duration) -> FakeVcpu {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let join = std::thread::spawn(move || {
+            let tid = sched::gettid();
+            let mut a = sched::get(tid).unwrap();
+            a.nice = nice;
+            sched::set(tid, &a).unwrap();
+            tx.send(tid).unwrap();
+            while !s2.load(Ordering::Relaxed) {
+                std::thread::sleep(period);
+            }
+        });
+        let tid = rx.recv().unwrap();
+        FakeVcpu {
+            tid,
+            stop,
+            join: Some(join),
+        }
+    }
+
+    pub fn attr(&self) -> SchedAttr {
+        sched::get(self.tid).unwrap()
+    }
+}
+
+impl Drop for FakeVcpu {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+/// Polls `f` until it returns Some or `limit` passes (then panics with `what`).
+/// A liveness bound, not a timing assertion.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if t0.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// An error with its whole source chain.
+pub fn report(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

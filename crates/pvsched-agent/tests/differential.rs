@@ -1,0 +1,230 @@
+//! Differential test (issue 5 (e)): ≥1,000 generated traces through the BPF
+//! policy (test-run entry, `BPF_PROG_TEST_RUN`, guest writes into the real
+//! mmapped region map) and through the Rust model must give identical
+//! decisions and identical per-vCPU state.
+
+mod common;
+
+use pvsched_abi::SlotGuest;
+use pvsched_agent::PolicyObject;
+use pvsched_agent::intf::{MODE_DEVICE, PvsVcpu, PvsVm};
+use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
+
+/// xorshift64*: small deterministic generator (the seed is printed on failure).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len() as u64) as usize]
+    }
+}
+
+fn gen_caps(r: &mut Rng) -> Caps {
+    let kinds = [BoostKind::None, BoostKind::Nice, BoostKind::Rt];
+    Caps {
+        allow_rt: r.below(4) != 0,
+        max_rt_prio: r.pick(&[0, 1, 5, 10, 50, 99]),
+        nice_floor: r.below(21) as i32 - 20,
+        cs_rt_prio: r.pick(&[0, 1, 2, 20, 99]),
+        halt_boost: r.pick(&kinds),
+        halt_prio: r.pick(&[-20, -5, 0, 1, 5, 50]),
+        yield_boost: r.pick(&kinds),
+        yield_prio: r.pick(&[-20, -10, 0, 1, 5, 99]),
+        max_boost_us: r.pick(&[0, 500, 2_000, 10_000]),
+        throttle_us: r.pick(&[0, 1_000, 5_000]),
+        budget_us: r.pick(&[0, 1_000, 4_000]),
+        window_us: r.pick(&[1_000, 10_000, 50_000]),
+        ipi_window_us: r.pick(&[0, 500, 50_000]),
+        wait_on: r.below(3) != 0,
+    }
+}
+
+fn gen_event(r: &mut Rng, nr: u32) -> Event {
+    let vcpu = r.below(nr as u64) as u32;
+    match r.below(9) {
+        0 => Event::SwitchOut {
+            vcpu,
+            preempted: r.below(2) == 0,
+        },
+        1 => Event::SwitchIn { vcpu },
+        2 => Event::Wakeup { vcpu },
+        3 => Event::VcpuWakeup { vcpu },
+        4 => Event::Ipi {
+            vcpu,
+            dest_id: if r.below(8) == 0 {
+                77
+            } else {
+                r.below(nr as u64) as u32 * 2 + 1
+            },
+            icr_low: r.pick(&[0xfd, 0xec, 0x4fd, 0x8fd, 0x400fd, 0xc00fd, 0x2fd]),
+        },
+        5 => Event::UserExit {
+            vcpu,
+            reason: r.below(30) as u32,
+        },
+        6 => Event::Tick { vcpu },
+        _ => Event::GuestWrite {
+            vcpu,
+            guest: GuestFields {
+                kern_cs: if r.below(2) == 0 {
+                    0
+                } else {
+                    r.next() as u32 & 0x1f
+                },
+                policy: r.pick(&[0, 0, 1, 2, 3, 5, 6, 9]),
+                nice: r.below(46) as i32 - 25,
+                rt_prio: r.pick(&[0, 1, 5, 50, 99, 120]),
+                wait_on: r.below(nr as u64 + 2) as u32,
+            },
+        },
+    }
+}
+
+#[test]
+fn bpf_and_model_agree_on_1000_traces() {
+    if !common::need_bpf("bpf_and_model_agree_on_1000_traces") {
+        return;
+    }
+    let mut obj = PolicyObject::load(false).unwrap();
+    let region = obj.map_region(0).unwrap();
+    let traces: u64 = 1000;
+    let mut decisions = 0usize;
+    let mut events = 0usize;
+    for seed in 1..=traces {
+        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let nr = 1 + r.below(4) as u32;
+        let caps = gen_caps(&mut r);
+        let tids: Vec<u32> = (0..nr).map(|i| 1000 + i).collect();
+        let apics: Vec<u32> = (0..nr).map(|i| i * 2 + 1).collect();
+        let mut model = VmModel::new(caps.clone(), &tids, &apics);
+        // Fresh BPF state for vm 0.
+        region.clear();
+        for i in 0..4u32 {
+            let _ = obj.remove_vcpu(i);
+            let _ = obj.set_apic(0, i * 2 + 1, None);
+        }
+        obj.set_vm(
+            0,
+            &PvsVm {
+                active: 1,
+                nr_vcpus: nr,
+                mode: MODE_DEVICE,
+                wait_on_enabled: caps.wait_on as u32,
+                caps: (&caps).into(),
+            },
+        )
+        .unwrap();
+        for i in 0..nr {
+            obj.set_vcpu(
+                i,
+                &PvsVcpu {
+                    tid: tids[i as usize],
+                    index: i,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            obj.set_apic(0, apics[i as usize], Some(i)).unwrap();
+        }
+        obj.drain_decisions();
+        let mut now: u64 = 1_000_000 + r.below(1_000_000);
+        let len = 20 + r.below(60);
+        for step in 0..len {
+            now += match r.below(10) {
+                0 => 0,
+                1 => 20_000_000 + r.below(50_000_000),
+                _ => r.below(3_000_000),
+            };
+            let ev = gen_event(&mut r, nr);
+            let want = model.step(now, ev);
+            match ev {
+                Event::GuestWrite { vcpu, guest } => {
+                    let g = SlotGuest {
+                        kern_cs: guest.kern_cs,
+                        policy: guest.policy,
+                        nice: guest.nice,
+                        rt_prio: guest.rt_prio,
+                        wait_on: guest.wait_on,
+                        ..Default::default()
+                    };
+                    assert!(region.write_guest(nr, vcpu, &g));
+                }
+                _ => {
+                    let (code, vcpu, a, b) = ev.encode().unwrap();
+                    assert_eq!(obj.test_run(code, vcpu, now, a, b).unwrap(), 0);
+                }
+            }
+            let got: Vec<_> = obj.drain_decisions().iter().map(|d| d.to_model()).collect();
+            assert_eq!(
+                got, want,
+                "seed {seed} step {step} event {ev:?} caps {caps:?}"
+            );
+            decisions += got.len();
+            events += 1;
+        }
+        for i in 0..nr {
+            let b = obj.vcpu(i).unwrap();
+            let m = &model.vcpus[i as usize];
+            let bs = (
+                (
+                    b.state,
+                    b.boost,
+                    b.boost_prio,
+                    b.throttled,
+                    b.yield_slot,
+                    b.yield_mask,
+                ),
+                (
+                    b.boosts,
+                    b.throttles,
+                    b.boosted_ns,
+                    b.ipis,
+                    b.slot_hits,
+                    b.budget_used,
+                    b.wait_on,
+                ),
+            );
+            let ms = (
+                (
+                    m.state,
+                    m.boost,
+                    m.boost_prio,
+                    m.throttled,
+                    m.yield_slot,
+                    m.yield_mask,
+                ),
+                (
+                    m.boosts,
+                    m.throttles,
+                    m.boosted_ns,
+                    m.ipis,
+                    m.slot_hits,
+                    m.budget_used,
+                    m.wait_on,
+                ),
+            );
+            assert_eq!(bs, ms, "seed {seed} vcpu {i} final state");
+            // The host half of the region mirrors the BPF state.
+            let h = region.read_host(nr, i).unwrap();
+            assert_eq!(
+                (h.boost, h.boost_prio, h.throttled, h.yield_target, h.boosts),
+                (b.boost, b.boost_prio, b.throttled, b.yield_slot, b.boosts)
+            );
+        }
+    }
+    println!(
+        "differential: {traces} traces, {events} events, {decisions} decisions, all identical"
+    );
+    assert!(
+        decisions > 1000,
+        "traces too tame: only {decisions} decisions"
+    );
+}

@@ -1,0 +1,113 @@
+//! Issue 5 (d) with real threads: an agent *process* boosts a thread of this
+//! process, is killed with SIGKILL, and this process (the "VMM") restores
+//! its thread to the baseline it captured, driven by a pidfd watcher.
+//!
+//! The agent process is this test binary re-executed with
+//! `PVSCHED_KILL9_TID` set, running only `agent_process_child`.
+
+mod common;
+
+use common::{FakeVcpu, need_bpf, wait_for};
+use pvsched_abi::{CS_HARDIRQ, POLICY_FIFO, SlotGuest};
+use pvsched_agent::sched::{capture_baselines, restore_baselines};
+use pvsched_agent::watch::PidfdWatcher;
+use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec};
+use pvsched_policy::{BoostKind, Caps};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// In the child: become the agent for the parent's thread, boost it, wait
+/// to be killed. In a normal test run: nothing.
+#[test]
+fn agent_process_child() {
+    let Ok(tid) = std::env::var("PVSCHED_KILL9_TID") else {
+        return;
+    };
+    let tid: u32 = tid.parse().unwrap();
+    let agent = Agent::load(AgentConfig::default()).unwrap();
+    let caps = Caps {
+        halt_boost: BoostKind::Rt,
+        halt_prio: 3,
+        max_boost_us: 0,
+        budget_us: 0,
+        ..Caps::default()
+    };
+    let vm = agent
+        .register_vm(VmSpec {
+            vcpu_tids: vec![tid],
+            apic_ids: vec![0],
+            caps,
+            region: RegionSpec::DeviceMap,
+        })
+        .unwrap();
+    vm.region().unwrap().write_guest(
+        1,
+        0,
+        &SlotGuest {
+            kern_cs: CS_HARDIRQ,
+            ..Default::default()
+        },
+    );
+    println!("AGENT-READY");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn vmm_restores_its_threads_when_the_agent_is_killed() {
+    if !need_bpf("vmm_restores_its_threads_when_the_agent_is_killed") {
+        return;
+    }
+    let vcpu = FakeVcpu::spawn(6, Duration::from_micros(300));
+    let baselines = capture_baselines(&[vcpu.tid]).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "agent_process_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("PVSCHED_KILL9_TID", vcpu.tid.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("AGENT-READY") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "agent child exited early"
+        );
+    }
+    wait_for(
+        "boost by the agent process",
+        Duration::from_secs(10),
+        || Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let b2 = baselines.clone();
+    let watcher = PidfdWatcher::spawn(child.id(), move || {
+        let r = restore_baselines(&b2);
+        tx.send((Instant::now(), r.map_err(|e| e.to_string())))
+            .unwrap();
+    })
+    .unwrap();
+    let killed = Instant::now();
+    child.kill().unwrap(); // SIGKILL
+    let (restored_at, r) = rx.recv().unwrap();
+    watcher.join();
+    let _ = child.wait();
+    assert_eq!(r.unwrap(), 1, "one thread restored");
+    assert_eq!(
+        vcpu.attr(),
+        baselines[0].attr,
+        "exact baseline after the agent died"
+    );
+    println!(
+        "kill -9 of the agent -> vCPU thread at baseline in {} us",
+        restored_at.duration_since(killed).as_micros()
+    );
+}

@@ -1,0 +1,59 @@
+//! Without privileges the agent refuses to start and says why (it never
+//! runs silently doing nothing). The unprivileged agent is this test binary
+//! re-executed with `PVSCHED_NOPRIV_CHILD=1`; it drops to uid 65534 first.
+
+mod common;
+
+use pvsched_agent::{Agent, AgentConfig};
+use std::process::Command;
+
+#[test]
+fn unprivileged_child() {
+    if std::env::var("PVSCHED_NOPRIV_CHILD").is_err() {
+        return;
+    }
+    // SAFETY: setgid/setuid take integers; as root they drop every
+    // capability of this (single-purpose child) process.
+    let (g, u) = unsafe { (libc::setgid(65534), libc::setuid(65534)) };
+    assert_eq!((g, u), (0, 0), "could not drop privileges");
+    match Agent::load(AgentConfig {
+        handle_signals: false,
+        ..AgentConfig::default()
+    }) {
+        Ok(_) => println!("NOPRIV-LOADED"),
+        Err(e) => println!("NOPRIV-ERROR: {}", common::report(&e)),
+    }
+}
+
+#[test]
+fn agent_without_privileges_refuses_and_says_why() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
+            panic!("this test needs root to drop privileges in a child (PVSCHED_REQUIRE_REAL=1)");
+        }
+        eprintln!("SKIP: agent_without_privileges_refuses_and_says_why: not root");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "unprivileged_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("PVSCHED_NOPRIV_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {stdout}");
+    let line = stdout
+        .lines()
+        .find_map(|l| l.find("NOPRIV-").map(|i| &l[i..]))
+        .expect("child result line");
+    println!("{line}");
+    assert!(
+        line.starts_with("NOPRIV-ERROR: pvsched agent refuses to start"),
+        "{line}"
+    );
+}

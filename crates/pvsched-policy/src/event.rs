@@ -1,0 +1,168 @@
+//! Trace events, decisions and the constants shared with the BPF program
+//! (`bpf-policy/intf.h`; the agent's layout test checks they are equal).
+
+/// `PVS_EV_*`: a vCPU was switched out (`a` = preempted).
+pub const EV_SWITCH_OUT: u32 = 1;
+/// `PVS_EV_*`: a vCPU was switched in.
+pub const EV_SWITCH_IN: u32 = 2;
+/// `PVS_EV_*`: sched_wakeup of a vCPU thread.
+pub const EV_WAKEUP: u32 = 3;
+/// `PVS_EV_*`: kvm_vcpu_wakeup (halt ended).
+pub const EV_VCPU_WAKEUP: u32 = 4;
+/// `PVS_EV_*`: kvm_apic_ipi from the vCPU (`a` = dest_id, `b` = icr_low).
+pub const EV_IPI: u32 = 5;
+/// `PVS_EV_*`: kvm_userspace_exit (`a` = reason).
+pub const EV_USER_EXIT: u32 = 6;
+/// `PVS_EV_*`: agent timer re-evaluation.
+pub const EV_TICK: u32 = 7;
+/// Number of event kinds (array size in the statistics).
+pub const EV_MAX: u32 = 8;
+
+/// `PVS_R_*`: the guest no longer asks.
+pub const R_NONE: u32 = 0;
+/// `PVS_R_*`: guest kernel critical section.
+pub const R_CS: u32 = 1;
+/// `PVS_R_*`: guest RT task.
+pub const R_RT_TASK: u32 = 2;
+/// `PVS_R_*`: guest high-priority (negative nice) task.
+pub const R_NICE_TASK: u32 = 3;
+/// `PVS_R_*`: halted vCPU.
+pub const R_HALT: u32 = 4;
+/// `PVS_R_*`: directed-yield target.
+pub const R_YIELD: u32 = 5;
+/// `PVS_R_*`: throttled after max continuous boost.
+pub const R_MAX_BOOST: u32 = 6;
+/// `PVS_R_*`: throttled, window budget used up.
+pub const R_BUDGET: u32 = 7;
+/// `PVS_R_*`: still throttled.
+pub const R_THROTTLED: u32 = 8;
+
+/// `PVS_ST_*` run states.
+pub const ST_UNKNOWN: u32 = 0;
+/// Running on a CPU.
+pub const ST_RUNNING: u32 = 1;
+/// Runnable, preempted.
+pub const ST_PREEMPTED: u32 = 2;
+/// Blocked (halted).
+pub const ST_HALTED: u32 = 3;
+/// Woken from a halt, not yet on a CPU.
+pub const ST_WOKEN: u32 = 4;
+
+/// `gid = vm_id << GID_SHIFT | slot index`.
+pub const GID_SHIFT: u32 = 10;
+/// Most vCPUs per VM the BPF maps and the 16 KiB region element hold.
+pub const MAX_VCPUS_PER_VM: u32 = 64;
+/// Most VMs one agent serves.
+pub const MAX_VMS: u32 = 16;
+/// Bytes of one VM's region element in the `regions` map.
+pub const REGION_STRIDE: u32 = 16384;
+
+/// The guest-written fields the policy reads from a slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuestFields {
+    /// `CS_*` bits.
+    pub kern_cs: u32,
+    /// `POLICY_*` of the running guest task.
+    pub policy: u32,
+    /// Its nice.
+    pub nice: i32,
+    /// Its RT priority.
+    pub rt_prio: u32,
+    /// Slot index + 1 of the vCPU waited for, or 0.
+    pub wait_on: u32,
+}
+
+/// One trace event for one vCPU (slot index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// sched_switch, vCPU is prev.
+    SwitchOut {
+        /// Slot index.
+        vcpu: u32,
+        /// Still runnable (preempted) rather than blocked.
+        preempted: bool,
+    },
+    /// sched_switch, vCPU is next.
+    SwitchIn {
+        /// Slot index.
+        vcpu: u32,
+    },
+    /// sched_wakeup.
+    Wakeup {
+        /// Slot index.
+        vcpu: u32,
+    },
+    /// kvm_vcpu_wakeup.
+    VcpuWakeup {
+        /// Slot index.
+        vcpu: u32,
+    },
+    /// kvm_apic_ipi sent by the vCPU.
+    Ipi {
+        /// Slot index of the sender.
+        vcpu: u32,
+        /// Destination APIC ID.
+        dest_id: u32,
+        /// ICR low word.
+        icr_low: u32,
+    },
+    /// kvm_userspace_exit.
+    UserExit {
+        /// Slot index.
+        vcpu: u32,
+        /// KVM exit reason.
+        reason: u32,
+    },
+    /// Agent timer.
+    Tick {
+        /// Slot index.
+        vcpu: u32,
+    },
+    /// The guest rewrites its slot (no decision by itself).
+    GuestWrite {
+        /// Slot index.
+        vcpu: u32,
+        /// New contents.
+        guest: GuestFields,
+    },
+}
+
+impl Event {
+    /// `(PVS_EV_*, vcpu, a, b)` for the BPF test-run entry, `None` for
+    /// [`Event::GuestWrite`] (applied to the region directly).
+    pub fn encode(&self) -> Option<(u32, u32, u64, u64)> {
+        Some(match *self {
+            Event::SwitchOut { vcpu, preempted } => (EV_SWITCH_OUT, vcpu, preempted as u64, 0),
+            Event::SwitchIn { vcpu } => (EV_SWITCH_IN, vcpu, 0, 0),
+            Event::Wakeup { vcpu } => (EV_WAKEUP, vcpu, 0, 0),
+            Event::VcpuWakeup { vcpu } => (EV_VCPU_WAKEUP, vcpu, 0, 0),
+            Event::Ipi {
+                vcpu,
+                dest_id,
+                icr_low,
+            } => (EV_IPI, vcpu, dest_id as u64, icr_low as u64),
+            Event::UserExit { vcpu, reason } => (EV_USER_EXIT, vcpu, reason as u64, 0),
+            Event::Tick { vcpu } => (EV_TICK, vcpu, 0, 0),
+            Event::GuestWrite { .. } => return None,
+        })
+    }
+}
+
+/// A decision: the boost a vCPU thread must have from now on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Event time (ns).
+    pub ts: u64,
+    /// vCPU thread id.
+    pub tid: u32,
+    /// `vm_id << GID_SHIFT | slot index`.
+    pub gid: u32,
+    /// `BOOST_*` (NONE = back to baseline).
+    pub kind: u32,
+    /// RT priority or nice.
+    pub prio: i32,
+    /// `R_*`.
+    pub reason: u32,
+    /// `EV_*` that caused it.
+    pub event: u32,
+}

@@ -1,0 +1,151 @@
+//! Property tests of the reference model: whatever the guest writes and
+//! whatever the event order, a decision never exceeds the VM's caps, a
+//! vCPU's consecutive decisions always change something, and nothing is
+//! boosted while throttled.
+
+use proptest::prelude::*;
+use pvsched_abi::{BOOST_NICE, BOOST_NONE, BOOST_RT};
+use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST};
+use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
+use std::collections::HashMap;
+
+fn kind() -> impl Strategy<Value = BoostKind> {
+    prop_oneof![
+        Just(BoostKind::None),
+        Just(BoostKind::Nice),
+        Just(BoostKind::Rt)
+    ]
+}
+
+fn caps() -> impl Strategy<Value = Caps> {
+    (
+        any::<bool>(),
+        0u32..=99,
+        -20i32..=19,
+        0u32..=99,
+        (kind(), -30i32..120, kind(), -30i32..120),
+        (
+            0u64..5_000,
+            0u64..5_000,
+            0u64..5_000,
+            1u64..20_000,
+            0u64..5_000,
+        ),
+    )
+        .prop_map(
+            |(
+                allow_rt,
+                max_rt_prio,
+                nice_floor,
+                cs_rt_prio,
+                (hk, hp, yk, yp),
+                (mb, th, bu, wi, iw),
+            )| Caps {
+                allow_rt,
+                max_rt_prio,
+                nice_floor,
+                cs_rt_prio,
+                halt_boost: hk,
+                halt_prio: hp,
+                yield_boost: yk,
+                yield_prio: yp,
+                max_boost_us: mb,
+                throttle_us: th,
+                budget_us: bu,
+                window_us: wi,
+                ipi_window_us: iw,
+                wait_on: true,
+            },
+        )
+}
+
+fn event(nr: u32) -> impl Strategy<Value = Event> {
+    let v = 0..nr + 1; // includes an out-of-range vCPU
+    prop_oneof![
+        (v.clone(), any::<bool>())
+            .prop_map(|(vcpu, preempted)| Event::SwitchOut { vcpu, preempted }),
+        v.clone().prop_map(|vcpu| Event::SwitchIn { vcpu }),
+        v.clone().prop_map(|vcpu| Event::Wakeup { vcpu }),
+        v.clone().prop_map(|vcpu| Event::Tick { vcpu }),
+        (v.clone(), any::<u32>(), any::<u32>()).prop_map(|(vcpu, dest_id, icr_low)| Event::Ipi {
+            vcpu,
+            dest_id: dest_id % 8,
+            icr_low
+        }),
+        (
+            v,
+            any::<u32>(),
+            any::<u32>(),
+            any::<i32>(),
+            any::<u32>(),
+            any::<u32>()
+        )
+            .prop_map(|(vcpu, kern_cs, policy, nice, rt_prio, wait_on)| {
+                Event::GuestWrite {
+                    vcpu,
+                    guest: GuestFields {
+                        kern_cs,
+                        policy: policy % 8,
+                        nice,
+                        rt_prio,
+                        wait_on: wait_on % 6,
+                    },
+                }
+            }),
+    ]
+}
+
+/// PROPTEST_CASES, capped at 2,000 (proptest! would let the environment
+/// override the cap; each case is a whole trace).
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(256);
+    ProptestConfig::with_cases(u32::min(cases, 2000))
+}
+
+fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
+    let mut vm = VmModel::new(c.clone(), &[1, 2, 3, 4], &[0, 1, 2, 3]);
+    let mut now = 1u64;
+    let mut last: HashMap<u32, (u32, i32)> = HashMap::new();
+    for (dt, ev) in evs {
+        now += dt;
+        for d in vm.step(now, ev) {
+            match d.kind {
+                BOOST_RT => {
+                    prop_assert!(c.allow_rt && c.max_rt_prio > 0);
+                    prop_assert!(d.prio >= 1 && d.prio as u32 <= c.max_rt_prio);
+                }
+                BOOST_NICE => prop_assert!(d.prio >= c.nice_floor && d.prio < 0),
+                BOOST_NONE => prop_assert_eq!(d.prio, 0),
+                k => prop_assert!(false, "unknown kind {}", k),
+            }
+            if d.reason == R_MAX_BOOST || d.reason == R_BUDGET {
+                prop_assert_eq!(d.kind, BOOST_NONE);
+            }
+            let prev = last.insert(d.tid, (d.kind, d.prio));
+            if d.reason != R_MAX_BOOST && d.reason != R_BUDGET {
+                prop_assert_ne!(prev.unwrap_or((BOOST_NONE, 0)), (d.kind, d.prio));
+            }
+        }
+        for v in &vm.vcpus {
+            if now < v.throttled_until {
+                prop_assert_eq!(v.boost, BOOST_NONE);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn decisions_respect_caps() {
+    let mut runner = proptest::test_runner::TestRunner::new(config());
+    let strategy = (
+        caps(),
+        prop::collection::vec((0u64..3_000_000, event(4)), 1..80),
+    );
+    if let Err(e) = runner.run(&strategy, |(c, evs)| check(c, evs)) {
+        panic!("{e}");
+    }
+}
