@@ -1,0 +1,710 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * pvsched guest driver: tells the host, per vCPU, what this guest is doing.
+ *
+ * The driver negotiates a shared region with the pvsched PCI device
+ * (include/pvsched_abi.h, docs/abi.md) and then, from tracepoint probes,
+ * writes into the slot of the CPU it runs on:
+ *
+ *   sched_switch                 policy, nice and rt_prio of the next task
+ *   irq_handler_entry/exit       PVSCHED_CS_HARDIRQ
+ *   softirq_entry/exit           PVSCHED_CS_SOFTIRQ
+ *
+ * Slot writes follow the ABI's sequence protocol (seq odd, fields, seq even),
+ * are per CPU, take no lock and never touch a device register, so the hot
+ * path causes no VM exit. The tracepoints are not exported to modules; they
+ * are found with for_each_kernel_tracepoint() (GPL-only).
+ *
+ * Not reported: PVSCHED_CS_NMI (no NMI tracepoint), PVSCHED_CS_PREEMPT_OFF
+ * (CONFIG_PREEMPTIRQ_TRACEPOINTS is off in distribution kernels) and wait_on
+ * (no tracepoint marks "waiting for an IPI answer"); see docs/guest-driver.md.
+ */
+
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/cpuhotplug.h>
+#include <linux/debugfs.h>
+#include <linux/gfp.h>
+#include <linux/io.h>
+#include <linux/module.h>
+#include <linux/mm.h>
+#include <linux/pci.h>
+#include <linux/percpu.h>
+#include <linux/sched.h>
+#include <linux/seq_file.h>
+#include <linux/string.h>
+#include <linux/tracepoint.h>
+#include <linux/version.h>
+#include <asm/smp.h>
+
+#include "pvsched_abi.h"
+
+static bool use_device_region = true;
+module_param(use_device_region, bool, 0444);
+MODULE_PARM_DESC(use_device_region,
+		 "Use the device region (BAR2) when offered (default: 1)");
+
+static bool report_sched = true;
+module_param(report_sched, bool, 0444);
+MODULE_PARM_DESC(report_sched,
+		 "Report policy/nice/rt_prio from sched_switch (default: 1)");
+
+static bool report_irq = true;
+module_param(report_irq, bool, 0444);
+MODULE_PARM_DESC(report_irq,
+		 "Report hardirq and softirq sections (default: 1)");
+
+static ushort vendor_id = PVSCHED_PCI_VENDOR_ID;
+module_param(vendor_id, ushort, 0444);
+MODULE_PARM_DESC(vendor_id, "PCI vendor ID to bind to (default: 0x5056)");
+
+static ushort device_id = PVSCHED_PCI_DEVICE_ID;
+module_param(device_id, ushort, 0444);
+MODULE_PARM_DESC(device_id, "PCI device ID to bind to (default: 0x5c4e)");
+
+/* Per-CPU view of this CPU's slot and what we last reported in it. */
+struct pvsched_cpu {
+	struct pvsched_slot_guest *slot; /* NULL while not attached/online */
+	u32 slot_index;
+	u32 kern_cs;
+	u32 policy;
+	s32 nice;
+	u32 rt_prio;
+	u32 hardirq_depth;
+	/* Counters, shown in debugfs. Written by this CPU only. */
+	u64 updates;
+	u64 switches;
+	u64 irqs;
+	u64 softirqs;
+};
+
+static DEFINE_PER_CPU(struct pvsched_cpu, pvsched_pcpu);
+
+struct pvsched_dev {
+	struct pci_dev *pdev;
+	void __iomem *regs;
+	void *region;
+	size_t region_size;
+	bool device_region;
+	u32 nr_vcpus;
+	u32 generation;
+	u64 features;
+	int cpuhp_state;
+	struct dentry *debugfs;
+};
+
+/* One device per guest: the hooks are global. */
+static struct pvsched_dev *pvsched_active;
+
+struct pvsched_tp {
+	const char *name;
+	void *probe;
+	struct tracepoint *tp;
+	bool registered;
+};
+
+static const char *const pvsched_err_names[] = {
+	[PVSCHED_ERR_NONE] = "none",
+	[PVSCHED_ERR_BAD_SEQUENCE] = "bad status sequence",
+	[PVSCHED_ERR_FEATURES_UNSUPPORTED] = "features unsupported",
+	[PVSCHED_ERR_NO_REGION_MODE] = "no region mode selected",
+	[PVSCHED_ERR_VERSION_MISMATCH] = "version mismatch",
+	[PVSCHED_ERR_REGION_ZERO_SIZE] = "region size is zero",
+	[PVSCHED_ERR_REGION_UNALIGNED] = "region not page aligned",
+	[PVSCHED_ERR_REGION_WRAPS] = "region wraps",
+	[PVSCHED_ERR_REGION_OUTSIDE_RAM] = "region outside guest RAM",
+	[PVSCHED_ERR_REGION_TOO_SMALL] = "region too small",
+	[PVSCHED_ERR_REGION_CHANGED] = "region changed after DRIVER_OK",
+	[PVSCHED_ERR_REGION_UNMAPPED] = "device region not mapped",
+	[PVSCHED_ERR_REGION_UNAVAILABLE] = "device region unavailable",
+	[PVSCHED_ERR_DEVICE_FAILED] = "device back end failed",
+};
+
+static const char *pvsched_err_name(u32 err)
+{
+	if (err < ARRAY_SIZE(pvsched_err_names) && pvsched_err_names[err])
+		return pvsched_err_names[err];
+	return "unknown error";
+}
+
+/* ---------------------------------------------------------------------- */
+/* Slot writes (hot path)                                                  */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * Publish this CPU's state into its slot. Interrupts are disabled so that an
+ * interrupt hook cannot start a nested update while seq is odd.
+ */
+static void notrace pvsched_publish(struct pvsched_cpu *pc)
+{
+	struct pvsched_slot_guest *slot;
+	unsigned long flags;
+	u32 seq;
+
+	local_irq_save(flags);
+	slot = READ_ONCE(pc->slot);
+	if (slot) {
+		seq = READ_ONCE(slot->seq) | 1;
+		WRITE_ONCE(slot->seq, seq);
+		smp_wmb();
+		WRITE_ONCE(slot->kern_cs, pc->kern_cs);
+		WRITE_ONCE(slot->policy, pc->policy);
+		WRITE_ONCE(slot->nice, pc->nice);
+		WRITE_ONCE(slot->rt_prio, pc->rt_prio);
+		WRITE_ONCE(slot->wait_on, PVSCHED_WAIT_NONE);
+		WRITE_ONCE(slot->updates, slot->updates + 1);
+		smp_wmb();
+		WRITE_ONCE(slot->seq, seq + 1);
+		pc->updates++;
+	}
+	local_irq_restore(flags);
+}
+
+static void pvsched_task_state(struct pvsched_cpu *pc,
+			       const struct task_struct *p)
+{
+	u32 policy = p->policy;
+
+	pc->policy = policy;
+	if (policy == SCHED_FIFO || policy == SCHED_RR) {
+		pc->rt_prio = p->rt_priority;
+		pc->nice = 0;
+	} else {
+		pc->rt_prio = 0;
+		pc->nice = task_nice(p);
+	}
+}
+
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(5, 18, 0)
+static void notrace pvsched_sched_switch(void *data, bool preempt,
+					 struct task_struct *prev,
+					 struct task_struct *next,
+					 unsigned int prev_state)
+#else
+static void notrace pvsched_sched_switch(void *data, bool preempt,
+					 struct task_struct *prev,
+					 struct task_struct *next)
+#endif
+{
+	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
+
+	pc->switches++;
+	pvsched_task_state(pc, next);
+	pvsched_publish(pc);
+}
+
+static void notrace pvsched_irq_entry(void *data, int irq,
+				      struct irqaction *action)
+{
+	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
+
+	pc->irqs++;
+	if (pc->hardirq_depth++ == 0) {
+		pc->kern_cs |= PVSCHED_CS_HARDIRQ;
+		pvsched_publish(pc);
+	}
+}
+
+static void notrace pvsched_irq_exit(void *data, int irq,
+				     struct irqaction *action, int ret)
+{
+	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
+
+	/* Tolerate an exit without entry (probe registered in between). */
+	if (pc->hardirq_depth == 0)
+		return;
+	if (--pc->hardirq_depth == 0) {
+		pc->kern_cs &= ~PVSCHED_CS_HARDIRQ;
+		pvsched_publish(pc);
+	}
+}
+
+static void notrace pvsched_softirq_entry(void *data, unsigned int vec_nr)
+{
+	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
+
+	pc->softirqs++;
+	pc->kern_cs |= PVSCHED_CS_SOFTIRQ;
+	pvsched_publish(pc);
+}
+
+static void notrace pvsched_softirq_exit(void *data, unsigned int vec_nr)
+{
+	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
+
+	pc->kern_cs &= ~PVSCHED_CS_SOFTIRQ;
+	pvsched_publish(pc);
+}
+
+static struct pvsched_tp pvsched_tps[] = {
+	{ .name = "sched_switch", .probe = pvsched_sched_switch },
+	{ .name = "irq_handler_entry", .probe = pvsched_irq_entry },
+	{ .name = "irq_handler_exit", .probe = pvsched_irq_exit },
+	{ .name = "softirq_entry", .probe = pvsched_softirq_entry },
+	{ .name = "softirq_exit", .probe = pvsched_softirq_exit },
+};
+
+static bool pvsched_tp_wanted(const struct pvsched_tp *t)
+{
+	if (!strcmp(t->name, "sched_switch"))
+		return report_sched;
+	return report_irq;
+}
+
+static void pvsched_tp_lookup(struct tracepoint *tp, void *priv)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
+		if (!strcmp(tp->name, pvsched_tps[i].name))
+			pvsched_tps[i].tp = tp;
+}
+
+static void pvsched_tp_unregister(void)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++) {
+		if (!pvsched_tps[i].registered)
+			continue;
+		tracepoint_probe_unregister(pvsched_tps[i].tp,
+					    pvsched_tps[i].probe, NULL);
+		pvsched_tps[i].registered = false;
+	}
+	/* No probe runs (or still reads a slot) after this returns. */
+	tracepoint_synchronize_unregister();
+}
+
+static int pvsched_tp_register(struct device *dev)
+{
+	size_t i;
+	int ret;
+
+	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
+		pvsched_tps[i].tp = NULL;
+	for_each_kernel_tracepoint(pvsched_tp_lookup, NULL);
+
+	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++) {
+		struct pvsched_tp *t = &pvsched_tps[i];
+
+		if (!pvsched_tp_wanted(t))
+			continue;
+		if (!t->tp) {
+			dev_warn(dev, "tracepoint %s not found, not reported\n",
+				 t->name);
+			continue;
+		}
+		ret = tracepoint_probe_register(t->tp, t->probe, NULL);
+		if (ret) {
+			dev_err(dev, "cannot register on tracepoint %s: %d\n",
+				t->name, ret);
+			pvsched_tp_unregister();
+			return ret;
+		}
+		t->registered = true;
+	}
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* CPU hotplug: attach each online CPU to the slot of its APIC ID          */
+/* ---------------------------------------------------------------------- */
+
+static u32 pvsched_cpu_apicid(unsigned int cpu)
+{
+#ifdef CONFIG_X86
+	return per_cpu(x86_cpu_to_apicid, cpu);
+#else
+	return cpu;
+#endif
+}
+
+static int pvsched_find_slot(struct pvsched_dev *pd, u32 apicid, u32 *index)
+{
+	const struct pvsched_region_header *hdr = pd->region;
+	const u32 *table = pd->region + READ_ONCE(hdr->apic_table_offset);
+	u32 i;
+
+	for (i = 0; i < pd->nr_vcpus; i++) {
+		if (READ_ONCE(table[i]) == apicid) {
+			*index = i;
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+static int pvsched_cpu_online(unsigned int cpu)
+{
+	struct pvsched_dev *pd = READ_ONCE(pvsched_active);
+	struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
+	const struct pvsched_region_header *hdr;
+	u32 apicid = pvsched_cpu_apicid(cpu);
+	u32 index;
+
+	if (!pd)
+		return 0;
+	if (pvsched_find_slot(pd, apicid, &index)) {
+		pr_warn("cpu%u: APIC ID %u has no slot, not reported\n", cpu,
+			apicid);
+		return 0;
+	}
+	hdr = pd->region;
+	pc->slot_index = index;
+	pc->kern_cs = 0;
+	pc->hardirq_depth = 0;
+	pvsched_task_state(pc, current);
+	WRITE_ONCE(pc->slot, pd->region + READ_ONCE(hdr->slots_offset) +
+				     (size_t)index * PVSCHED_SLOT_SIZE);
+	pvsched_publish(pc);
+	return 0;
+}
+
+static int pvsched_cpu_offline(unsigned int cpu)
+{
+	struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
+
+	/* Leave the slot saying "nothing to boost", then detach it. */
+	pc->kern_cs = 0;
+	pc->hardirq_depth = 0;
+	pc->policy = PVSCHED_POLICY_NORMAL;
+	pc->nice = 0;
+	pc->rt_prio = 0;
+	pvsched_publish(pc);
+	WRITE_ONCE(pc->slot, NULL);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* debugfs                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static int pvsched_stats_show(struct seq_file *m, void *v)
+{
+	struct pvsched_dev *pd = m->private;
+	unsigned int cpu;
+
+	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\n",
+		   pd->device_region ? "device" : "guest", pd->nr_vcpus,
+		   pd->generation, pd->features);
+	seq_puts(m, "cpu slot updates switches irqs softirqs\n");
+	for_each_possible_cpu(cpu) {
+		const struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
+		bool attached = READ_ONCE(pc->slot);
+
+		seq_printf(m, "%u %d %llu %llu %llu %llu\n", cpu,
+			   attached ? (int)pc->slot_index : -1,
+			   READ_ONCE(pc->updates), READ_ONCE(pc->switches),
+			   READ_ONCE(pc->irqs), READ_ONCE(pc->softirqs));
+	}
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(pvsched_stats);
+
+/* ---------------------------------------------------------------------- */
+/* Handshake                                                               */
+/* ---------------------------------------------------------------------- */
+
+static u32 pvsched_rd(struct pvsched_dev *pd, u32 reg)
+{
+	return ioread32(pd->regs + reg);
+}
+
+static void pvsched_wr(struct pvsched_dev *pd, u32 reg, u32 val)
+{
+	iowrite32(val, pd->regs + reg);
+}
+
+static void pvsched_reset(struct pvsched_dev *pd)
+{
+	pvsched_wr(pd, PVSCHED_REG_STATUS, PVSCHED_STATUS_RESET);
+}
+
+/* Set a status bit; -EIO with the device's reason if it refused. */
+static int pvsched_set_status(struct pvsched_dev *pd, u32 bit, const char *what)
+{
+	struct device *dev = &pd->pdev->dev;
+	u32 status = pvsched_rd(pd, PVSCHED_REG_STATUS);
+	u32 err;
+
+	pvsched_wr(pd, PVSCHED_REG_STATUS, status | bit);
+	status = pvsched_rd(pd, PVSCHED_REG_STATUS);
+	if ((status & bit) &&
+	    !(status & (PVSCHED_STATUS_FAILED |
+			PVSCHED_STATUS_DEVICE_NEEDS_RESET)))
+		return 0;
+	err = pvsched_rd(pd, PVSCHED_REG_ERROR);
+	dev_err(dev, "device refused %s: error %u (%s), status 0x%x\n", what,
+		err, pvsched_err_name(err), status);
+	return -EIO;
+}
+
+static void pvsched_free_pages(void *data)
+{
+	struct pvsched_dev *pd = data;
+
+	free_pages_exact(pd->region, pd->region_size);
+}
+
+static int pvsched_map_device_region(struct pvsched_dev *pd, u32 need)
+{
+	struct pci_dev *pdev = pd->pdev;
+	resource_size_t start = pci_resource_start(pdev, PVSCHED_REGION_BAR);
+	resource_size_t len = pci_resource_len(pdev, PVSCHED_REGION_BAR);
+	void *va;
+
+	if (!start || len < need ||
+	    !(pci_resource_flags(pdev, PVSCHED_REGION_BAR) & IORESOURCE_MEM))
+		return -ENODEV;
+	if (!devm_request_mem_region(&pdev->dev, start, len, KBUILD_MODNAME))
+		return -EBUSY;
+	va = devm_memremap(&pdev->dev, start, len, MEMREMAP_WB);
+	if (IS_ERR(va))
+		return PTR_ERR(va);
+	pd->region = va;
+	pd->region_size = len;
+	return 0;
+}
+
+static int pvsched_alloc_guest_region(struct pvsched_dev *pd, u32 need)
+{
+	phys_addr_t pa;
+
+	pd->region_size = PAGE_ALIGN(need);
+	pd->region = alloc_pages_exact(pd->region_size, GFP_KERNEL | __GFP_ZERO);
+	if (!pd->region)
+		return -ENOMEM;
+	if (devm_add_action_or_reset(&pd->pdev->dev, pvsched_free_pages, pd)) {
+		pd->region = NULL;
+		return -ENOMEM;
+	}
+	pa = virt_to_phys(pd->region);
+	pvsched_wr(pd, PVSCHED_REG_SHM_GPA_LO, lower_32_bits(pa));
+	pvsched_wr(pd, PVSCHED_REG_SHM_GPA_HI, upper_32_bits(pa));
+	pvsched_wr(pd, PVSCHED_REG_SHM_SIZE, pd->region_size);
+	return 0;
+}
+
+/* Check what the device wrote into the region header at DRIVER_OK. */
+static int pvsched_check_header(struct pvsched_dev *pd)
+{
+	const struct pvsched_region_header *hdr = pd->region;
+	u32 apic_off = READ_ONCE(hdr->apic_table_offset);
+	u32 slots_off = READ_ONCE(hdr->slots_offset);
+	u64 table_end = (u64)apic_off + 4ULL * pd->nr_vcpus;
+	u64 slots_end = (u64)slots_off + (u64)PVSCHED_SLOT_SIZE * pd->nr_vcpus;
+
+	if (READ_ONCE(hdr->magic) != PVSCHED_REGION_MAGIC ||
+	    PVSCHED_VERSION_MAJOR(READ_ONCE(hdr->version)) != PVSCHED_ABI_MAJOR ||
+	    READ_ONCE(hdr->nr_vcpus) != pd->nr_vcpus ||
+	    READ_ONCE(hdr->slot_size) != PVSCHED_SLOT_SIZE ||
+	    table_end > pd->region_size || slots_end > pd->region_size ||
+	    slots_off % PVSCHED_CACHELINE)
+		return -EINVAL;
+	return 0;
+}
+
+static int pvsched_handshake(struct pvsched_dev *pd)
+{
+	struct device *dev = &pd->pdev->dev;
+	u32 magic, version, need, slot_size;
+	u64 offered, wanted;
+	bool dev_region;
+	int ret;
+
+	pvsched_reset(pd);
+
+	magic = pvsched_rd(pd, PVSCHED_REG_MAGIC);
+	if (magic != PVSCHED_MAGIC) {
+		dev_err(dev, "wrong MAGIC 0x%08x (expected 0x%08x), not a pvsched device\n",
+			magic, PVSCHED_MAGIC);
+		return -ENODEV;
+	}
+	version = pvsched_rd(pd, PVSCHED_REG_VERSION);
+	if (PVSCHED_VERSION_MAJOR(version) != PVSCHED_ABI_MAJOR) {
+		dev_err(dev, "device ABI %u.%u, driver speaks major %u: version mismatch\n",
+			PVSCHED_VERSION_MAJOR(version),
+			PVSCHED_VERSION_MINOR(version), PVSCHED_ABI_MAJOR);
+		return -ENODEV;
+	}
+	pvsched_wr(pd, PVSCHED_REG_DRIVER_VERSION, PVSCHED_ABI_VERSION);
+
+	ret = pvsched_set_status(pd, PVSCHED_STATUS_ACKNOWLEDGE, "ACKNOWLEDGE");
+	if (ret)
+		return ret;
+	ret = pvsched_set_status(pd, PVSCHED_STATUS_DRIVER, "DRIVER");
+	if (ret)
+		return ret;
+
+	offered = pvsched_rd(pd, PVSCHED_REG_DEV_FEATURES_LO) |
+		  (u64)pvsched_rd(pd, PVSCHED_REG_DEV_FEATURES_HI) << 32;
+	slot_size = pvsched_rd(pd, PVSCHED_REG_SLOT_SIZE);
+	pd->nr_vcpus = pvsched_rd(pd, PVSCHED_REG_NR_VCPUS);
+	need = pvsched_rd(pd, PVSCHED_REG_REGION_SIZE);
+	if (slot_size != PVSCHED_SLOT_SIZE || !pd->nr_vcpus ||
+	    pd->nr_vcpus > PVSCHED_MAX_VCPUS ||
+	    need < pvsched_region_size(pd->nr_vcpus)) {
+		dev_err(dev, "bad geometry: slot size %u, %u vCPUs, region %u bytes\n",
+			slot_size, pd->nr_vcpus, need);
+		return -ENODEV;
+	}
+
+	dev_region = use_device_region && (offered & PVSCHED_F_DEVICE_REGION) &&
+		     pci_resource_len(pd->pdev, PVSCHED_REGION_BAR) >= need;
+	if (!dev_region && !(offered & PVSCHED_F_GUEST_REGION)) {
+		dev_err(dev, "no usable region mode (device offers 0x%llx)\n",
+			offered);
+		return -ENODEV;
+	}
+	/* wait_on is never written (see header comment), so not asked for. */
+	wanted = dev_region ? PVSCHED_F_DEVICE_REGION : PVSCHED_F_GUEST_REGION;
+	wanted |= offered & PVSCHED_F_KICK;
+	pd->features = wanted;
+	pvsched_wr(pd, PVSCHED_REG_DRV_FEATURES_LO, lower_32_bits(wanted));
+	pvsched_wr(pd, PVSCHED_REG_DRV_FEATURES_HI, upper_32_bits(wanted));
+	ret = pvsched_set_status(pd, PVSCHED_STATUS_FEATURES_OK, "FEATURES_OK");
+	if (ret)
+		return ret;
+
+	if (dev_region) {
+		ret = pvsched_map_device_region(pd, need);
+		if (ret) {
+			dev_err(dev, "cannot map device region (BAR%d): %d\n",
+				PVSCHED_REGION_BAR, ret);
+			return ret;
+		}
+	} else {
+		ret = pvsched_alloc_guest_region(pd, need);
+		if (ret)
+			return ret;
+	}
+	pd->device_region = dev_region;
+
+	ret = pvsched_set_status(pd, PVSCHED_STATUS_DRIVER_OK, "DRIVER_OK");
+	if (ret)
+		return ret;
+	if (pvsched_check_header(pd)) {
+		dev_err(dev, "device wrote an invalid region header\n");
+		return -EPROTO;
+	}
+	pd->generation = pvsched_rd(pd, PVSCHED_REG_GENERATION);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* PCI driver                                                              */
+/* ---------------------------------------------------------------------- */
+
+static void pvsched_detach(struct pvsched_dev *pd)
+{
+	pvsched_tp_unregister();
+	if (pd->cpuhp_state > 0)
+		cpuhp_remove_state(pd->cpuhp_state);
+	pd->cpuhp_state = 0;
+}
+
+static int pvsched_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	struct device *dev = &pdev->dev;
+	struct pvsched_dev *pd;
+	int ret;
+
+	if (READ_ONCE(pvsched_active)) {
+		dev_err(dev, "only one pvsched device per guest is supported\n");
+		return -EBUSY;
+	}
+
+	pd = devm_kzalloc(dev, sizeof(*pd), GFP_KERNEL);
+	if (!pd)
+		return -ENOMEM;
+	pd->pdev = pdev;
+
+	ret = pcim_enable_device(pdev);
+	if (ret)
+		return ret;
+	if (pci_resource_len(pdev, PVSCHED_REG_BAR) < PVSCHED_REG_BAR_SIZE) {
+		dev_err(dev, "BAR%d too small\n", PVSCHED_REG_BAR);
+		return -ENODEV;
+	}
+	ret = pcim_iomap_regions(pdev, BIT(PVSCHED_REG_BAR), KBUILD_MODNAME);
+	if (ret)
+		return ret;
+	pd->regs = pcim_iomap_table(pdev)[PVSCHED_REG_BAR];
+	pci_set_drvdata(pdev, pd);
+
+	ret = pvsched_handshake(pd);
+	if (ret)
+		goto err_reset;
+
+	WRITE_ONCE(pvsched_active, pd);
+	ret = cpuhp_setup_state(CPUHP_AP_ONLINE_DYN, "pvsched:online",
+				pvsched_cpu_online, pvsched_cpu_offline);
+	if (ret < 0)
+		goto err_active;
+	pd->cpuhp_state = ret;
+
+	ret = pvsched_tp_register(dev);
+	if (ret)
+		goto err_detach;
+
+	pd->debugfs = debugfs_create_dir(KBUILD_MODNAME, NULL);
+	debugfs_create_file("stats", 0444, pd->debugfs, pd, &pvsched_stats_fops);
+
+	dev_info(dev, "attached: %s region, %u vCPU slots, generation %u, features 0x%llx\n",
+		 pd->device_region ? "device" : "guest", pd->nr_vcpus,
+		 pd->generation, pd->features);
+	return 0;
+
+err_detach:
+	pvsched_detach(pd);
+err_active:
+	WRITE_ONCE(pvsched_active, NULL);
+err_reset:
+	/* The device forgets the region before devm frees its pages. */
+	pvsched_reset(pd);
+	return ret;
+}
+
+static void pvsched_remove(struct pci_dev *pdev)
+{
+	struct pvsched_dev *pd = pci_get_drvdata(pdev);
+
+	debugfs_remove_recursive(pd->debugfs);
+	pvsched_detach(pd);
+	WRITE_ONCE(pvsched_active, NULL);
+	pvsched_reset(pd);
+	dev_info(&pdev->dev, "detached, device reset\n");
+}
+
+static struct pci_device_id pvsched_ids[] = {
+	{ PCI_DEVICE(PVSCHED_PCI_VENDOR_ID, PVSCHED_PCI_DEVICE_ID) },
+	{ }
+};
+MODULE_DEVICE_TABLE(pci, pvsched_ids);
+
+static struct pci_driver pvsched_driver = {
+	.name = KBUILD_MODNAME,
+	.id_table = pvsched_ids,
+	.probe = pvsched_probe,
+	.remove = pvsched_remove,
+};
+
+static int __init pvsched_init(void)
+{
+	/* Module parameters may name the IDs a vendor ships the device with. */
+	pvsched_ids[0].vendor = vendor_id;
+	pvsched_ids[0].device = device_id;
+	return pci_register_driver(&pvsched_driver);
+}
+module_init(pvsched_init);
+
+static void __exit pvsched_exit(void)
+{
+	pci_unregister_driver(&pvsched_driver);
+}
+module_exit(pvsched_exit);
+
+MODULE_DESCRIPTION("pvsched paravirtual scheduling hints (guest driver)");
+MODULE_AUTHOR("pvsched developers");
+MODULE_LICENSE("GPL");
+MODULE_VERSION("1.0");

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Static guest-side helper for the Linux guest test (busybox has no chrt).
+ *
+ *   pvsched-helper spin SECONDS PRIO CPU   SCHED_FIFO PRIO busy loop on CPU
+ *   pvsched-helper pingpong ROUNDS CPU     two processes on CPU bounce a byte
+ *                                          through pipes; prints ns/round trip
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int pin(int cpu)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set)) {
+		perror("sched_setaffinity");
+		return -1;
+	}
+	return 0;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int spin(double secs, int prio, int cpu)
+{
+	struct sched_param sp = { .sched_priority = prio };
+	volatile unsigned long n = 0;
+	double end;
+
+	if (pin(cpu))
+		return 1;
+	if (sched_setscheduler(0, SCHED_FIFO, &sp)) {
+		perror("sched_setscheduler");
+		return 1;
+	}
+	end = now() + secs;
+	while (now() < end)
+		n++;
+	printf("spin done cpu=%d prio=%d iterations=%lu\n", cpu, prio, n);
+	return 0;
+}
+
+static int pingpong(long rounds, int cpu)
+{
+	int a[2], b[2];
+	double t0, t1;
+	char c = 0;
+	pid_t pid;
+	long i;
+
+	if (pipe(a) || pipe(b) || pin(cpu)) {
+		perror("setup");
+		return 1;
+	}
+	pid = fork();
+	if (pid < 0) {
+		perror("fork");
+		return 1;
+	}
+	if (pid == 0) {
+		for (i = 0; i < rounds; i++) {
+			if (read(a[0], &c, 1) != 1 || write(b[1], &c, 1) != 1)
+				_exit(1);
+		}
+		_exit(0);
+	}
+	t0 = now();
+	for (i = 0; i < rounds; i++) {
+		if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1) {
+			perror("pingpong");
+			return 1;
+		}
+	}
+	t1 = now();
+	waitpid(pid, NULL, 0);
+	printf("ns_per_round_trip=%.0f rounds=%ld\n", (t1 - t0) * 1e9 / rounds,
+	       rounds);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IONBF, 0);
+	if (argc == 5 && !strcmp(argv[1], "spin"))
+		return spin(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
+	if (argc == 4 && !strcmp(argv[1], "pingpong"))
+		return pingpong(atol(argv[2]), atoi(argv[3]));
+	fprintf(stderr, "usage: %s spin SECONDS PRIO CPU | pingpong ROUNDS CPU\n",
+		argv[0]);
+	return 2;
+}

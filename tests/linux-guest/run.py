@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""Real-Linux-guest end-to-end test of the pvsched guest driver.
+
+Builds the guest driver against the Debian 6.1 cloud kernel headers (and
+build-tests it against the PREEMPT_RT headers), builds a busybox-static
+initramfs holding the module, a static helper and /init (init.sh), then boots
+QEMU 7.2 TCG with the pvsched device served by `pvsched-device` over the
+multi-process proxy (x-pci-proxy-dev). The assertions are made on the host,
+from the device's own JSON view of the region (`--dump-slots`), not from
+guest log lines alone.
+
+Every QEMU and device process is killed at the end, whatever happens, and
+every boot has a timeout.
+"""
+
+import argparse
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+KABI = os.environ.get("PVSCHED_GUEST_KABI", "6.1.0-56")
+STATUS_DRIVER_OK = 0x04
+STATUS_FAILED = 0x80
+ERR_REGION_OUTSIDE_RAM = 8
+POLICY_FIFO = 1
+SETTLE_MARKS = {"cpu-offline"}
+
+
+def log(msg):
+    print(f"linux-guest: {msg}", flush=True)
+
+
+class Failure(Exception):
+    pass
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    if r.returncode != 0:
+        raise Failure(f"command failed ({r.returncode}): {' '.join(map(str, cmd))}\n{r.stdout}")
+    return r.stdout
+
+
+def kernel_tree(cache):
+    root = cache / "linux-guest" / "root"
+    src = root / "usr" / "src"
+    vmlinuz = root / "boot" / f"vmlinuz-{KABI}-cloud-amd64"
+    trees = {f: src / f"linux-headers-{KABI}-{f}-amd64" for f in ("cloud", "rt")}
+    missing = [p for p in [vmlinuz, *trees.values()] if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"not fetched: {missing} (run scripts/setup)")
+    # Debian's per-flavour Makefile includes the -common tree by absolute
+    # /usr/src path; point it at the unpacked copy (idempotent).
+    for tree in trees.values():
+        mk = tree / "Makefile"
+        text = mk.read_text()
+        fixed = re.sub(r"^include .*/(linux-headers-[^/]+/Makefile)$",
+                       lambda m: f"include {src}/{m.group(1)}", text, flags=re.M)
+        if fixed != text:
+            mk.write_text(fixed)
+    return vmlinuz, trees
+
+
+def build_module(repo, kdir, out):
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in ("pvsched.c", "Kbuild", "Makefile", "dkms.conf"):
+        shutil.copy(repo / "guest-driver" / f, out / f)
+    shutil.copy(repo / "include" / "pvsched_abi.h", out / "pvsched_abi.h")
+    t0 = time.monotonic()
+    text = run(["make", "-C", str(out), f"KDIR={kdir}"])
+    warnings = [l for l in text.splitlines() if "warning:" in l or "error:" in l]
+    if warnings:
+        raise Failure("module build warnings:\n" + "\n".join(warnings))
+    return out / "pvsched.ko", time.monotonic() - t0
+
+
+def build_initramfs(here, ko, out):
+    root = out / "initramfs"
+    if root.exists():
+        shutil.rmtree(root)
+    for d in ("bin", "dev", "proc", "sys", "tmp"):
+        (root / d).mkdir(parents=True)
+    bb = shutil.which("busybox") or "/bin/busybox"
+    shutil.copy(bb, root / "bin" / "busybox")
+    shutil.copy(here / "init.sh", root / "init")
+    os.chmod(root / "init", 0o755)
+    shutil.copy(ko, root / "pvsched.ko")
+    run(["gcc", "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o",
+         str(root / "pvsched-helper"), str(here / "pvsched-helper.c")])
+    img = out / "initramfs.cpio.gz"
+    with open(img, "wb") as f:
+        files = subprocess.run(["find", "."], cwd=root, stdout=subprocess.PIPE, check=True).stdout
+        cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files,
+                              stdout=subprocess.PIPE, check=True).stdout
+        gz = subprocess.run(["gzip", "-1"], input=cpio, stdout=subprocess.PIPE, check=True).stdout
+        f.write(gz)
+    return img
+
+
+def read_dump(path):
+    for _ in range(20):
+        try:
+            return json.loads(Path(path).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(0.05)
+    return None
+
+
+def _die_with_parent():
+    """Child side of Popen: get SIGKILL if the harness dies (prctl PDEATHSIG)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def kill(p):
+    if p is None or p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+class Boot:
+    """One QEMU boot with its pvsched-device peer."""
+
+    def __init__(self, args, name, smp, mode, fault=None, extra_append=""):
+        self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
+        self.extra_append = extra_append
+        self.dir = args.out / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dump = self.dir / "slots.json"
+        self.serial = []
+        self.marks = {}
+        self.snapshots = {}
+
+    def run(self):
+        if self.dump.exists():
+            self.dump.unlink()
+        qsock, dsock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        qfd, dfd = qsock.fileno(), dsock.fileno()
+        os.set_inheritable(qfd, True)
+        os.set_inheritable(dfd, True)
+        dev_cmd = [str(self.args.device_bin), "--transport", "mpqemu", "--fd", str(dfd),
+                   "--vcpus", str(self.smp), "--dump-slots", str(self.dump)]
+        if self.fault:
+            dev_cmd += ["--fault", self.fault]
+        verbosity = "loglevel=7" if self.args.kernel_log else "quiet"
+        append = f"console=ttyS0 panic=-1 {verbosity} pvtest={self.mode} {self.extra_append}".strip()
+        qemu_cmd = [
+            "qemu-system-x86_64", "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
+            "-display", "none", "-machine", "pc,memory-backend=mem",
+            "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.smp), "-m", "512M",
+            "-object", "memory-backend-memfd,id=mem,size=512M,share=on",
+            "-kernel", str(self.args.vmlinuz), "-initrd", str(self.args.initrd),
+            "-append", append, "-serial", "stdio", "-no-reboot",
+            "-device", f"x-pci-proxy-dev,id=pvs0,fd={qfd}",
+        ]
+        dev = qemu = None
+        devlog = open(self.dir / "device.log", "w")
+        t0 = time.monotonic()
+        try:
+            dev = subprocess.Popen(dev_cmd, pass_fds=[dfd], stdout=devlog, stderr=devlog,
+                                   preexec_fn=_die_with_parent,
+                                   env={**os.environ, "RUST_LOG": "warn"})
+            qemu = subprocess.Popen(qemu_cmd, pass_fds=[qfd], stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            qsock.close()
+            dsock.close()
+            with open(self.dir / "serial.log", "w") as self.serial_file:
+                self._read_serial(qemu, t0)
+            try:
+                qemu.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            kill(qemu)
+            try:
+                dev.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            kill(qemu)
+            kill(dev)
+            devlog.close()
+            qsock.close()
+            dsock.close()
+        self.seconds = time.monotonic() - t0
+        self.final = read_dump(self.dump)
+        if self.final is None:
+            raise Failure(f"{self.name}: the device wrote no dump (see {self.dir}/device.log)")
+        return self
+
+    def _read_serial(self, qemu, t0):
+        buf = b""
+        fd = qemu.stdout.fileno()
+        deadline = t0 + self.args.timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Failure(f"{self.name}: timed out after {self.args.timeout}s "
+                              f"(last serial lines: {self.serial[-5:]})")
+            r, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not r:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                text = line.decode("utf-8", "replace").rstrip("\r")
+                self.serial.append(text)
+                self.serial_file.write(text + "\n")
+                self.serial_file.flush()
+                if self.args.verbose:
+                    print(f"[{self.name}] {text}", flush=True)
+                m = re.match(r"^@@ (\S+)(.*)$", text)
+                if m:
+                    key = m.group(1)
+                    fields = dict(kv.split("=", 1) for kv in m.group(2).split() if "=" in kv)
+                    self.marks[key] = (time.monotonic() - t0, fields)
+                    if key in SETTLE_MARKS:
+                        # The guest holds this state for a second; let the
+                        # device's dump (rewritten every 100 ms) catch up.
+                        time.sleep(0.3)
+                    self.snapshots[key] = read_dump(self.dump)
+                    if key == "done":
+                        return
+
+    def mark(self, key):
+        if key not in self.marks:
+            raise Failure(f"{self.name}: guest never reached '@@ {key}' (see {self.dir}/serial.log)")
+        return self.marks[key][1]
+
+
+def check(cond, msg, failures):
+    if not cond:
+        failures.append(msg)
+    return cond
+
+
+def assert_main(b, cycles):
+    f = []
+    final = b.final
+    dev = final["device"]
+    probe = b.snapshots.get("probe") or {}
+    fifo_start = b.snapshots.get("fifo-start") or {}
+    b.mark("done")
+    # 1. handshake reached DRIVER_OK (host view), once per successful insmod.
+    check(any(s & STATUS_DRIVER_OK for s in dev["statuses_seen"]),
+          f"{b.name}: device never saw DRIVER_OK (statuses {dev['statuses_seen']})", f)
+    check(probe.get("attached") and probe["device"]["status"] & STATUS_DRIVER_OK,
+          f"{b.name}: region not attached at '@@ probe'", f)
+    expected_gen = 2 + cycles + 3
+    check(dev["generation"] == expected_gen,
+          f"{b.name}: GENERATION {dev['generation']}, expected {expected_gen} "
+          f"(one DRIVER_OK per insmod)", f)
+    # 2. rmmod resets the device; reload works.
+    check(dev["status"] == 0 and not final["attached"],
+          f"{b.name}: after the last rmmod STATUS is {dev['status']:#x}, attached={final['attached']}", f)
+    check(dev["resets_seen"] >= expected_gen,
+          f"{b.name}: {dev['resets_seen']} resets seen, expected >= {expected_gen}", f)
+    check(not dev["errors_seen"], f"{b.name}: device refused something: errors {dev['errors_seen']}", f)
+    # 3. slots change as the guest schedules (between probe and fifo-start).
+    slots = final["slots"]
+    check(len(slots) == b.smp, f"{b.name}: {len(slots)} slots, expected {b.smp}", f)
+    for i, s in enumerate((fifo_start or {}).get("slots", [])):
+        before = probe["slots"][i]["updates"] if probe.get("slots") else 0
+        check(s["updates"] > before,
+              f"{b.name}: slot {i} updates did not grow ({before} -> {s['updates']})", f)
+    # 4. FIFO 8 loop: seen on the slot of the CPU running it, and only there.
+    cpu = int(b.mark("fifo-start")["cpu"])
+    idx = next((i for i, s in enumerate(slots) if s["apic_id"] == cpu), None)
+    check(idx is not None, f"{b.name}: no slot with APIC ID {cpu}", f)
+    if idx is not None:
+        key = f"{POLICY_FIFO}/8/0"
+        check(slots[idx]["seen"].get(key, 0) > 0,
+              f"{b.name}: slot {idx} (cpu {cpu}) never showed FIFO prio 8: {slots[idx]['seen']}", f)
+        others = [i for i, s in enumerate(slots) if i != idx and s["seen"].get(key, 0) > 0]
+        check(not others, f"{b.name}: FIFO prio 8 showed on other slots {others}", f)
+    # 5. irq bits toggle (set in some samples, clear in others).
+    hard = sum(s["cs_set"][1] for s in slots)
+    soft = sum(s["cs_set"][2] for s in slots)
+    samples = sum(s["samples"] - s["failed_samples"] for s in slots)
+    check(0 < hard < samples, f"{b.name}: HARDIRQ bit never toggled ({hard}/{samples} samples)", f)
+    check(0 < soft < samples, f"{b.name}: SOFTIRQ bit never toggled ({soft}/{samples} samples)", f)
+    # 6. CPU hotplug: the offline CPU's slot is neutral, and written again
+    #    once the CPU is back.
+    off_snap = b.snapshots.get("cpu-offline") or {}
+    if idx is not None and off_snap.get("slots"):
+        s_off = off_snap["slots"][idx]
+        check((s_off["policy"], s_off["rt_prio"], s_off["kern_cs"]) == (0, 0, 0),
+              f"{b.name}: slot {idx} of offline cpu {cpu} not neutral: {s_off}", f)
+        later = (b.snapshots.get("cycles") or final)["slots"][idx]["changes"]
+        check(later > s_off["changes"],
+              f"{b.name}: slot {idx} not written after cpu {cpu} came back online", f)
+    else:
+        check(False, f"{b.name}: no device view at '@@ cpu-offline'", f)
+    check(b.mark("cpu-offline").get("slot") == "-1", f"{b.name}: offline cpu still has a slot", f)
+    check(b.mark("cpu-online").get("slot") == str(idx), f"{b.name}: cpu {cpu} did not re-attach", f)
+    # 7. guest-side facts (supplementary): reloads bound, dmesg clean.
+    cyc = b.mark("cycles")
+    check(cyc.get("bound_ok") == str(cycles), f"{b.name}: only {cyc} load/unload cycles bound", f)
+    check(b.mark("probe").get("bound") == "1", f"{b.name}: driver not bound after insmod", f)
+    check(b.mark("reinsmod").get("bound") == "1", f"{b.name}: second insmod did not bind", f)
+    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    return f
+
+
+def assert_negative(b, fault):
+    f = []
+    dev = b.final["device"]
+    b.mark("done")
+    check(b.mark("neg-insmod").get("bound") == "0", f"{b.name}: driver bound despite {fault}", f)
+    check(dev["generation"] == 0 and not any(s & STATUS_DRIVER_OK for s in dev["statuses_seen"]),
+          f"{b.name}: device reached DRIVER_OK despite {fault}", f)
+    check(dev["status"] == 0, f"{b.name}: device left in STATUS {dev['status']:#x}, not reset", f)
+    if fault in ("wrong-magic", "wrong-version"):
+        # The driver refuses before acknowledging the device.
+        check(set(dev["statuses_seen"]) <= {0},
+              f"{b.name}: driver went on after {fault}: statuses {dev['statuses_seen']}", f)
+    else:
+        check(ERR_REGION_OUTSIDE_RAM in dev["errors_seen"],
+              f"{b.name}: device did not refuse the region: errors {dev['errors_seen']}", f)
+        check(any(s & STATUS_FAILED for s in dev["statuses_seen"]),
+              f"{b.name}: STATUS never FAILED: {dev['statuses_seen']}", f)
+    want = {"wrong-magic": "wrong MAGIC", "wrong-version": "version mismatch",
+            "refuse-region": "region outside guest RAM"}[fault]
+    check(any(want in l for l in b.serial), f"{b.name}: guest log does not name '{want}'", f)
+    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    return f
+
+
+def bench(b, key):
+    """Median ns per pipe round trip over the interleaved runs `key-1..3`."""
+    vals = sorted(float(m[1]["ns_per_round_trip"]) for k, m in b.marks.items()
+                  if k.startswith(key + "-") and "ns_per_round_trip" in m[1])
+    return vals[len(vals) // 2] if vals else None
+
+
+def main():
+    here = Path(__file__).resolve().parent
+    repo = here.parent.parent
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("PVSCHED_CACHE", repo / ".cache")))
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device-bin", type=Path, required=True)
+    ap.add_argument("--smp", default="2,4")
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3000, help="pipe round trips per hook-cost run")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per boot")
+    ap.add_argument("--skip-negative", action="store_true")
+    ap.add_argument("--kernel-log", action="store_true", help="boot without 'quiet'")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    args.out = args.out or args.cache / "linux-guest" / "run"
+    args.out.mkdir(parents=True, exist_ok=True)
+    t_all = time.monotonic()
+
+    args.vmlinuz, trees = kernel_tree(args.cache)
+    ko, secs = build_module(repo, trees["cloud"], args.out / "build-cloud")
+    log(f"module built against {KABI}-cloud-amd64 in {secs:.1f}s")
+    _, secs = build_module(repo, trees["rt"], args.out / "build-rt")
+    log(f"module build-tested against {KABI}-rt-amd64 (PREEMPT_RT) in {secs:.1f}s")
+    args.initrd = build_initramfs(here, ko, args.out)
+
+    failures, results = [], []
+    for smp in [int(x) for x in args.smp.split(",")]:
+        b = Boot(args, f"main-smp{smp}", smp, "main", extra_append=f"pvcycles={args.cycles} pvrounds={args.rounds}").run()
+        failures += assert_main(b, args.cycles)
+        off, on = bench(b, "bench-off"), bench(b, "bench-on")
+        ratio = f"{on / off:.3f}" if off and on else "n/a"
+        results.append(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff; pipe round trip "
+                       f"{off} ns without module, {on} ns with (ratio {ratio})")
+        log(results[-1])
+    if not args.skip_negative:
+        for fault in ("wrong-magic", "wrong-version", "refuse-region"):
+            b = Boot(args, f"neg-{fault}", 2, "negative", fault=fault).run()
+            failures += assert_negative(b, fault)
+            results.append(f"{b.name}: {b.seconds:.1f}s, probe refused")
+            log(results[-1])
+
+    log(f"total {time.monotonic() - t_all:.1f}s")
+    if failures:
+        for x in failures:
+            log(f"FAIL: {x}")
+        return 1
+    log("all Linux guest checks passed")
+    return 0
+
+
+def _terminate(signum, _frame):
+    raise Failure(f"terminated by signal {signum}")
+
+
+if __name__ == "__main__":
+    # SIGTERM (e.g. from `timeout`) unwinds like an error so every QEMU and
+    # device process is killed by the finally blocks.
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        sys.exit(main())
+    except FileNotFoundError as e:
+        print(f"linux-guest: MISSING: {e}", file=sys.stderr)
+        sys.exit(3)
+    except Failure as e:
+        print(f"linux-guest: FAIL: {e}", file=sys.stderr)
+        sys.exit(1)
