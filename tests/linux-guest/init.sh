@@ -5,6 +5,7 @@
 # as supplementary evidence. Mode from the kernel command line:
 #   pvtest=main      attach, schedule, FIFO loop, irqs, 20 load/unload cycles
 #   pvtest=negative  probe must fail (the device misbehaves on purpose)
+#   pvtest=agent     FIFO 8 loop on CPU 1 with the host policy agent attached
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -61,6 +62,27 @@ if [ "$mode" = negative ]; then
 	dmesg | grep pvsched
 	rmmod pvsched
 	echo "@@ neg-rmmod rc=$?"
+	finish
+fi
+
+if [ "$mode" = agent ]; then
+	# The host attaches pvsched-agent-attach to QEMU's vCPU threads after
+	# DRIVER_OK and answers "go" on the console; then a FIFO 8 busy loop on
+	# CPU 1, then idle while the host checks the vCPU thread went back to
+	# its baseline.
+	insmod /pvsched.ko
+	echo "@@ probe bound=$(bound)"
+	echo "@@ agent-wait"
+	read -t 120 -r answer
+	echo "@@ agent-go answer=$answer"
+	sleep 1
+	echo "@@ fifo-start cpu=1"
+	/pvsched-helper spin 3 8 1
+	echo "@@ fifo-end cpu=1"
+	sleep 3
+	echo "@@ idle-end"
+	rmmod pvsched
+	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
 fi
 

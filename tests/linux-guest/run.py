@@ -26,6 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+from agent_loop import AgentLoop  # noqa: E402
+
 KABI = os.environ.get("PVSCHED_GUEST_KABI", "6.1.0-56")
 STATUS_DRIVER_OK = 0x04
 STATUS_FAILED = 0x80
@@ -107,13 +110,23 @@ def build_initramfs(here, ko, out):
     return img
 
 
-def read_dump(path):
-    for _ in range(20):
+def read_dump(path, newer_than=None, timeout=10.0):
+    """Reads the device's slot dump. With `newer_than` (a time.time() value),
+    waits for a dump the device wrote after that moment: the dump is
+    rewritten every ~100 ms and replaced atomically (rename), so its mtime
+    is its write time and a dump read right at a console mark could predate
+    the state the mark announces."""
+    deadline = time.monotonic() + timeout
+    while True:
         try:
-            return json.loads(Path(path).read_text())
+            p = Path(path)
+            if newer_than is None or p.stat().st_mtime > newer_than:
+                return json.loads(p.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
-            time.sleep(0.05)
-    return None
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def _die_with_parent():
@@ -137,9 +150,15 @@ def kill(p):
 class Boot:
     """One QEMU boot with its pvsched-device peer."""
 
-    def __init__(self, args, name, smp, mode, fault=None, extra_append=""):
+    def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None):
         self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
         self.extra_append = extra_append
+        # mark -> callable(boot), run when the guest prints that mark; with
+        # hooks QEMU gets a QMP socket and a stdin pipe the hooks can answer on.
+        self.hooks = hooks or {}
+        self.cleanups = []
+        self.qemu = None
+        self.qmp_path = None
         self.dir = args.out / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.dump = self.dir / "slots.json"
@@ -169,15 +188,22 @@ class Boot:
             "-append", append, "-serial", "stdio", "-no-reboot",
             "-device", f"x-pci-proxy-dev,id=pvs0,fd={qfd}",
         ]
+        if self.hooks:
+            self.qmp_path = self.dir / "qmp.sock"
+            if self.qmp_path.exists():
+                self.qmp_path.unlink()
+            qemu_cmd += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
         dev = qemu = None
         devlog = open(self.dir / "device.log", "w")
-        t0 = time.monotonic()
+        t0 = self.t0 = time.monotonic()
         try:
             dev = subprocess.Popen(dev_cmd, pass_fds=[dfd], stdout=devlog, stderr=devlog,
                                    preexec_fn=_die_with_parent,
                                    env={**os.environ, "RUST_LOG": "warn"})
-            qemu = subprocess.Popen(qemu_cmd, pass_fds=[qfd], stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            stdin = subprocess.PIPE if self.hooks else subprocess.DEVNULL
+            qemu = subprocess.Popen(qemu_cmd, pass_fds=[qfd], stdin=stdin, preexec_fn=_die_with_parent,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            self.qemu = qemu
             qsock.close()
             dsock.close()
             with open(self.dir / "serial.log", "w") as self.serial_file:
@@ -192,6 +218,8 @@ class Boot:
             except subprocess.TimeoutExpired:
                 pass
         finally:
+            for c in self.cleanups:
+                c()
             kill(qemu)
             kill(dev)
             devlog.close()
@@ -232,13 +260,21 @@ class Boot:
                     key = m.group(1)
                     fields = dict(kv.split("=", 1) for kv in m.group(2).split() if "=" in kv)
                     self.marks[key] = (time.monotonic() - t0, fields)
+                    seen_at = time.time()
                     if key in SETTLE_MARKS:
                         # The guest holds this state for a second; let the
                         # device's dump (rewritten every 100 ms) catch up.
                         time.sleep(0.3)
-                    self.snapshots[key] = read_dump(self.dump)
+                    self.snapshots[key] = read_dump(self.dump, newer_than=seen_at)
+                    if key in self.hooks:
+                        self.hooks[key](self)
                     if key == "done":
                         return
+
+    def answer(self, line="go"):
+        """Sends a line to the guest's console (init.sh waits with `read`)."""
+        self.qemu.stdin.write((line + "\n").encode())
+        self.qemu.stdin.flush()
 
     def mark(self, key):
         if key not in self.marks:
@@ -363,6 +399,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3000, help="pipe round trips per hook-cost run")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per boot")
     ap.add_argument("--skip-negative", action="store_true")
+    ap.add_argument("--agent-bin", type=Path, default=None,
+                    help="pvsched-agent-attach: also run the agent-in-the-loop boot")
+    ap.add_argument("--scenarios", default="main,negative,agent")
     ap.add_argument("--kernel-log", action="store_true", help="boot without 'quiet'")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
@@ -378,7 +417,8 @@ def main():
     args.initrd = build_initramfs(here, ko, args.out)
 
     failures, results = [], []
-    for smp in [int(x) for x in args.smp.split(",")]:
+    scenarios = set(args.scenarios.split(","))
+    for smp in [int(x) for x in args.smp.split(",")] if "main" in scenarios else []:
         b = Boot(args, f"main-smp{smp}", smp, "main", extra_append=f"pvcycles={args.cycles} pvrounds={args.rounds}").run()
         failures += assert_main(b, args.cycles)
         off, on = bench(b, "bench-off"), bench(b, "bench-on")
@@ -386,7 +426,20 @@ def main():
         results.append(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff; pipe round trip "
                        f"{off} ns without module, {on} ns with (ratio {ratio})")
         log(results[-1])
-    if not args.skip_negative:
+    if args.agent_bin and "agent" in scenarios:
+        name = "agent-smp2"
+        loop = AgentLoop(args, args.out / name)
+        b = Boot(args, name, 2, "agent", hooks=loop.hooks())
+        try:
+            b.run()
+        finally:
+            loop.stop_agent()
+        f, summary = loop.check(b)
+        failures += f
+        results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
+        log(results[-1])
+        log(f"{b.name}: attach {loop.info}")
+    if not args.skip_negative and "negative" in scenarios:
         for fault in ("wrong-magic", "wrong-version", "refuse-region"):
             b = Boot(args, f"neg-{fault}", 2, "negative", fault=fault).run()
             failures += assert_negative(b, fault)

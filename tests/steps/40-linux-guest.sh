@@ -2,7 +2,8 @@
 # Issue 6: the pvsched guest driver in a real Debian 6.1 guest under QEMU 7.2
 # TCG, with the device served by pvsched-device over QEMU's multi-process
 # proxy. Builds the module (cloud kernel; PREEMPT_RT build-test), boots
-# -smp 2 and -smp 4 plus three negative boots, asserts from the host side.
+# -smp 2 and -smp 4 plus three negative boots, asserts from the host side;
+# one more -smp 2 boot with pvsched-agent-attach on QEMU's vCPU threads.
 set -euo pipefail
 root="${PVSCHED_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}"
 cache="${PVSCHED_CACHE:-$root/.cache}"
@@ -26,7 +27,15 @@ if [ ! -e "$cache/linux-guest/root/boot/vmlinuz-${PVSCHED_GUEST_KABI}-cloud-amd6
 fi
 
 cd "$root"
-cargo build --locked --release -p pvsched-transport --bin pvsched-device
+cargo build --locked --release -p pvsched-transport --bin pvsched-device \
+	-p pvsched-agent --bin pvsched-agent-attach
 target="${CARGO_TARGET_DIR:-$root/target}"
+# The agent-in-the-loop boot loads BPF and changes QEMU's vCPU threads'
+# scheduling: it needs root.
+agent=(--agent-bin "$target/release/pvsched-agent-attach")
+if [ "$(id -u)" != 0 ]; then
+	need_real "root" "the agent-in-the-loop boot loads BPF (run as root)"
+	agent=(--scenarios main,negative)
+fi
 timeout 900 python3 tests/linux-guest/run.py \
-	--cache "$cache" --device-bin "$target/release/pvsched-device" "$@"
+	--cache "$cache" --device-bin "$target/release/pvsched-device" "${agent[@]}" "$@"

@@ -65,11 +65,22 @@ fn spawn_as(extra_args: &[&str], uid: Option<u32>) -> Probe {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: the closure only calls dup2 (async-signal-safe) on fds that
-    // are open in the parent and therefore in the forked child.
+    // SAFETY: the closure only calls fcntl and dup2 (async-signal-safe) on
+    // fds that are open in the parent and therefore in the forked child.
     unsafe {
         cmd.pre_exec(move || {
-            for (src, dst) in fds.iter().zip([SOCK_FD, MEMFD_FD, EXTRA_FD]) {
+            // Tests run in parallel threads, so a source fd may already have
+            // a target's number (dup2 would then keep FD_CLOEXEC set, or a
+            // later dup2 would overwrite it): move every source above the
+            // targets first, then put each in place.
+            let mut high = [0; 3];
+            for (h, src) in high.iter_mut().zip(fds) {
+                *h = libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 100);
+                if *h < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (src, dst) in high.iter().zip([SOCK_FD, MEMFD_FD, EXTRA_FD]) {
                 if libc::dup2(*src, dst) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }

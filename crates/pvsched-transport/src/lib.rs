@@ -17,5 +17,6 @@ pub mod monitor;
 pub mod mpqemu;
 pub mod run;
 pub mod slot_dump;
+pub mod vfio_user;
 
 pub use run::{DeviceOptions, RunError, run_mpqemu};

@@ -9,7 +9,7 @@
 //!
 //! Guest RAM is remapped from scratch on every SYNC_SYSMEM (QEMU sends ~55
 //! per boot). BAR accesses carry absolute guest addresses; they are routed
-//! through the device's decoded BAR addresses ([`PciDevice::bars`]). The
+//! through the device's decoded BAR addresses ([`pvsched_device::PciDevice::bars`]). The
 //! proxy cannot map device memory into the guest, so over this transport
 //! the device offers guest region mode only.
 

@@ -5,12 +5,13 @@ use crate::fault::{Fault, FaultyDevice};
 use crate::monitor::Monitor;
 use crate::mpqemu::{MpqemuError, MpqemuPeer};
 use crate::slot_dump::{DumpError, SlotDumper};
+use crate::vfio_user::{VfioUserDevice, VfioUserError, VfioUserServer, attach_bar2_backing};
 use nix::sys::stat::{SFlag, fstat};
 use pvsched_abi as abi;
 use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -45,6 +46,9 @@ pub enum RunError {
     /// The transport failed.
     #[error(transparent)]
     Mpqemu(#[from] MpqemuError),
+    /// The vfio-user transport failed.
+    #[error(transparent)]
+    VfioUser(#[from] VfioUserError),
 }
 
 /// Options of the device process.
@@ -83,6 +87,20 @@ pub fn run_mpqemu(opts: &DeviceOptions) -> Result<(), RunError> {
     // for this purpose, and nothing else in the process owns it.
     let sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(opts.fd) });
 
+    let mut cfg = device_config(opts)?;
+    // QEMU's proxy cannot map device memory into the guest: no BAR2.
+    cfg.features = abi::F_ALL & !abi::F_DEVICE_REGION;
+    let dev = PvschedDevice::new(cfg, Arc::new(NullSink)).map_err(RunError::Device)?;
+    let dev = FaultyDevice::new(dev, opts.fault);
+
+    let monitor = Arc::new(Monitor::new());
+    let _dumper = start_dumper(opts, &monitor)?;
+    let mut peer = MpqemuPeer::new(sock, dev, monitor);
+    peer.serve()?;
+    Ok(())
+}
+
+fn device_config(opts: &DeviceOptions) -> Result<DeviceConfig, RunError> {
     let mut cfg = DeviceConfig::new(opts.vcpus);
     if let Some(ids) = &opts.apic_ids {
         if ids.len() != opts.vcpus as usize {
@@ -93,13 +111,14 @@ pub fn run_mpqemu(opts: &DeviceOptions) -> Result<(), RunError> {
         }
         cfg.apic_ids = ids.clone();
     }
-    // QEMU's proxy cannot map device memory into the guest: no BAR2.
-    cfg.features = abi::F_ALL & !abi::F_DEVICE_REGION;
-    let dev = PvschedDevice::new(cfg, Arc::new(NullSink)).map_err(RunError::Device)?;
-    let dev = FaultyDevice::new(dev, opts.fault);
+    Ok(cfg)
+}
 
-    let monitor = Arc::new(Monitor::new());
-    let _dumper = match &opts.dump_slots {
+fn start_dumper(
+    opts: &DeviceOptions,
+    monitor: &Arc<Monitor>,
+) -> Result<Option<SlotDumper>, RunError> {
+    Ok(match &opts.dump_slots {
         Some(p) => Some(SlotDumper::start(
             monitor.clone(),
             p.clone(),
@@ -107,8 +126,22 @@ pub fn run_mpqemu(opts: &DeviceOptions) -> Result<(), RunError> {
             opts.dump_interval,
         )?),
         None => None,
-    };
-    let mut peer = MpqemuPeer::new(sock, dev, monitor);
-    peer.serve()?;
+    })
+}
+
+/// Serve a pvsched device (device and guest region modes) to one vfio-user
+/// client on a socket bound at `socket` (which must not exist) until the
+/// client disconnects. `opts.fd` is not used.
+pub fn run_vfio_user(socket: &Path, opts: &DeviceOptions) -> Result<(), RunError> {
+    let cfg = device_config(opts)?;
+    let mut dev = PvschedDevice::new(cfg, Arc::new(NullSink)).map_err(RunError::Device)?;
+    let bar2 = attach_bar2_backing(&mut dev)?;
+    let dev = FaultyDevice::new(dev, opts.fault);
+    let monitor = Arc::new(Monitor::new());
+    let _dumper = start_dumper(opts, &monitor)?;
+    let backend = VfioUserDevice::with_backing(dev, bar2, monitor);
+    let mut server = VfioUserServer::bind(socket, backend)?;
+    log::info!("vfio-user: serving on {}", socket.display());
+    server.serve()?;
     Ok(())
 }

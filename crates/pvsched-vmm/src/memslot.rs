@@ -33,7 +33,7 @@ pub enum Error {
 pub struct BarMemslot {
     vm: Arc<VmFd>,
     slot: u32,
-    backing: Arc<MmapRegion>,
+    backing: Mutex<Arc<MmapRegion>>,
     mapped_at: Mutex<Option<u64>>,
 }
 
@@ -43,14 +43,26 @@ impl BarMemslot {
         Self {
             vm,
             slot,
-            backing,
+            backing: Mutex::new(backing),
             mapped_at: Mutex::new(None),
         }
     }
 
     /// The backing mapping.
-    pub fn backing(&self) -> &Arc<MmapRegion> {
-        &self.backing
+    pub fn backing(&self) -> Arc<MmapRegion> {
+        self.backing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the backing; a registered slot is re-registered at the same
+    /// address over the new mapping (the guest then sees its bytes).
+    pub fn set_backing(&self, backing: Arc<MmapRegion>) -> Result<(), Error> {
+        let at = self.mapped_at();
+        self.move_to(None)?;
+        *self.backing.lock().unwrap_or_else(|e| e.into_inner()) = backing;
+        self.move_to(at)
     }
 
     /// Guest address the slot is registered at, if any.
@@ -64,11 +76,11 @@ impl BarMemslot {
             flags: 0,
             guest_phys_addr: gpa,
             memory_size: size,
-            userspace_addr: self.backing.as_ptr() as u64,
+            userspace_addr: self.backing().as_ptr() as u64,
         };
         // SAFETY: the userspace range is `backing`, which this struct keeps
-        // alive; the slot is deleted (size 0) in `move_to(None)` and in Drop
-        // before the Arc can be released.
+        // alive; the slot is deleted (size 0) in `move_to(None)`, in
+        // `set_backing` and in Drop before the Arc can be released.
         unsafe { self.vm.set_user_memory_region(region) }.map_err(|source| Error::SetRegion {
             slot: self.slot,
             gpa,
@@ -89,7 +101,7 @@ impl BarMemslot {
             self.set(old, 0)?;
         }
         if let Some(gpa) = new {
-            self.set(gpa, self.backing.size() as u64)?;
+            self.set(gpa, self.backing().size() as u64)?;
             *at = Some(gpa);
         }
         Ok(())

@@ -211,8 +211,21 @@ impl Run {
     /// every vCPU reached its workload loop (or after 10 s if the guest
     /// never gets there; the report then shows how far it got).
     pub fn start(cfg: &RunConfig) -> vm::Result<Self> {
+        Self::start_with(cfg, |_| Ok(()))
+    }
+
+    /// Like [`Run::start`], with `attach` called once the vCPU threads
+    /// exist ([`Vm::vcpu_tids`]) but before the guest runs: a host policy
+    /// registers the threads and may replace the device region
+    /// ([`Vm::set_device_region`]). An error from `attach` stops the VM.
+    pub fn start_with<E: From<vm::Error>>(
+        cfg: &RunConfig,
+        attach: impl FnOnce(&mut Vm) -> Result<(), E>,
+    ) -> Result<Self, E> {
         let mut vm = Vm::new(cfg.vm.clone())?;
-        vm.start()?;
+        vm.start_held()?;
+        attach(&mut vm)?;
+        vm.release();
         // The workload's time starts once the guest is in its loops
         // (handshake and slot burst done); a broken guest gets BOOT_WAIT.
         let deadline = Instant::now() + BOOT_WAIT;
@@ -231,7 +244,7 @@ impl Run {
                 std::thread::Builder::new()
                     .name("pvsched-inject".into())
                     .spawn(move || inject_loop(&inj, &monitor, &stop, &lost, interval))
-                    .map_err(vm::Error::Spawn)?,
+                    .map_err(|e| E::from(vm::Error::Spawn(e)))?,
             )
         } else {
             None

@@ -28,7 +28,7 @@ use pvsched_device::{
 };
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::thread::JoinHandle;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, MmapRegion};
 
@@ -186,6 +186,32 @@ pub struct Vm {
     threads: Vec<VcpuThread>,
     tids: Arc<Mutex<Vec<i32>>>,
     running: Arc<AtomicBool>,
+    gate: Arc<Gate>,
+}
+
+/// Holds spawned vCPU threads before their first KVM_RUN until opened.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        let mut open = lock(&self.open);
+        while !*open {
+            open = self.cv.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn open(&self) {
+        *lock(&self.open) = true;
+        self.cv.notify_all();
+    }
+
+    fn is_open(&self) -> bool {
+        *lock(&self.open)
+    }
 }
 
 fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
@@ -333,12 +359,24 @@ impl Vm {
             threads: Vec::new(),
             tids: Arc::new(Mutex::new(Vec::new())),
             running: Arc::new(AtomicBool::new(true)),
+            gate: Arc::new(Gate::default()),
         })
     }
 
     /// Start one thread per vCPU, named `vcpu N`. Returns once every thread
     /// has recorded its TID.
     pub fn start(&mut self) -> Result<()> {
+        self.start_held()?;
+        self.release();
+        Ok(())
+    }
+
+    /// Like [`Vm::start`], but the vCPU threads wait before their first
+    /// KVM_RUN until [`Vm::release`]: their TIDs ([`Vm::vcpu_tids`]) exist,
+    /// the guest has not run. An embedder registers the threads with a host
+    /// policy here and may still replace the device region
+    /// ([`Vm::set_device_region`]).
+    pub fn start_held(&mut self) -> Result<()> {
         let n = self.pending.len();
         let barrier = Arc::new(Barrier::new(n + 1));
         let io = Arc::new(IoHub {
@@ -351,6 +389,7 @@ impl Vm {
             let running = self.running.clone();
             let tids = self.tids.clone();
             let barrier = barrier.clone();
+            let gate = self.gate.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("vcpu {i}"))
                 .spawn(move || {
@@ -358,12 +397,40 @@ impl Vm {
                     let tid = unsafe { libc::gettid() };
                     lock(&tids)[i] = tid;
                     barrier.wait();
+                    gate.wait();
                     vcpu::run_loop(v, i as u32, io, running)
                 })
                 .map_err(Error::Spawn)?;
             self.threads.push(VcpuThread { handle });
         }
         barrier.wait();
+        Ok(())
+    }
+
+    /// Lets vCPU threads held by [`Vm::start_held`] run the guest.
+    pub fn release(&self) {
+        self.gate.open();
+    }
+
+    /// Replaces BAR2's backing (device-region mode), e.g. with the policy
+    /// agent's mmapable BPF array map once it knows the vCPU TIDs. Only
+    /// before the guest runs (before [`Vm::start`], or between
+    /// [`Vm::start_held`] and [`Vm::release`]); the mapping must be
+    /// `PvschedDevice::region_bar_size(vcpus)` bytes and outlive the VM.
+    pub fn set_device_region(&mut self, backing: Arc<MmapRegion>) -> Result<()> {
+        if self.gate.is_open() {
+            return Err(Error::Config(
+                "the device region can only be replaced before the guest runs".into(),
+            ));
+        }
+        let Some(bar2) = &self.bar2 else {
+            return Err(Error::Config(
+                "device-region mode is not offered (F_DEVICE_REGION off)".into(),
+            ));
+        };
+        lock(&self.device).set_device_region(backing.clone())?;
+        bar2.set_backing(backing.clone())?;
+        self.cfg.device_region = Some(backing);
         Ok(())
     }
 
@@ -410,7 +477,7 @@ impl Vm {
 
     /// BAR2's backing mapping (device-region mode).
     pub fn bar2_backing(&self) -> Option<Arc<MmapRegion>> {
-        self.bar2.as_ref().map(|s| s.backing().clone())
+        self.bar2.as_ref().map(|s| s.backing())
     }
 
     /// Guest RAM.
@@ -451,6 +518,8 @@ impl Vm {
 
     fn stop_threads(&mut self) -> ShutdownReport {
         self.running.store(false, Ordering::Release);
+        // Held threads must reach run_loop to see `running` and end.
+        self.gate.open();
         let mut ends = Vec::new();
         for t in self.threads.drain(..) {
             let pthread = t.handle.as_pthread_t();

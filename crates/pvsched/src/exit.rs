@@ -15,6 +15,11 @@ pub enum Exit {
     KvmPermission = 4,
     /// The guest did not reach DRIVER_OK or a vCPU crashed.
     Guest = 5,
+    /// `--policy embedded`: the BPF policy could not be loaded or attached
+    /// (not root / no CAP_BPF+CAP_PERFMON+CAP_SYS_NICE, no BTF, ...).
+    PolicyLoad = 6,
+    /// `--policy-file` could not be read or is invalid.
+    PolicyFile = 7,
 }
 
 /// The exit-code table shown at the end of `--help`.
@@ -25,4 +30,7 @@ Exit codes:
   2  bad command line
   3  /dev/kvm does not exist (load kvm_intel/kvm_amd, enable virtualization)
   4  permission denied on /dev/kvm (join the 'kvm' group or run as root)
-  5  the guest did not reach DRIVER_OK, or a vCPU crashed";
+  5  the guest did not reach DRIVER_OK, or a vCPU crashed
+  6  --policy embedded: the BPF policy could not load or attach (run as root;
+     the message says why); nothing was started
+  7  --policy-file could not be read or is invalid";

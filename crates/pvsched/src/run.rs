@@ -3,9 +3,14 @@
 
 use crate::exit::Exit;
 use clap::{Args, ValueEnum};
+use pvsched::embedded::{Embedded, EmbeddedError};
+use pvsched::summary;
+use pvsched_agent::{AgentConfig, AgentError, VmStats};
 use pvsched_device::RegionMode;
+use pvsched_policy::Caps;
 use pvsched_vmm::{Run, RunConfig, RunReport, VmConfig, Workload};
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 use std::time::Instant;
 
@@ -14,6 +19,8 @@ use std::time::Instant;
 pub enum Policy {
     /// No host policy: the device only negotiates the region.
     None,
+    /// The pvsched BPF policy, loaded in this process (needs root).
+    Embedded,
 }
 
 /// Where the shared region lives.
@@ -67,55 +74,161 @@ pub struct RunArgs {
     /// Host policy.
     #[arg(long, value_enum, default_value_t = Policy::None)]
     pub policy: Policy,
+    /// Admin caps of the VM for `--policy embedded` (TOML, see
+    /// bpf-policy/caps.example.toml); default: the built-in caps.
+    #[arg(long)]
+    pub policy_file: Option<PathBuf>,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
 }
 
+/// Why the VM (with its policy) did not start.
+enum StartError {
+    Vm(pvsched_vmm::Error),
+    Policy(EmbeddedError),
+}
+
+impl From<pvsched_vmm::Error> for StartError {
+    fn from(e: pvsched_vmm::Error) -> Self {
+        StartError::Vm(e)
+    }
+}
+
+/// The admin caps from `--policy-file`, or the defaults.
+fn load_caps(path: Option<&PathBuf>) -> Result<Caps, String> {
+    let Some(path) = path else {
+        return Ok(Caps::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("reading --policy-file {}: {e}", path.display()))?;
+    Caps::from_toml(&text).map_err(|e| format!("--policy-file {}: {e}", path.display()))
+}
+
+/// Exit code for a policy that could not be set up.
+fn policy_exit(e: &EmbeddedError) -> Exit {
+    match e {
+        EmbeddedError::Agent(AgentError::Bpf(_)) => Exit::PolicyLoad,
+        EmbeddedError::Vm(v) => exit_for(v),
+        _ => Exit::Failure,
+    }
+}
+
 /// Run the subcommand; returns the exit code.
 pub fn main(args: &RunArgs) -> Exit {
+    if args.policy == Policy::None && args.policy_file.is_some() {
+        eprintln!("pvsched run: --policy-file needs --policy embedded");
+        return Exit::PolicyFile;
+    }
     let mut vm = VmConfig::new(args.vcpus, args.workload.into());
     vm.region = match args.region {
         Region::Device => RegionMode::Device,
         Region::Guest => RegionMode::Guest,
     };
-    match args.policy {
-        Policy::None => vm.policy_sink = None,
-    }
+    // Declared before the run: dropped (unregistered, baselines restored)
+    // only after the VM is shut down.
+    let mut policy = match args.policy {
+        Policy::None => None,
+        Policy::Embedded => {
+            let caps = match load_caps(args.policy_file.as_ref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("pvsched run: {e}");
+                    return Exit::PolicyFile;
+                }
+            };
+            match Embedded::load(caps, AgentConfig::default()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    eprintln!("pvsched run: {e}");
+                    return policy_exit(&e);
+                }
+            }
+        }
+    };
+    vm.policy_sink = policy.as_ref().map(Embedded::sink);
     let cfg = RunConfig::new(vm, args.duration);
     eprintln!(
-        "pvsched run: {} vCPUs, workload {}, {} region, {}",
+        "pvsched run: {} vCPUs, workload {}, {} region, {}, policy {}",
         args.vcpus,
         Workload::from(args.workload),
         region_name(args.region),
-        humantime::format_duration(args.duration)
+        humantime::format_duration(args.duration),
+        policy_name(args.policy)
     );
-    let run = match Run::start(&cfg) {
+    let device_region = args.region == Region::Device;
+    let started = Run::start_with(&cfg, |vm| match policy.as_mut() {
+        Some(p) if device_region => p.attach_device(vm).map_err(StartError::Policy),
+        _ => Ok(()),
+    });
+    let run = match started {
         Ok(r) => r,
-        Err(e) => {
+        Err(StartError::Vm(e)) => {
             eprintln!("pvsched run: {e}");
             return exit_for(&e);
         }
+        Err(StartError::Policy(e)) => {
+            eprintln!("pvsched run: {e}");
+            return policy_exit(&e);
+        }
     };
-    // A host policy attaches here: it gets the vCPU threads with
-    // `run.vm().vcpu_tids()` and their APIC IDs with `run.vm().apic_ids()`.
+    if let Some(p) = policy.as_mut()
+        && !device_region
+        && let Err(e) = p.attach_guest(run.vm())
+    {
+        eprintln!("pvsched run: {e}");
+        let _ = run.finish();
+        return policy_exit(&e);
+    }
     let report = wait_with_progress(run, args.duration);
+    let stats = policy.as_ref().and_then(|p| p.handle()).map(|h| h.stats());
+    // Unregister (restores every vCPU thread) before printing.
+    drop(policy);
+    let code = print_report(args, &report, stats.as_ref());
+    if code != Exit::Ok {
+        return code;
+    }
+    verdict(&report)
+}
+
+/// Prints the summary (table or JSON) with the policy section, if any.
+fn print_report(args: &RunArgs, report: &RunReport, stats: Option<&VmStats>) -> Exit {
+    let name = policy_name(args.policy);
     if args.json {
-        match serde_json::to_string(&report) {
-            Ok(s) => println!("{s}"),
+        let mut v = match serde_json::to_value(report) {
+            Ok(v) => v,
             Err(e) => {
                 eprintln!("pvsched run: encoding JSON failed: {e}");
                 return Exit::Failure;
             }
+        };
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert(
+                "policy".into(),
+                stats.map_or_else(
+                    || serde_json::json!({ "name": name }),
+                    |s| summary::to_json(name, s),
+                ),
+            );
         }
+        println!("{v}");
     } else {
         let mut out = std::io::stdout().lock();
-        if let Err(e) = print_table(&mut out, &report) {
+        let r = print_table(&mut out, report)
+            .and_then(|()| stats.map_or(Ok(()), |s| summary::print_table(&mut out, name, s)));
+        if let Err(e) = r {
             eprintln!("pvsched run: writing the summary failed: {e}");
             return Exit::Failure;
         }
     }
-    verdict(&report)
+    Exit::Ok
+}
+
+fn policy_name(p: Policy) -> &'static str {
+    match p {
+        Policy::None => "none",
+        Policy::Embedded => "embedded",
+    }
 }
 
 /// Let `run` go for `duration`, printing a progress line to stderr each second.

@@ -1,14 +1,17 @@
 //! `pvsched-device`: the pvsched PCI device as its own process, served to a
-//! VMM over a socket transport (today: QEMU's multi-process proxy).
+//! VMM over a socket transport: QEMU's multi-process proxy on an inherited
+//! fd, or a vfio-user server on a socket path.
 //!
 //! ```text
 //! pvsched-device --transport mpqemu --fd 3 --vcpus 2 [--apic-ids 0,1]
+//! pvsched-device --transport vfio-user --socket PATH --vcpus 2 [--apic-ids 0,1]
 //!                [--fault wrong-magic|wrong-version|refuse-region]
 //!                [--dump-slots PATH]
 //! ```
 
 use clap::{Parser, ValueEnum};
 use pvsched_transport::fault::Fault;
+use pvsched_transport::run::run_vfio_user;
 use pvsched_transport::{DeviceOptions, run_mpqemu};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,6 +21,8 @@ use std::time::Duration;
 enum Transport {
     /// QEMU multi-process proxy (`-device x-pci-proxy-dev,fd=N`).
     Mpqemu,
+    /// vfio-user server on `--socket PATH` (one client).
+    VfioUser,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -37,9 +42,12 @@ struct Args {
     /// Transport to speak on --fd.
     #[arg(long, value_enum, default_value = "mpqemu")]
     transport: Transport,
-    /// Inherited socket fd connected to the VMM.
-    #[arg(long)]
-    fd: i32,
+    /// Inherited socket fd connected to the VMM (mpqemu).
+    #[arg(long, required_if_eq("transport", "mpqemu"))]
+    fd: Option<i32>,
+    /// Socket path to bind and serve one client on (vfio-user; must not exist).
+    #[arg(long, required_if_eq("transport", "vfio-user"))]
+    socket: Option<PathBuf>,
     /// Number of vCPU slots.
     #[arg(long)]
     vcpus: u32,
@@ -63,9 +71,8 @@ struct Args {
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let a = Args::parse();
-    let Transport::Mpqemu = a.transport;
     let opts = DeviceOptions {
-        fd: a.fd,
+        fd: a.fd.unwrap_or(-1),
         vcpus: a.vcpus,
         apic_ids: a.apic_ids,
         fault: a.fault.map(|f| match f {
@@ -77,7 +84,11 @@ fn main() -> ExitCode {
         sample_interval: Duration::from_micros(a.sample_us.max(50)),
         dump_interval: Duration::from_millis(a.dump_ms.max(10)),
     };
-    match run_mpqemu(&opts) {
+    let res = match (a.transport, &a.socket) {
+        (Transport::VfioUser, Some(socket)) => run_vfio_user(socket, &opts),
+        _ => run_mpqemu(&opts),
+    };
+    match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pvsched-device: {e}");

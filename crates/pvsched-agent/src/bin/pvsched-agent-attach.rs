@@ -1,0 +1,279 @@
+//! `pvsched-agent-attach`: attaches the pvsched policy agent to the vCPU
+//! threads of an already running VMM (e.g. QEMU) whose guest uses the guest
+//! region, until SIGINT/SIGTERM or until the VMM exits; restores every
+//! thread's baseline on the way out.
+//!
+//! ```text
+//! pvsched-agent-attach --pid 1234 --tids 1240,1241 --apic-ids 0,1 \
+//!     --slot-addrs 0x7f00001000c0,0x7f0000100140 [--caps caps.toml] \
+//!     [--stats-json stats.json]
+//! ```
+//!
+//! Every `--tids` entry must be a thread of `--pid` (`/proc/PID/task/TID`),
+//! the rule the future multi-VM daemon enforces. `--slot-addrs` are the
+//! VMM's virtual addresses of each slot (the BPF policy reads them with
+//! `bpf_probe_read_user` in the vCPU thread's own context).
+//!
+//! Exit codes: 0 stopped (signal or VMM exit) and restored; 1 writing the
+//! statistics failed; 2 bad arguments (clap) or a TID not in the VMM;
+//! 3 BPF unusable (the agent refuses to start); 4 the VM was refused.
+
+use clap::Parser;
+use pvsched_agent::watch::pidfd_open;
+use pvsched_agent::{Agent, AgentConfig, Caps, RegionSpec, VmSpec, VmStats};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Errors of this tool; each maps to an exit code.
+#[derive(Debug, thiserror::Error)]
+enum AttachError {
+    /// An argument is wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// The agent could not load.
+    #[error("{0} (needs root or CAP_BPF+CAP_PERFMON+CAP_SYS_NICE and a BTF kernel)")]
+    Load(#[source] pvsched_agent::AgentError),
+    /// register_vm refused.
+    #[error("{0}")]
+    Register(#[source] pvsched_agent::AgentError),
+    /// A system call or file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What failed.
+        what: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl AttachError {
+    fn code(&self) -> u8 {
+        match self {
+            AttachError::Io { .. } => 1,
+            AttachError::Usage(_) => 2,
+            AttachError::Load(_) => 3,
+            AttachError::Register(_) => 4,
+        }
+    }
+}
+
+fn parse_addr(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => t.parse(),
+    };
+    r.map_err(|e| format!("bad address {s:?}: {e}"))
+}
+
+/// Attach the pvsched BPF policy agent to a running VMM's vCPU threads.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Pid of the VMM process owning the vCPU threads.
+    #[arg(long)]
+    pid: u32,
+    /// vCPU thread ids, by slot index (comma separated).
+    #[arg(long, value_delimiter = ',', required = true)]
+    tids: Vec<u32>,
+    /// APIC ID of each slot (comma separated, same length as --tids).
+    #[arg(long, value_delimiter = ',', required = true)]
+    apic_ids: Vec<u32>,
+    /// VMM virtual address of each slot (hex with 0x or decimal).
+    #[arg(long, value_delimiter = ',', value_parser = parse_addr, required = true)]
+    slot_addrs: Vec<u64>,
+    /// Admin caps (TOML, see pvsched_policy::caps); default caps otherwise.
+    #[arg(long)]
+    caps: Option<PathBuf>,
+    /// Write the VM's statistics here (JSON) on exit.
+    #[arg(long)]
+    stats_json: Option<PathBuf>,
+}
+
+/// Checks that every tid is a thread of `pid`.
+fn check_tids(pid: u32, tids: &[u32]) -> Result<(), AttachError> {
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(AttachError::Usage(format!("--pid {pid}: no such process")));
+    }
+    for &tid in tids {
+        if !Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
+            return Err(AttachError::Usage(format!(
+                "thread {tid} is not a thread of process {pid} (no /proc/{pid}/task/{tid}); \
+                 refusing to change the scheduling of another process's threads"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn stats_json(pid: u32, stats: &VmStats, why: &str) -> serde_json::Value {
+    let vcpus: Vec<_> = stats
+        .vcpus
+        .iter()
+        .map(|v| {
+            serde_json::json!({
+                "tid": v.tid, "boosts": v.boosts, "throttles": v.throttles,
+                "boosted_ns": v.boosted_ns, "ipis": v.ipis, "slot_hits": v.slot_hits,
+                "boosts_applied": v.boosts_applied, "errors": v.errors,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "pid": pid,
+        "stopped_by": why,
+        "decisions": stats.decisions,
+        "dropped": stats.dropped,
+        "apply_samples": stats.apply_samples,
+        "apply_p50_ns": stats.apply_p50_ns,
+        "apply_p99_ns": stats.apply_p99_ns,
+        "vcpus": vcpus,
+    })
+}
+
+/// Blocks until a signal arrives on `sig` or the process behind `pidfd`
+/// exits; says which.
+fn wait_stop(sig: &UnixStream, pidfd: &std::os::fd::OwnedFd) -> Result<&'static str, AttachError> {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: sig.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds, infinite timeout.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(AttachError::Io {
+                what: "poll".into(),
+                source: e,
+            });
+        }
+        if fds[0].revents != 0 {
+            return Ok("signal");
+        }
+        if fds[1].revents != 0 {
+            return Ok("vmm-exit");
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), AttachError> {
+    let n = args.tids.len();
+    if args.apic_ids.len() != n || args.slot_addrs.len() != n {
+        return Err(AttachError::Usage(format!(
+            "--tids ({n}), --apic-ids ({}) and --slot-addrs ({}) must have the same length",
+            args.apic_ids.len(),
+            args.slot_addrs.len()
+        )));
+    }
+    check_tids(args.pid, &args.tids)?;
+    let caps = match &args.caps {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|source| AttachError::Io {
+                what: format!("reading caps {}", p.display()),
+                source,
+            })?;
+            Caps::from_toml(&text)
+                .map_err(|e| AttachError::Usage(format!("caps {}: {e}", p.display())))?
+        }
+        None => Caps::default(),
+    };
+    let pidfd = pidfd_open(args.pid).map_err(|e| AttachError::Usage(e.to_string()))?;
+    // Signals go to a socket pair we poll with the pidfd; the agent's own
+    // signal thread is not installed (we restore by dropping, then exit 0).
+    let (sig_rx, sig_tx) = UnixStream::pair().map_err(|source| AttachError::Io {
+        what: "socketpair".into(),
+        source,
+    })?;
+    for s in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let tx = sig_tx.try_clone().map_err(|source| AttachError::Io {
+            what: "dup socket".into(),
+            source,
+        })?;
+        signal_hook::low_level::pipe::register(s, tx).map_err(|source| AttachError::Io {
+            what: format!("installing the handler of signal {s}"),
+            source,
+        })?;
+    }
+    let agent = Agent::load(AgentConfig {
+        handle_signals: false,
+        ..AgentConfig::default()
+    })
+    .map_err(AttachError::Load)?;
+    let vm = agent
+        .register_vm(VmSpec {
+            vcpu_tids: args.tids.clone(),
+            apic_ids: args.apic_ids.clone(),
+            caps,
+            region: RegionSpec::GuestAddrs(args.slot_addrs.clone()),
+        })
+        .map_err(AttachError::Register)?;
+    log::info!(
+        "pvsched-agent-attach: serving pid {} ({} vCPUs)",
+        args.pid,
+        n
+    );
+    eprintln!("pvsched-agent-attach: ready");
+    let why = wait_stop(&sig_rx, &pidfd)?;
+    let stats = vm.stats();
+    drop(vm);
+    drop(agent);
+    eprintln!("pvsched-agent-attach: stopped ({why}), baselines restored");
+    if let Some(p) = &args.stats_json {
+        let text = serde_json::to_string_pretty(&stats_json(args.pid, &stats, why))
+            .unwrap_or_else(|_| "{}".into());
+        std::fs::write(p, text + "\n").map_err(|source| AttachError::Io {
+            what: format!("writing {}", p.display()),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pvsched-agent-attach: {e}");
+            ExitCode::from(e.code())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_hex_and_decimal() {
+        assert_eq!(parse_addr("0x10"), Ok(16));
+        assert_eq!(parse_addr("16"), Ok(16));
+        assert!(parse_addr("0xzz").is_err());
+    }
+
+    #[test]
+    fn foreign_tid_is_refused() {
+        let me = std::process::id();
+        assert!(check_tids(me, &[me]).is_ok());
+        // pid 1's main thread is not one of our threads.
+        let e = check_tids(me, &[1]).unwrap_err();
+        assert_eq!(e.code(), 2);
+        assert!(e.to_string().contains("not a thread of process"));
+    }
+}

@@ -1,0 +1,590 @@
+//! vfio-user server transport: the device served to a vfio-user client (a
+//! VMM) over a UNIX socket with the rust-vmm `vfio_user` crate (0.1.7).
+//!
+//! Regions offered, at the VFIO PCI indices:
+//! - BAR0 (index 0): the register file, every access a socket round trip.
+//! - BAR2 (index 2, only when the device offers `F_DEVICE_REGION`): the
+//!   device region, backed by a memfd of exactly
+//!   [`PvschedDevice::region_bar_size`] bytes. It is declared mmapable with
+//!   one sparse area covering it and its fd travels with the region info, so
+//!   the client maps it and slot updates never cross the socket.
+//! - Configuration space (index 7): 256 bytes, split into dword accesses.
+//!
+//! Guest RAM arrives as DMA_MAP messages with fds and is mapped with
+//! `vm-memory`; DMA_UNMAP removes a range; DEVICE_RESET writes STATUS=0.
+//!
+//! Shortcomings of `vfio_user` 0.1.7 found while building this (the
+//! transport works around what it can; see [`VfioUserServer::serve`]):
+//! - `Server::handle_command` (VERSION) computes
+//!   `header.message_size as usize - size_of::<Version>()` (underflow panic
+//!   in debug builds for a short message) and calls
+//!   `CString::from_vec_with_nul(..).unwrap()` (panics when the client's
+//!   JSON is not NUL-terminated or contains a NUL). A hostile client can
+//!   therefore panic the server thread; [`VfioUserServer::serve`] runs the
+//!   crate under `catch_unwind` and reports [`VfioUserError::ServerPanicked`].
+//! - REGION_READ / REGION_WRITE allocate `count` bytes (up to 4 GiB) before
+//!   the backend sees the request; the backend refuses accesses larger than
+//!   [`MAX_ACCESS`] but the allocation has already happened (a write's
+//!   payload is read into it in full). Bounded only by the sandbox rlimits.
+//! - When the crate answers an error it sends a bare header; the crate's own
+//!   `Client::region_read`/`region_write` then read a longer reply and
+//!   desynchronise. So out-of-range accesses to existing regions are
+//!   answered successfully with PCI semantics (reads all-ones, writes
+//!   dropped) and counted, never with an error reply.
+//! - REGION_WRITE to a region index that does not exist returns before the
+//!   payload is read: the payload is then parsed as the next header.
+//! - The region fd is only sent when the region has sparse areas and the
+//!   client asked with a large enough `argsz`; hence the one sparse area.
+//! - `Client` computes `resettable` inverted (`flags & RESET != RESET`).
+
+use crate::backend::TransportDevice;
+use crate::monitor::Monitor;
+use pvsched_abi as abi;
+use pvsched_device::{BarIndex, PvschedDevice};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use thiserror::Error;
+use vfio_bindings::bindings::vfio::{
+    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_NUM_REGIONS,
+    VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
+    vfio_region_info, vfio_region_sparse_mmap_area,
+};
+use vfio_user::{DmaMapFlags, DmaUnmapFlags, Server, ServerBackend, ServerRegion, SparseArea};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, MmapRegion};
+
+/// Size of PCI configuration space served.
+pub const CONFIG_SIZE: u64 = 256;
+/// Largest single region access served; larger ones are refused.
+pub const MAX_ACCESS: usize = 4096;
+/// Largest number of DMA ranges kept at once.
+pub const MAX_DMA_RANGES: usize = 64;
+
+/// Errors of the vfio-user transport.
+#[derive(Debug, Error)]
+pub enum VfioUserError {
+    /// The device-region memfd could not be created or sized.
+    #[error("cannot create the BAR2 backing memfd of {size} bytes: {source}; check memory limits")]
+    Memfd {
+        /// Requested size.
+        size: u64,
+        /// Underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The memfd could not be mapped.
+    #[error("cannot map the BAR2 backing: {0}; check memory limits")]
+    Mmap(#[source] vm_memory::mmap::MmapRegionError),
+    /// The device refused the BAR2 backing.
+    #[error("device refused the BAR2 backing: {0}")]
+    Device(#[source] pvsched_device::Error),
+    /// The socket could not be created or served.
+    #[error("vfio-user server failed: {0}; check the socket path and the client")]
+    Server(#[source] vfio_user::Error),
+    /// The `vfio_user` crate panicked on client input (contained).
+    #[error("the vfio_user crate panicked on client input ({0}); the connection is dropped")]
+    ServerPanicked(String),
+}
+
+/// Counters other threads (tests, the monitor) may read while serving.
+#[derive(Debug, Default)]
+pub struct VfioUserStats {
+    /// Messages that reached the device (region read/write, DMA map/unmap,
+    /// reset, set IRQs). VERSION and info queries are answered by the crate
+    /// from static data and are not counted.
+    pub messages: AtomicU64,
+    /// Accesses outside a region or of a refused size (answered, not applied).
+    pub stray: AtomicU64,
+    /// DMA_MAP requests refused.
+    pub dma_refused: AtomicU64,
+}
+
+impl VfioUserStats {
+    /// Messages served so far.
+    pub fn messages(&self) -> u64 {
+        self.messages.load(Ordering::SeqCst)
+    }
+}
+
+struct DmaRange {
+    size: u64,
+    file: File,
+    offset: u64,
+}
+
+/// A [`TransportDevice`] as a `vfio_user::ServerBackend`.
+pub struct VfioUserDevice<D: TransportDevice> {
+    dev: D,
+    bar0_size: u64,
+    bar2: Option<(File, u64)>,
+    dma: BTreeMap<u64, DmaRange>,
+    stats: Arc<VfioUserStats>,
+    monitor: Arc<Monitor>,
+}
+
+fn einval(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, what.to_owned())
+}
+
+/// If `dev` offers the device region, create its BAR2 backing (a memfd of
+/// exactly [`PvschedDevice::region_bar_size`] bytes), hand a mapping of it to
+/// the device and return the memfd with its size, for
+/// [`VfioUserDevice::with_backing`].
+pub fn attach_bar2_backing(dev: &mut PvschedDevice) -> Result<Option<(File, u64)>, VfioUserError> {
+    if dev.config().features & abi::F_DEVICE_REGION == 0 {
+        return Ok(None);
+    }
+    let size = PvschedDevice::region_bar_size(dev.config().nr_vcpus);
+    let file = memfd(size).map_err(|source| VfioUserError::Memfd { size, source })?;
+    let map_file = file
+        .try_clone()
+        .map_err(|source| VfioUserError::Memfd { size, source })?;
+    // `size` is at most a few hundred KiB (bounded by MAX_VCPUS).
+    let region = MmapRegion::from_file(FileOffset::new(map_file, 0), size as usize)
+        .map_err(VfioUserError::Mmap)?;
+    dev.set_device_region(Arc::new(region))
+        .map_err(VfioUserError::Device)?;
+    Ok(Some((file, size)))
+}
+
+impl VfioUserDevice<PvschedDevice> {
+    /// Wrap `dev`, creating its BAR2 backing ([`attach_bar2_backing`]).
+    pub fn new(mut dev: PvschedDevice, monitor: Arc<Monitor>) -> Result<Self, VfioUserError> {
+        let bar2 = attach_bar2_backing(&mut dev)?;
+        Ok(Self::with_backing(dev, bar2, monitor))
+    }
+}
+
+impl<D: TransportDevice> VfioUserDevice<D> {
+    /// Wrap `dev` whose BAR2 (if any) is already backed by `bar2` = (memfd,
+    /// size).
+    pub fn with_backing(dev: D, bar2: Option<(File, u64)>, monitor: Arc<Monitor>) -> Self {
+        let bar0_size = dev
+            .bars()
+            .iter()
+            .find(|b| b.index == BarIndex(abi::REG_BAR))
+            .map_or(0, |b| b.size);
+        Self {
+            dev,
+            bar0_size,
+            bar2,
+            dma: BTreeMap::new(),
+            stats: Arc::new(VfioUserStats::default()),
+            monitor,
+        }
+    }
+
+    /// The wrapped device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// Shared counters.
+    pub fn stats(&self) -> Arc<VfioUserStats> {
+        self.stats.clone()
+    }
+
+    /// The regions to declare to the `vfio_user::Server`, indexed by VFIO
+    /// PCI region index. The BAR2 entry carries the memfd's raw fd, valid
+    /// as long as `self` lives.
+    pub fn server_regions(&self) -> Vec<ServerRegion> {
+        let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+        (0..VFIO_PCI_NUM_REGIONS)
+            .map(|index| {
+                let mut info = vfio_region_info {
+                    argsz: size_of::<vfio_region_info>() as u32,
+                    index,
+                    ..Default::default()
+                };
+                let mut sparse_areas = Vec::new();
+                let mut mmap_fd = None;
+                if index == VFIO_PCI_BAR0_REGION_INDEX {
+                    info.flags = rw;
+                    info.size = self.bar0_size;
+                } else if index == VFIO_PCI_CONFIG_REGION_INDEX {
+                    info.flags = rw;
+                    info.size = CONFIG_SIZE;
+                } else if index == u32::from(abi::REGION_BAR)
+                    && let Some((file, size)) = &self.bar2
+                {
+                    info.flags = rw | VFIO_REGION_INFO_FLAG_MMAP;
+                    info.size = *size;
+                    info.offset = 0;
+                    sparse_areas.push(SparseArea {
+                        area: vfio_region_sparse_mmap_area {
+                            offset: 0,
+                            size: *size,
+                        },
+                    });
+                    mmap_fd = Some(file.as_raw_fd());
+                }
+                ServerRegion {
+                    region_info: info,
+                    sparse_areas,
+                    mmap_fd,
+                }
+            })
+            .collect()
+    }
+
+    fn served(&self, name: &str) {
+        self.stats.messages.fetch_add(1, Ordering::SeqCst);
+        self.monitor.after_message(name, &self.dev);
+    }
+
+    fn stray(&self, what: &str, region: u32, offset: u64, len: usize) {
+        self.stats.stray.fetch_add(1, Ordering::SeqCst);
+        self.monitor.stray_bar_access();
+        log::warn!(
+            "vfio-user: {what} of region {region} at {offset:#x} len {len} outside the region; not applied"
+        );
+    }
+
+    /// Whether `offset..offset+len` lies inside `size` bytes.
+    fn inside(offset: u64, len: usize, size: u64) -> bool {
+        offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= size)
+    }
+
+    fn config_read(&self, offset: u64, data: &mut [u8]) {
+        for (i, b) in data.iter_mut().enumerate() {
+            let at = offset + i as u64;
+            let dword = self.dev.read_config_register((at / 4) as usize);
+            *b = dword.to_le_bytes()[(at % 4) as usize];
+        }
+    }
+
+    fn config_write(&mut self, offset: u64, data: &[u8]) {
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = offset + pos as u64;
+            let left = data.len() - pos;
+            let chunk = [4usize, 2, 1]
+                .into_iter()
+                .find(|&n| n <= left && at.is_multiple_of(n as u64))
+                .unwrap_or(1);
+            self.dev
+                .write_config_register((at / 4) as usize, at % 4, &data[pos..pos + chunk]);
+            pos += chunk;
+        }
+    }
+
+    /// Map every DMA range and hand the result to the device. On failure
+    /// nothing changes and the error is returned.
+    fn rebuild_guest_memory(&mut self) -> Result<(), String> {
+        let mut ranges = Vec::with_capacity(self.dma.len());
+        for (&iova, r) in &self.dma {
+            let file = r
+                .file
+                .try_clone()
+                .map_err(|e| format!("cannot dup the fd of range {iova:#x}: {e}"))?;
+            ranges.push((
+                GuestAddress(iova),
+                r.size as usize,
+                Some(FileOffset::new(file, r.offset)),
+            ));
+        }
+        let mem = if ranges.is_empty() {
+            GuestMemoryMmap::new()
+        } else {
+            GuestMemoryMmap::from_ranges_with_files(ranges)
+                .map_err(|e| format!("cannot map guest RAM: {e}"))?
+        };
+        self.dev.set_guest_memory(mem);
+        Ok(())
+    }
+
+    fn check_dma(
+        &self,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<&File>,
+    ) -> Result<(), &'static str> {
+        let file = fd.ok_or("DMA_MAP without an fd (socket DMA is not supported)")?;
+        if size == 0 || usize::try_from(size).is_err() {
+            return Err("DMA_MAP size 0 or too large");
+        }
+        let end = address
+            .checked_add(size)
+            .ok_or("DMA_MAP range wraps the address space")?;
+        let file_end = offset.checked_add(size).ok_or("DMA_MAP file range wraps")?;
+        let len = file
+            .metadata()
+            .map_err(|_| "DMA_MAP fd not stat-able")?
+            .len();
+        if file_end > len {
+            return Err("DMA_MAP range exceeds the file");
+        }
+        if self.dma.len() >= MAX_DMA_RANGES {
+            return Err("too many DMA ranges");
+        }
+        let overlaps = self
+            .dma
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&a, r)| a + r.size > address);
+        if overlaps {
+            return Err("DMA_MAP overlaps a mapped range");
+        }
+        Ok(())
+    }
+}
+
+fn memfd(size: u64) -> io::Result<File> {
+    use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
+    let fd =
+        memfd_create(c"pvsched-bar2", MemFdCreateFlag::MFD_CLOEXEC).map_err(io::Error::from)?;
+    let file = File::from(fd);
+    file.set_len(size)?;
+    Ok(file)
+}
+
+impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
+    fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
+        if data.len() > MAX_ACCESS {
+            self.stray("oversized read", region, offset, data.len());
+            self.served("region_read");
+            return Err(einval("region read larger than MAX_ACCESS"));
+        }
+        data.fill(0xff);
+        match region {
+            VFIO_PCI_CONFIG_REGION_INDEX if Self::inside(offset, data.len(), CONFIG_SIZE) => {
+                self.config_read(offset, data);
+            }
+            VFIO_PCI_BAR0_REGION_INDEX
+                if Self::inside(offset, data.len(), self.bar0_size)
+                    && matches!(data.len(), 1 | 2 | 4 | 8) =>
+            {
+                self.dev.read_bar(BarIndex(abi::REG_BAR), offset, data);
+            }
+            r if r == u32::from(abi::REGION_BAR)
+                && self
+                    .bar2
+                    .as_ref()
+                    .is_some_and(|(_, size)| Self::inside(offset, data.len(), *size)) =>
+            {
+                if let Some((file, _)) = &self.bar2
+                    && let Err(e) = file.read_exact_at(data, offset)
+                {
+                    log::warn!("vfio-user: BAR2 read at {offset:#x} failed: {e}");
+                    data.fill(0xff);
+                }
+            }
+            _ => self.stray("read", region, offset, data.len()),
+        }
+        self.served("region_read");
+        Ok(())
+    }
+
+    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> io::Result<()> {
+        if data.len() > MAX_ACCESS {
+            self.stray("oversized write", region, offset, data.len());
+            self.served("region_write");
+            return Err(einval("region write larger than MAX_ACCESS"));
+        }
+        match region {
+            VFIO_PCI_CONFIG_REGION_INDEX if Self::inside(offset, data.len(), CONFIG_SIZE) => {
+                self.config_write(offset, data);
+            }
+            VFIO_PCI_BAR0_REGION_INDEX
+                if Self::inside(offset, data.len(), self.bar0_size)
+                    && matches!(data.len(), 1 | 2 | 4 | 8) =>
+            {
+                self.dev.write_bar(BarIndex(abi::REG_BAR), offset, data);
+            }
+            r if r == u32::from(abi::REGION_BAR)
+                && self
+                    .bar2
+                    .as_ref()
+                    .is_some_and(|(_, size)| Self::inside(offset, data.len(), *size)) =>
+            {
+                if let Some((file, _)) = &self.bar2
+                    && let Err(e) = file.write_all_at(data, offset)
+                {
+                    log::warn!("vfio-user: BAR2 write at {offset:#x} failed: {e}");
+                }
+            }
+            _ => self.stray("write", region, offset, data.len()),
+        }
+        self.served("region_write");
+        Ok(())
+    }
+
+    fn dma_map(
+        &mut self,
+        _flags: DmaMapFlags,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<File>,
+    ) -> io::Result<()> {
+        let res = self.check_dma(offset, address, size, fd.as_ref());
+        let res = match (res, fd) {
+            (Ok(()), Some(file)) => {
+                self.dma.insert(address, DmaRange { size, file, offset });
+                // A range that cannot be mapped (e.g. a read-only fd) is
+                // refused and the previous map kept.
+                self.rebuild_guest_memory().map_err(|e| {
+                    self.dma.remove(&address);
+                    log::warn!("vfio-user: DMA_MAP {address:#x}+{size:#x}: {e}");
+                    "DMA_MAP range cannot be mapped"
+                })
+            }
+            (Ok(()), None) => Err("DMA_MAP without an fd"),
+            (Err(e), _) => Err(e),
+        };
+        self.served("dma_map");
+        res.map_err(|e| {
+            self.stats.dma_refused.fetch_add(1, Ordering::SeqCst);
+            log::warn!("vfio-user: {e}: iova {address:#x} size {size:#x} offset {offset:#x}");
+            einval(e)
+        })
+    }
+
+    fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
+        let res = if flags.contains(DmaUnmapFlags::UNMAP_ALL) {
+            self.dma.clear();
+            Ok(())
+        } else {
+            match self.dma.get(&address) {
+                Some(r) if r.size == size => {
+                    self.dma.remove(&address);
+                    Ok(())
+                }
+                _ => Err(einval("DMA_UNMAP of a range that is not mapped")),
+            }
+        };
+        if res.is_ok() {
+            if let Err(e) = self.rebuild_guest_memory() {
+                // Removing ranges cannot make the rest unmappable unless an
+                // fd cannot be duplicated; then guest RAM goes away entirely.
+                log::warn!("vfio-user: after DMA_UNMAP: {e}; guest memory now empty");
+                self.dev.set_guest_memory(GuestMemoryMmap::new());
+            }
+        } else {
+            log::warn!("vfio-user: DMA_UNMAP {address:#x}+{size:#x} matches no mapping");
+        }
+        self.served("dma_unmap");
+        res
+    }
+
+    fn reset(&mut self) -> io::Result<()> {
+        self.dev.reset();
+        self.served("device_reset");
+        Ok(())
+    }
+
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        _flags: u32,
+        _start: u32,
+        _count: u32,
+        _fds: Vec<File>,
+    ) -> io::Result<()> {
+        self.served("set_irqs");
+        log::warn!("vfio-user: SET_IRQS index {index}: the device has no interrupts");
+        Err(einval("the device has no interrupts"))
+    }
+}
+
+/// A vfio-user server for one device and one client connection.
+pub struct VfioUserServer<D: TransportDevice> {
+    server: Server,
+    dev: VfioUserDevice<D>,
+}
+
+impl<D: TransportDevice> VfioUserServer<D> {
+    /// Bind `path` (which must not exist) and prepare to serve `dev`.
+    pub fn bind(path: &Path, dev: VfioUserDevice<D>) -> Result<Self, VfioUserError> {
+        let regions = dev.server_regions();
+        let server = Server::new(path, true, Vec::new(), regions).map_err(VfioUserError::Server)?;
+        Ok(Self { server, dev })
+    }
+
+    /// Shared counters.
+    pub fn stats(&self) -> Arc<VfioUserStats> {
+        self.dev.stats()
+    }
+
+    /// The backend (device and DMA state).
+    pub fn backend(&self) -> &VfioUserDevice<D> {
+        &self.dev
+    }
+
+    /// Accept one client and serve it until it disconnects. A panic inside
+    /// the `vfio_user` crate on hostile input is contained and reported.
+    pub fn serve(&mut self) -> Result<(), VfioUserError> {
+        let server = &self.server;
+        let dev = &mut self.dev;
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(dev)));
+        self.dev.monitor.disconnected();
+        match res {
+            Ok(r) => r.map_err(VfioUserError::Server),
+            Err(p) => {
+                let why = p
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                log::error!("vfio-user: crate panicked on client input: {why}");
+                Err(VfioUserError::ServerPanicked(why))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pvsched_device::{DeviceConfig, NullSink};
+
+    fn dev() -> VfioUserDevice<PvschedDevice> {
+        let d = PvschedDevice::new(DeviceConfig::new(2), Arc::new(NullSink)).expect("device");
+        VfioUserDevice::new(d, Arc::new(Monitor::new())).expect("backend")
+    }
+
+    #[test]
+    fn regions_declare_bar2_mmap_with_fd() {
+        let d = dev();
+        let r = d.server_regions();
+        assert_eq!(r.len(), VFIO_PCI_NUM_REGIONS as usize);
+        let bar2 = &r[usize::from(abi::REGION_BAR)];
+        assert_ne!(bar2.region_info.flags & VFIO_REGION_INFO_FLAG_MMAP, 0);
+        assert_eq!(bar2.region_info.size, PvschedDevice::region_bar_size(2));
+        assert!(bar2.mmap_fd.is_some());
+        assert_eq!(
+            r[VFIO_PCI_CONFIG_REGION_INDEX as usize].region_info.size,
+            256
+        );
+        assert_eq!(r[1].region_info.size, 0);
+    }
+
+    #[test]
+    fn hostile_accesses_do_not_panic() {
+        let mut d = dev();
+        let mut big = vec![0u8; MAX_ACCESS + 1];
+        assert!(d.region_read(0, 0, &mut big).is_err());
+        let mut b = [0u8; 8];
+        for (region, offset) in [(0, u64::MAX), (7, 255), (2, u64::MAX - 2), (5, 0), (99, 0)] {
+            d.region_read(region, offset, &mut b).expect("answered");
+            assert_eq!(b, [0xff; 8]);
+            d.region_write(region, offset, &b).expect("answered");
+        }
+        let mut three = [0u8; 3];
+        d.region_read(0, 0, &mut three).expect("answered");
+        assert_eq!(three, [0xff; 3]);
+        assert!(
+            d.dma_map(DmaMapFlags::READ_WRITE, 0, u64::MAX, 4096, None)
+                .is_err()
+        );
+        assert!(d.dma_unmap(DmaUnmapFlags::empty(), 0, 4096).is_err());
+    }
+}

@@ -1,0 +1,314 @@
+"""Policy agent in the loop (issue 6, last "Must show").
+
+With `pvsched-agent-attach` attached to QEMU's vCPU threads (QMP
+`query-cpus-fast` thread ids) in guest-region mode, the vCPU thread of the
+guest CPU running a SCHED_FIFO 8 busy loop is boosted to SCHED_FIFO 8
+(read back with sched_getscheduler/sched_getparam/getpriority, i.e. the
+kernel's own view, sampled every millisecond) and returns to its exact
+baseline (SCHED_OTHER, nice 2) after the loop ends; after the agent is
+stopped every vCPU thread is at its baseline.
+
+The slot addresses are QEMU virtual addresses: the guest region is found in
+QEMU's memfd RAM mapping (`/memfd:mem (deleted)` in /proc/PID/maps; for
+`-machine pc` with 512M, GPA g maps to memfd offset g) by its header, which
+the device wrote at DRIVER_OK and which the device's dump reports (magic,
+version, nr_vcpus, generation), at a page-aligned address.
+"""
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+POLICY_FIFO = 1
+BASE_NICE = 2
+BOOST_PRIO = 8
+MAGIC = 0x52535650
+SLOT_SIZE = 128
+HEADER_SIZE = 64
+APIC_TABLE_OFFSET = 64
+PAGE = 4096
+CAPS = """# pvsched caps for the Linux-guest agent test: RT boosts up to FIFO 10 (the
+# guest's FIFO 8 task is granted FIFO 8), defaults for the throttle/budget.
+allow_rt = true
+max_rt_prio = 10
+cs_rt_prio = 1
+halt_boost = "none"
+yield_boost = "none"
+"""
+# Bounds (harness pacing, not performance claims).
+BACK_TO_BASELINE_S = 1.0
+AGENT_READY_S = 20.0
+
+
+class AgentFailure(Exception):
+    pass
+
+
+def qmp(path, command):
+    """One QMP command on a fresh connection; returns its "return" value."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(path))
+        f = s.makefile("rwb")
+        json.loads(f.readline())  # greeting
+        for cmd in ("qmp_capabilities", command):
+            f.write(json.dumps({"execute": cmd}).encode() + b"\n")
+            f.flush()
+            while True:
+                msg = json.loads(f.readline())
+                if "return" in msg or "error" in msg:
+                    break
+            if "error" in msg:
+                raise AgentFailure(f"QMP {cmd}: {msg['error']}")
+        return msg["return"]
+
+
+def memfd_maps(pid):
+    """QEMU's mappings of the memfd RAM: (start, end, file offset)."""
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].strip().startswith("/memfd:mem"):
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                out.append((start, end, int(parts[2], 16)))
+    return out
+
+
+def find_region(pid, header):
+    """(QEMU virtual address, GPA) of the region whose header the device
+    dumped: a page-aligned match of magic, version, nr_vcpus, slot size,
+    header size, APIC table offset and generation."""
+    magic, version, nr, gen = header
+    want = struct.pack("<6I", magic, version, nr, SLOT_SIZE, HEADER_SIZE, APIC_TABLE_OFFSET)
+    found = []
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for start, end, off in memfd_maps(pid):
+            chunk = 16 << 20
+            for base in range(start, end, chunk):
+                mem.seek(base)
+                data = mem.read(min(chunk, end - base))
+                i = data.find(want)
+                while i >= 0:
+                    if i % PAGE == 0 and i + 32 <= len(data) and \
+                            struct.unpack_from("<I", data, i + 28)[0] == gen:
+                        found.append((base + i, off + (base - start) + i))
+                    i = data.find(want, i + 1)
+    # The same RAM may be mapped twice; the GPAs must agree.
+    gpas = {g for _, g in found}
+    if len(gpas) != 1:
+        raise AgentFailure(f"guest region header {header} found at {len(gpas)} GPAs: {found}")
+    return found[0]
+
+
+def read_u32s(pid, addr, n):
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        mem.seek(addr)
+        return list(struct.unpack(f"<{n}I", mem.read(4 * n)))
+
+
+def attrs(tid):
+    """(policy, rt priority, nice) as the kernel reports them."""
+    return (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority,
+            os.getpriority(os.PRIO_PROCESS, tid))
+
+
+def fmt(a):
+    policy, prio, nice = a
+    name = {os.SCHED_OTHER: "OTHER", os.SCHED_FIFO: "FIFO", os.SCHED_RR: "RR"}.get(policy, policy)
+    return f"{name}/{prio}/nice{nice}"
+
+
+def hist(states):
+    counts = {}
+    for a in states:
+        counts[fmt(a)] = counts.get(fmt(a), 0) + 1
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+
+
+class Sampler(threading.Thread):
+    """Reads every vCPU thread's attributes every millisecond."""
+
+    def __init__(self, tids, t0):
+        super().__init__(daemon=True)
+        self.tids, self.t0 = tids, t0
+        self.samples = {t: [] for t in tids}
+        self.stop = threading.Event()
+        self.errors = 0
+
+    def run(self):
+        while not self.stop.is_set():
+            now = time.monotonic() - self.t0
+            for t in self.tids:
+                try:
+                    self.samples[t].append((now, attrs(t)))
+                except OSError:
+                    self.errors += 1
+            time.sleep(0.001)
+
+
+class AgentLoop:
+    """Hooks for a `pvtest=agent` boot (see init.sh)."""
+
+    def __init__(self, args, boot_dir):
+        self.args, self.dir = args, boot_dir
+        self.agent = None
+        self.sampler = None
+        self.info = {}
+        self.errors = []
+        self.stats = None
+        self.rc = None
+        self.after_stop = {}
+
+    def hooks(self):
+        return {"agent-wait": self.on_wait, "idle-end": self.on_idle_end}
+
+    def on_wait(self, boot):
+        try:
+            self._attach(boot)
+        except (AgentFailure, OSError, ValueError, KeyError, TypeError) as e:
+            self.errors.append(f"attaching the agent failed: {e}")
+        boot.answer("go")
+
+    def _attach(self, boot):
+        pid = boot.qemu.pid
+        snap = boot.snapshots.get("agent-wait") or {}
+        if not snap.get("attached") or not snap.get("header"):
+            raise AgentFailure(f"no attached region at '@@ agent-wait': {snap.get('device')}")
+        cpus = qmp(boot.qmp_path, "query-cpus-fast")
+        tid_of_cpu = {c["cpu-index"]: c["thread-id"] for c in cpus}
+        hva, gpa = find_region(pid, snap["header"])
+        nr = snap["header"][2]
+        slots_off = read_u32s(pid, hva + 24, 1)[0]
+        apic = read_u32s(pid, hva + APIC_TABLE_OFFSET, nr)
+        dump_apic = [s["apic_id"] for s in snap["slots"]]
+        if apic != dump_apic:
+            raise AgentFailure(f"APIC table read through QEMU {apic} != device view {dump_apic}")
+        # pc machine: the APIC ID of cpu-index N is N.
+        tids = [tid_of_cpu[a] for a in apic]
+        addrs = [hva + slots_off + SLOT_SIZE * i for i in range(nr)]
+        for t in tids:
+            os.setpriority(os.PRIO_PROCESS, t, BASE_NICE)
+        self.baseline = {t: attrs(t) for t in tids}
+        caps = self.dir / "caps.toml"
+        caps.write_text(CAPS)
+        self.stats_path = self.dir / "agent-stats.json"
+        if self.stats_path.exists():
+            self.stats_path.unlink()
+        self.agent_log = self.dir / "agent.log"
+        cmd = [str(self.args.agent_bin), "--pid", str(pid),
+               "--tids", ",".join(map(str, tids)), "--apic-ids", ",".join(map(str, apic)),
+               "--slot-addrs", ",".join(hex(a) for a in addrs),
+               "--caps", str(caps), "--stats-json", str(self.stats_path)]
+        self.info = {"qemu_pid": pid, "region_gpa": hex(gpa), "region_hva": hex(hva),
+                     "tids": tids, "apic_ids": apic, "slot_addrs": [hex(a) for a in addrs],
+                     "cmd": " ".join(cmd)}
+        # A thread that is not QEMU's (the harness itself) is refused, exit 2.
+        bad = [str(self.args.agent_bin), "--pid", str(pid), "--tids", str(os.getpid()),
+               "--apic-ids", "0", "--slot-addrs", hex(addrs[0])]
+        r = subprocess.run(bad, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=30)
+        self.info["foreign_tid"] = f"rc {r.returncode}: {r.stdout.strip()}"
+        if r.returncode != 2 or "not a thread of process" not in r.stdout:
+            self.errors.append(f"agent accepted or mishandled a foreign TID: {self.info['foreign_tid']}")
+        with open(self.agent_log, "w") as logf:
+            self.agent = subprocess.Popen(cmd, stdout=logf, stderr=logf,
+                                          env={**os.environ, "RUST_LOG": "warn"})
+        boot.cleanups.append(self.stop_agent)
+        deadline = time.monotonic() + AGENT_READY_S
+        while "ready" not in self.agent_log.read_text():
+            if self.agent.poll() is not None:
+                raise AgentFailure(f"pvsched-agent-attach exited with {self.agent.returncode}: "
+                                   f"{self.agent_log.read_text().strip()}")
+            if time.monotonic() > deadline:
+                raise AgentFailure("pvsched-agent-attach not ready in time")
+            time.sleep(0.05)
+        self.sampler = Sampler(tids, boot.t0)
+        self.sampler.start()
+
+    def on_idle_end(self, boot):
+        if self.sampler:
+            self.sampler.stop.set()
+            self.sampler.join()
+        self.stop_agent()
+        if self.rc is not None:
+            self.after_stop = {t: attrs(t) for t in self.baseline}
+
+    def stop_agent(self):
+        if self.agent is None or self.rc is not None:
+            return
+        self.agent.send_signal(signal.SIGTERM)
+        try:
+            self.rc = self.agent.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.agent.kill()
+            self.rc = self.agent.wait()
+            self.errors.append("pvsched-agent-attach did not stop on SIGTERM")
+        try:
+            self.stats = json.loads(self.stats_path.read_text())
+        except (OSError, ValueError) as e:
+            self.errors.append(f"no stats JSON from the agent: {e}")
+
+    def check(self, boot):
+        """Failures (list of strings) and a one-line summary."""
+        f = list(self.errors)
+        if f or self.sampler is None:
+            return f or ["agent never attached"], "agent: not attached"
+        cpu = int(boot.mark("fifo-start")["cpu"])
+        t_start = boot.marks["fifo-start"][0]
+        t_end = boot.marks["fifo-end"][0]
+        apic = self.info["apic_ids"]
+        if cpu not in apic:
+            return [f"agent: no slot for cpu {cpu}"], "agent: bad cpu"
+        busy = self.info["tids"][apic.index(cpu)]
+        base = self.baseline[busy]
+        boosted = (POLICY_FIFO, BOOST_PRIO, BASE_NICE)
+        if base != (os.SCHED_OTHER, 0, BASE_NICE):
+            f.append(f"agent: baseline of {busy} is {base}, not SCHED_OTHER nice {BASE_NICE}")
+        s = self.sampler.samples[busy]
+        during = [a for t, a in s if t_start <= t <= t_end]
+        n_boost = sum(1 for a in during if a == boosted)
+        after = [(t, a) for t, a in s if t > t_end]
+        back = next((t for t, a in after if a == base), None)
+        late = [t for t, a in after if a == boosted and t > t_end + BACK_TO_BASELINE_S]
+        other = {}
+        for t in self.info["tids"]:
+            if t != busy:
+                other[t] = sum(1 for _, a in self.sampler.samples[t] if a == boosted)
+        if not n_boost:
+            states = sorted({a for a in during})
+            f.append(f"agent: vCPU thread {busy} (cpu {cpu}) never at SCHED_FIFO {BOOST_PRIO} "
+                     f"in {len(during)} samples during the guest's FIFO {BOOST_PRIO} loop "
+                     f"(states seen {states})")
+        if back is None or back > t_end + BACK_TO_BASELINE_S:
+            f.append(f"agent: vCPU thread {busy} not back at baseline {base} within "
+                     f"{BACK_TO_BASELINE_S}s of the loop's end (first at {back})")
+        if late:
+            f.append(f"agent: vCPU thread {busy} at FIFO {BOOST_PRIO} {len(late)} times "
+                     f"more than {BACK_TO_BASELINE_S}s after the loop ended")
+        if any(other.values()):
+            f.append(f"agent: other vCPU threads at FIFO {BOOST_PRIO}: {other}")
+        if self.rc != 0:
+            f.append(f"agent: pvsched-agent-attach exited with {self.rc}")
+        if self.after_stop != self.baseline:
+            f.append(f"agent: after the agent stopped {self.after_stop} != baseline {self.baseline}")
+        vs = (self.stats or {}).get("vcpus", [])
+        idx = apic.index(cpu)
+        if not vs or vs[idx].get("boosts_applied", 0) == 0:
+            f.append(f"agent: stats show no applied boost on slot {idx}: {self.stats}")
+        last = max((t for t, a in s if a == boosted), default=None)
+        summary = (f"agent: cpu {cpu} vCPU thread {busy} (baseline {fmt(base)}): "
+                   f"{n_boost}/{len(during)} samples at SCHED_FIFO {BOOST_PRIO} during the "
+                   f"loop ({hist(during)}); after it {hist([a for _, a in after])}; last "
+                   f"FIFO {BOOST_PRIO} sample {(last - t_end) * 1000 if last else float('nan'):+.0f} "
+                   f"ms from the loop's end mark, baseline first seen "
+                   f"{(back - t_end) * 1000 if back is not None else float('nan'):+.0f} ms; "
+                   f"other vCPUs at FIFO {BOOST_PRIO}: {sum(other.values())}; after stop "
+                   f"{[fmt(a) for a in self.after_stop.values()]}; agent rc {self.rc}; stats "
+                   f"{json.dumps(self.stats, separators=(',', ':'))}")
+        return f, summary
