@@ -40,6 +40,21 @@ static __always_inline void boost_end(struct pvs_vcpu *v, __u64 now)
 		v->boosted_ns += now - v->boost_start;
 }
 
+/* End v's running boost as throttled until `until`, for `reason`. */
+static __always_inline void throttle(struct pvs_vcpu *v, __u64 until, __u32 reason,
+				     __u32 event, __u64 now)
+{
+	v->throttled_until = until;
+	v->throttled = 1;
+	v->throttles++;
+	boost_end(v, now);
+	v->boost = PVSCHED_BOOST_NONE;
+	v->boost_prio = 0;
+	v->boost_reason = reason;
+	STAT_INC(throttles);
+	emit(v, event, now);
+}
+
 /* Re-evaluate v's boost at time `now` and emit a decision if it changes. */
 static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm *vm,
 					__u64 now, __u32 event)
@@ -63,29 +78,15 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 		__u64 used = v->budget_used + (now - v->acct_start);
 
 		if (c->max_boost_ns && run >= c->max_boost_ns) {
-			v->throttled_until = now + c->throttle_ns;
-			v->throttled = 1;
-			v->throttles++;
-			boost_end(v, now);
-			v->boost = PVSCHED_BOOST_NONE;
-			v->boost_prio = 0;
-			v->boost_reason = PVS_R_MAX_BOOST;
-			STAT_INC(throttles);
-			emit(v, event, now);
+			throttle(v, now + c->throttle_ns, PVS_R_MAX_BOOST, event, now);
 			return;
 		}
 		if (c->budget_ns && used >= c->budget_ns) {
-			v->throttled_until = v->window_start + c->window_ns;
-			if (v->throttled_until < now + c->throttle_ns)
-				v->throttled_until = now + c->throttle_ns;
-			v->throttled = 1;
-			v->throttles++;
-			boost_end(v, now);
-			v->boost = PVSCHED_BOOST_NONE;
-			v->boost_prio = 0;
-			v->boost_reason = PVS_R_BUDGET;
-			STAT_INC(throttles);
-			emit(v, event, now);
+			__u64 until = v->window_start + c->window_ns;
+
+			if (until < now + c->throttle_ns)
+				until = now + c->throttle_ns;
+			throttle(v, until, PVS_R_BUDGET, event, now);
 			return;
 		}
 	}

@@ -160,6 +160,18 @@ impl VfioUserDevice<PvschedDevice> {
     }
 }
 
+/// Destination of a region access (see `VfioUserDevice::target`).
+enum Target<'a> {
+    /// PCI configuration space.
+    Config,
+    /// The register BAR.
+    Bar0,
+    /// The device region, through its backing file.
+    Bar2(&'a File),
+    /// Outside every region: logged, counted, not applied.
+    Stray,
+}
+
 impl<D: TransportDevice> VfioUserDevice<D> {
     /// Wrap `dev` whose BAR2 (if any) is already backed by `bar2` = (memfd,
     /// size).
@@ -246,6 +258,26 @@ impl<D: TransportDevice> VfioUserDevice<D> {
     }
 
     /// Whether `offset..offset+len` lies inside `size` bytes.
+    /// Where an access of `len` bytes at `offset` in `region` goes; one
+    /// classification for reads and writes.
+    fn target(&self, region: u32, offset: u64, len: usize) -> Target<'_> {
+        match region {
+            VFIO_PCI_CONFIG_REGION_INDEX if Self::inside(offset, len, CONFIG_SIZE) => {
+                Target::Config
+            }
+            VFIO_PCI_BAR0_REGION_INDEX
+                if Self::inside(offset, len, self.bar0_size) && matches!(len, 1 | 2 | 4 | 8) =>
+            {
+                Target::Bar0
+            }
+            r if r == u32::from(abi::REGION_BAR) => match &self.bar2 {
+                Some((file, size)) if Self::inside(offset, len, *size) => Target::Bar2(file),
+                _ => Target::Stray,
+            },
+            _ => Target::Stray,
+        }
+    }
+
     fn inside(offset: u64, len: usize, size: u64) -> bool {
         offset
             .checked_add(len as u64)
@@ -354,30 +386,16 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
             return Err(einval("region read larger than MAX_ACCESS"));
         }
         data.fill(0xff);
-        match region {
-            VFIO_PCI_CONFIG_REGION_INDEX if Self::inside(offset, data.len(), CONFIG_SIZE) => {
-                self.config_read(offset, data);
-            }
-            VFIO_PCI_BAR0_REGION_INDEX
-                if Self::inside(offset, data.len(), self.bar0_size)
-                    && matches!(data.len(), 1 | 2 | 4 | 8) =>
-            {
-                self.dev.read_bar(BarIndex(abi::REG_BAR), offset, data);
-            }
-            r if r == u32::from(abi::REGION_BAR)
-                && self
-                    .bar2
-                    .as_ref()
-                    .is_some_and(|(_, size)| Self::inside(offset, data.len(), *size)) =>
-            {
-                if let Some((file, _)) = &self.bar2
-                    && let Err(e) = file.read_exact_at(data, offset)
-                {
+        match self.target(region, offset, data.len()) {
+            Target::Config => self.config_read(offset, data),
+            Target::Bar0 => self.dev.read_bar(BarIndex(abi::REG_BAR), offset, data),
+            Target::Bar2(file) => {
+                if let Err(e) = file.read_exact_at(data, offset) {
                     log::warn!("vfio-user: BAR2 read at {offset:#x} failed: {e}");
                     data.fill(0xff);
                 }
             }
-            _ => self.stray("read", region, offset, data.len()),
+            Target::Stray => self.stray("read", region, offset, data.len()),
         }
         self.served("region_read");
         Ok(())
@@ -389,29 +407,15 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
             self.served("region_write");
             return Err(einval("region write larger than MAX_ACCESS"));
         }
-        match region {
-            VFIO_PCI_CONFIG_REGION_INDEX if Self::inside(offset, data.len(), CONFIG_SIZE) => {
-                self.config_write(offset, data);
-            }
-            VFIO_PCI_BAR0_REGION_INDEX
-                if Self::inside(offset, data.len(), self.bar0_size)
-                    && matches!(data.len(), 1 | 2 | 4 | 8) =>
-            {
-                self.dev.write_bar(BarIndex(abi::REG_BAR), offset, data);
-            }
-            r if r == u32::from(abi::REGION_BAR)
-                && self
-                    .bar2
-                    .as_ref()
-                    .is_some_and(|(_, size)| Self::inside(offset, data.len(), *size)) =>
-            {
-                if let Some((file, _)) = &self.bar2
-                    && let Err(e) = file.write_all_at(data, offset)
-                {
+        match self.target(region, offset, data.len()) {
+            Target::Config => self.config_write(offset, data),
+            Target::Bar0 => self.dev.write_bar(BarIndex(abi::REG_BAR), offset, data),
+            Target::Bar2(file) => {
+                if let Err(e) = file.write_all_at(data, offset) {
                     log::warn!("vfio-user: BAR2 write at {offset:#x} failed: {e}");
                 }
             }
-            _ => self.stray("write", region, offset, data.len()),
+            Target::Stray => self.stray("write", region, offset, data.len()),
         }
         self.served("region_write");
         Ok(())
