@@ -9,9 +9,10 @@
 //! driver's negative tests), [`monitor::Monitor`] (what the transport saw)
 //! and [`slot_dump`] (a host-side JSON view of the region for tests).
 //! [`run_mpqemu`] is the whole device process; the `pvsched-device` binary
-//! (and later `pvsched device`) wraps it.
+//! and `pvsched device` wrap it through [`cli`].
 
 pub mod backend;
+pub mod cli;
 pub mod fault;
 pub mod monitor;
 pub mod mpqemu;

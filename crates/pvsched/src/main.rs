@@ -19,12 +19,19 @@ enum Command {
     /// Boot the reference VMM with the test guest and measure a workload.
     #[command(after_help = exit::HELP)]
     Run(run::RunArgs),
+    /// Serve the pvsched device to a VMM as its own (sandboxed) process.
+    Device(pvsched_transport::cli::DeviceArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Run(args) => run::main(&args),
+        Command::Device(args) => {
+            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+                .init();
+            return pvsched_transport::cli::main("pvsched device", &args);
+        }
     };
     std::process::ExitCode::from(code as u8)
 }
