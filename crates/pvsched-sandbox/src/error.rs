@@ -65,6 +65,17 @@ pub enum Error {
         #[source]
         source: seccompiler::Error,
     },
+    /// The profile's JSON could not be extended with a runtime rule.
+    #[error(
+        "extending seccomp profile {profile} with a runtime rule failed: {source}; fix crates/pvsched-sandbox/seccomp/{profile}.json"
+    )]
+    SeccompJson {
+        /// Profile name.
+        profile: String,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The compiled profile lacks the filter named after the profile.
     #[error(
         "seccomp profile {0} has no filter named {0}; the JSON's top-level key must equal the profile name"

@@ -70,6 +70,12 @@ pub struct SandboxConfig {
     pub namespaces: bool,
     /// Resource limits.
     pub rlimits: Rlimits,
+    /// A listening socket on which `accept4` stays allowed after the
+    /// sandbox (only on this fd: the rule matches argument 0). For a
+    /// vfio-user server that must let its library accept the one client
+    /// whose connection is already pending; unlink the socket's path before
+    /// [`enter`] so no other client can reach it. `None`: no `accept*`.
+    pub accept_fd: Option<RawFd>,
 }
 
 impl SandboxConfig {
@@ -80,6 +86,7 @@ impl SandboxConfig {
             seccomp,
             namespaces: true,
             rlimits: Rlimits::default(),
+            accept_fd: None,
         }
     }
 }
@@ -108,7 +115,7 @@ pub struct SandboxReport {
 /// Call from a single-threaded process. On error the process is partly
 /// sandboxed and should exit rather than serve.
 pub fn enter(cfg: &SandboxConfig) -> Result<SandboxReport> {
-    let prog = cfg.seccomp.compile()?;
+    let prog = cfg.seccomp.compile_with_accept(cfg.accept_fd)?;
     let kept_fds = fds::kept_set(&cfg.keep_fds);
     let close_method = fds::close_other_fds(&cfg.keep_fds)?;
     fds::null_stdin()?;

@@ -5,6 +5,7 @@
 //! `kill_process`, so a forbidden syscall ends the process with SIGSYS.
 
 use std::collections::HashMap;
+use std::os::fd::RawFd;
 
 use seccompiler::{BpfProgram, TargetArch};
 
@@ -51,10 +52,22 @@ impl SeccompProfile {
 
     /// Compiles the profile for the running architecture.
     pub fn compile(&self) -> Result<BpfProgram> {
+        self.compile_with_accept(None)
+    }
+
+    /// Compiles the profile plus, when `accept_fd` is given, one rule that
+    /// allows `accept4` on that fd only (argument 0 equal to it). The rule
+    /// is added here rather than in the JSON because the fd number is only
+    /// known at runtime; see [`crate::SandboxConfig::accept_fd`].
+    pub fn compile_with_accept(&self, accept_fd: Option<RawFd>) -> Result<BpfProgram> {
         let arch = TargetArch::try_from(std::env::consts::ARCH)
             .map_err(|_| Error::SeccompArch(std::env::consts::ARCH))?;
+        let json = match accept_fd {
+            None => self.json().to_string(),
+            Some(fd) => self.json_with_accept(fd)?,
+        };
         let mut map: HashMap<String, BpfProgram> =
-            seccompiler::compile_from_json(self.json().as_bytes(), arch).map_err(|source| {
+            seccompiler::compile_from_json(json.as_bytes(), arch).map_err(|source| {
                 Error::SeccompCompile {
                     profile: self.name().to_string(),
                     source,
@@ -62,6 +75,34 @@ impl SeccompProfile {
             })?;
         map.remove(self.name())
             .ok_or_else(|| Error::SeccompMissingFilter(self.name().to_string()))
+    }
+}
+
+impl SeccompProfile {
+    /// The profile's JSON with the `accept4`-on-`fd` rule appended.
+    fn json_with_accept(&self, fd: RawFd) -> Result<String> {
+        let json_err = |source| Error::SeccompJson {
+            profile: self.name().to_string(),
+            source,
+        };
+        let mut v: serde_json::Value = serde_json::from_str(self.json()).map_err(json_err)?;
+        let filter = v
+            .get_mut(self.name())
+            .and_then(|f| f.get_mut("filter"))
+            .and_then(serde_json::Value::as_array_mut)
+            .ok_or_else(|| Error::SeccompMissingFilter(self.name().to_string()))?;
+        filter.push(serde_json::json!({
+            "syscall": "accept4",
+            "comment": "the library accepts the one pending client on the listener (path already unlinked)",
+            "args": [{
+                "index": 0,
+                "type": "dword",
+                "op": "eq",
+                "val": fd,
+                "comment": "only the listening socket kept for this purpose",
+            }],
+        }));
+        serde_json::to_string(&v).map_err(json_err)
     }
 }
 
@@ -140,6 +181,25 @@ mod tests {
         for p in &PROFILES {
             let prog = p.compile().expect("compile");
             assert!(!prog.is_empty());
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn accept_rule_is_added_for_one_fd_only() {
+        for p in &PROFILES {
+            let json = p.json_with_accept(7).expect("json");
+            let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+            let rules = v[p.name()]["filter"].as_array().expect("filter");
+            let accept: Vec<_> = rules
+                .iter()
+                .filter(|r| r["syscall"].as_str().unwrap_or("").starts_with("accept"))
+                .collect();
+            assert_eq!(accept.len(), 1, "{}", p.name());
+            assert_eq!(accept[0]["syscall"], "accept4");
+            assert_eq!(accept[0]["args"][0]["val"], 7);
+            assert_eq!(accept[0]["args"][0]["op"], "eq");
+            assert!(p.compile_with_accept(Some(7)).expect("compile").len() > 1);
         }
     }
 

@@ -4,11 +4,16 @@
 //! ```text
 //! pvsched device --transport mpqemu --fd 3 --vcpus 2 [--apic-ids 0,1]
 //! pvsched device --transport vfio-user --socket PATH --vcpus 2 [--apic-ids 0,1]
+//!                [--host-flags N] [--features N|0xN] [--no-sandbox]
 //!                [--fault wrong-magic|wrong-version|refuse-region]
 //!                [--dump-slots PATH]
 //! ```
+//!
+//! The device enters its sandbox before it reads the first guest data
+//! (`docs/sandbox.md`); `--no-sandbox` is for debugging only. The hidden
+//! `--test-trigger open-on-reset` exists for the sandbox tests.
 
-use crate::fault::Fault;
+use crate::fault::{Fault, TestTrigger};
 use crate::run::{DeviceOptions, run_mpqemu, run_vfio_user};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
@@ -45,6 +50,37 @@ impl From<FaultArg> for Fault {
     }
 }
 
+/// Test-only triggers (hidden from `--help`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TestTriggerArg {
+    /// On device reset, try to open a file (a sandboxed device dies with SIGSYS).
+    OpenOnReset,
+}
+
+impl From<TestTriggerArg> for TestTrigger {
+    fn from(t: TestTriggerArg) -> Self {
+        match t {
+            TestTriggerArg::OpenOnReset => TestTrigger::OpenOnReset,
+        }
+    }
+}
+
+/// Parses a `u64` in decimal or `0x` hexadecimal.
+pub fn parse_u64(s: &str) -> Result<u64, String> {
+    let t = s.trim().replace('_', "");
+    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    r.map_err(|e| format!("{s:?} is not a number (decimal or 0x hex): {e}"))
+}
+
+/// Parses a `u32` in decimal or `0x` hexadecimal.
+pub fn parse_u32(s: &str) -> Result<u32, String> {
+    let v = parse_u64(s)?;
+    u32::try_from(v).map_err(|_| format!("{s:?} does not fit in 32 bits"))
+}
+
 /// Serve the pvsched device to a VMM, one VM per process.
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
@@ -75,6 +111,20 @@ pub struct DeviceArgs {
     /// Dump file rewrite period in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub dump_ms: u64,
+    /// Host flags (HOST_F_* bits) the device reports in the region header.
+    #[arg(long, value_parser = parse_u32, default_value = "0")]
+    pub host_flags: u32,
+    /// Features offered to the driver (F_* bits, decimal or 0x hex);
+    /// default all of ABI v1 (mpqemu never offers F_DEVICE_REGION).
+    #[arg(long, value_parser = parse_u64)]
+    pub features: Option<u64>,
+    /// Do not enter the sandbox (debugging only: the device then serves
+    /// with every privilege and fd it was started with).
+    #[arg(long)]
+    pub no_sandbox: bool,
+    /// Test only: arm a trigger inside the device.
+    #[arg(long, value_enum, hide = true)]
+    pub test_trigger: Option<TestTriggerArg>,
 }
 
 impl DeviceArgs {
@@ -88,6 +138,10 @@ impl DeviceArgs {
             dump_slots: self.dump_slots.clone(),
             sample_interval: Duration::from_micros(self.sample_us.max(50)),
             dump_interval: Duration::from_millis(self.dump_ms.max(10)),
+            host_flags: self.host_flags,
+            features: self.features,
+            sandbox: !self.no_sandbox,
+            test_trigger: self.test_trigger.map(TestTrigger::from),
         }
     }
 }
@@ -105,5 +159,59 @@ pub fn main(name: &str, args: &DeviceArgs) -> ExitCode {
             eprintln!("{name}: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DeviceArgs,
+    }
+
+    fn parse(args: &[&str]) -> DeviceOptions {
+        Cli::try_parse_from(std::iter::once("pvsched-device").chain(args.iter().copied()))
+            .expect("parses")
+            .args
+            .options()
+    }
+
+    #[test]
+    fn numbers_accept_decimal_and_hex() {
+        assert_eq!(parse_u64("0x1f"), Ok(0x1f));
+        assert_eq!(parse_u64("31"), Ok(31));
+        assert_eq!(parse_u32("0xffff_ffff"), Ok(u32::MAX));
+        assert!(parse_u32("0x1_0000_0000").is_err());
+        assert!(parse_u64("ten").is_err());
+    }
+
+    #[test]
+    fn new_flags_reach_the_options() {
+        let o = parse(&[
+            "--transport",
+            "vfio-user",
+            "--socket",
+            "/tmp/x",
+            "--vcpus",
+            "2",
+            "--host-flags",
+            "0x1",
+            "--features",
+            "0x3",
+            "--no-sandbox",
+            "--test-trigger",
+            "open-on-reset",
+        ]);
+        assert_eq!(o.host_flags, 1);
+        assert_eq!(o.features, Some(3));
+        assert!(!o.sandbox);
+        assert_eq!(o.test_trigger, Some(TestTrigger::OpenOnReset));
+        let d = parse(&["--fd", "3", "--vcpus", "1"]);
+        assert!(d.sandbox, "sandbox on by default");
+        assert_eq!((d.host_flags, d.features, d.test_trigger), (0, None, None));
     }
 }

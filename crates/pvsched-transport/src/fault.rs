@@ -6,6 +6,12 @@
 //! - [`Fault::RefuseRegion`]: the guest region's GPA is moved far outside
 //!   RAM on its way in (SHM_GPA_HI write), so the real device model refuses
 //!   DRIVER_OK with `ERR_REGION_OUTSIDE_RAM`.
+//!
+//! And one test-only trigger ([`TestTrigger`]), not a guest-visible fault:
+//! [`TestTrigger::OpenOnReset`] makes the device try to `open()` a file when
+//! it handles a device reset (mpqemu DEVICE_RESET, vfio-user
+//! VFIO_USER_DEVICE_RESET), so a test can watch a sandboxed device die of
+//! SIGSYS.
 
 use crate::backend::TransportDevice;
 use pvsched_abi as abi;
@@ -23,6 +29,15 @@ pub enum Fault {
     RefuseRegion,
 }
 
+/// Test-only triggers inside the device process (sandbox tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestTrigger {
+    /// On device reset, call [`pvsched_sandbox::attempt_forbidden_open`]:
+    /// a sandboxed device dies with SIGSYS; an unsandboxed one logs an
+    /// error and carries on with the reset.
+    OpenOnReset,
+}
+
 /// MAGIC value answered under [`Fault::WrongMagic`].
 pub const WRONG_MAGIC: u32 = 0xdead_beef;
 /// SHM_GPA_HI written under [`Fault::RefuseRegion`] (GPA ≥ 16 TiB).
@@ -32,12 +47,23 @@ pub const REFUSED_GPA_HI: u32 = 0x1000;
 pub struct FaultyDevice<D> {
     inner: D,
     fault: Option<Fault>,
+    trigger: Option<TestTrigger>,
 }
 
 impl<D> FaultyDevice<D> {
     /// Wrap `inner`; `None` injects nothing.
     pub fn new(inner: D, fault: Option<Fault>) -> Self {
-        FaultyDevice { inner, fault }
+        FaultyDevice {
+            inner,
+            fault,
+            trigger: None,
+        }
+    }
+
+    /// Arm a test-only trigger (`None`: none).
+    pub fn with_test_trigger(mut self, trigger: Option<TestTrigger>) -> Self {
+        self.trigger = trigger;
+        self
     }
 
     /// The wrapped device.
@@ -118,6 +144,13 @@ impl<D: TransportDevice> TransportDevice for FaultyDevice<D> {
     }
 
     fn reset(&mut self) {
+        if self.trigger == Some(TestTrigger::OpenOnReset) {
+            log::warn!("test trigger open-on-reset: opening a file (a sandboxed device dies here)");
+            let opened = pvsched_sandbox::attempt_forbidden_open();
+            log::error!(
+                "test trigger open-on-reset: open() returned (opened: {opened}); this device is NOT sandboxed"
+            );
+        }
         self.inner.reset();
     }
 

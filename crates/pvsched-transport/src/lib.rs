@@ -3,13 +3,17 @@
 //!
 //! - [`mpqemu`]: QEMU's multi-process proxy (`-device x-pci-proxy-dev`),
 //!   QEMU 7.2–10.0; guest region mode only.
+//! - [`vfio_user`]: a vfio-user server (rust-vmm `vfio_user` crate); device
+//!   and guest region modes, BAR2 mmapable through its fd.
 //!
 //! Around them: [`backend::TransportDevice`] (what a transport needs from a
 //! device), [`fault::FaultyDevice`] (injected misbehaviour for the guest
 //! driver's negative tests), [`monitor::Monitor`] (what the transport saw)
 //! and [`slot_dump`] (a host-side JSON view of the region for tests).
-//! [`run_mpqemu`] is the whole device process; the `pvsched-device` binary
-//! and `pvsched device` wrap it through [`cli`].
+//!
+//! [`run_mpqemu`] and [`run_vfio_user`] are the whole device process
+//! (setup, then [`sandbox`], then serving); the `pvsched-device` binary and
+//! `pvsched device` wrap them through [`cli`].
 
 pub mod backend;
 pub mod cli;
@@ -17,7 +21,8 @@ pub mod fault;
 pub mod monitor;
 pub mod mpqemu;
 pub mod run;
+pub mod sandbox;
 pub mod slot_dump;
 pub mod vfio_user;
 
-pub use run::{DeviceOptions, RunError, run_mpqemu};
+pub use run::{DeviceOptions, HostFlagsSink, RunError, run_mpqemu, run_vfio_user};

@@ -17,12 +17,15 @@ pub mod message;
 
 use crate::backend::TransportDevice;
 use crate::monitor::Monitor;
+use crate::slot_dump::SlotDumper;
 use message::{HEADER_LEN, Header, MAX_FDS, MessageError, Request, encode_ret};
+use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+use nix::sys::time::TimeSpec;
 use pvsched_device::BarIndex;
 use std::fs::File;
 use std::io::{IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use thiserror::Error;
@@ -34,6 +37,9 @@ pub enum MpqemuError {
     /// Receiving from the socket failed.
     #[error("receiving an mpqemu message failed: {0}")]
     Recv(#[source] std::io::Error),
+    /// Waiting for the socket failed.
+    #[error("waiting for the mpqemu socket failed: {0}")]
+    Poll(#[source] std::io::Error),
     /// Sending a reply failed (QEMU gone?).
     #[error("sending an mpqemu reply failed: {0}")]
     Send(#[source] std::io::Error),
@@ -61,6 +67,7 @@ pub struct MpqemuPeer<D> {
     dev: D,
     monitor: Arc<Monitor>,
     irqfds: Vec<OwnedFd>,
+    dumper: Option<SlotDumper>,
 }
 
 impl<D: TransportDevice> MpqemuPeer<D> {
@@ -71,7 +78,15 @@ impl<D: TransportDevice> MpqemuPeer<D> {
             dev,
             monitor,
             irqfds: Vec::new(),
+            dumper: None,
         }
+    }
+
+    /// Sample the region into `dumper` while serving: the socket is waited
+    /// for with a timeout so samples keep coming while QEMU is silent (the
+    /// guest updates its slots without a message).
+    pub fn set_dumper(&mut self, dumper: SlotDumper) {
+        self.dumper = Some(dumper);
     }
 
     /// The served device.
@@ -87,6 +102,9 @@ impl<D: TransportDevice> MpqemuPeer<D> {
     /// Handle messages until QEMU closes the socket.
     pub fn serve(&mut self) -> Result<()> {
         let r = loop {
+            if let Err(e) = self.wait_readable() {
+                break Err(e);
+            }
             match self.handle_one() {
                 Ok(true) => {}
                 Ok(false) => break Ok(()),
@@ -94,7 +112,28 @@ impl<D: TransportDevice> MpqemuPeer<D> {
             }
         };
         self.monitor.disconnected();
+        if let Some(d) = self.dumper.as_mut() {
+            d.finish(&self.monitor);
+        }
         r
+    }
+
+    /// With a dumper: sample until the socket is readable. Without: return
+    /// at once (the next receive blocks).
+    fn wait_readable(&mut self) -> Result<()> {
+        let Some(dumper) = self.dumper.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            dumper.tick(&self.monitor);
+            let left = dumper.until_next_sample();
+            let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            match ppoll(&mut fds, Some(TimeSpec::from_duration(left)), None) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => {}
+                Ok(_) => return Ok(()),
+                Err(e) => return Err(MpqemuError::Poll(e.into())),
+            }
+        }
     }
 
     /// Receive and handle one message. `Ok(false)` at end of stream.

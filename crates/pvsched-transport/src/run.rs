@@ -1,14 +1,19 @@
-//! The device process for one VM: build the device, serve it over a
-//! transport, optionally dump the region for the host.
+//! The device process for one VM: build the device, set up the transport,
+//! enter the sandbox (unless `--no-sandbox`), serve, optionally dump the
+//! region for the host.
 
-use crate::fault::{Fault, FaultyDevice};
+use crate::fault::{Fault, FaultyDevice, TestTrigger};
 use crate::monitor::Monitor;
 use crate::mpqemu::{MpqemuError, MpqemuPeer};
+use crate::sandbox::{DeviceSandbox, SandboxError};
 use crate::slot_dump::{DumpError, SlotDumper};
-use crate::vfio_user::{VfioUserDevice, VfioUserError, VfioUserServer, attach_bar2_backing};
+use crate::vfio_user::{
+    MAX_DMA_RANGES, VfioUserDevice, VfioUserError, VfioUserServer, attach_bar2_backing,
+};
 use nix::sys::stat::{SFlag, fstat};
 use pvsched_abi as abi;
-use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
+use pvsched_device::{DeviceConfig, PolicySink, PvschedDevice};
+use pvsched_sandbox::SeccompProfile;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -49,6 +54,21 @@ pub enum RunError {
     /// The vfio-user transport failed.
     #[error(transparent)]
     VfioUser(#[from] VfioUserError),
+    /// The sandbox could not be entered (the device did not serve).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+/// The policy sink of the standalone device process: no policy in this
+/// process, only the constant host flags the device reports in the region
+/// header (`--host-flags`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostFlagsSink(pub u32);
+
+impl PolicySink for HostFlagsSink {
+    fn host_flags(&self) -> u32 {
+        self.0
+    }
 }
 
 /// Options of the device process.
@@ -68,6 +88,34 @@ pub struct DeviceOptions {
     pub sample_interval: Duration,
     /// How often to rewrite the dump file.
     pub dump_interval: Duration,
+    /// `HOST_F_*` bits reported in the region header.
+    pub host_flags: u32,
+    /// Features offered; `None` = all of ABI v1 (over mpqemu without
+    /// `F_DEVICE_REGION`, which QEMU's proxy cannot map).
+    pub features: Option<u64>,
+    /// Enter the sandbox before serving (default; `false` only to debug).
+    pub sandbox: bool,
+    /// Test-only trigger armed in the device.
+    pub test_trigger: Option<TestTrigger>,
+}
+
+impl DeviceOptions {
+    /// Defaults for `vcpus` slots: no fault, no dump, sandbox on.
+    pub fn new(vcpus: u32) -> Self {
+        DeviceOptions {
+            fd: -1,
+            vcpus,
+            apic_ids: None,
+            fault: None,
+            dump_slots: None,
+            sample_interval: Duration::from_micros(500),
+            dump_interval: Duration::from_millis(100),
+            host_flags: 0,
+            features: None,
+            sandbox: true,
+            test_trigger: None,
+        }
+    }
 }
 
 /// Serve a pvsched device to QEMU's multi-process proxy on `opts.fd` until
@@ -89,19 +137,47 @@ pub fn run_mpqemu(opts: &DeviceOptions) -> Result<(), RunError> {
 
     let mut cfg = device_config(opts)?;
     // QEMU's proxy cannot map device memory into the guest: no BAR2.
-    cfg.features = abi::F_ALL & !abi::F_DEVICE_REGION;
-    let dev = PvschedDevice::new(cfg, Arc::new(NullSink)).map_err(RunError::Device)?;
-    let dev = FaultyDevice::new(dev, opts.fault);
+    if cfg.features & abi::F_DEVICE_REGION != 0 {
+        if opts.features.is_some() {
+            log::warn!("mpqemu: F_DEVICE_REGION is not offered over QEMU's proxy; dropped");
+        }
+        cfg.features &= !abi::F_DEVICE_REGION;
+    }
+    let dev = PvschedDevice::new(cfg, Arc::new(HostFlagsSink(opts.host_flags)))
+        .map_err(RunError::Device)?;
+    let dev = FaultyDevice::new(dev, opts.fault).with_test_trigger(opts.test_trigger);
 
     let monitor = Arc::new(Monitor::new());
-    let _dumper = start_dumper(opts, &monitor)?;
+    let dumper = open_dumper(opts)?;
+    let mut keep = vec![opts.fd];
+    keep.extend(dumper.as_ref().map(SlotDumper::fd));
     let mut peer = MpqemuPeer::new(sock, dev, monitor);
+    if let Some(d) = dumper {
+        peer.set_dumper(d);
+    }
+    if opts.sandbox {
+        DeviceSandbox {
+            keep_fds: keep,
+            profile: SeccompProfile::DeviceMpqemu,
+            accept_fd: None,
+            // SYNC_SYSMEM: up to 8 new fds while the previous 8 are still
+            // mapped, plus the two interrupt eventfds.
+            nofile_margin: 64,
+            writes_dump: opts.dump_slots.is_some(),
+        }
+        .enter()?;
+    } else {
+        log::warn!("mpqemu: --no-sandbox: serving UNSANDBOXED (debugging only)");
+    }
     peer.serve()?;
     Ok(())
 }
 
 fn device_config(opts: &DeviceOptions) -> Result<DeviceConfig, RunError> {
     let mut cfg = DeviceConfig::new(opts.vcpus);
+    if let Some(f) = opts.features {
+        cfg.features = f;
+    }
     if let Some(ids) = &opts.apic_ids {
         if ids.len() != opts.vcpus as usize {
             return Err(RunError::ApicIds {
@@ -114,14 +190,10 @@ fn device_config(opts: &DeviceOptions) -> Result<DeviceConfig, RunError> {
     Ok(cfg)
 }
 
-fn start_dumper(
-    opts: &DeviceOptions,
-    monitor: &Arc<Monitor>,
-) -> Result<Option<SlotDumper>, RunError> {
+fn open_dumper(opts: &DeviceOptions) -> Result<Option<SlotDumper>, RunError> {
     Ok(match &opts.dump_slots {
-        Some(p) => Some(SlotDumper::start(
-            monitor.clone(),
-            p.clone(),
+        Some(p) => Some(SlotDumper::open(
+            p,
             opts.sample_interval,
             opts.dump_interval,
         )?),
@@ -132,16 +204,36 @@ fn start_dumper(
 /// Serve a pvsched device (device and guest region modes) to one vfio-user
 /// client on a socket bound at `socket` (which must not exist) until the
 /// client disconnects. `opts.fd` is not used.
+///
+/// The path is removed once the client's connection is pending; the
+/// sandbox is entered then, before the first message is read.
 pub fn run_vfio_user(socket: &Path, opts: &DeviceOptions) -> Result<(), RunError> {
     let cfg = device_config(opts)?;
-    let mut dev = PvschedDevice::new(cfg, Arc::new(NullSink)).map_err(RunError::Device)?;
+    let mut dev = PvschedDevice::new(cfg, Arc::new(HostFlagsSink(opts.host_flags)))
+        .map_err(RunError::Device)?;
     let bar2 = attach_bar2_backing(&mut dev)?;
-    let dev = FaultyDevice::new(dev, opts.fault);
+    let dev = FaultyDevice::new(dev, opts.fault).with_test_trigger(opts.test_trigger);
     let monitor = Arc::new(Monitor::new());
-    let _dumper = start_dumper(opts, &monitor)?;
-    let backend = VfioUserDevice::with_backing(dev, bar2, monitor);
+    let mut backend = VfioUserDevice::with_backing(dev, bar2, monitor);
+    if let Some(d) = open_dumper(opts)? {
+        backend.set_dumper(d);
+    }
     let mut server = VfioUserServer::bind(socket, backend)?;
-    log::info!("vfio-user: serving on {}", socket.display());
+    log::info!("vfio-user: listening on {}", socket.display());
+    server.wait_for_client()?;
+    if opts.sandbox {
+        DeviceSandbox {
+            keep_fds: server.fds(),
+            profile: SeccompProfile::DeviceVfioUser,
+            accept_fd: Some(server.listener_fd()),
+            // The connection, one fd per DMA range, and room to spare.
+            nofile_margin: MAX_DMA_RANGES as u64 + 16,
+            writes_dump: opts.dump_slots.is_some(),
+        }
+        .enter()?;
+    } else {
+        log::warn!("vfio-user: --no-sandbox: serving UNSANDBOXED (debugging only)");
+    }
     server.serve()?;
     Ok(())
 }

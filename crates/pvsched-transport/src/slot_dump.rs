@@ -1,7 +1,21 @@
-//! Host-side view of the region for tests and operators: a sampler thread
-//! reads every slot often (default every 500 µs), accumulates what it saw
-//! and periodically writes a JSON file (written to a temporary name, then
-//! renamed, so readers never see half a file).
+//! Host-side view of the region for tests and operators (`--dump-slots`):
+//! the device process samples every slot often (default every 500 µs),
+//! accumulates what it saw and periodically rewrites a JSON file.
+//!
+//! No thread: the sandbox allows none after it is entered, and a thread
+//! started before would keep the privileges the sandbox drops (capabilities,
+//! `PR_SET_NO_NEW_PRIVS`, namespaces and Landlock are per thread). The
+//! serving loop calls [`SlotDumper::tick`] instead: mpqemu waits for its
+//! socket with a timeout of [`SlotDumper::until_next_sample`], vfio-user
+//! ticks on every message (its library owns the read loop) and both call
+//! [`SlotDumper::finish`] at disconnect.
+//!
+//! The file is opened (created, truncated) before the sandbox and kept: it
+//! is rewritten in place with `pwrite` at offset 0, padded with spaces to
+//! its longest length so far (JSON allows trailing whitespace), because
+//! `open`/`rename` are forbidden afterwards. A reader may therefore catch a
+//! half-rewritten file: it should retry on a parse error (the Linux-guest
+//! harness does). The file's mtime is its last write time.
 //!
 //! The accumulated counters let a test assert on things too brief to catch
 //! in a single snapshot (a hard-IRQ bit that is set for microseconds, an RT
@@ -10,16 +24,25 @@
 use crate::monitor::{Monitor, MonitorState};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Errors of the slot dumper.
 #[derive(Debug, Error)]
 pub enum DumpError {
+    /// Creating the JSON file failed.
+    #[error("creating slot dump {path}: {source}; check the directory exists and is writable")]
+    Create {
+        /// Target path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// Writing the JSON file failed.
     #[error("writing slot dump {path}: {source}")]
     Write {
@@ -29,9 +52,6 @@ pub enum DumpError {
         #[source]
         source: std::io::Error,
     },
-    /// The sampler thread could not start.
-    #[error("starting the slot sampler thread: {0}")]
-    Spawn(#[source] std::io::Error),
 }
 
 /// What was seen in one slot since the dumper started.
@@ -78,40 +98,105 @@ pub struct Dump {
     pub slots: Vec<SlotStats>,
 }
 
-/// Handle to the sampler thread; stops it (after a final dump) on drop.
+/// The dump file and the accumulated samples, driven by the serving loop.
 pub struct SlotDumper {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    file: File,
+    path: PathBuf,
+    sample_every: Duration,
+    write_every: Duration,
+    start: Instant,
+    last_sample: Option<Instant>,
+    last_write: Instant,
+    written_len: usize,
+    dump: Dump,
 }
 
 impl SlotDumper {
-    /// Start sampling `monitor` every `sample`, writing `path` every `write`.
-    pub fn start(
-        monitor: Arc<Monitor>,
-        path: PathBuf,
-        sample: Duration,
-        write: Duration,
-    ) -> Result<SlotDumper, DumpError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("pvsched-dump".into())
-            .spawn(move || run(&monitor, &path, sample, write, &stop2))
-            .map_err(DumpError::Spawn)?;
+    /// Create (truncate) `path` now; sample every `sample`, rewrite the
+    /// file every `write`.
+    pub fn open(path: &Path, sample: Duration, write: Duration) -> Result<SlotDumper, DumpError> {
+        let file = File::create(path).map_err(|source| DumpError::Create {
+            path: path.to_owned(),
+            source,
+        })?;
+        let now = Instant::now();
         Ok(SlotDumper {
-            stop,
-            thread: Some(thread),
+            file,
+            path: path.to_owned(),
+            sample_every: sample,
+            write_every: write,
+            start: now,
+            last_sample: None,
+            last_write: now,
+            written_len: 0,
+            dump: Dump::default(),
         })
+    }
+
+    /// The file's descriptor (to keep open across the sandbox).
+    pub fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Time left until the next sample is due (zero if overdue).
+    pub fn until_next_sample(&self) -> Duration {
+        match self.last_sample {
+            None => Duration::ZERO,
+            Some(t) => self.sample_every.saturating_sub(t.elapsed()),
+        }
+    }
+
+    /// Sample if a sample is due, rewrite the file if a write is due.
+    /// Write errors are logged, not fatal.
+    pub fn tick(&mut self, monitor: &Monitor) {
+        if self.until_next_sample().is_zero() {
+            sample(monitor, &mut self.dump);
+            self.last_sample = Some(Instant::now());
+        }
+        if self.last_write.elapsed() >= self.write_every {
+            self.write_now();
+        }
+    }
+
+    /// A last sample and write (at disconnect).
+    pub fn finish(&mut self, monitor: &Monitor) {
+        sample(monitor, &mut self.dump);
+        self.last_sample = Some(Instant::now());
+        self.write_now();
+    }
+
+    /// The accumulated dump.
+    pub fn dump(&self) -> &Dump {
+        &self.dump
+    }
+
+    fn write_now(&mut self) {
+        self.dump.elapsed_ms = self.start.elapsed().as_millis() as u64;
+        match write_padded(&self.dump, &self.file, self.written_len) {
+            Ok(len) => self.written_len = len,
+            Err(source) => log::warn!(
+                "{}",
+                DumpError::Write {
+                    path: self.path.clone(),
+                    source
+                }
+            ),
+        }
+        self.last_write = Instant::now();
     }
 }
 
-impl Drop for SlotDumper {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+/// Rewrite `file` from offset 0 with `dump`, padded with spaces to at least
+/// `prev_len` bytes so no tail of a longer earlier dump survives. Returns
+/// the length written.
+pub fn write_padded(dump: &Dump, file: &File, prev_len: usize) -> std::io::Result<usize> {
+    let mut body = serde_json::to_vec_pretty(dump).map_err(std::io::Error::from)?;
+    body.push(b'\n');
+    if body.len() < prev_len {
+        body.resize(prev_len, b' ');
     }
+    file.write_all_at(&body, 0)?;
+    Ok(body.len())
 }
 
 /// Take one sample of every slot into `dump`.
@@ -156,48 +241,28 @@ pub fn sample(monitor: &Monitor, dump: &mut Dump) {
     dump.device = state;
 }
 
-/// Write `dump` to `path` atomically.
-pub fn write(dump: &Dump, path: &std::path::Path) -> Result<(), DumpError> {
-    let tmp = path.with_extension("tmp");
-    let err = |source| DumpError::Write {
-        path: path.to_owned(),
-        source,
-    };
-    let body = serde_json::to_vec_pretty(dump).map_err(|e| err(e.into()))?;
-    std::fs::write(&tmp, body).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
-}
-
-fn run(
-    monitor: &Monitor,
-    path: &std::path::Path,
-    every: Duration,
-    write_every: Duration,
-    stop: &AtomicBool,
-) {
-    let start = Instant::now();
-    let mut dump = Dump::default();
-    let mut last_write = Instant::now();
-    loop {
-        let stopping = stop.load(Ordering::Relaxed);
-        sample(monitor, &mut dump);
-        if stopping || last_write.elapsed() >= write_every {
-            dump.elapsed_ms = start.elapsed().as_millis() as u64;
-            if let Err(e) = write(&dump, path) {
-                log::warn!("{e}");
-            }
-            last_write = Instant::now();
-        }
-        if stopping {
-            break;
-        }
-        std::thread::sleep(every);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shorter_rewrite_leaves_valid_json() {
+        let dir = std::env::temp_dir().join(format!("pvsched-dump-pad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let path = dir.join("slots.json");
+        let file = File::create(&path).expect("create");
+        let long = Dump {
+            slots: vec![SlotStats::default(); 4],
+            ..Default::default()
+        };
+        let n = write_padded(&long, &file, 0).expect("write");
+        let m = write_padded(&Dump::default(), &file, n).expect("rewrite");
+        assert_eq!(m, n, "padded to the earlier length");
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+        assert_eq!(v["slots"].as_array().map(Vec::len), Some(0));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
 
     #[test]
     fn detached_device_dumps_no_slots() {
@@ -209,11 +274,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvsched-dump-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("tmp dir");
         let path = dir.join("slots.json");
-        write(&d, &path).expect("write");
+        let mut dumper = SlotDumper::open(&path, Duration::ZERO, Duration::ZERO).expect("open");
+        dumper.finish(&m);
         let v: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
         assert_eq!(v["attached"], serde_json::Value::Bool(false));
-        assert!(!path.with_extension("tmp").exists());
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

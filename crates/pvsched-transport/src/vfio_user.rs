@@ -25,7 +25,8 @@
 //! - REGION_READ / REGION_WRITE allocate `count` bytes (up to 4 GiB) before
 //!   the backend sees the request; the backend refuses accesses larger than
 //!   [`MAX_ACCESS`] but the allocation has already happened (a write's
-//!   payload is read into it in full). Bounded only by the sandbox rlimits.
+//!   payload is read into it in full). Not bounded by the device: the
+//!   sandbox sets no address-space limit (guest RAM needs the space).
 //! - When the crate answers an error it sends a bare header; the crate's own
 //!   `Client::region_read`/`region_write` then read a longer reply and
 //!   desynchronise. So out-of-range accesses to existing regions are
@@ -36,17 +37,26 @@
 //! - The region fd is only sent when the region has sparse areas and the
 //!   client asked with a large enough `argsz`; hence the one sparse area.
 //! - `Client` computes `resettable` inverted (`flags & RESET != RESET`).
+//! - `Server::new` binds the path and removes it on drop with a path
+//!   lookup; [`VfioUserServer`] binds the listener itself and hands it to
+//!   `Server::from_owned_fd`, so the device can wait for the pending
+//!   connection, unlink the path and enter the sandbox before the crate
+//!   accepts (see [`crate::sandbox`]). A panic in the crate under the
+//!   sandbox is reported without a backtrace (symbolising would need
+//!   `open`).
 
 use crate::backend::TransportDevice;
 use crate::monitor::Monitor;
+use crate::slot_dump::SlotDumper;
 use pvsched_abi as abi;
 use pvsched_device::{BarIndex, PvschedDevice};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
@@ -83,6 +93,27 @@ pub enum VfioUserError {
     /// The device refused the BAR2 backing.
     #[error("device refused the BAR2 backing: {0}")]
     Device(#[source] pvsched_device::Error),
+    /// The socket path exists already.
+    #[error("socket path {0} exists; remove it or choose another path")]
+    SocketExists(PathBuf),
+    /// Binding the socket failed.
+    #[error("cannot bind the vfio-user socket {path}: {source}")]
+    Bind {
+        /// The path.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// Waiting for the client's connection failed.
+    #[error("waiting for a vfio-user client on {path} failed: {source}")]
+    Wait {
+        /// The path.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: io::Error,
+    },
     /// The socket could not be created or served.
     #[error("vfio-user server failed: {0}; check the socket path and the client")]
     Server(#[source] vfio_user::Error),
@@ -113,7 +144,8 @@ impl VfioUserStats {
 
 struct DmaRange {
     size: u64,
-    file: File,
+    /// Shared with the mapping built from it: one fd per range.
+    file: Arc<File>,
     offset: u64,
 }
 
@@ -121,10 +153,11 @@ struct DmaRange {
 pub struct VfioUserDevice<D: TransportDevice> {
     dev: D,
     bar0_size: u64,
-    bar2: Option<(File, u64)>,
+    bar2: Option<(Arc<File>, u64)>,
     dma: BTreeMap<u64, DmaRange>,
     stats: Arc<VfioUserStats>,
     monitor: Arc<Monitor>,
+    dumper: Option<SlotDumper>,
 }
 
 fn einval(what: &str) -> io::Error {
@@ -134,18 +167,18 @@ fn einval(what: &str) -> io::Error {
 /// If `dev` offers the device region, create its BAR2 backing (a memfd of
 /// exactly [`PvschedDevice::region_bar_size`] bytes), hand a mapping of it to
 /// the device and return the memfd with its size, for
-/// [`VfioUserDevice::with_backing`].
-pub fn attach_bar2_backing(dev: &mut PvschedDevice) -> Result<Option<(File, u64)>, VfioUserError> {
+/// [`VfioUserDevice::with_backing`]. The mapping shares the returned file
+/// (one fd for BAR2 in the process).
+pub fn attach_bar2_backing(
+    dev: &mut PvschedDevice,
+) -> Result<Option<(Arc<File>, u64)>, VfioUserError> {
     if dev.config().features & abi::F_DEVICE_REGION == 0 {
         return Ok(None);
     }
     let size = PvschedDevice::region_bar_size(dev.config().nr_vcpus);
-    let file = memfd(size).map_err(|source| VfioUserError::Memfd { size, source })?;
-    let map_file = file
-        .try_clone()
-        .map_err(|source| VfioUserError::Memfd { size, source })?;
+    let file = Arc::new(memfd(size).map_err(|source| VfioUserError::Memfd { size, source })?);
     // `size` is at most a few hundred KiB (bounded by MAX_VCPUS).
-    let region = MmapRegion::from_file(FileOffset::new(map_file, 0), size as usize)
+    let region = MmapRegion::from_file(FileOffset::from_arc(file.clone(), 0), size as usize)
         .map_err(VfioUserError::Mmap)?;
     dev.set_device_region(Arc::new(region))
         .map_err(VfioUserError::Device)?;
@@ -175,7 +208,7 @@ enum Target<'a> {
 impl<D: TransportDevice> VfioUserDevice<D> {
     /// Wrap `dev` whose BAR2 (if any) is already backed by `bar2` = (memfd,
     /// size).
-    pub fn with_backing(dev: D, bar2: Option<(File, u64)>, monitor: Arc<Monitor>) -> Self {
+    pub fn with_backing(dev: D, bar2: Option<(Arc<File>, u64)>, monitor: Arc<Monitor>) -> Self {
         let bar0_size = dev
             .bars()
             .iter()
@@ -188,7 +221,24 @@ impl<D: TransportDevice> VfioUserDevice<D> {
             dma: BTreeMap::new(),
             stats: Arc::new(VfioUserStats::default()),
             monitor,
+            dumper: None,
         }
+    }
+
+    /// Sample the region into `dumper` after every message and at
+    /// disconnect (the `vfio_user` crate owns the read loop, so there is no
+    /// sampling while the client is silent).
+    pub fn set_dumper(&mut self, dumper: SlotDumper) {
+        self.dumper = Some(dumper);
+    }
+
+    /// The fds this backend holds now: the BAR2 memfd and the dump file
+    /// (DMA fds arrive later), for the sandbox's keep list.
+    pub fn fds(&self) -> Vec<RawFd> {
+        let mut v: Vec<RawFd> = self.bar2.iter().map(|(f, _)| f.as_raw_fd()).collect();
+        v.extend(self.dumper.as_ref().map(SlotDumper::fd));
+        v.extend(self.dma.values().map(|r| r.file.as_raw_fd()));
+        v
     }
 
     /// The wrapped device.
@@ -244,9 +294,12 @@ impl<D: TransportDevice> VfioUserDevice<D> {
             .collect()
     }
 
-    fn served(&self, name: &str) {
+    fn served(&mut self, name: &str) {
         self.stats.messages.fetch_add(1, Ordering::SeqCst);
         self.monitor.after_message(name, &self.dev);
+        if let Some(d) = self.dumper.as_mut() {
+            d.tick(&self.monitor);
+        }
     }
 
     fn stray(&self, what: &str, region: u32, offset: u64, len: usize) {
@@ -312,14 +365,10 @@ impl<D: TransportDevice> VfioUserDevice<D> {
     fn rebuild_guest_memory(&mut self) -> Result<(), String> {
         let mut ranges = Vec::with_capacity(self.dma.len());
         for (&iova, r) in &self.dma {
-            let file = r
-                .file
-                .try_clone()
-                .map_err(|e| format!("cannot dup the fd of range {iova:#x}: {e}"))?;
             ranges.push((
                 GuestAddress(iova),
                 r.size as usize,
-                Some(FileOffset::new(file, r.offset)),
+                Some(FileOffset::from_arc(r.file.clone(), r.offset)),
             ));
         }
         let mem = if ranges.is_empty() {
@@ -432,6 +481,7 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
         let res = self.check_dma(offset, address, size, fd.as_ref());
         let res = match (res, fd) {
             (Ok(()), Some(file)) => {
+                let file = Arc::new(file);
                 self.dma.insert(address, DmaRange { size, file, offset });
                 // A range that cannot be mapped (e.g. a read-only fd) is
                 // refused and the previous map kept.
@@ -467,8 +517,8 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
         };
         if res.is_ok() {
             if let Err(e) = self.rebuild_guest_memory() {
-                // Removing ranges cannot make the rest unmappable unless an
-                // fd cannot be duplicated; then guest RAM goes away entirely.
+                // Removing ranges cannot make the rest unmappable unless
+                // mmap fails; then guest RAM goes away entirely.
                 log::warn!("vfio-user: after DMA_UNMAP: {e}; guest memory now empty");
                 self.dev.set_guest_memory(GuestMemoryMmap::new());
             }
@@ -500,17 +550,92 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
 }
 
 /// A vfio-user server for one device and one client connection.
+///
+/// The listening socket is bound here (not by the crate), so the device
+/// process can wait for the client's connection to be pending, unlink the
+/// path ([`VfioUserServer::wait_for_client`]) and enter the sandbox before
+/// the crate accepts it: everything the client sends, VERSION included, is
+/// then handled sandboxed (the sandbox allows `accept4` on the listener
+/// only).
 pub struct VfioUserServer<D: TransportDevice> {
     server: Server,
+    listener_fd: RawFd,
+    path: PathBuf,
+    path_removed: bool,
     dev: VfioUserDevice<D>,
 }
 
 impl<D: TransportDevice> VfioUserServer<D> {
-    /// Bind `path` (which must not exist) and prepare to serve `dev`.
+    /// Bind `path` (which must not exist) and prepare to serve `dev`. The
+    /// path appears only once the socket is listening.
     pub fn bind(path: &Path, dev: VfioUserDevice<D>) -> Result<Self, VfioUserError> {
+        if path.exists() {
+            return Err(VfioUserError::SocketExists(path.to_owned()));
+        }
+        // Bind under a temporary name and rename into place: `path` appears
+        // only once the socket listens, so a client that connects as soon as
+        // it sees the path is never refused (bind and listen are two calls).
+        let bind_err = |source| VfioUserError::Bind {
+            path: path.to_owned(),
+            source,
+        };
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
+        let listener = UnixListener::bind(&tmp).map_err(bind_err)?;
+        if let Err(e) = std::fs::rename(&tmp, path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(bind_err(e));
+        }
+        let listener_fd = listener.as_raw_fd();
         let regions = dev.server_regions();
-        let server = Server::new(path, true, Vec::new(), regions).map_err(VfioUserError::Server)?;
-        Ok(Self { server, dev })
+        let server = Server::from_owned_fd(OwnedFd::from(listener), true, Vec::new(), regions);
+        Ok(Self {
+            server,
+            listener_fd,
+            path: path.to_owned(),
+            path_removed: false,
+            dev,
+        })
+    }
+
+    /// The listening socket's fd (owned by the server).
+    pub fn listener_fd(&self) -> RawFd {
+        self.listener_fd
+    }
+
+    /// The fds serving needs before the client is accepted: the listener,
+    /// the BAR2 memfd and the dump file.
+    pub fn fds(&self) -> Vec<RawFd> {
+        let mut v = vec![self.listener_fd];
+        v.extend(self.dev.fds());
+        v
+    }
+
+    /// Block until a client's connection is pending on the listener, then
+    /// remove the socket path so no other client can connect. The
+    /// connection stays queued until [`Self::serve`] accepts it.
+    pub fn wait_for_client(&mut self) -> Result<(), VfioUserError> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let wait_err = |e: io::Error| VfioUserError::Wait {
+            path: self.path.clone(),
+            source: e,
+        };
+        // SAFETY: `listener_fd` is owned by `self.server`, which lives as
+        // long as `self`; the borrow ends before this function returns.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.listener_fd) };
+        loop {
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(n) if n > 0 => break,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(wait_err(e.into())),
+            }
+        }
+        std::fs::remove_file(&self.path).map_err(wait_err)?;
+        self.path_removed = true;
+        Ok(())
     }
 
     /// Shared counters.
@@ -530,6 +655,9 @@ impl<D: TransportDevice> VfioUserServer<D> {
         let dev = &mut self.dev;
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(dev)));
         self.dev.monitor.disconnected();
+        if let Some(d) = self.dev.dumper.as_mut() {
+            d.finish(&self.dev.monitor);
+        }
         match res {
             Ok(r) => r.map_err(VfioUserError::Server),
             Err(p) => {
@@ -541,6 +669,16 @@ impl<D: TransportDevice> VfioUserServer<D> {
                 log::error!("vfio-user: crate panicked on client input: {why}");
                 Err(VfioUserError::ServerPanicked(why))
             }
+        }
+    }
+}
+
+impl<D: TransportDevice> Drop for VfioUserServer<D> {
+    fn drop(&mut self) {
+        // Sandboxed servers removed the path before entering (unlink is
+        // forbidden afterwards); an unsandboxed one cleans up here.
+        if !self.path_removed {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }

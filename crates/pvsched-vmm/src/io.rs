@@ -10,6 +10,7 @@ use crate::guest::events::{DEBUG_PORT, EVENT_PORT, SERIAL_PORT};
 use crate::monitor::Monitor;
 use crate::pci_root::{CONFIG_ADDRESS, PciRoot};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// COM1 line status: transmitter empty and holding register empty.
 const LSR_IDLE: u8 = 0x60;
@@ -56,7 +57,10 @@ impl IoHub {
     /// MMIO read at `addr` by `vcpu`.
     pub fn mmio_read(&self, vcpu: u32, addr: u64, data: &mut [u8]) {
         self.monitor.count_mmio(vcpu);
-        if !self.pci.mmio_read(addr, data) {
+        let t0 = Instant::now();
+        if self.pci.mmio_read(addr, data) {
+            self.monitor.mmio_service(false, elapsed_ns(t0));
+        } else {
             log::debug!("vcpu {vcpu}: MMIO read at {addr:#x} hits nothing");
         }
     }
@@ -64,8 +68,15 @@ impl IoHub {
     /// MMIO write at `addr` by `vcpu`.
     pub fn mmio_write(&self, vcpu: u32, addr: u64, data: &[u8]) {
         self.monitor.count_mmio(vcpu);
-        if !self.pci.mmio_write(addr, data) {
+        let t0 = Instant::now();
+        if self.pci.mmio_write(addr, data) {
+            self.monitor.mmio_service(true, elapsed_ns(t0));
+        } else {
             log::debug!("vcpu {vcpu}: MMIO write at {addr:#x} hits nothing");
         }
     }
+}
+
+fn elapsed_ns(t0: Instant) -> u64 {
+    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }

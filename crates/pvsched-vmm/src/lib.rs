@@ -8,6 +8,9 @@
 //!   mechanism #1, BAR decoding and MMIO dispatch to a
 //!   [`pvsched_device::PciDevice`];
 //! * [`memslot`]: BAR2 (device region) as a KVM memslot that follows the BAR;
+//! * [`remote`] and [`device_process`]: the device in its own sandboxed
+//!   process, reached over vfio-user ([`DeviceMode::Sandboxed`]), and what
+//!   happens when that process dies;
 //! * [`guest`]: the test guest, assembled from source with `iced-x86`;
 //! * [`monitor`], [`runner`], [`stats`]: what `pvsched run` measures and prints.
 //!
@@ -17,6 +20,7 @@
 //! ([`VmConfig::policy_sink`]), and [`Vm::vcpu_tids`] / [`Vm::apic_ids`]
 //! tell the agent which threads run which slot.
 
+pub mod device_process;
 pub mod guest;
 pub mod host_bridge;
 pub mod io;
@@ -25,12 +29,15 @@ pub mod memory;
 pub mod memslot;
 pub mod monitor;
 pub mod pci_root;
+pub mod remote;
 pub mod runner;
 pub mod stats;
 pub mod vcpu;
 pub mod vm;
 
+pub use device_process::DeviceProgram;
 pub use guest::Workload;
+pub use remote::DeviceLoss;
 pub use runner::{Progress, Run, RunConfig, RunReport, VcpuReport, run};
 pub use vcpu::VcpuEnd;
-pub use vm::{Error, Injector, ShutdownReport, Vm, VmConfig, open_kvm};
+pub use vm::{DeviceMode, Error, Injector, ShutdownReport, Vm, VmConfig, open_kvm};

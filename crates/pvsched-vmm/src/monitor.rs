@@ -8,7 +8,7 @@
 
 use crate::guest::GuestEvent;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 /// Per-vCPU record of what the guest reported.
@@ -52,6 +52,10 @@ pub struct VcpuStats {
     pub burst_mmio_exits: Option<u64>,
     /// Slot updates in the burst.
     pub burst_updates: Option<u32>,
+    /// vfio-user messages counted at the start of the burst (sandboxed device).
+    pub burst_messages_begin: Option<u64>,
+    /// vfio-user messages the VMM sent during the burst (sandboxed device).
+    pub burst_device_messages: Option<u64>,
     /// `hostile`: (step, ERROR) pairs.
     pub hostile: Vec<(u32, u32)>,
     /// Event values the VMM did not understand.
@@ -71,9 +75,13 @@ pub struct Monitor {
     start: Instant,
     vcpus: Vec<VcpuRecord>,
     console: Mutex<Vec<u8>>,
+    device_messages: OnceLock<Arc<AtomicU64>>,
+    mmio_service_ns: [Mutex<Vec<u64>>; 2],
 }
 
 const CONSOLE_MAX: usize = 64 * 1024;
+/// MMIO service-time samples kept (the first ones: handshake, hostile steps).
+const MMIO_SAMPLES_MAX: usize = 1 << 16;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -94,7 +102,36 @@ impl Monitor {
                 })
                 .collect(),
             console: Mutex::new(Vec::new()),
+            device_messages: OnceLock::new(),
+            mmio_service_ns: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
         }
+    }
+
+    /// Count vfio-user messages from `counter` around each slot burst
+    /// (set once, by a VM with a sandboxed device).
+    pub fn set_device_messages(&self, counter: Arc<AtomicU64>) {
+        let _ = self.device_messages.set(counter);
+    }
+
+    fn device_messages(&self) -> Option<u64> {
+        self.device_messages
+            .get()
+            .map(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// Record how long the VMM took to serve one MMIO exit a BAR decoded
+    /// (device access included: a socket round trip per BAR0 read when
+    /// sandboxed; a write may add the state re-read of [`crate::remote`]).
+    pub fn mmio_service(&self, write: bool, ns: u64) {
+        let mut v = lock(&self.mmio_service_ns[usize::from(write)]);
+        if v.len() < MMIO_SAMPLES_MAX {
+            v.push(ns);
+        }
+    }
+
+    /// The MMIO service-time samples so far (reads or writes), nanoseconds.
+    pub fn mmio_service_samples(&self, write: bool) -> Vec<u64> {
+        lock(&self.mmio_service_ns[usize::from(write)]).clone()
     }
 
     /// Nanoseconds since the monitor was created (never 0).
@@ -220,11 +257,16 @@ impl Monitor {
             GuestEvent::Slot(slot) => s.slot = slot,
             GuestEvent::BurstBegin(_) => {
                 s.burst_mmio_begin = Some(rec.mmio_exits.load(Ordering::Relaxed));
+                s.burst_messages_begin = self.device_messages();
             }
             GuestEvent::BurstEnd(n) => {
                 let now_exits = rec.mmio_exits.load(Ordering::Relaxed);
                 s.burst_mmio_exits = s.burst_mmio_begin.map(|b| now_exits.saturating_sub(b));
                 s.burst_updates = Some(n);
+                s.burst_device_messages = s
+                    .burst_messages_begin
+                    .zip(self.device_messages())
+                    .map(|(b, e)| e.saturating_sub(b));
             }
             GuestEvent::Ready => s.ready = true,
             GuestEvent::WakeAck => {

@@ -59,6 +59,8 @@ pub struct Progress {
     pub events: u64,
     /// Whether every vCPU reached its workload loop.
     pub ready: bool,
+    /// Whether the (sandboxed) device process has been lost.
+    pub device_lost: bool,
 }
 
 /// The guest half of a slot as the host read it through the region view.
@@ -107,6 +109,9 @@ pub struct VcpuReport {
     pub burst_updates: Option<u32>,
     /// MMIO exits during the burst (0 in device-region mode: no exits).
     pub burst_mmio_exits: Option<u64>,
+    /// Sandboxed device: vfio-user messages the VMM sent during the burst
+    /// (0 in device-region mode: slot updates never cross the socket).
+    pub burst_device_messages: Option<u64>,
     /// `ipi`: pings sent.
     pub ipi_sent: u64,
     /// `ipi`: pings received.
@@ -125,6 +130,23 @@ pub struct VcpuReport {
     pub end: Option<VcpuEnd>,
 }
 
+/// The device process died during the run (`"device_lost"` in the JSON).
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceLostReport {
+    /// Its PID.
+    pub pid: u32,
+    /// Signal that killed it, if any.
+    pub signal: Option<i32>,
+    /// Its exit code, if it exited.
+    pub exit_code: Option<i32>,
+    /// Seconds after the workload started (negative: before).
+    pub at_s: f64,
+    /// `"socket"` (an access failed first) or `"process"` (reaped first).
+    pub noticed_by: &'static str,
+    /// Workload events counted when it was lost (`events` is the total).
+    pub events_at_loss: u64,
+}
+
 /// The result of a run (also the `--json` output).
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
@@ -134,6 +156,20 @@ pub struct RunReport {
     pub workload: Workload,
     /// "device" or "guest".
     pub region: &'static str,
+    /// Where the device ran: "in-process" or "sandboxed".
+    pub device_mode: &'static str,
+    /// PID of the device process (sandboxed).
+    pub device_pid: Option<u32>,
+    /// vfio-user requests the VMM sent in the whole run (sandboxed).
+    pub device_messages: Option<u64>,
+    /// The device process died during the run.
+    pub device_lost: Option<DeviceLostReport>,
+    /// How long the VMM took to serve the guest's MMIO reads that hit a
+    /// BAR (BAR0 registers: one socket round trip each when sandboxed).
+    pub mmio_read_service: Summary,
+    /// The same for MMIO writes (sandboxed: the write's round trip, plus
+    /// the register re-read after STATUS writes, see `remote`).
+    pub mmio_write_service: Summary,
     /// Wall time the workload ran, seconds.
     pub duration_s: f64,
     /// Workload events, all vCPUs.
@@ -271,6 +307,7 @@ impl Run {
             elapsed: self.started.elapsed(),
             events: m.total_events(),
             ready: m.all_ready(),
+            device_lost: self.vm.device_lost().is_some(),
         }
     }
 
@@ -327,6 +364,7 @@ impl Run {
                 pio_exits: monitor.pio_exits(v),
                 burst_updates: s.burst_updates,
                 burst_mmio_exits: s.burst_mmio_exits,
+                burst_device_messages: s.burst_device_messages,
                 ipi_sent: s.ipi_sent,
                 ipi_received: s.ipi_received,
                 spins: s.spins,
@@ -343,7 +381,22 @@ impl Run {
             RegionMode::Device => "device",
             RegionMode::Guest => "guest",
         };
-        let shutdown = self.vm.shutdown();
+        let device_mode = self.vm.config().device_mode.name();
+        let device_pid = self.vm.device_pid();
+        let started = self.started;
+        let mmio_read_service = stats::summarize(&monitor.mmio_service_samples(false));
+        let mmio_write_service = stats::summarize(&monitor.mmio_service_samples(true));
+        let shutdown_vm = self.vm;
+        let device_messages = shutdown_vm.device_messages();
+        let device_lost = shutdown_vm.device_lost().map(|l| DeviceLostReport {
+            pid: l.exit.pid,
+            signal: l.exit.signal,
+            exit_code: l.exit.exit_code,
+            at_s: secs_between(started, l.exit.at),
+            noticed_by: l.noticed_by,
+            events_at_loss: l.events_at_loss,
+        });
+        let shutdown = shutdown_vm.shutdown();
         for (r, end) in per_vcpu.iter_mut().zip(shutdown.vcpu_ends.iter()) {
             r.end = Some(end.clone());
         }
@@ -362,6 +415,12 @@ impl Run {
             vcpus: n,
             workload,
             region,
+            device_mode,
+            device_pid,
+            device_messages,
+            device_lost,
+            mmio_read_service,
+            mmio_write_service,
             duration_s: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
             events: per_vcpu.iter().map(|r| r.events).sum(),
             samples,
@@ -423,6 +482,15 @@ pub fn run(cfg: &RunConfig, mut progress: impl FnMut(&Progress)) -> vm::Result<R
         }
     }
     Ok(run.finish())
+}
+
+/// `to - from` in seconds, rounded to ms; negative if `to` is earlier.
+fn secs_between(from: Instant, to: Instant) -> f64 {
+    let s = match to.checked_duration_since(from) {
+        Some(d) => d.as_secs_f64(),
+        None => -from.duration_since(to).as_secs_f64(),
+    };
+    (s * 1000.0).round() / 1000.0
 }
 
 fn inject_loop(

@@ -1,6 +1,11 @@
 //! One VM: KVM VM with in-kernel irqchip, memfd guest RAM, the PCI bus with
 //! the pvsched device, the test guest, and N vCPU threads.
 //!
+//! The device runs in this process ([`DeviceMode::InProcess`], the
+//! default of [`VmConfig::new`]) or in its own sandboxed process reached
+//! over vfio-user ([`DeviceMode::Sandboxed`], see [`crate::remote`]); the
+//! VM behaves the same either way.
+//!
 //! ```no_run
 //! use pvsched_vmm::{Vm, VmConfig, Workload};
 //! let mut vm = Vm::new(VmConfig::new(2, Workload::Idle)).unwrap();
@@ -10,6 +15,7 @@
 //! assert!(report.clean());
 //! ```
 
+use crate::device_process::{self, DeviceProcess, DeviceProgram};
 use crate::guest::layout::{self, MMIO_HOLE_BASE, MMIO_HOLE_END, PARAM_STOP, PARAMS_ADDR};
 use crate::guest::{self, GuestParams, Workload};
 use crate::host_bridge::HostBridge;
@@ -19,6 +25,7 @@ use crate::memory;
 use crate::memslot::BarMemslot;
 use crate::monitor::Monitor;
 use crate::pci_root::{PciRoot, SharedDevice};
+use crate::remote::{self, DeviceLoss, Link, OnLoss, RemoteDevice};
 use crate::vcpu::{self, VcpuEnd};
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_msi, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
@@ -26,6 +33,7 @@ use pvsched_abi as abi;
 use pvsched_device::{
     BarIndex, DeviceConfig, NullSink, PciDevice, PolicySink, PvschedDevice, RegionMode, RegionView,
 };
+use std::ffi::OsString;
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
@@ -94,6 +102,12 @@ pub enum Error {
     /// Writing guest memory from the host.
     #[error("writing guest memory at {0:#x} failed")]
     GuestWrite(u64),
+    /// Starting the device process.
+    #[error("sandboxed device: {0}")]
+    DeviceProcess(#[from] device_process::Error),
+    /// Connecting to the device process.
+    #[error("sandboxed device: {0}")]
+    Remote(#[from] remote::Error),
     /// Injecting an interrupt.
     #[error("injecting vector {vector:#x} into vCPU {vcpu} failed: {source}")]
     Inject {
@@ -109,6 +123,26 @@ pub enum Error {
 
 /// Result alias for this module.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Where the pvsched device runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceMode {
+    /// In the VMM's process, behind `Arc<Mutex<PvschedDevice>>`.
+    InProcess,
+    /// In its own (sandboxed) process started from this program, reached
+    /// over vfio-user; see [`crate::remote`].
+    Sandboxed(DeviceProgram),
+}
+
+impl DeviceMode {
+    /// `"in-process"` or `"sandboxed"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DeviceMode::InProcess => "in-process",
+            DeviceMode::Sandboxed(_) => "sandboxed",
+        }
+    }
+}
 
 /// How to build a VM.
 #[derive(Clone)]
@@ -134,6 +168,13 @@ pub struct VmConfig {
     pub policy_sink: Option<Arc<dyn PolicySink>>,
     /// Features the device offers (default: all of ABI v1).
     pub device_features: u64,
+    /// Where the device runs (default: in process).
+    pub device_mode: DeviceMode,
+    /// Called once, from the device watcher thread, if a sandboxed device
+    /// process dies while the VM runs (after the guest-visible device went
+    /// DEVICE_NEEDS_RESET and the sink heard `region_detached`): the place
+    /// for a host policy to drop this VM's boosts.
+    pub on_device_lost: Option<OnLoss>,
 }
 
 impl VmConfig {
@@ -150,6 +191,8 @@ impl VmConfig {
             device_region: None,
             policy_sink: None,
             device_features: abi::F_ALL,
+            device_mode: DeviceMode::InProcess,
+            on_device_lost: None,
         }
     }
 }
@@ -178,6 +221,8 @@ pub struct Vm {
     vm: Arc<VmFd>,
     ram: GuestMemoryMmap,
     device: Arc<Mutex<PvschedDevice>>,
+    remote: Option<Arc<Mutex<RemoteDevice>>>,
+    link: Option<Arc<Link>>,
     pci: Arc<PciRoot>,
     bar2: Option<Arc<BarMemslot>>,
     monitor: Arc<Monitor>,
@@ -289,21 +334,47 @@ impl Vm {
             .policy_sink
             .clone()
             .unwrap_or_else(|| Arc::new(NullSink));
-        let mut dev = PvschedDevice::new(dcfg, sink)?;
-        dev.set_guest_memory(ram.clone());
-        let mut bar2 = None;
-        if cfg.device_features & abi::F_DEVICE_REGION != 0 {
-            let backing = match &cfg.device_region {
-                Some(r) => r.clone(),
-                None => memory::memfd_region(
-                    c"pvsched-region",
-                    PvschedDevice::region_bar_size(cfg.vcpus),
-                )?,
-            };
-            dev.set_device_region(backing.clone())?;
-            bar2 = Some(Arc::new(BarMemslot::new(vm.clone(), BAR2_SLOT, backing)));
-        }
-        let device = Arc::new(Mutex::new(dev));
+        let monitor = Arc::new(Monitor::new(cfg.vcpus));
+        let mut remote = None;
+        let mut link = None;
+        let (device, shared, bar2_backing) = match &cfg.device_mode {
+            DeviceMode::InProcess => {
+                let mut dev = PvschedDevice::new(dcfg, sink)?;
+                dev.set_guest_memory(ram.clone());
+                let mut backing = None;
+                if cfg.device_features & abi::F_DEVICE_REGION != 0 {
+                    let b = match &cfg.device_region {
+                        Some(r) => r.clone(),
+                        None => memory::memfd_region(
+                            c"pvsched-region",
+                            PvschedDevice::region_bar_size(cfg.vcpus),
+                        )?,
+                    };
+                    dev.set_device_region(b.clone())?;
+                    backing = Some(b);
+                }
+                let device = Arc::new(Mutex::new(dev));
+                let shared = device.clone() as SharedDevice;
+                (device, shared, backing)
+            }
+            DeviceMode::Sandboxed(program) => {
+                if cfg.device_region.is_some() {
+                    return Err(Error::Config(
+                        "a sandboxed device owns BAR2's memory; device_region needs DeviceMode::InProcess (register the slot addresses of Vm::bar2_backing with the policy instead)".into(),
+                    ));
+                }
+                let args = device_args(&dcfg, sink.host_flags());
+                let mirror = Arc::new(Mutex::new(PvschedDevice::new(dcfg, sink)?));
+                let r = spawn_remote(program, args, &mirror, &monitor, &cfg, &ram)?;
+                let backing = r.bar2();
+                link = Some(r.shared_link().clone());
+                monitor.set_device_messages(r.shared_link().message_counter());
+                let r = Arc::new(Mutex::new(r));
+                remote = Some(r.clone());
+                (mirror, r as SharedDevice, backing)
+            }
+        };
+        let bar2 = bar2_backing.map(|b| Arc::new(BarMemslot::new(vm.clone(), BAR2_SLOT, b)));
 
         let mut pci = PciRoot::new();
         pci.add(
@@ -315,7 +386,7 @@ impl Vm {
             .iter()
             .map(|s| (BarIndex(abi::REGION_BAR), s.clone()))
             .collect();
-        pci.add(PVSCHED_DEVICE, device.clone() as SharedDevice, slots);
+        pci.add(PVSCHED_DEVICE, shared, slots);
         let pci = Arc::new(pci);
         assign_bars(&pci, &device)?;
 
@@ -347,11 +418,13 @@ impl Vm {
             pending.push(v);
         }
         Ok(Self {
-            monitor: Arc::new(Monitor::new(cfg.vcpus)),
+            monitor,
             cfg,
             vm,
             ram,
             device,
+            remote,
+            link,
             pci,
             bar2,
             apic_ids,
@@ -423,6 +496,11 @@ impl Vm {
                 "the device region can only be replaced before the guest runs".into(),
             ));
         }
+        if self.remote.is_some() {
+            return Err(Error::Config(
+                "a sandboxed device owns BAR2's memory; its backing cannot be replaced (register the slot addresses of Vm::bar2_backing with the policy instead)".into(),
+            ));
+        }
         let Some(bar2) = &self.bar2 else {
             return Err(Error::Config(
                 "device-region mode is not offered (F_DEVICE_REGION off)".into(),
@@ -449,20 +527,44 @@ impl Vm {
         &self.cfg
     }
 
-    /// The pvsched device.
+    /// The pvsched device model in this process: the device itself
+    /// (in-process), or the mirror that follows the device process
+    /// (sandboxed; see [`crate::remote`]). Either way its region view and
+    /// policy sink are this process's.
     pub fn device(&self) -> &Arc<Mutex<PvschedDevice>> {
         &self.device
     }
 
-    /// A view of the attached region, if the guest reached DRIVER_OK.
+    /// A view of the attached region, if the guest reached DRIVER_OK. Its
+    /// host addresses are in this process (guest RAM or BAR2's mapping) in
+    /// both device modes.
     pub fn region_view(&self) -> Option<RegionView> {
         lock(&self.device).region_view()
     }
 
-    /// STATUS and ERROR of the device.
+    /// STATUS and ERROR of the device (sandboxed: read from the device
+    /// process while it lives, DEVICE_NEEDS_RESET/DEVICE_FAILED after).
     pub fn device_status(&self) -> (u32, u32) {
+        if let Some(r) = &self.remote {
+            return lock(r).status();
+        }
         let d = lock(&self.device);
         (d.status(), d.error())
+    }
+
+    /// PID of the device process (sandboxed mode).
+    pub fn device_pid(&self) -> Option<u32> {
+        self.link.as_ref().map(|l| l.pid())
+    }
+
+    /// Requests the VMM sent on the vfio-user socket so far (sandboxed mode).
+    pub fn device_messages(&self) -> Option<u64> {
+        self.link.as_ref().map(|l| l.messages())
+    }
+
+    /// How the device process was lost, if it died while the VM ran.
+    pub fn device_lost(&self) -> Option<DeviceLoss> {
+        self.link.as_ref().and_then(|l| l.loss())
     }
 
     /// PCI bus 0 (host-side configuration accesses, for tests and tools).
@@ -517,6 +619,15 @@ impl Vm {
     }
 
     fn stop_threads(&mut self) -> ShutdownReport {
+        let report = self.join_vcpus();
+        // No vCPU can reach the device any more: stop its process.
+        if let Some(r) = &self.remote {
+            lock(r).shutdown();
+        }
+        report
+    }
+
+    fn join_vcpus(&mut self) -> ShutdownReport {
         self.running.store(false, Ordering::Release);
         // Held threads must reach run_loop to see `running` and end.
         self.gate.open();
@@ -541,10 +652,62 @@ impl Vm {
 
 impl Drop for Vm {
     fn drop(&mut self) {
-        if !self.threads.is_empty() {
-            self.stop_threads();
-        }
+        self.stop_threads();
     }
+}
+
+/// The device process's arguments after `--socket PATH`.
+fn device_args(dcfg: &DeviceConfig, host_flags: u32) -> Vec<OsString> {
+    let ids: Vec<String> = dcfg.apic_ids.iter().map(u32::to_string).collect();
+    let mut args: Vec<OsString> = vec![
+        "--vcpus".into(),
+        dcfg.nr_vcpus.to_string().into(),
+        "--apic-ids".into(),
+        ids.join(",").into(),
+    ];
+    if host_flags != 0 {
+        args.push("--host-flags".into());
+        args.push(host_flags.to_string().into());
+    }
+    if dcfg.features != abi::F_ALL {
+        args.push("--features".into());
+        args.push(dcfg.features.to_string().into());
+    }
+    args
+}
+
+/// Start the device process, connect, map BAR2, DMA-map RAM.
+fn spawn_remote(
+    program: &DeviceProgram,
+    args: Vec<OsString>,
+    mirror: &Arc<Mutex<PvschedDevice>>,
+    monitor: &Arc<Monitor>,
+    cfg: &VmConfig,
+    ram: &GuestMemoryMmap,
+) -> Result<RemoteDevice> {
+    // The link needs the PID, the watcher callback needs the link: hand
+    // the link over once the child exists.
+    let slot: Arc<Mutex<Option<Arc<Link>>>> = Arc::new(Mutex::new(None));
+    let (slot2, mirror2, monitor2) = (slot.clone(), mirror.clone(), monitor.clone());
+    let on_loss = cfg.on_device_lost.clone();
+    let on_exit = Box::new(move |exit: device_process::ExitInfo| {
+        let link = lock(&slot2).clone();
+        if let Some(link) = link {
+            let events = move || monitor2.total_events();
+            remote::on_exit(&link, &mirror2, &events, on_loss.as_ref(), exit);
+        }
+    });
+    let process = Arc::new(DeviceProcess::spawn(program, args, on_exit)?);
+    let link = RemoteDevice::link(process.pid());
+    *lock(&slot) = Some(link.clone());
+    let client = process.wait_for_socket(device_process::SOCKET_WAIT)?;
+    Ok(RemoteDevice::new(
+        client,
+        process,
+        link,
+        mirror.clone(),
+        ram,
+    )?)
 }
 
 /// Injects interrupts into a VM's vCPUs from any thread.
@@ -613,6 +776,18 @@ fn assign_bars(pci: &PciRoot, device: &Arc<Mutex<PvschedDevice>>) -> Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_args_add_only_non_default_flags() {
+        let mut d = DeviceConfig::new(2);
+        d.apic_ids = vec![0, 2];
+        let a = device_args(&d, 0);
+        assert_eq!(a, ["--vcpus", "2", "--apic-ids", "0,2"].map(OsString::from));
+        d.features = abi::F_GUEST_REGION;
+        let a = device_args(&d, abi::HOST_F_POLICY_ACTIVE);
+        let a: Vec<_> = a.iter().map(|s| s.to_str().unwrap()).collect();
+        assert_eq!(&a[4..], ["--host-flags", "1", "--features", "2"]);
+    }
 
     #[test]
     fn user_fixable_errors_say_how() {

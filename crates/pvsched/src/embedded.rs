@@ -1,11 +1,24 @@
 //! `--policy embedded`: the pvsched BPF policy agent loaded in the VMM's own
 //! process and wired to the reference VMM.
 //!
-//! * Device-region mode: once the vCPU threads exist and before the guest
-//!   runs ([`pvsched_vmm::Run::start_with`]), the VM is registered with
-//!   [`RegionSpec::DeviceMap`] and the start of the agent's mmapped BPF
-//!   array map becomes BAR2's backing (its KVM memslot): guest slot writes
-//!   land directly in the map the BPF programs read.
+//! * Device-region mode, in-process device: once the vCPU threads exist
+//!   and before the guest runs ([`pvsched_vmm::Run::start_with`]), the VM
+//!   is registered with [`RegionSpec::DeviceMap`] and the start of the
+//!   agent's mmapped BPF array map becomes BAR2's backing (its KVM
+//!   memslot): guest slot writes land directly in the map the BPF programs
+//!   read.
+//! * Device-region mode, sandboxed device: BAR2's memory is the device
+//!   process's memfd, which the VMM maps and registers as the memslot. At
+//!   the same point the VM is registered with [`RegionSpec::GuestAddrs`]:
+//!   the address of each slot inside the VMM's own mapping of BAR2 (the BPF
+//!   programs read them with `bpf_probe_read_user` in the vCPU thread's
+//!   context, where that mapping is the current mm). Handing the BPF map fd
+//!   to the device process as BAR2's backing instead would put a BPF object
+//!   inside the sandbox and need a device-side option; the addresses need
+//!   neither, and the slot data still never crosses the socket. The cost:
+//!   the BPF programs take their guest-region path (a slot is read only in
+//!   its vCPU thread's own context, and the host half is not published), as
+//!   with `--region guest`.
 //! * Guest-region mode: after the handshake the host address of each slot
 //!   (the device's region view + `slot_offset`) is registered with
 //!   [`RegionSpec::GuestAddrs`].
@@ -13,13 +26,17 @@
 //!
 //! Restoring: dropping [`Embedded`] unregisters the VM (restoring every
 //! boosted vCPU thread's baseline) before the agent goes; SIGINT/SIGTERM and
-//! panics are handled by the agent itself (`pvsched_agent::safety`).
+//! panics are handled by the agent itself (`pvsched_agent::safety`). If a
+//! sandboxed device process dies, [`Embedded::device_lost_hook`] (the VM's
+//! `on_device_lost`) unregisters the VM at once, keeping its last stats.
 
-use pvsched_agent::{Agent, AgentConfig, AgentError, RegionMmap, RegionSpec, VmHandle, VmSpec};
+use pvsched_agent::{
+    Agent, AgentConfig, AgentError, RegionMmap, RegionSpec, VmHandle, VmSpec, VmStats,
+};
 use pvsched_device::{PolicySink, PvschedDevice};
 use pvsched_policy::Caps;
-use pvsched_vmm::Vm;
-use std::sync::{Arc, Mutex, Weak};
+use pvsched_vmm::{DeviceLoss, DeviceMode, Vm};
+use std::sync::{Arc, Mutex, MutexGuard};
 use vm_memory::MmapRegion;
 
 /// Errors of the embedded policy.
@@ -37,23 +54,38 @@ pub enum EmbeddedError {
 }
 
 /// The device's [`PolicySink`] for the embedded policy: KICK re-evaluates
-/// the slot now; the region header says a policy is active.
+/// the slot now; the region header says a policy is active. It owns the
+/// VM's registration, so whoever holds the sink can end it
+/// ([`KickSink::unregister`]).
 #[derive(Default)]
 pub struct KickSink {
-    vm: Mutex<Option<Weak<VmHandle>>>,
+    vm: Mutex<Option<Arc<VmHandle>>>,
+    last_stats: Mutex<Option<VmStats>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl KickSink {
-    fn set(&self, vm: Option<Weak<VmHandle>>) {
-        *self.vm.lock().unwrap_or_else(|e| e.into_inner()) = vm;
+    fn set(&self, vm: Option<Arc<VmHandle>>) {
+        let old = std::mem::replace(&mut *lock(&self.vm), vm);
+        // Unregistering (restoring threads) happens here, outside the lock.
+        drop(old);
     }
 
     fn handle(&self) -> Option<Arc<VmHandle>> {
-        self.vm
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .and_then(Weak::upgrade)
+        lock(&self.vm).clone()
+    }
+
+    /// Ends the VM's registration now (every boosted vCPU thread gets its
+    /// baseline back); its stats at that moment stay readable.
+    pub fn unregister(&self) {
+        let old = lock(&self.vm).take();
+        if let Some(h) = old {
+            *lock(&self.last_stats) = Some(h.stats());
+            drop(h);
+        }
     }
 }
 
@@ -72,8 +104,8 @@ impl PolicySink for KickSink {
 
 /// The agent, its registration of the VM and the BAR2 backing.
 pub struct Embedded {
-    // Field order is drop order: the registration goes before the agent.
-    vm: Option<Arc<VmHandle>>,
+    // Field order is drop order: the registration (held by the sink,
+    // ended in Drop) goes before the agent.
     region: Option<Arc<RegionMmap>>,
     sink: Arc<KickSink>,
     caps: Caps,
@@ -85,7 +117,6 @@ impl Embedded {
     pub fn load(caps: Caps, cfg: AgentConfig) -> Result<Self, EmbeddedError> {
         let agent = Agent::load(cfg)?;
         Ok(Self {
-            vm: None,
             region: None,
             sink: Arc::new(KickSink::default()),
             caps,
@@ -103,9 +134,30 @@ impl Embedded {
         &self.agent
     }
 
-    /// The registration, once attached.
-    pub fn handle(&self) -> Option<&VmHandle> {
-        self.vm.as_deref()
+    /// The registration, once attached (and until unregistered).
+    pub fn handle(&self) -> Option<Arc<VmHandle>> {
+        self.sink.handle()
+    }
+
+    /// The VM's policy stats: live while registered, else those taken when
+    /// it was unregistered after a device loss.
+    pub fn stats(&self) -> Option<VmStats> {
+        self.handle()
+            .map(|h| h.stats())
+            .or_else(|| lock(&self.sink.last_stats).clone())
+    }
+
+    /// For `VmConfig::on_device_lost`: when the sandboxed device process
+    /// dies, unregister the VM (its vCPU threads back at their baselines).
+    pub fn device_lost_hook(&self) -> Arc<dyn Fn(&DeviceLoss) + Send + Sync> {
+        let sink = self.sink.clone();
+        Arc::new(move |loss: &DeviceLoss| {
+            log::warn!(
+                "embedded policy: device process {} lost; unregistering the VM (vCPU threads back at baseline)",
+                loss.exit.pid
+            );
+            sink.unregister();
+        })
     }
 
     /// The agent's region mapping (device-region mode).
@@ -126,7 +178,7 @@ impl Embedded {
     }
 
     fn register(&mut self, vm: &Vm, region: RegionSpec) -> Result<(), EmbeddedError> {
-        if self.vm.is_some() {
+        if self.sink.handle().is_some() {
             return Err(EmbeddedError::Setup("the VM is already registered".into()));
         }
         let handle = Arc::new(self.agent.register_vm(VmSpec {
@@ -135,19 +187,34 @@ impl Embedded {
             caps: self.caps.clone(),
             region,
         })?);
-        self.sink.set(Some(Arc::downgrade(&handle)));
-        self.vm = Some(handle);
+        self.sink.set(Some(handle));
         Ok(())
     }
 
     /// Device-region mode, between `Vm::start_held` and `Vm::release`
     /// (the `attach` of [`pvsched_vmm::Run::start_with`]): registers the
-    /// vCPU threads and makes the agent's map BAR2's backing.
+    /// vCPU threads and makes the agent's map BAR2's backing (in-process
+    /// device), or registers the slots' addresses in the VMM's mapping of
+    /// the device process's BAR2 (sandboxed device).
     pub fn attach_device(&mut self, vm: &mut Vm) -> Result<(), EmbeddedError> {
         let nr = vm.config().vcpus;
+        if matches!(vm.config().device_mode, DeviceMode::Sandboxed(_)) {
+            let Some(bar2) = vm.bar2_backing() else {
+                return Err(EmbeddedError::Setup(
+                    "the sandboxed device offers no BAR2 (device-region mode off)".into(),
+                ));
+            };
+            let base = bar2.as_ptr() as u64;
+            let addrs = (0..nr)
+                .map(|i| base + u64::from(pvsched_abi::slot_offset(nr, i)))
+                .collect();
+            // `bar2` (the VMM's mapping) lives as long as the VM, which is
+            // shut down before the registration ends (Embedded drops last).
+            return self.register(vm, RegionSpec::GuestAddrs(addrs));
+        }
         let size = usize::try_from(PvschedDevice::region_bar_size(nr)).unwrap_or(usize::MAX);
         self.register(vm, RegionSpec::DeviceMap)?;
-        let Some(map) = self.vm.as_ref().and_then(|h| h.region()) else {
+        let Some(map) = self.handle().and_then(|h| h.region()) else {
             return Err(EmbeddedError::Setup(
                 "the agent gave no region for a device-map VM".into(),
             ));
@@ -196,7 +263,6 @@ impl Embedded {
     /// Unregisters the VM now (restores its threads); stats are gone after.
     pub fn detach(&mut self) {
         self.sink.set(None);
-        self.vm = None;
     }
 }
 

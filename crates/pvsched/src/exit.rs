@@ -20,6 +20,9 @@ pub enum Exit {
     PolicyLoad = 6,
     /// `--policy-file` could not be read or is invalid.
     PolicyFile = 7,
+    /// `--device-mode sandboxed`: the device process died during the run;
+    /// the run itself went to the end (the summary has `device_lost`).
+    DeviceLost = 8,
 }
 
 /// The exit-code table shown at the end of `--help`.
@@ -33,4 +36,7 @@ Exit codes:
   5  the guest did not reach DRIVER_OK, or a vCPU crashed
   6  --policy embedded: the BPF policy could not load or attach (run as root;
      the message says why); nothing was started
-  7  --policy-file could not be read or is invalid";
+  7  --policy-file could not be read or is invalid
+  8  the sandboxed device process died during the run; the VM ran to the
+     end without it (guest saw DEVICE_NEEDS_RESET, policy boosts dropped)
+     and the summary reports device_lost";

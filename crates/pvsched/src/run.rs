@@ -8,7 +8,7 @@ use pvsched::summary;
 use pvsched_agent::{AgentConfig, AgentError, VmStats};
 use pvsched_device::RegionMode;
 use pvsched_policy::Caps;
-use pvsched_vmm::{Run, RunConfig, RunReport, VmConfig, Workload};
+use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, RunReport, VmConfig, Workload};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -30,6 +30,16 @@ pub enum Region {
     Device,
     /// The guest hands the device a page range of its RAM.
     Guest,
+}
+
+/// Where the device runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceModeArg {
+    /// In its own process (`pvsched device`, this binary), sandboxed,
+    /// reached over vfio-user; the VMM survives its death.
+    Sandboxed,
+    /// In the VMM's process.
+    InProcess,
 }
 
 /// Workloads selectable on the command line.
@@ -81,6 +91,9 @@ pub struct RunArgs {
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Where the pvsched device runs.
+    #[arg(long, value_enum, default_value_t = DeviceModeArg::Sandboxed)]
+    pub device_mode: DeviceModeArg,
 }
 
 /// Why the VM (with its policy) did not start.
@@ -116,6 +129,10 @@ fn policy_exit(e: &EmbeddedError) -> Exit {
 
 /// Run the subcommand; returns the exit code.
 pub fn main(args: &RunArgs) -> Exit {
+    // Warnings and errors (e.g. the device process dying) on stderr.
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp(None)
+        .try_init();
     if args.policy == Policy::None && args.policy_file.is_some() {
         eprintln!("pvsched run: --policy-file needs --policy embedded");
         return Exit::PolicyFile;
@@ -125,6 +142,18 @@ pub fn main(args: &RunArgs) -> Exit {
         Region::Device => RegionMode::Device,
         Region::Guest => RegionMode::Guest,
     };
+    if args.device_mode == DeviceModeArg::Sandboxed {
+        // The device program is this binary's `device` subcommand.
+        match std::env::current_exe() {
+            Ok(exe) => vm.device_mode = DeviceMode::Sandboxed(DeviceProgram::new(exe, ["device"])),
+            Err(e) => {
+                eprintln!(
+                    "pvsched run: cannot find this program to start the device process: {e}; use --device-mode in-process"
+                );
+                return Exit::Failure;
+            }
+        }
+    }
     // Declared before the run: dropped (unregistered, baselines restored)
     // only after the VM is shut down.
     let mut policy = match args.policy {
@@ -147,12 +176,14 @@ pub fn main(args: &RunArgs) -> Exit {
         }
     };
     vm.policy_sink = policy.as_ref().map(Embedded::sink);
+    vm.on_device_lost = policy.as_ref().map(Embedded::device_lost_hook);
     let cfg = RunConfig::new(vm, args.duration);
     eprintln!(
-        "pvsched run: {} vCPUs, workload {}, {} region, {}, policy {}",
+        "pvsched run: {} vCPUs, workload {}, {} region, {} device, {}, policy {}",
         args.vcpus,
         Workload::from(args.workload),
         region_name(args.region),
+        cfg.vm.device_mode.name(),
         humantime::format_duration(args.duration),
         policy_name(args.policy)
     );
@@ -181,7 +212,7 @@ pub fn main(args: &RunArgs) -> Exit {
         return policy_exit(&e);
     }
     let report = wait_with_progress(run, args.duration);
-    let stats = policy.as_ref().and_then(|p| p.handle()).map(|h| h.stats());
+    let stats = policy.as_ref().and_then(Embedded::stats);
     // Unregister (restores every vCPU thread) before printing.
     drop(policy);
     let code = print_report(args, &report, stats.as_ref());
@@ -246,11 +277,16 @@ fn wait_with_progress(run: Run, duration: Duration) -> RunReport {
         if Instant::now() >= next {
             let p = run.progress();
             eprintln!(
-                "[{:>4}s] events {:>8} (+{}/s){}",
+                "[{:>4}s] events {:>8} (+{}/s){}{}",
                 p.elapsed.as_secs(),
                 p.events,
                 p.events.saturating_sub(last),
-                if p.ready { "" } else { "  (guest starting)" }
+                if p.ready { "" } else { "  (guest starting)" },
+                if p.device_lost {
+                    "  (device process lost)"
+                } else {
+                    ""
+                }
             );
             last = p.events;
             next += Duration::from_secs(1);
@@ -277,6 +313,15 @@ fn exit_for(e: &pvsched_vmm::Error) -> Exit {
 
 /// Exit code for a finished run.
 fn verdict(r: &RunReport) -> Exit {
+    if let Some(l) = &r.device_lost {
+        eprintln!(
+            "pvsched run: the device process {} died {:.1} s into the run ({}); the VM ran to the end without it",
+            l.pid,
+            l.at_s,
+            how_it_died(l)
+        );
+        return Exit::DeviceLost;
+    }
     if !r.driver_ok() {
         eprintln!("pvsched run: handshake {}", r.handshake);
         return Exit::Guest;
@@ -286,6 +331,17 @@ fn verdict(r: &RunReport) -> Exit {
         return Exit::Guest;
     }
     Exit::Ok
+}
+
+fn how_it_died(l: &pvsched_vmm::runner::DeviceLostReport) -> String {
+    match (l.signal, l.exit_code) {
+        (Some(sig), _) => format!(
+            "killed by signal {sig}, {}",
+            pvsched_vmm::device_process::signal_name(sig)
+        ),
+        (None, Some(c)) => format!("exit code {c}"),
+        (None, None) => "ended".to_owned(),
+    }
 }
 
 fn us(v: Option<f64>) -> String {
@@ -370,6 +426,34 @@ pub fn print_table(out: &mut impl Write, r: &RunReport) -> std::io::Result<()> {
         Workload::Idle => "idle",
     };
     writeln!(out, "{what}; host monotonic clock on both ends")?;
+    let (rd, wr) = (&r.mmio_read_service, &r.mmio_write_service);
+    let pid = r
+        .device_pid
+        .map_or_else(String::new, |p| format!(" (pid {p})"));
+    writeln!(
+        out,
+        "device {}{pid}: MMIO reads served p50 {} µs p99 {} µs ({}), writes p50 {} µs p99 {} µs ({}){}",
+        r.device_mode,
+        us(rd.p50_us),
+        us(rd.p99_us),
+        rd.samples,
+        us(wr.p50_us),
+        us(wr.p99_us),
+        wr.samples,
+        r.device_messages
+            .map_or_else(String::new, |n| format!("; {n} vfio-user messages"))
+    )?;
+    if let Some(l) = &r.device_lost {
+        writeln!(
+            out,
+            "device process {} LOST at {:.1} s ({}); events before {}, after {}",
+            l.pid,
+            l.at_s,
+            how_it_died(l),
+            l.events_at_loss,
+            r.events.saturating_sub(l.events_at_loss)
+        )?;
+    }
     if r.lost_wakeups > 0 {
         writeln!(out, "lost wakeups: {}", r.lost_wakeups)?;
     }
@@ -386,6 +470,12 @@ mod tests {
             vcpus: 1,
             workload: Workload::Wakeup,
             region: "device",
+            device_mode: "sandboxed",
+            device_pid: Some(77),
+            device_messages: Some(40),
+            device_lost: None,
+            mmio_read_service: pvsched_vmm::stats::Summary::default(),
+            mmio_write_service: pvsched_vmm::stats::Summary::default(),
             duration_s: 1.0,
             events: 3,
             samples: 3,
@@ -413,6 +503,7 @@ mod tests {
                 pio_exits: 20,
                 burst_updates: Some(16),
                 burst_mmio_exits: Some(0),
+                burst_device_messages: Some(0),
                 ipi_sent: 0,
                 ipi_received: 0,
                 spins: 0,
@@ -433,6 +524,23 @@ mod tests {
         let mut crashed = report(0xf);
         crashed.clean_shutdown = false;
         assert_eq!(verdict(&crashed), Exit::Guest);
+        let mut lost = report(0xf);
+        lost.device_lost = Some(pvsched_vmm::runner::DeviceLostReport {
+            pid: 77,
+            signal: Some(9),
+            exit_code: None,
+            at_s: 2.0,
+            noticed_by: "process",
+            events_at_loss: 1,
+        });
+        assert_eq!(verdict(&lost), Exit::DeviceLost);
+        let mut out = Vec::new();
+        print_table(&mut out, &lost).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("device process 77 LOST at 2.0 s (killed by signal 9, SIGKILL)"),
+            "{text}"
+        );
         assert_eq!(exit_for(&pvsched_vmm::Error::KvmMissing), Exit::NoKvm);
         assert_eq!(
             exit_for(&pvsched_vmm::Error::KvmPermission),

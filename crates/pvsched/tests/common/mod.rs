@@ -1,0 +1,172 @@
+//! Helpers shared by the device-mode tests: the two device modes (the
+//! sandboxed one runs this package's `pvsched device`), capability checks,
+//! bounded waits, and a policy sink that records what the device told it.
+
+#![allow(dead_code)]
+
+use pvsched_device::{PolicySink, RegionInfo};
+use pvsched_vmm::{DeviceMode, DeviceProgram};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Upper bound for waits on the guest (bounded waits, not timing assertions).
+pub const LIMIT: Duration = Duration::from_secs(30);
+
+/// The device in this process.
+pub fn in_process() -> DeviceMode {
+    DeviceMode::InProcess
+}
+
+/// The device as `pvsched device` (this package's binary), sandboxed.
+pub fn sandboxed() -> DeviceMode {
+    DeviceMode::Sandboxed(DeviceProgram::new(
+        env!("CARGO_BIN_EXE_pvsched"),
+        ["device"],
+    ))
+}
+
+fn skip_or_fail(test: &str, why: &str) -> bool {
+    if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
+        panic!("{test}: PVSCHED_REQUIRE_REAL=1 but {why}");
+    }
+    eprintln!("SKIP: {test}: {why}");
+    false
+}
+
+/// Whether /dev/kvm works; SKIP (or fail under PVSCHED_REQUIRE_REAL=1) if not.
+pub fn kvm(test: &str) -> bool {
+    match pvsched_vmm::open_kvm() {
+        Ok(_) => true,
+        Err(e) => skip_or_fail(test, &format!("KVM is unusable: {e}")),
+    }
+}
+
+/// Whether root, /dev/kvm and BPF are there; SKIP (or fail) if not.
+pub fn kvm_root_bpf(test: &str) -> bool {
+    if !kvm(test) {
+        return false;
+    }
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip_or_fail(test, "needs root (BPF policy)");
+    }
+    match pvsched_agent::PolicyObject::load(false) {
+        Ok(_) => true,
+        Err(e) => skip_or_fail(test, &format!("BPF unavailable: {e}")),
+    }
+}
+
+/// Poll `f` until it returns `Some` (bounded by `limit`).
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "gave up after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// What the device reported to the host policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkEvent {
+    /// `region_attached` (mode, generation, guest address).
+    Attached(pvsched_device::RegionMode, u32, u64),
+    /// `region_detached`.
+    Detached,
+    /// `kick(slot)`.
+    Kick(u32),
+}
+
+/// A policy sink that records every call and publishes `host_flags`.
+#[derive(Default)]
+pub struct Recorder {
+    /// Calls in order.
+    pub events: Mutex<Vec<SinkEvent>>,
+    /// What `host_flags` answers.
+    pub flags: u32,
+}
+
+impl Recorder {
+    /// The calls so far.
+    pub fn events(&self) -> Vec<SinkEvent> {
+        self.events.lock().unwrap().clone()
+    }
+}
+
+impl PolicySink for Recorder {
+    fn region_attached(&self, r: &RegionInfo) {
+        self.events
+            .lock()
+            .unwrap()
+            .push(SinkEvent::Attached(r.mode, r.generation, r.guest_addr));
+    }
+
+    fn region_detached(&self) {
+        self.events.lock().unwrap().push(SinkEvent::Detached);
+    }
+
+    fn kick(&self, slot: u32) {
+        self.events.lock().unwrap().push(SinkEvent::Kick(slot));
+    }
+
+    fn host_flags(&self) -> u32 {
+        self.flags
+    }
+}
+
+/// Children of process `pid` whose command line contains `needle`.
+pub fn children_with(pid: u32, needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{child}/status")) else {
+            continue;
+        };
+        let ppid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        if ppid != Some(pid) {
+            continue;
+        }
+        let cmd = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmd).contains(needle) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// TIDs of process `pid`'s threads named `vcpu N`, by N.
+pub fn vcpu_threads(pid: u32) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let comm =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+        if let Some(n) = comm
+            .trim()
+            .strip_prefix("vcpu ")
+            .and_then(|n| n.parse().ok())
+        {
+            out.push((n, tid));
+        }
+    }
+    out.sort_unstable();
+    out
+}

@@ -1,0 +1,153 @@
+//! Issue 4 "Must show": kill -9 of the device process during
+//! `pvsched run --workload wakeup --device-mode sandboxed` leaves the VMM
+//! running to the end of its duration. The run exits with code 8, its JSON
+//! reports `device_lost` (pid, signal 9) and events counted after the loss;
+//! with `--policy embedded` (root + BPF), every vCPU thread is back at its
+//! baseline (SCHED_OTHER at the run's own nice: 0 unless the tests run
+//! under `nice`) while the run is still going.
+
+mod common;
+
+use common::{LIMIT, children_with, vcpu_threads, wait_for};
+use pvsched_abi::POLICY_NORMAL;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Exit code of a run whose device process died (crates/pvsched/src/exit.rs).
+const EXIT_DEVICE_LOST: i32 = 8;
+
+/// The pvsched run child, killed if the test fails early.
+struct Run(Option<Child>);
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z ") && !s.contains(") X "))
+        .unwrap_or(false)
+}
+
+fn kill9(extra: &[&str]) {
+    let child = Command::new(env!("CARGO_BIN_EXE_pvsched"))
+        .args([
+            "run",
+            "--workload",
+            "wakeup",
+            "--duration",
+            "6s",
+            "--json",
+            "--device-mode",
+            "sandboxed",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pvsched run");
+    let pid = child.id();
+    let mut run = Run(Some(child));
+    let device = wait_for("the device process", LIMIT, || {
+        children_with(pid, "device").first().copied()
+    });
+    let policy = !extra.is_empty();
+    let vcpus = wait_for("two vCPU threads", LIMIT, || {
+        let v = vcpu_threads(pid);
+        (v.len() == 2).then_some(v)
+    });
+    // The vCPU threads' baseline is what they inherited from the run's main
+    // thread: SCHED_OTHER, at the nice the test runs at (0, or e.g. 10
+    // under `nice cargo test`).
+    let baseline = pvsched_agent::sched::get(pid).expect("sched_getattr of the run");
+    assert_eq!((baseline.policy, baseline.priority), (POLICY_NORMAL, 0));
+    let t0 = Instant::now();
+    if policy {
+        // The embedded policy boosts (halt boost, nice -5) while the device
+        // lives: the drop below is observable.
+        wait_for("a boosted vCPU thread", LIMIT, || {
+            vcpus.iter().find_map(|&(_, tid)| {
+                pvsched_agent::sched::get(tid)
+                    .ok()
+                    .filter(|a| *a != baseline)
+            })
+        });
+    }
+    std::thread::sleep(Duration::from_secs(2).saturating_sub(t0.elapsed()));
+    // SAFETY: kill(2) of the device process found above (a child of the
+    // run, alive: it is only reaped by the run once it ends).
+    assert_eq!(unsafe { libc::kill(device as i32, libc::SIGKILL) }, 0);
+    if policy {
+        // Every vCPU thread back at SCHED_OTHER nice 0, and staying there
+        // while the run goes on (the policy no longer boosts this VM).
+        wait_for("vCPU threads at baseline", LIMIT, || {
+            vcpus
+                .iter()
+                .all(|&(_, tid)| pvsched_agent::sched::get(tid).is_ok_and(|a| a == baseline))
+                .then_some(())
+        });
+        for _ in 0..100 {
+            assert!(running(pid), "the run ended early");
+            for &(i, tid) in &vcpus {
+                let a = pvsched_agent::sched::get(tid).expect("sched_getattr");
+                assert_eq!(a, baseline, "vCPU {i} (TID {tid}) after the device died");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    assert!(running(pid), "the run is still going after the kill");
+    let out = run
+        .0
+        .take()
+        .expect("child")
+        .wait_with_output()
+        .expect("pvsched run ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(EXIT_DEVICE_LOST), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let lost = &v["device_lost"];
+    assert_eq!(lost["pid"], device, "{v}");
+    assert_eq!(lost["signal"], 9);
+    let at = lost["at_s"].as_f64().expect("at_s");
+    assert!(at > 0.0 && at < v["duration_s"].as_f64().unwrap(), "{lost}");
+    let before = lost["events_at_loss"].as_u64().unwrap();
+    let total = v["events"].as_u64().unwrap();
+    assert!(
+        total > before,
+        "events kept being counted: {before} -> {total}"
+    );
+    assert!(v["duration_s"].as_f64().unwrap() >= 6.0, "ran to the end");
+    assert_eq!(v["device_mode"], "sandboxed");
+    assert_eq!(v["clean_shutdown"], true);
+    assert_ne!(
+        v["device_status"].as_u64().unwrap() & 0x40,
+        0,
+        "DEVICE_NEEDS_RESET"
+    );
+    assert_eq!(v["device_error"], 13);
+    if policy {
+        assert_eq!(v["policy"]["name"], "embedded");
+    }
+    println!("killed device {device} at {at} s; events {before} at the loss, {total} at the end");
+}
+
+#[test]
+fn kill9_of_the_device_process_leaves_the_run_going() {
+    if !common::kvm("kill9_of_the_device_process_leaves_the_run_going") {
+        return;
+    }
+    kill9(&[]);
+}
+
+#[test]
+fn kill9_with_the_embedded_policy_drops_every_boost() {
+    if !common::kvm_root_bpf("kill9_with_the_embedded_policy_drops_every_boost") {
+        return;
+    }
+    kill9(&["--policy", "embedded"]);
+}
