@@ -6,6 +6,7 @@
 #   pvtest=main      attach, schedule, FIFO loop, irqs, 20 load/unload cycles
 #   pvtest=negative  probe must fail (the device misbehaves on purpose)
 #   pvtest=agent     FIFO 8 loop on CPU 1 with the host policy agent attached
+#   pvtest=bench     sources /bench.sh (added by bench/s4.py), then finishes
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -62,6 +63,11 @@ if [ "$mode" = negative ]; then
 	dmesg | grep pvsched
 	rmmod pvsched
 	echo "@@ neg-rmmod rc=$?"
+	finish
+fi
+
+if [ "$mode" = bench ] && [ -f /bench.sh ]; then
+	. /bench.sh
 	finish
 fi
 

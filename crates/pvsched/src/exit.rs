@@ -23,6 +23,9 @@ pub enum Exit {
     /// `--device-mode sandboxed`: the device process died during the run;
     /// the run itself went to the end (the summary has `device_lost`).
     DeviceLost = 8,
+    /// `pvsched bench`: the benchmark could not run (a run failed or
+    /// overran, bench/s4.py or a binary it needs is missing, ...).
+    Bench = 9,
 }
 
 /// The exit-code table shown at the end of `--help`.
@@ -39,4 +42,6 @@ Exit codes:
   7  --policy-file could not be read or is invalid
   8  the sandboxed device process died during the run; the VM ran to the
      end without it (guest saw DEVICE_NEEDS_RESET, policy boosts dropped)
-     and the summary reports device_lost";
+     and the summary reports device_lost
+  9  pvsched bench: the benchmark could not run (the message says what
+     failed; a measured run's own code 3-8 is passed through)";

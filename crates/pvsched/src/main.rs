@@ -1,6 +1,7 @@
 //! `pvsched` command line. Each subcommand lives in its own module; this
 //! file only parses and dispatches.
 
+mod bench;
 mod exit;
 mod run;
 
@@ -21,12 +22,21 @@ enum Command {
     Run(run::RunArgs),
     /// Serve the pvsched device to a VMM as its own (sandboxed) process.
     Device(pvsched_transport::cli::DeviceArgs),
+    /// Benchmark vanilla vs pvsched (scenarios S1-S4 of docs/benchmarks.md).
+    #[command(after_help = exit::HELP)]
+    Bench(bench::BenchArgs),
+    /// One measured run of `pvsched bench` (internal; prints JSON with
+    /// the raw samples).
+    #[command(name = "bench-run", hide = true)]
+    BenchRun(bench::worker::WorkerArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Run(args) => run::main(&args),
+        Command::Bench(args) => return std::process::ExitCode::from(bench::main(&args)),
+        Command::BenchRun(args) => bench::worker::main(&args),
         Command::Device(args) => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
                 .init();

@@ -18,6 +18,8 @@
 //! Each test needs root, /dev/kvm and BPF; without them it prints `SKIP`
 //! (or fails under `PVSCHED_REQUIRE_REAL=1`).
 
+mod common;
+
 use pvsched::embedded::{Embedded, EmbeddedError};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr, capture_baselines, restore_baselines};
@@ -39,30 +41,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 /// Whether root, /dev/kvm and BPF are there; SKIP or fail if not.
 fn need_real(test: &str) -> bool {
-    let why = if !std::path::Path::new("/dev/kvm").exists() {
-        Some("/dev/kvm does not exist".to_owned())
-    } else if euid() != 0 {
-        Some("needs root (BPF and raising vCPU threads to SCHED_FIFO)".to_owned())
-    } else {
-        pvsched_agent::PolicyObject::load(false)
-            .err()
-            .map(|e| format!("BPF unavailable: {e}"))
-    };
-    match why {
-        None => true,
-        Some(why) if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") => {
-            panic!("{test}: PVSCHED_REQUIRE_REAL=1 but {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIP: {test}: {why}");
-            false
-        }
-    }
-}
-
-fn euid() -> u32 {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    unsafe { libc::geteuid() }
+    common::kvm_root_bpf(test)
 }
 
 fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {

@@ -1,0 +1,53 @@
+# Guest side of the S4 benchmark (bench/s4.py): sourced by the test
+# initramfs's /init (tests/linux-guest/init.sh) in `pvtest=bench` mode, which
+# then prints "@@ done" and powers off.
+#
+# Loads the pvsched module, then serves commands the host writes on the
+# console, one per "@@ bench-wait":
+#   run INTERVAL_US DURATION_S HIST_BUCKETS [THREADS]
+#       cyclictest --mlockall -q -p 8 --policy=rr -i INTERVAL_US for
+#       DURATION_S seconds with a 1 us histogram of HIST_BUCKETS buckets;
+#       its --json result is printed between "@@ cyc-json-begin" and
+#       "@@ cyc-end".
+#   stats   the driver's debugfs counters between "@@ stats-begin" and
+#           "@@ stats-end".
+#   quit    (or anything else, or no command within 15 minutes): unload.
+
+# cyclictest needs POSIX shared memory (shm_open); devtmpfs has no /dev/shm.
+mkdir -p /dev/shm
+mount -t tmpfs tmpfs /dev/shm
+insmod /pvsched.ko
+echo "@@ probe bound=$(bound)"
+while :; do
+	echo "@@ bench-wait"
+	if ! read -t 900 -r cmd interval dur hist threads; then
+		echo "@@ bench-timeout"
+		break
+	fi
+	case "$cmd" in
+	run)
+		echo "@@ cyc-start interval=$interval dur=$dur"
+		rm -f /tmp/cyc.json
+		/cyclictest --mlockall -q -p 8 --policy=rr -i "$interval" -D "$dur" \
+			-t "${threads:-1}" -h "$hist" --histfile=/dev/null \
+			--json=/tmp/cyc.json >/tmp/cyc.out 2>&1
+		rc=$?
+		echo "@@ cyc-json-begin rc=$rc"
+		cat /tmp/cyc.json 2>/dev/null
+		echo "@@ cyc-end rc=$rc"
+		if [ "$rc" != 0 ]; then
+			tail -n 5 /tmp/cyc.out
+		fi
+		;;
+	stats)
+		echo "@@ stats-begin"
+		cat /sys/kernel/debug/pvsched/stats
+		echo "@@ stats-end"
+		;;
+	*)
+		break
+		;;
+	esac
+done
+rmmod pvsched
+echo "@@ rmmod rc=$? bound=$(bound)"

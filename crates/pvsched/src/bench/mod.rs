@@ -1,0 +1,418 @@
+//! `pvsched bench <s1|s2|s3|s4>`: vanilla vs pvsched back to back in one
+//! invocation, repetitions interleaved, medians and spread, ratios
+//! pvsched/vanilla and the targets, as a table or one JSON object
+//! (the same top-level shape for every scenario), with optional PNG CDFs.
+//!
+//! * [`scenario`]: S1–S3 variants and their JSON; [`runner`] runs one
+//!   variant once in a child [`worker`] (`pvsched bench-run`) beside
+//!   [`hogs`]; [`costs`] holds S3's host-only measurements.
+//! * [`s4`]: relays `bench/s4.py` (Linux guest under QEMU TCG).
+//! * [`plot`] + [`font`]: PNG CDFs; [`stats`]: percentiles and medians;
+//!   [`machine`]: what it ran on.
+
+pub mod costs;
+pub mod font;
+pub mod hogs;
+pub mod machine;
+pub mod plot;
+pub mod runner;
+pub mod s4;
+pub mod scenario;
+pub mod stats;
+pub mod worker;
+
+use crate::exit::Exit;
+use clap::{Args, ValueEnum};
+use scenario::Scenario;
+use serde_json::{Map, Value, json};
+use std::path::PathBuf;
+use std::time::Duration;
+use worker::BenchDeviceMode;
+
+/// Errors of `pvsched bench`.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// S3's host-side measurements failed.
+    #[error("{0}")]
+    Costs(#[from] costs::CostError),
+    /// This program's path is unknown (needed to start the runs).
+    #[error("bench: cannot find this program to start the measured runs: {0}")]
+    Exe(#[source] std::io::Error),
+    /// The CPU hogs could not start.
+    #[error("bench: starting the CPU hog threads failed: {0}")]
+    Hogs(#[source] std::io::Error),
+    /// A JSON result did not parse.
+    #[error("bench: the output of {variant} is not the expected JSON: {source}")]
+    Parse {
+        /// Which run.
+        variant: &'static str,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A plot could not be drawn.
+    #[error("bench: {0}")]
+    Plot(#[from] plot::PlotError),
+    /// Something the bench needs is missing.
+    #[error("bench: {0}")]
+    Setup(String),
+    /// A child process could not be started or read.
+    #[error("bench: running a measured child process failed: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// A run overran and was killed.
+    #[error("bench: the {variant} run did not finish within {secs} s and was killed")]
+    Timeout {
+        /// Which run.
+        variant: &'static str,
+        /// Its time limit.
+        secs: u64,
+    },
+    /// A run failed (its own message is above on stderr).
+    #[error("bench: the {variant} run failed (exit code {code:?}; its message is above)")]
+    Worker {
+        /// Which run.
+        variant: &'static str,
+        /// Its exit code.
+        code: Option<i32>,
+    },
+    /// The JSON or plot file could not be written.
+    #[error("bench: writing {path} failed: {source}")]
+    Write {
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl BenchError {
+    /// The exit code: a run's own code (no KVM, no BPF...) when it has
+    /// one, else "the bench could not run".
+    pub fn exit(&self) -> u8 {
+        match self {
+            BenchError::Worker {
+                code: Some(c @ 3..=8),
+                ..
+            } => *c as u8,
+            _ => Exit::Bench as u8,
+        }
+    }
+}
+
+/// Scenarios of `pvsched bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScenarioArg {
+    /// Wakeup latency, host loaded with CPU hogs, plus an idle-host baseline.
+    S1,
+    /// IPI and spin round trips with vCPUs > pCPUs, with and without the
+    /// directed-yield boost.
+    S2,
+    /// Costs: BPF ns/event, decision→applied, handshake, bytes per vCPU.
+    S3,
+    /// Seed reproduction: cyclictest in the Linux guest under QEMU TCG
+    /// (runs bench/s4.py).
+    S4,
+}
+
+/// Arguments of `pvsched bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Scenario.
+    #[arg(value_enum)]
+    pub scenario: ScenarioArg,
+    /// Short runs (1 repetition, 2 s each unless given): S1 takes ~15 s.
+    #[arg(long)]
+    pub quick: bool,
+    /// Repetitions, interleaved vanilla, pvsched, ... (default 3, quick 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub reps: Option<u32>,
+    /// Workload time of each run, e.g. 10s (default 10s, quick 2s; S4:
+    /// whole seconds per phase, passed to s4.py).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Write the JSON result here (`-` = stdout; progress stays on stderr).
+    #[arg(long)]
+    pub json: Option<String>,
+    /// Write a PNG plot here (latency CDFs, log x; S3: BPF ns/event).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// CPU hogs on the loaded host (default: one per online CPU).
+    #[arg(long)]
+    pub hogs: Option<usize>,
+    /// Where the pvsched device runs during the measured runs.
+    #[arg(long, value_enum, default_value_t = BenchDeviceMode::InProcess)]
+    pub device_mode: BenchDeviceMode,
+    /// Caps (TOML, see bpf-policy/caps.example.toml) for the pvsched
+    /// variants; default: the built-in caps.
+    #[arg(long)]
+    pub caps: Option<PathBuf>,
+    /// S3: an S4 result (JSON) to take `guest_hook_ns` from.
+    #[arg(long)]
+    pub s4_json: Option<PathBuf>,
+    /// S4: the repository (bench/s4.py); default $PVSCHED_ROOT, else the
+    /// source tree this binary was built from.
+    #[arg(long)]
+    pub repo: Option<PathBuf>,
+    /// S4: the pvsched-device binary (default: beside this one, else
+    /// target/release).
+    #[arg(long)]
+    pub device_bin: Option<PathBuf>,
+    /// S4: the pvsched-agent-attach binary (default: as --device-bin).
+    #[arg(long)]
+    pub agent_bin: Option<PathBuf>,
+}
+
+/// Runs the subcommand; returns the exit code.
+pub fn main(a: &BenchArgs) -> u8 {
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp(None)
+        .try_init();
+    match bench(a) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("pvsched bench: {e}");
+            e.exit()
+        }
+    }
+}
+
+/// The command line that reproduces this run.
+fn command_line() -> String {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.insert(0, "pvsched".into());
+    args.join(" ")
+}
+
+fn bench(a: &BenchArgs) -> Result<(), BenchError> {
+    let reps = a.reps.unwrap_or(if a.quick { 1 } else { 3 });
+    let duration = a
+        .duration
+        .unwrap_or(Duration::from_secs(if a.quick { 2 } else { 10 }));
+    let hogs = a.hogs.unwrap_or_else(machine::cpus);
+    let mut head = Map::new();
+    let name = format!("{:?}", a.scenario).to_lowercase();
+    head.insert("scenario".into(), json!(name));
+    head.insert("quick".into(), json!(a.quick));
+    head.insert("reps".into(), json!(reps));
+    head.insert("machine".into(), machine::describe());
+    head.insert("command".into(), json!(command_line()));
+    let (body, plot_fn): (Map<String, Value>, PlotFn) = match a.scenario {
+        ScenarioArg::S4 => s4_body(a, &mut head)?,
+        s => {
+            let sc = match s {
+                ScenarioArg::S1 => Scenario::S1,
+                ScenarioArg::S2 => Scenario::S2,
+                _ => Scenario::S3,
+            };
+            head.insert("duration_s".into(), json!(duration.as_secs_f64()));
+            head.insert("hogs".into(), json!(hogs));
+            head.insert(
+                "device_mode".into(),
+                json!(match a.device_mode {
+                    BenchDeviceMode::InProcess => "in-process",
+                    BenchDeviceMode::Sandboxed => "sandboxed",
+                }),
+            );
+            let guest_hook = match &a.s4_json {
+                Some(p) => Some(read_json(p)?),
+                None => None,
+            };
+            // S3 counts BPF run time; on for the whole scenario.
+            let _stats = if sc == Scenario::S3 {
+                Some(costs::BpfStats::enable()?)
+            } else {
+                None
+            };
+            head.insert(
+                "caps".into(),
+                json!(
+                    a.caps
+                        .as_ref()
+                        .map_or_else(|| "default".to_owned(), |p| p.display().to_string())
+                ),
+            );
+            let opts = runner::RunOpts {
+                duration,
+                mode: a.device_mode,
+                caps: a.caps.clone(),
+            };
+            let runs = scenario::execute(sc, scenario::variants(sc, hogs), reps, &opts)?;
+            let body = scenario::assemble(sc, &runs, guest_hook.as_ref())?;
+            let series = scenario::series(&runs);
+            let title = match sc {
+                Scenario::S1 => "S1 WAKEUP: MSI INJECTION TO GUEST HANDLER",
+                Scenario::S2 => "S2 IPI/SPIN ROUND TRIP, 4 VCPUS, HOGS",
+                Scenario::S3 => "S3 BPF NS PER EVENT (RUN_TIME_NS/RUN_CNT)",
+            };
+            let plot_fn: PlotFn = match (&a.plot, sc) {
+                (None, _) => Box::new(|_| Ok(())),
+                (Some(p), Scenario::S3) => {
+                    let p = p.clone();
+                    Box::new(move |j| {
+                        plot::bars_png(&p, title, "NS/EVENT", &scenario::s3_bars(j), Some(300.0))
+                            .map_err(BenchError::from)
+                    })
+                }
+                (Some(p), _) => {
+                    let p = p.clone();
+                    Box::new(move |_| {
+                        plot::cdf_png(&p, title, "LATENCY (US)", &series).map_err(BenchError::from)
+                    })
+                }
+            };
+            (body, plot_fn)
+        }
+    };
+    let mut all = head;
+    all.extend(body);
+    let j = Value::Object(all);
+    plot_fn(&j)?;
+    if let Some(p) = &a.plot {
+        eprintln!("pvsched bench: plot written to {}", p.display());
+    }
+    match a.json.as_deref() {
+        Some("-") => println!("{j}"),
+        Some(path) => {
+            let text = serde_json::to_string_pretty(&j).unwrap_or_else(|_| j.to_string());
+            std::fs::write(path, text + "\n").map_err(|e| BenchError::Write {
+                path: path.into(),
+                source: e,
+            })?;
+            print_table(&j);
+        }
+        None => print_table(&j),
+    }
+    Ok(())
+}
+
+fn read_json(p: &std::path::Path) -> Result<Value, BenchError> {
+    let text = std::fs::read_to_string(p)
+        .map_err(|e| BenchError::Setup(format!("reading {}: {e}", p.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| BenchError::Setup(format!("{} is not JSON: {e}", p.display())))
+}
+
+/// Draws the scenario's plot from its final JSON.
+type PlotFn = Box<dyn Fn(&Value) -> Result<(), BenchError>>;
+
+/// S4: run bench/s4.py and relay its JSON (its fields after our header).
+fn s4_body(
+    a: &BenchArgs,
+    head: &mut Map<String, Value>,
+) -> Result<(Map<String, Value>, PlotFn), BenchError> {
+    let repo = s4::repo_root(a.repo.as_deref());
+    let need = |given: &Option<PathBuf>, name: &str| -> Result<PathBuf, BenchError> {
+        given.clone().or_else(|| s4::find_bin(name, &repo)).ok_or_else(|| {
+            BenchError::Setup(format!(
+                "{name} not found beside this binary or in target/release; build it with `cargo build --release -p pvsched-transport --bin pvsched-device -p pvsched-agent --bin pvsched-agent-attach` or pass --device-bin/--agent-bin"
+            ))
+        })
+    };
+    let device_bin = need(&a.device_bin, "pvsched-device")?;
+    let agent_bin = need(&a.agent_bin, "pvsched-agent-attach")?;
+    let samples =
+        std::env::temp_dir().join(format!("pvsched-bench-s4-{}.json", std::process::id()));
+    let out = s4::run(&s4::S4Args {
+        repo: &repo,
+        device_bin: &device_bin,
+        agent_bin: &agent_bin,
+        quick: a.quick,
+        reps: a.reps,
+        duration_s: a.duration.map(|d| d.as_secs().max(1)),
+        samples: &samples,
+    });
+    let raw = std::fs::read_to_string(&samples).ok();
+    let _ = std::fs::remove_file(&samples);
+    let mut body = match out? {
+        Value::Object(m) => m,
+        other => {
+            let mut m = Map::new();
+            m.insert("s4".into(), other);
+            m
+        }
+    };
+    // Keep our header's quick/reps/command; s4.py's machine is richer.
+    for k in ["scenario", "quick", "reps"] {
+        if let Some(v) = body.remove(k) {
+            head.insert(k.into(), v);
+        }
+    }
+    if let Some(m) = body.remove("machine") {
+        head.insert("machine".into(), m);
+    }
+    if let Some(c) = body.remove("command") {
+        head.insert("s4_command".into(), c);
+    }
+    if let Some(t) = body.remove("targets") {
+        body.insert("targets".into(), s4::normalize_targets(t));
+    }
+    let series = raw
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .map(|s| s4::series(&s, 500))
+        .unwrap_or_default();
+    let plot_fn: PlotFn = match &a.plot {
+        None => Box::new(|_| Ok(())),
+        Some(p) => {
+            let p = p.clone();
+            Box::new(move |_| {
+                if series.is_empty() {
+                    return Err(BenchError::Setup(
+                        "s4.py wrote no histograms (--samples) to plot".into(),
+                    ));
+                }
+                plot::cdf_png(
+                    &p,
+                    "S4 CYCLICTEST -I 500, HOST LOADED (TCG)",
+                    "LATENCY (US)",
+                    &series,
+                )
+                .map_err(BenchError::from)
+            })
+        }
+    };
+    Ok((body, plot_fn))
+}
+
+fn num(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "-".into(), |x| format!("{x:.1}"))
+}
+
+/// The human summary: one row per variant, ratios, targets.
+fn print_table(j: &Value) {
+    println!(
+        "\npvsched bench {}: {} rep(s){}",
+        j["scenario"].as_str().unwrap_or("?"),
+        j["reps"],
+        if j["quick"] == true { ", quick" } else { "" }
+    );
+    println!(
+        "{:<16} {:>10} {:>10} {:>10}   (medians over reps, µs)",
+        "variant", "p50", "p99", "max"
+    );
+    if let Some(o) = j.as_object() {
+        for (k, v) in o {
+            if v.get("p99_us").is_some() && v.get("p50_us").is_some() {
+                println!(
+                    "{k:<16} {:>10} {:>10} {:>10}",
+                    num(&v["p50_us"]),
+                    num(&v["p99_us"]),
+                    num(&v["max_us"])
+                );
+            }
+        }
+    }
+    println!(
+        "pvsched/vanilla: p50 {}  p99 {}  max {}",
+        j["ratio_p50"], j["ratio_p99"], j["ratio_max"]
+    );
+    for t in j["targets"].as_array().into_iter().flatten() {
+        println!(
+            "target {:<20} {:<6} value {}  ({})",
+            t["name"].as_str().unwrap_or("?"),
+            if t["met"] == true { "MET" } else { "NOT MET" },
+            t["value"],
+            t["goal"].as_str().unwrap_or("")
+        );
+    }
+}

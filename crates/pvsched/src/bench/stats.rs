@@ -1,0 +1,148 @@
+//! Numbers for `pvsched bench`: nearest-rank percentiles of raw samples,
+//! medians and spread over repetitions, ratios, and CDF points for plots.
+
+/// Nearest-rank percentile `p` (0..=100) of sorted `v` (the same rule as
+/// `pvsched run`'s summary).
+pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    // The epsilon keeps e.g. 0.999 × 1000 (= 999.000…1 in floating
+    // point) at rank 999.
+    let rank = ((p / 100.0) * sorted.len() as f64 - 1e-9).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+}
+
+/// Nanoseconds as microseconds rounded to 0.1 µs.
+pub fn us(ns: u64) -> f64 {
+    (ns as f64 / 100.0).round() / 10.0
+}
+
+/// Latency summary of one run, µs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Latency {
+    /// Number of samples.
+    pub samples: usize,
+    /// Median.
+    pub p50_us: Option<f64>,
+    /// 90th percentile.
+    pub p90_us: Option<f64>,
+    /// 99th percentile.
+    pub p99_us: Option<f64>,
+    /// 99.9th percentile.
+    pub p999_us: Option<f64>,
+    /// Maximum.
+    pub max_us: Option<f64>,
+}
+
+/// Summarise nanosecond samples (sorts them in place).
+pub fn latency(samples: &mut [u64]) -> Latency {
+    samples.sort_unstable();
+    let p = |q| percentile(samples, q).map(us);
+    Latency {
+        samples: samples.len(),
+        p50_us: p(50.0),
+        p90_us: p(90.0),
+        p99_us: p(99.0),
+        p999_us: p(99.9),
+        max_us: samples.last().copied().map(us),
+    }
+}
+
+/// Median of the values present (the mean of the middle two for an even
+/// count); `None` if there are none.
+pub fn median(values: &[Option<f64>]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().flatten().copied().collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let m = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    Some(round2(m))
+}
+
+/// (min, max) of the values present.
+pub fn spread(values: &[Option<f64>]) -> Option<(f64, f64)> {
+    let mut it = values.iter().flatten().copied();
+    let first = it.next()?;
+    Some(it.fold((first, first), |(lo, hi), x| (lo.min(x), hi.max(x))))
+}
+
+/// `a / b`, rounded to 3 decimals; `None` if either is missing or `b` is 0.
+pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some((a / b * 1000.0).round() / 1000.0),
+        _ => None,
+    }
+}
+
+/// Rounded to 2 decimals.
+pub fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Empirical CDF of sorted nanosecond samples as at most `max_points`
+/// (µs, fraction ≤) points: every distinct value for small sets, else
+/// quantiles spaced evenly in log(1 − F) so the tail (p99, p99.9, max)
+/// keeps its detail.
+pub fn cdf(sorted: &[u64], max_points: usize) -> Vec<(f64, f64)> {
+    let n = sorted.len();
+    if n == 0 || max_points < 2 {
+        return Vec::new();
+    }
+    let point = |i: usize| (sorted[i] as f64 / 1000.0, (i + 1) as f64 / n as f64);
+    if n <= max_points {
+        return (0..n).map(point).collect();
+    }
+    // Ranks r_k with 1 - r_k/n spread in log scale from 1 down to 1/n.
+    let mut idx: Vec<usize> = (0..max_points)
+        .map(|k| {
+            let t = k as f64 / (max_points - 1) as f64;
+            let tail = (n as f64).powf(-t); // 1 .. 1/n
+            (((1.0 - tail) * n as f64).round() as usize).min(n - 1)
+        })
+        .collect();
+    idx.push(n - 1);
+    idx.dedup();
+    idx.into_iter().map(point).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_medians_ratios() {
+        let mut s: Vec<u64> = (1..=1000).rev().map(|i| i * 1000).collect();
+        let l = latency(&mut s);
+        assert_eq!(l.samples, 1000);
+        assert_eq!(l.p50_us, Some(500.0));
+        assert_eq!(l.p99_us, Some(990.0));
+        assert_eq!(l.p999_us, Some(999.0));
+        assert_eq!(l.max_us, Some(1000.0));
+        assert_eq!(latency(&mut []).p50_us, None);
+        assert_eq!(median(&[Some(3.0), None, Some(1.0), Some(2.0)]), Some(2.0));
+        assert_eq!(median(&[Some(1.0), Some(2.0)]), Some(1.5));
+        assert_eq!(median(&[None]), None);
+        assert_eq!(spread(&[Some(3.0), Some(1.0), None]), Some((1.0, 3.0)));
+        assert_eq!(ratio(Some(1.0), Some(4.0)), Some(0.25));
+        assert_eq!(ratio(Some(1.0), Some(0.0)), None);
+        assert_eq!(ratio(None, Some(1.0)), None);
+    }
+
+    #[test]
+    fn cdf_is_monotonic_and_ends_at_the_max() {
+        let s: Vec<u64> = (1..=100_000).collect();
+        let c = cdf(&s, 200);
+        assert!(c.len() <= 201);
+        assert!(c.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1));
+        assert_eq!(c.last(), Some(&(100.0, 1.0)));
+        assert_eq!(cdf(&[5000, 7000], 200), vec![(5.0, 0.5), (7.0, 1.0)]);
+        assert!(cdf(&[], 200).is_empty());
+    }
+}

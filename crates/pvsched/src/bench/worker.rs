@@ -1,0 +1,248 @@
+//! `pvsched bench-run` (hidden): one measured run for `pvsched bench`, in
+//! its own process so every repetition starts from a fresh VM, agent and
+//! BPF object. It wires the reference VMM and the embedded policy exactly
+//! as `pvsched run --policy embedded --region device` does (the agent's
+//! BPF map is BAR2's memslot) and prints one JSON object on stdout with
+//! what `pvsched run --json` does not print: every raw latency sample (for
+//! the CDF plots), the BPF run time per program and the start-up time.
+
+use super::hogs;
+use crate::exit::Exit;
+use clap::{Args, ValueEnum};
+use pvsched::embedded::{Embedded, EmbeddedError};
+use pvsched::summary;
+use pvsched_agent::{AgentConfig, AgentError};
+use pvsched_device::RegionMode;
+use pvsched_policy::{BoostKind, Caps};
+use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, VmConfig, Workload};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// Errors of one measured run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The VM could not be built or started.
+    #[error("bench run: the VM did not start: {0}")]
+    Vm(#[from] pvsched_vmm::Error),
+    /// The embedded policy could not be loaded or attached.
+    #[error("bench run: {0}")]
+    Policy(#[from] EmbeddedError),
+    /// The caps file could not be read or is invalid.
+    #[error("bench run: caps file {path}: {msg}")]
+    Caps {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// This program could not be found (sandboxed device mode needs it).
+    #[error("bench run: cannot find this program to start the device process: {0}")]
+    Exe(#[source] std::io::Error),
+}
+
+impl WorkerError {
+    fn exit(&self) -> Exit {
+        match self {
+            WorkerError::Vm(pvsched_vmm::Error::KvmMissing) => Exit::NoKvm,
+            WorkerError::Vm(pvsched_vmm::Error::KvmPermission) => Exit::KvmPermission,
+            WorkerError::Policy(EmbeddedError::Agent(AgentError::Bpf(_))) => Exit::PolicyLoad,
+            WorkerError::Caps { .. } => Exit::PolicyFile,
+            _ => Exit::Failure,
+        }
+    }
+}
+
+/// Test-guest workloads the bench uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BenchWorkload {
+    /// Interrupt injection → guest handler latency.
+    Wakeup,
+    /// x2APIC IPI ping-pong round trip.
+    Ipi,
+    /// wait_on + spin until the partner answers an IPI.
+    Spin,
+}
+
+impl From<BenchWorkload> for Workload {
+    fn from(w: BenchWorkload) -> Self {
+        match w {
+            BenchWorkload::Wakeup => Workload::Wakeup,
+            BenchWorkload::Ipi => Workload::Ipi,
+            BenchWorkload::Spin => Workload::Spin,
+        }
+    }
+}
+
+/// Where the device runs (as `pvsched run --device-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BenchDeviceMode {
+    /// In the VMM's process: the agent's map is BAR2's memslot.
+    InProcess,
+    /// In its own sandboxed process (`pvsched device`).
+    Sandboxed,
+}
+
+/// Arguments of the hidden `pvsched bench-run`.
+#[derive(Args, Debug, Clone)]
+pub struct WorkerArgs {
+    /// vCPUs.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub vcpus: u32,
+    /// Workload.
+    #[arg(long, value_enum, default_value_t = BenchWorkload::Wakeup)]
+    pub workload: BenchWorkload,
+    /// How long the workload runs.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Load the embedded BPF policy (default caps).
+    #[arg(long)]
+    pub policy: bool,
+    /// With --policy: caps with `yield_boost = "none"` (no directed-yield boost).
+    #[arg(long)]
+    pub no_yield: bool,
+    /// Where the device runs.
+    #[arg(long, value_enum, default_value_t = BenchDeviceMode::InProcess)]
+    pub device_mode: BenchDeviceMode,
+    /// With --policy: caps from this TOML file instead of the defaults.
+    #[arg(long)]
+    pub policy_file: Option<std::path::PathBuf>,
+}
+
+/// The caps of a pvsched variant: `base` (default caps if `None`), and
+/// without the directed-yield boost if `no_yield`.
+pub fn caps(base: Option<Caps>, no_yield: bool) -> Caps {
+    let mut c = base.unwrap_or_default();
+    if no_yield {
+        c.yield_boost = BoostKind::None;
+    }
+    c
+}
+
+/// Reads caps TOML.
+fn load_caps(p: &std::path::Path) -> Result<Caps, WorkerError> {
+    let err = |msg: String| WorkerError::Caps {
+        path: p.display().to_string(),
+        msg,
+    };
+    let text = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
+    Caps::from_toml(&text).map_err(|e| err(e.to_string()))
+}
+
+/// Runs and prints the JSON; returns the exit code.
+pub fn main(a: &WorkerArgs) -> Exit {
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp(None)
+        .try_init();
+    match run(a) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{e}");
+            e.exit()
+        }
+    }
+}
+
+fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
+    // vCPU threads inherit this thread's nice: 0, like the hogs.
+    hogs::normal_nice0();
+    let mut vm = VmConfig::new(a.vcpus, a.workload.into());
+    vm.region = RegionMode::Device;
+    if a.device_mode == BenchDeviceMode::Sandboxed {
+        let exe = std::env::current_exe().map_err(WorkerError::Exe)?;
+        vm.device_mode = DeviceMode::Sandboxed(DeviceProgram::new(exe, ["device"]));
+    }
+    let mut policy = if a.policy {
+        let base = match &a.policy_file {
+            Some(p) => Some(load_caps(p)?),
+            None => None,
+        };
+        Some(Embedded::load(
+            caps(base, a.no_yield),
+            AgentConfig::default(),
+        )?)
+    } else {
+        None
+    };
+    vm.policy_sink = policy.as_ref().map(Embedded::sink);
+    vm.on_device_lost = policy.as_ref().map(Embedded::device_lost_hook);
+    let cfg = RunConfig::new(vm, a.duration);
+    let t0 = Instant::now();
+    let run = Run::start_with(&cfg, |vm| match policy.as_mut() {
+        Some(p) => p.attach_device(vm).map_err(WorkerError::Policy),
+        None => Ok(()),
+    })?;
+    let start_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let monitor = run.vm().monitor().clone();
+    std::thread::sleep(a.duration);
+    // The policy's numbers at the end of the measured time; then the VM
+    // is unregistered (every vCPU thread back at its baseline) while its
+    // threads still exist, and only then stopped. The agent's map stays
+    // mapped as BAR2's backing until `policy` is dropped, after the VM.
+    let stats = policy.as_ref().and_then(Embedded::stats);
+    let progs: Vec<_> = policy
+        .as_ref()
+        .map(|p| p.agent().prog_stats())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, cnt, ns)| json!({ "name": name, "run_cnt": cnt, "run_time_ns": ns }))
+        .collect();
+    if let Some(p) = policy.as_mut() {
+        p.detach();
+    }
+    let report = run.finish();
+    drop(policy);
+    let samples: Vec<u64> = (0..monitor.nr_vcpus())
+        .flat_map(|v| monitor.stats(v).samples_ns)
+        .collect();
+    let ok = report.driver_ok()
+        && report.clean_shutdown
+        && report.device_lost.is_none()
+        && report.per_vcpu.iter().all(|v| v.fault.is_none());
+    let out = json!({
+        "ok": ok,
+        "handshake": report.handshake,
+        "events": report.events,
+        "lost_wakeups": report.lost_wakeups,
+        "duration_s": report.duration_s,
+        "device_mode": report.device_mode,
+        "start_ms": (start_ms * 10.0).round() / 10.0,
+        "mmio_read_service": report.mmio_read_service,
+        "mmio_write_service": report.mmio_write_service,
+        "policy": stats.as_ref().map(|s| summary::to_json("embedded", s)),
+        "prog_stats": progs,
+        "samples_ns": samples,
+    });
+    println!("{out}");
+    if !ok {
+        eprintln!(
+            "bench run: the guest did not run cleanly (handshake {}, clean shutdown {})",
+            report.handshake, report.clean_shutdown
+        );
+        return Ok(Exit::Guest);
+    }
+    Ok(Exit::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_yield_caps_disable_only_the_yield_boost() {
+        let c = caps(None, true);
+        assert_eq!(c.yield_boost, BoostKind::None);
+        assert_eq!(
+            Caps {
+                yield_boost: Caps::default().yield_boost,
+                ..c
+            },
+            Caps::default()
+        );
+        assert_eq!(caps(None, false), Caps::default());
+        let base = Caps {
+            max_boost_us: 0,
+            ..Caps::default()
+        };
+        assert_eq!(caps(Some(base.clone()), false), base);
+    }
+}
