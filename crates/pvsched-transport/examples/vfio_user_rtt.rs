@@ -20,15 +20,16 @@
 //! ```
 
 use clap::Parser;
+#[path = "../tests/support/vfio_client.rs"]
+mod vfio_client;
+
 use pvsched_abi as abi;
 use pvsched_transport::cli::DeviceArgs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::{Duration, Instant};
-use vfio_bindings::bindings::vfio::VFIO_PCI_CONFIG_REGION_INDEX;
-use vfio_user::Client;
-use vm_memory::{FileOffset, MmapRegion};
+use vfio_client::{connect, driver_ok, map_bar2, map_bars, negotiate, reg};
 
 const NR_VCPUS: u32 = 2;
 const READS: usize = 10_000;
@@ -39,27 +40,6 @@ const UPDATES: u64 = 100_000;
 struct DeviceCli {
     #[command(flatten)]
     args: DeviceArgs,
-}
-
-fn reg(c: &mut Client, off: u32) -> u32 {
-    let mut b = [0u8; 4];
-    c.region_read(u32::from(abi::REG_BAR), u64::from(off), &mut b)
-        .expect("BAR0 read");
-    u32::from_le_bytes(b)
-}
-
-fn set_reg(c: &mut Client, off: u32, v: u32) {
-    c.region_write(u32::from(abi::REG_BAR), u64::from(off), &v.to_le_bytes())
-        .expect("BAR0 write");
-}
-
-fn cfg_write(c: &mut Client, dword: u32, v: u32) {
-    c.region_write(
-        VFIO_PCI_CONFIG_REGION_INDEX,
-        u64::from(dword) * 4,
-        &v.to_le_bytes(),
-    )
-    .expect("config write");
 }
 
 /// Total messages the device counted, from its dump.
@@ -129,13 +109,7 @@ fn measure() {
         .stdin(Stdio::null())
         .spawn()
         .expect("spawn the device process");
-    while !sock.exists() {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            panic!("device exited early: {st}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut c = Client::new(&sock).expect("connect");
+    let mut c = connect(&sock, &mut child);
     let st = std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("status");
     println!("device pid {} (separate process):", child.id());
     for l in st.lines().filter(|l| {
@@ -162,34 +136,12 @@ fn measure() {
     );
 
     // 2. Device-region handshake, then slot updates through the mapping.
-    cfg_write(&mut c, 4, 0xfebf_0000);
-    cfg_write(&mut c, 4 + u32::from(abi::REGION_BAR), 0xc000_0000);
-    cfg_write(&mut c, 1, 0x2);
-    set_reg(&mut c, abi::REG_STATUS, 0);
-    set_reg(&mut c, abi::REG_STATUS, abi::STATUS_ACKNOWLEDGE);
-    set_reg(
-        &mut c,
-        abi::REG_STATUS,
-        abi::STATUS_ACKNOWLEDGE | abi::STATUS_DRIVER,
-    );
-    set_reg(
-        &mut c,
-        abi::REG_DRV_FEATURES_LO,
-        abi::F_DEVICE_REGION as u32,
-    );
+    map_bars(&mut c);
+    negotiate(&mut c, abi::F_DEVICE_REGION);
     let s = abi::STATUS_ACKNOWLEDGE | abi::STATUS_DRIVER | abi::STATUS_FEATURES_OK;
-    set_reg(&mut c, abi::REG_STATUS, s);
-    set_reg(&mut c, abi::REG_DRIVER_VERSION, abi::ABI_VERSION);
-    set_reg(&mut c, abi::REG_STATUS, s | abi::STATUS_DRIVER_OK);
-    assert_eq!(reg(&mut c, abi::REG_STATUS), s | abi::STATUS_DRIVER_OK);
+    assert_eq!(driver_ok(&mut c), s | abi::STATUS_DRIVER_OK);
 
-    let bar2 = c.region(u32::from(abi::REGION_BAR)).expect("BAR2");
-    let fo = bar2.file_offset.as_ref().expect("BAR2 fd");
-    let map = MmapRegion::<()>::from_file(
-        FileOffset::new(fo.file().try_clone().expect("dup"), fo.start()),
-        bar2.size as usize,
-    )
-    .expect("mmap BAR2");
+    let map = map_bar2(&c);
     assert!(map.size() >= abi::region_size(NR_VCPUS) as usize);
 
     // One more message after the dump period so the device rewrites its

@@ -4,46 +4,12 @@
 //! process's JSON slot dump shows what the guest wrote, with no socket
 //! message per update.
 
+#[path = "support/vfio_client.rs"]
+mod vfio_client;
+
 use pvsched_abi as abi;
-use std::path::Path;
 use std::process::{Command, Stdio};
-use vfio_bindings::bindings::vfio::VFIO_PCI_CONFIG_REGION_INDEX;
-use vfio_user::Client;
-use vm_memory::{FileOffset, MmapRegion};
-
-const CONFIG: u32 = VFIO_PCI_CONFIG_REGION_INDEX;
-
-fn reg(c: &mut Client, off: u32) -> u32 {
-    let mut b = [0u8; 4];
-    c.region_read(u32::from(abi::REG_BAR), u64::from(off), &mut b)
-        .expect("BAR0 read");
-    u32::from_le_bytes(b)
-}
-
-fn set_reg(c: &mut Client, off: u32, v: u32) {
-    c.region_write(u32::from(abi::REG_BAR), u64::from(off), &v.to_le_bytes())
-        .expect("BAR0 write");
-}
-
-fn cfg_write(c: &mut Client, dword: u32, v: u32) {
-    c.region_write(CONFIG, u64::from(dword) * 4, &v.to_le_bytes())
-        .expect("config write");
-}
-
-/// Connect once the child has bound the socket (bounded wait, not a timing
-/// assertion).
-fn connect(path: &Path, child: &mut std::process::Child) -> Client {
-    for _ in 0..500 {
-        if path.exists() {
-            return Client::new(path).expect("vfio-user client connects");
-        }
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            panic!("pvsched-device exited early with {status}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    panic!("pvsched-device never bound {}", path.display());
-}
+use vfio_client::{connect, driver_ok, map_bar2, map_bars, negotiate};
 
 #[test]
 fn serves_vfio_user_client_in_device_region_mode() {
@@ -61,37 +27,15 @@ fn serves_vfio_user_client_in_device_region_mode() {
         .expect("spawn pvsched-device");
     let mut c = connect(&sock, &mut child);
 
-    // Firmware: place BAR0 and BAR2, enable memory decoding.
-    cfg_write(&mut c, 4, 0xfebf_0000);
-    cfg_write(&mut c, 4 + u32::from(abi::REGION_BAR), 0xc000_0000);
-    cfg_write(&mut c, 1, 0x2);
-    // Driver: device-region handshake.
-    assert_eq!(reg(&mut c, abi::REG_MAGIC), abi::MAGIC);
-    set_reg(&mut c, abi::REG_STATUS, abi::STATUS_ACKNOWLEDGE);
-    set_reg(
-        &mut c,
-        abi::REG_STATUS,
-        abi::STATUS_ACKNOWLEDGE | abi::STATUS_DRIVER,
-    );
-    set_reg(
-        &mut c,
-        abi::REG_DRV_FEATURES_LO,
-        abi::F_DEVICE_REGION as u32,
-    );
+    // Firmware: place BAR0 and BAR2, enable memory decoding; then the
+    // driver's device-region handshake.
+    map_bars(&mut c);
+    negotiate(&mut c, abi::F_DEVICE_REGION);
     let s = abi::STATUS_ACKNOWLEDGE | abi::STATUS_DRIVER | abi::STATUS_FEATURES_OK;
-    set_reg(&mut c, abi::REG_STATUS, s);
-    set_reg(&mut c, abi::REG_DRIVER_VERSION, abi::ABI_VERSION);
-    set_reg(&mut c, abi::REG_STATUS, s | abi::STATUS_DRIVER_OK);
-    assert_eq!(reg(&mut c, abi::REG_STATUS), s | abi::STATUS_DRIVER_OK);
+    assert_eq!(driver_ok(&mut c), s | abi::STATUS_DRIVER_OK);
 
     // The guest reports FIFO 8 in slot 1 (APIC ID 2) through the mapping.
-    let bar2 = c.region(u32::from(abi::REGION_BAR)).expect("BAR2");
-    let fo = bar2.file_offset.as_ref().expect("BAR2 fd");
-    let map = MmapRegion::<()>::from_file(
-        FileOffset::new(fo.file().try_clone().expect("dup"), fo.start()),
-        bar2.size as usize,
-    )
-    .expect("mmap BAR2");
+    let map = map_bar2(&c);
     let slot1 = u64::from(abi::slot_offset(2, 1));
     for (off, v) in [(8u64, abi::POLICY_FIFO), (16, 8), (0, 2)] {
         let at = usize::try_from(slot1 + off).expect("offset");

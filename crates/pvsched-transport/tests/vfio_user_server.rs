@@ -4,6 +4,9 @@
 //! hostile input, and the BAR0 round-trip measurement.
 
 use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
+#[path = "support/vfio_client.rs"]
+mod vfio_client;
+
 use pvsched_abi as abi;
 use pvsched_device::testing::guest_handshake;
 use pvsched_device::{DeviceConfig, NullSink, PciDevice, PvschedDevice};
@@ -22,13 +25,13 @@ use std::time::Instant;
 use vfio_bindings::bindings::vfio::{
     VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_MMAP,
 };
+use vfio_client::{cfg_read, cfg_write, driver_ok, map_bar2, map_bars, negotiate, reg, set_reg};
 use vfio_user::Client;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, MmapRegion};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
 const NR_VCPUS: u32 = 4;
 const RAM: u64 = 16 << 20;
 const CONFIG: u32 = VFIO_PCI_CONFIG_REGION_INDEX;
-const BAR2_ADDR: u32 = 0xc000_0000;
 
 type ServeResult = Result<(), VfioUserError>;
 
@@ -93,64 +96,6 @@ impl Harness {
             .join()
             .expect("server thread did not panic")
     }
-}
-
-fn cfg_read(c: &mut Client, dword: u32) -> u32 {
-    let mut b = [0u8; 4];
-    c.region_read(CONFIG, u64::from(dword) * 4, &mut b)
-        .expect("config read");
-    u32::from_le_bytes(b)
-}
-
-fn cfg_write(c: &mut Client, dword: u32, v: u32) {
-    c.region_write(CONFIG, u64::from(dword) * 4, &v.to_le_bytes())
-        .expect("config write");
-}
-
-fn reg(c: &mut Client, off: u32) -> u32 {
-    let mut b = [0u8; 4];
-    c.region_read(u32::from(abi::REG_BAR), u64::from(off), &mut b)
-        .expect("BAR0 read");
-    u32::from_le_bytes(b)
-}
-
-fn set_reg(c: &mut Client, off: u32, v: u32) {
-    c.region_write(u32::from(abi::REG_BAR), u64::from(off), &v.to_le_bytes())
-        .expect("BAR0 write");
-}
-
-/// The driver's negotiation up to FEATURES_OK.
-fn negotiate(c: &mut Client, features: u64) {
-    set_reg(c, abi::REG_STATUS, 0);
-    assert_eq!(reg(c, abi::REG_MAGIC), abi::MAGIC);
-    set_reg(c, abi::REG_STATUS, abi::STATUS_ACKNOWLEDGE);
-    set_reg(
-        c,
-        abi::REG_STATUS,
-        abi::STATUS_ACKNOWLEDGE | abi::STATUS_DRIVER,
-    );
-    set_reg(c, abi::REG_DRV_FEATURES_LO, features as u32);
-    set_reg(c, abi::REG_DRV_FEATURES_HI, (features >> 32) as u32);
-    set_reg(
-        c,
-        abi::REG_STATUS,
-        abi::STATUS_ACKNOWLEDGE | abi::STATUS_DRIVER | abi::STATUS_FEATURES_OK,
-    );
-    set_reg(c, abi::REG_DRIVER_VERSION, abi::ABI_VERSION);
-}
-
-fn driver_ok(c: &mut Client) -> u32 {
-    let s = reg(c, abi::REG_STATUS);
-    set_reg(c, abi::REG_STATUS, s | abi::STATUS_DRIVER_OK);
-    reg(c, abi::REG_STATUS)
-}
-
-/// Program BAR0 and BAR2 and enable memory decoding, as firmware does.
-fn map_bars(c: &mut Client) {
-    cfg_write(c, 4, 0xfebf_0000);
-    cfg_write(c, 4 + u32::from(abi::REGION_BAR), BAR2_ADDR);
-    let cmd = cfg_read(c, 1) & 0xffff;
-    cfg_write(c, 1, cmd | 0x2);
 }
 
 fn guest_ram() -> File {
@@ -275,11 +220,7 @@ fn device_region_handshake_and_slot_updates_cross_no_socket() {
     assert_eq!(reg(&mut c, abi::REG_ERROR), abi::ERR_NONE);
 
     // Map BAR2 through the fd the server sent.
-    let bar2 = c.region(u32::from(abi::REGION_BAR)).expect("BAR2");
-    let fo = bar2.file_offset.as_ref().expect("fd");
-    let file = fo.file().try_clone().expect("dup");
-    let map = MmapRegion::<()>::from_file(FileOffset::new(file, fo.start()), bar2.size as usize)
-        .expect("mmap BAR2");
+    let map = map_bar2(&c);
     let base = map.as_ptr();
     // The header the device wrote at DRIVER_OK is visible through the mmap.
     let mut magic = [0u8; 4];
