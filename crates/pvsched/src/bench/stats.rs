@@ -1,17 +1,8 @@
 //! Numbers for `pvsched bench`: nearest-rank percentiles of raw samples,
 //! medians and spread over repetitions, ratios, and CDF points for plots.
 
-/// Nearest-rank percentile `p` (0..=100) of sorted `v` (the same rule as
-/// `pvsched run`'s summary).
-pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    // The epsilon keeps e.g. 0.999 × 1000 (= 999.000…1 in floating
-    // point) at rank 999.
-    let rank = ((p / 100.0) * sorted.len() as f64 - 1e-9).ceil() as usize;
-    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
-}
+/// Nearest-rank percentile, the rule of `pvsched run`'s summary.
+pub use pvsched_vmm::stats::percentile;
 
 /// Nanoseconds as microseconds rounded to 0.1 µs.
 pub fn us(ns: u64) -> f64 {
