@@ -36,7 +36,7 @@ use pvsched_agent::{
 use pvsched_device::{PolicySink, PvschedDevice};
 use pvsched_policy::Caps;
 use pvsched_vmm::{DeviceLoss, DeviceMode, Vm};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use vm_memory::MmapRegion;
 
 /// Errors of the embedded policy.
@@ -56,10 +56,11 @@ pub enum EmbeddedError {
 /// The device's [`PolicySink`] for the embedded policy: KICK re-evaluates
 /// the slot now; the region header says a policy is active. It owns the
 /// VM's registration, so whoever holds the sink can end it
-/// ([`KickSink::unregister`]).
+/// ([`KickSink::unregister`]). Kicks run under the read lock, so ending
+/// the registration waits for a kick in flight and no kick starts after it.
 #[derive(Default)]
 pub struct KickSink {
-    vm: Mutex<Option<Arc<VmHandle>>>,
+    vm: RwLock<Option<Arc<VmHandle>>>,
     last_stats: Mutex<Option<VmStats>>,
 }
 
@@ -67,22 +68,38 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
 impl KickSink {
     fn set(&self, vm: Option<Arc<VmHandle>>) {
-        let old = std::mem::replace(&mut *lock(&self.vm), vm);
-        // Unregistering (restoring threads) happens here, outside the lock.
-        drop(old);
+        let mut g = write(&self.vm);
+        // The old registration (if any) ends here, before a kick can see
+        // the new one.
+        drop(std::mem::replace(&mut *g, vm));
     }
 
     fn handle(&self) -> Option<Arc<VmHandle>> {
-        lock(&self.vm).clone()
+        read(&self.vm).clone()
+    }
+
+    fn stats(&self) -> Option<VmStats> {
+        read(&self.vm).as_ref().map(|h| h.stats())
     }
 
     /// Ends the VM's registration now (every boosted vCPU thread gets its
-    /// baseline back); its stats at that moment stay readable.
+    /// baseline back); its stats at that moment stay readable. Returns
+    /// once the registration is gone, unless a clone of the handle from
+    /// [`Embedded::handle`] is still held elsewhere (it ends when that
+    /// clone is dropped).
     pub fn unregister(&self) {
-        let old = lock(&self.vm).take();
-        if let Some(h) = old {
+        let mut g = write(&self.vm);
+        if let Some(h) = g.take() {
             *lock(&self.last_stats) = Some(h.stats());
             drop(h);
         }
@@ -92,7 +109,7 @@ impl KickSink {
 impl PolicySink for KickSink {
     fn kick(&self, slot: u32) {
         // VmHandle::kick ignores out-of-range slots (guest input).
-        if let Some(h) = self.handle() {
+        if let Some(h) = read(&self.vm).as_ref() {
             h.kick(slot);
         }
     }
@@ -134,7 +151,8 @@ impl Embedded {
         &self.agent
     }
 
-    /// The registration, once attached (and until unregistered).
+    /// The registration, once attached (and until unregistered). Holding
+    /// the clone keeps the registration alive: drop it soon.
     pub fn handle(&self) -> Option<Arc<VmHandle>> {
         self.sink.handle()
     }
@@ -142,8 +160,8 @@ impl Embedded {
     /// The VM's policy stats: live while registered, else those taken when
     /// it was unregistered after a device loss.
     pub fn stats(&self) -> Option<VmStats> {
-        self.handle()
-            .map(|h| h.stats())
+        self.sink
+            .stats()
             .or_else(|| lock(&self.sink.last_stats).clone())
     }
 
@@ -152,11 +170,13 @@ impl Embedded {
     pub fn device_lost_hook(&self) -> Arc<dyn Fn(&DeviceLoss) + Send + Sync> {
         let sink = self.sink.clone();
         Arc::new(move |loss: &DeviceLoss| {
+            sink.unregister();
+            // Logged once the registration has ended: from here on nothing
+            // boosts this VM's vCPU threads.
             log::warn!(
-                "embedded policy: device process {} lost; unregistering the VM (vCPU threads back at baseline)",
+                "embedded policy: device process {} lost; VM unregistered, every vCPU thread back at its baseline",
                 loss.exit.pid
             );
-            sink.unregister();
         })
     }
 

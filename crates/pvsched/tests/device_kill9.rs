@@ -10,8 +10,16 @@ mod common;
 
 use common::{LIMIT, children_with, vcpu_threads, wait_for};
 use pvsched_abi::POLICY_NORMAL;
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// What the embedded policy logs once it has unregistered the VM after the
+/// device died (crates/pvsched/src/embedded.rs). Used only as a barrier:
+/// before it the policy may still boost (the VMM has not yet noticed the
+/// death); the test's assertions are on the threads' attributes.
+const UNREGISTERED: &str = "VM unregistered, every vCPU thread back at its baseline";
 
 /// Exit code of a run whose device process died (crates/pvsched/src/exit.rs).
 const EXIT_DEVICE_LOST: i32 = 8;
@@ -35,7 +43,7 @@ fn running(pid: u32) -> bool {
 }
 
 fn kill9(extra: &[&str]) {
-    let child = Command::new(env!("CARGO_BIN_EXE_pvsched"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pvsched"))
         .args([
             "run",
             "--workload",
@@ -52,6 +60,22 @@ fn kill9(extra: &[&str]) {
         .spawn()
         .expect("spawn pvsched run");
     let pid = child.id();
+    // The run's stderr, read as it comes (kept whole for failure messages).
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let mut pipe = child.stderr.take().expect("stderr piped");
+    let reader = {
+        let stderr = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(&mut pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut s = stderr.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+            let mut rest = String::new();
+            let _ = pipe.read_to_string(&mut rest);
+        })
+    };
     let mut run = Run(Some(child));
     let device = wait_for("the device process", LIMIT, || {
         children_with(pid, "device").first().copied()
@@ -83,8 +107,13 @@ fn kill9(extra: &[&str]) {
     // run, alive: it is only reaped by the run once it ends).
     assert_eq!(unsafe { libc::kill(device as i32, libc::SIGKILL) }, 0);
     if policy {
-        // Every vCPU thread back at SCHED_OTHER nice 0, and staying there
-        // while the run goes on (the policy no longer boosts this VM).
+        // Until the VMM notices the death, the policy still serves the VM
+        // (its slots are in the VMM's own mapping): wait for the end of the
+        // registration, then every vCPU thread is back at its baseline and
+        // stays there while the run goes on.
+        wait_for("the policy to unregister the VM", LIMIT, || {
+            stderr.lock().unwrap().contains(UNREGISTERED).then_some(())
+        });
         wait_for("vCPU threads at baseline", LIMIT, || {
             vcpus
                 .iter()
@@ -95,7 +124,12 @@ fn kill9(extra: &[&str]) {
             assert!(running(pid), "the run ended early");
             for &(i, tid) in &vcpus {
                 let a = pvsched_agent::sched::get(tid).expect("sched_getattr");
-                assert_eq!(a, baseline, "vCPU {i} (TID {tid}) after the device died");
+                assert_eq!(
+                    a,
+                    baseline,
+                    "vCPU {i} (TID {tid}) after the device died; the run said:\n{}",
+                    stderr.lock().unwrap()
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -107,7 +141,8 @@ fn kill9(extra: &[&str]) {
         .expect("child")
         .wait_with_output()
         .expect("pvsched run ends");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    reader.join().expect("stderr reader");
+    let stderr = stderr.lock().unwrap().clone();
     assert_eq!(out.status.code(), Some(EXIT_DEVICE_LOST), "{stderr}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let lost = &v["device_lost"];
