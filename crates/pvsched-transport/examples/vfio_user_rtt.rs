@@ -27,9 +27,10 @@ use pvsched_abi as abi;
 use pvsched_transport::cli::DeviceArgs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::{Duration, Instant};
-use vfio_client::{connect, driver_ok, map_bar2, map_bars, negotiate, reg};
+use vfio_client::{
+    bar0_read_rtt, connect, driver_ok, map_bar2, map_bars, negotiate, reg, write_guest_slot,
+};
 
 const NR_VCPUS: u32 = 2;
 const READS: usize = 10_000;
@@ -53,33 +54,6 @@ fn dumped_messages(dump: &Path) -> (u64, serde_json::Value) {
         .filter_map(serde_json::Value::as_u64)
         .sum();
     (n, v)
-}
-
-/// Write slot `index`'s guest half with the sequence protocol.
-///
-/// # Safety
-/// `base` must point to a live, writable mapping of at least
-/// `region_size(NR_VCPUS)` bytes.
-unsafe fn update_slot(base: *mut u8, index: u32, updates: u64) {
-    let off = abi::slot_offset(NR_VCPUS, index) as usize;
-    // SAFETY: the caller guarantees the mapping; slots are 64-byte aligned.
-    let seq = unsafe { &*(base.add(off) as *const AtomicU32) };
-    let s = seq.load(Ordering::Relaxed);
-    seq.store(s.wrapping_add(1), Ordering::Relaxed);
-    fence(Ordering::Release);
-    let g = abi::SlotGuest {
-        seq: s.wrapping_add(1),
-        policy: abi::POLICY_NORMAL,
-        nice: (updates % 20) as i32,
-        updates,
-        ..Default::default()
-    };
-    let bytes = vm_memory::ByteValued::as_slice(&g);
-    // SAFETY: the caller guarantees the mapping; the guest half is 64 bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr().add(4), base.add(off + 4), bytes.len() - 4)
-    };
-    seq.store(s.wrapping_add(2), Ordering::Release);
 }
 
 fn main() -> ExitCode {
@@ -119,20 +93,10 @@ fn measure() {
     }
 
     // 1. BAR0 round trip.
-    let mut ns = Vec::with_capacity(READS);
-    for _ in 0..READS {
-        let t = Instant::now();
-        let v = reg(&mut c, abi::REG_MAGIC);
-        ns.push(t.elapsed().as_nanos() as u64);
-        assert_eq!(v, abi::MAGIC);
-    }
-    ns.sort_unstable();
-    let us = |q: f64| ns[((READS as f64 * q) as usize).min(READS - 1)] as f64 / 1000.0;
+    let rtt = bar0_read_rtt(&mut c, READS);
     println!(
         "BAR0 read round trip over vfio-user ({READS} reads): p50 {:.1} us, p99 {:.1} us, max {:.1} us",
-        us(0.50),
-        us(0.99),
-        us(1.0)
+        rtt.p50_us, rtt.p99_us, rtt.max_us
     );
 
     // 2. Device-region handshake, then slot updates through the mapping.
@@ -152,7 +116,7 @@ fn measure() {
     let t = Instant::now();
     for i in 1..=UPDATES {
         // SAFETY: `map` covers the region and lives until the end.
-        unsafe { update_slot(map.as_ptr(), 1, i) };
+        unsafe { write_guest_slot(map.as_ptr(), NR_VCPUS, 1, (i % 20) as i32, i) };
     }
     let took = t.elapsed();
     // Disconnect: the device takes a last sample and writes its final dump.

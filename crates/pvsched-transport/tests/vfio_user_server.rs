@@ -19,13 +19,15 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
-use std::time::Instant;
 use vfio_bindings::bindings::vfio::{
     VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_MMAP,
 };
-use vfio_client::{cfg_read, cfg_write, driver_ok, map_bar2, map_bars, negotiate, reg, set_reg};
+use vfio_client::{
+    bar0_read_rtt, cfg_read, cfg_write, driver_ok, map_bar2, map_bars, negotiate, reg, set_reg,
+    write_guest_slot,
+};
 use vfio_user::Client;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
@@ -108,35 +110,6 @@ fn guest_ram() -> File {
 
 const OK: u32 =
     abi::STATUS_ACKNOWLEDGE | abi::STATUS_DRIVER | abi::STATUS_FEATURES_OK | abi::STATUS_DRIVER_OK;
-
-/// Write slot `index`'s guest half at `base` with the sequence protocol.
-///
-/// # Safety
-/// `base` must point to a mapped, writable region of at least
-/// `region_size(NR_VCPUS)` bytes that stays mapped during the call.
-unsafe fn write_guest_slot(base: *mut u8, index: u32, nice: i32, updates: u64) {
-    let off = abi::slot_offset(NR_VCPUS, index) as usize;
-    // SAFETY: the caller guarantees the mapping; slot offsets are 64-byte
-    // aligned, so the u32 at the start of the slot is aligned for AtomicU32.
-    let seq = unsafe { &*(base.add(off) as *const AtomicU32) };
-    let s = seq.load(Ordering::Relaxed);
-    seq.store(s.wrapping_add(1), Ordering::Relaxed);
-    fence(Ordering::Release);
-    let g = abi::SlotGuest {
-        seq: s.wrapping_add(1),
-        nice,
-        policy: abi::POLICY_NORMAL,
-        updates,
-        ..Default::default()
-    };
-    let bytes = vm_memory::ByteValued::as_slice(&g);
-    // SAFETY: the caller guarantees the mapping; the fields after `seq` fit
-    // in the slot's 64-byte guest half.
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr().add(4), base.add(off + 4), bytes.len() - 4);
-    }
-    seq.store(s.wrapping_add(2), Ordering::Release);
-}
 
 #[test]
 fn realize_reports_regions_and_bar2_fd() {
@@ -234,7 +207,7 @@ fn device_region_handshake_and_slot_updates_cross_no_socket() {
     for i in 1..=UPDATES {
         // SAFETY: `map` covers region_bar_size(NR_VCPUS) >= region_size bytes
         // and lives until the end of the test.
-        unsafe { write_guest_slot(base, 1, (i % 20) as i32, i) };
+        unsafe { write_guest_slot(base, NR_VCPUS, 1, (i % 20) as i32, i) };
     }
     let after = h.stats.messages();
     assert_eq!(
@@ -483,20 +456,10 @@ fn bar0_round_trip_latency_measured() {
     let h = Harness::start("latency");
     let mut c = h.client();
     const N: usize = 10_000;
-    let mut samples = Vec::with_capacity(N);
-    for _ in 0..N {
-        let t = Instant::now();
-        let v = reg(&mut c, abi::REG_MAGIC);
-        samples.push(t.elapsed().as_nanos() as u64);
-        assert_eq!(v, abi::MAGIC);
-    }
-    samples.sort_unstable();
-    let p = |q: f64| samples[((N as f64 * q) as usize).min(N - 1)] as f64 / 1000.0;
+    let rtt = bar0_read_rtt(&mut c, N);
     println!(
         "vfio-user BAR0 read round trip over {N} reads: p50 {:.1} us, p99 {:.1} us, max {:.1} us",
-        p(0.50),
-        p(0.99),
-        p(1.0)
+        rtt.p50_us, rtt.p99_us, rtt.max_us
     );
     c.shutdown().expect("shutdown");
     h.finish().expect("clean end");

@@ -20,6 +20,8 @@
 
 mod common;
 
+use common::wait_for;
+
 use pvsched::embedded::{Embedded, EmbeddedError};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr, capture_baselines, restore_baselines};
@@ -42,20 +44,6 @@ const LIMIT: Duration = Duration::from_secs(20);
 /// Whether root, /dev/kvm and BPF are there; SKIP or fail if not.
 fn need_real(test: &str) -> bool {
     common::kvm_root_bpf(test)
-}
-
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "gave up after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 fn attr(tid: u32) -> SchedAttr {

@@ -8,7 +8,8 @@
 use pvsched_abi as abi;
 use std::path::Path;
 use std::process::Child;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::time::{Duration, Instant};
 use vfio_bindings::bindings::vfio::VFIO_PCI_CONFIG_REGION_INDEX;
 use vfio_user::Client;
 use vm_memory::{FileOffset, MmapRegion};
@@ -17,6 +18,65 @@ use vm_memory::{FileOffset, MmapRegion};
 pub const BAR0_ADDR: u32 = 0xfebf_0000;
 /// Where firmware places BAR2.
 pub const BAR2_ADDR: u32 = 0xc000_0000;
+
+/// Write slot `index`'s guest half (of a region for `nr_vcpus` vCPUs at
+/// `base`) with the sequence protocol, as the guest driver does.
+///
+/// # Safety
+/// `base` must point to a mapped, writable region of at least
+/// `region_size(nr_vcpus)` bytes that stays mapped during the call, and
+/// `index < nr_vcpus`.
+pub unsafe fn write_guest_slot(base: *mut u8, nr_vcpus: u32, index: u32, nice: i32, updates: u64) {
+    let off = abi::slot_offset(nr_vcpus, index) as usize;
+    // SAFETY: the caller guarantees the mapping; slot offsets are 64-byte
+    // aligned, so the u32 at the start of the slot is aligned for AtomicU32.
+    let seq = unsafe { &*(base.add(off) as *const AtomicU32) };
+    let s = seq.load(Ordering::Relaxed);
+    seq.store(s.wrapping_add(1), Ordering::Relaxed);
+    fence(Ordering::Release);
+    let g = abi::SlotGuest {
+        seq: s.wrapping_add(1),
+        nice,
+        policy: abi::POLICY_NORMAL,
+        updates,
+        ..Default::default()
+    };
+    let bytes = vm_memory::ByteValued::as_slice(&g);
+    // SAFETY: the caller guarantees the mapping; the fields after `seq` fit
+    // in the slot's 64-byte guest half.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr().add(4), base.add(off + 4), bytes.len() - 4);
+    }
+    seq.store(s.wrapping_add(2), Ordering::Release);
+}
+
+/// Round-trip times of `n` (> 0) BAR0 reads of MAGIC, in µs.
+pub struct Rtt {
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// Slowest read.
+    pub max_us: f64,
+}
+
+/// Time `n` (> 0) BAR0 reads of MAGIC over the socket (each checked).
+pub fn bar0_read_rtt(c: &mut Client, n: usize) -> Rtt {
+    let mut ns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let v = reg(c, abi::REG_MAGIC);
+        ns.push(t.elapsed().as_nanos() as u64);
+        assert_eq!(v, abi::MAGIC);
+    }
+    ns.sort_unstable();
+    let us = |q: f64| ns[((n as f64 * q) as usize).min(n - 1)] as f64 / 1000.0;
+    Rtt {
+        p50_us: us(0.50),
+        p99_us: us(0.99),
+        max_us: us(1.0),
+    }
+}
 
 /// Read config dword `dword`.
 pub fn cfg_read(c: &mut Client, dword: u32) -> u32 {

@@ -67,7 +67,9 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
             t0.elapsed() < limit,
             "gave up after {limit:?} waiting for {what}"
         );
-        std::thread::sleep(Duration::from_micros(500));
+        // Short enough to catch a boost or a throttle window between
+        // two polls.
+        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
