@@ -3,9 +3,10 @@
 //! [`Run::start`] builds and starts the VM and, for `wakeup`, an injector
 //! thread that sends one MSI at a time to each vCPU and timestamps it.
 //! [`Run::finish`] stops in an order that loses nothing in flight: the
-//! injector first, then the stop flag, then the vCPUs that drive a pair
-//! (they poll the flag), then the passive ones (woken by the stop vector),
-//! and finally every vCPU thread is kicked out of KVM_RUN and joined.
+//! injector first, then the stop flag, then the vCPUs that poll the flag
+//! (those driving an `ipi`/`spin` pair, every `greedy` vCPU), then the
+//! passive ones (woken by the stop vector), and finally every vCPU thread
+//! is kicked out of KVM_RUN and joined.
 
 use crate::guest::Workload;
 use crate::guest::events::{VEC_STOP, VEC_WAKE};
@@ -122,6 +123,8 @@ pub struct VcpuReport {
     pub pause_iterations: u64,
     /// `hostile`: (step, ERROR) the guest saw.
     pub hostile: Vec<(u32, u32)>,
+    /// `greedy`: PAUSE-loop iterations (0 for other workloads).
+    pub greedy_loops: u64,
     /// Unexpected exception vector, if any.
     pub fault: Option<u32>,
     /// The guest half of its slot as read by the host at the end.
@@ -370,6 +373,11 @@ impl Run {
                 spins: s.spins,
                 pause_iterations: s.pause_iterations,
                 hostile: s.hostile.clone(),
+                greedy_loops: if self.workload == Workload::Greedy {
+                    self.vm.greedy_loops(v)
+                } else {
+                    0
+                },
                 fault: s.fault,
                 guest_slot,
                 end: None,

@@ -613,6 +613,16 @@ impl Vm {
             .map_err(|_| Error::GuestWrite(addr))
     }
 
+    /// `greedy`: loop iterations vCPU `index` counted so far (0 for other
+    /// workloads or an index out of range). Exact once the vCPU reported done.
+    pub fn greedy_loops(&self, index: u32) -> u64 {
+        if index >= layout::MAX_GUEST_VCPUS {
+            return 0;
+        }
+        let addr = PARAMS_ADDR + layout::PARAM_GREEDY_LOOPS + 8 * u64::from(index);
+        self.ram.read_obj::<u64>(GuestAddress(addr)).unwrap_or(0)
+    }
+
     /// Kick every vCPU out of KVM_RUN and join every thread.
     pub fn shutdown(mut self) -> ShutdownReport {
         self.stop_threads()

@@ -57,7 +57,8 @@ fn embedder_backing_and_sink_see_the_guest() {
     assert_eq!(at(0), abi::REGION_MAGIC);
     let slot1 = slots + abi::SLOT_SIZE as usize;
     assert_eq!(at(slot1), 2 * 17, "seq after 16 + 1 updates");
-    assert_eq!(at(slot1 + 16), 1, "rt_prio");
+    assert_eq!(at(slot1 + 8), abi::POLICY_NORMAL, "policy after the burst");
+    assert_eq!(at(slot1 + 16), 0, "rt_prio after the burst");
     let tids = run.vm().vcpu_tids();
     assert_eq!(tids.len(), 2);
     assert!(tids.iter().all(|t| *t > 0));

@@ -50,11 +50,11 @@ fn handshake(region: RegionMode, bar2_move: Option<u32>) {
         assert_eq!(view.apic_id(slot), Some(slot));
         let g = view.read_guest_slot(slot).expect("slot readable");
         assert_eq!(g.seq % 2, 0);
-        // The burst, then one final update: NORMAL policy off, FIFO prio 1.
+        // The burst, then one final update: nothing special (NORMAL, rt_prio 0).
         assert_eq!(g.updates, u64::from(BURST) + 1);
         assert_eq!(g.seq, 2 * (BURST + 1));
-        assert_eq!(g.rt_prio, 1);
-        assert_eq!(g.policy, abi::POLICY_FIFO);
+        assert_eq!(g.rt_prio, 0);
+        assert_eq!(g.policy, abi::POLICY_NORMAL);
         assert_eq!(g.kern_cs, 0);
         assert_eq!(g.wait_on, None);
     }

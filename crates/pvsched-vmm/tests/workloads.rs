@@ -1,11 +1,11 @@
-//! Real KVM: the ipi, spin, wakeup and hostile workloads.
+//! Real KVM: the ipi, spin, wakeup, hostile and greedy workloads.
 
 mod common;
 
 use pvsched_abi as abi;
 use pvsched_device::RegionMode;
 use pvsched_vmm::vm::PVSCHED_DEVICE;
-use pvsched_vmm::{Run, RunConfig, Workload};
+use pvsched_vmm::{Run, RunConfig, VcpuEnd, Workload};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -80,10 +80,17 @@ fn wakeup_workload_times_injected_interrupts() {
     for v in &r.per_vcpu {
         assert!(v.events > 0, "vCPU {} was never woken", v.index);
         assert!(v.samples > 0);
-        // The handler marks its slot HARDIRQ and clears it again.
+        // The handler asks for RT (FIFO 1, HARDIRQ) and clears its slot
+        // again before it halts: after the run the slot asks for nothing.
         let g = v.guest_slot.as_ref().expect("slot read back");
         assert_eq!(g.kern_cs, 0);
-        assert!(g.updates > 16);
+        assert_eq!(g.policy, abi::POLICY_NORMAL, "vCPU {}: {g:?}", v.index);
+        assert_eq!(g.rt_prio, 0, "vCPU {}: {g:?}", v.index);
+        assert_eq!(g.wait_on, None);
+        // The burst (16) and its final write, then two writes per wakeup.
+        assert!(g.updates > 16 + 1);
+        assert_eq!((g.updates - 17) % 2, 0, "every wakeup cleared its slot");
+        assert_eq!(g.seq % 2, 0);
     }
     assert!(r.p50_us.is_some() && r.p99_us.is_some() && r.max_us.is_some());
 }
@@ -132,4 +139,54 @@ fn hostile(region: RegionMode) {
     assert_eq!(steps[6].0, 7);
     // The first handshake (before the garbage) had succeeded.
     assert!(r.driver_ok());
+}
+
+#[test]
+fn greedy_workload_asks_for_rt_spins_and_stops() {
+    if !common::kvm_available() {
+        return;
+    }
+    let run = Run::start(&RunConfig::new(
+        common::config(2, Workload::Greedy),
+        Duration::from_millis(500),
+    ))
+    .expect("start");
+    let monitor = run.vm().monitor().clone();
+    for v in 0..2 {
+        assert!(monitor.stats(v).ready, "vCPU {v} never reported READY");
+    }
+    // While they spin every slot asks for RT: FIFO 1, no critical section
+    // (written just after READY, so give the guest a moment).
+    let view = run.vm().region_view().expect("region attached");
+    let deadline = Instant::now() + Duration::from_secs(1);
+    for slot in 0..2 {
+        let g = loop {
+            let g = view.read_guest_slot(slot).expect("slot readable");
+            if g.policy == abi::POLICY_FIFO || Instant::now() > deadline {
+                break g;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!((g.policy, g.rt_prio), (abi::POLICY_FIFO, 1), "{g:?}");
+        assert_eq!(g.kern_cs, 0);
+        assert_eq!(g.wait_on, None);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let spinning = run.vm().greedy_loops(0);
+    assert!(spinning > 0, "vCPU 0 is not spinning");
+    let r = run.finish();
+    assert!(r.driver_ok(), "{}", r.handshake);
+    assert!(r.clean_shutdown, "{:?}", r.per_vcpu);
+    for v in &r.per_vcpu {
+        let s = monitor.stats(v.index);
+        assert!(s.done, "vCPU {} did not see the stop flag", v.index);
+        assert_eq!(v.fault, None);
+        assert_eq!(v.end, Some(VcpuEnd::Stopped));
+        assert!(v.greedy_loops > 0, "vCPU {} never looped", v.index);
+        // Asking forever: the slot still says FIFO 1 after the run.
+        let g = v.guest_slot.as_ref().expect("slot read back");
+        assert_eq!((g.policy, g.rt_prio), (abi::POLICY_FIFO, 1));
+    }
+    assert!(r.per_vcpu[0].greedy_loops >= spinning);
+    assert_eq!(r.samples, 0, "greedy takes no latency samples");
 }

@@ -53,6 +53,8 @@ pub enum WorkloadArg {
     Spin,
     /// The guest writes garbage to the device; the device refuses.
     Hostile,
+    /// Every vCPU asks for RT (FIFO 1) forever and spins; it never halts.
+    Greedy,
 }
 
 impl From<WorkloadArg> for Workload {
@@ -62,6 +64,7 @@ impl From<WorkloadArg> for Workload {
             WorkloadArg::Ipi => Workload::Ipi,
             WorkloadArg::Spin => Workload::Spin,
             WorkloadArg::Hostile => Workload::Hostile,
+            WorkloadArg::Greedy => Workload::Greedy,
         }
     }
 }
@@ -418,12 +421,21 @@ pub fn print_table(out: &mut impl Write, r: &RunReport) -> std::io::Result<()> {
             .collect();
         writeln!(out, "vCPU {} refusals: {}", v.index, steps.join(" "))?;
     }
+    if r.workload == Workload::Greedy {
+        let loops: Vec<String> = r
+            .per_vcpu
+            .iter()
+            .map(|v| format!("vCPU {} {}", v.index, v.greedy_loops))
+            .collect();
+        writeln!(out, "greedy loop iterations: {}", loops.join(", "))?;
+    }
     let what = match r.workload {
         Workload::Wakeup => "latency: MSI injection to the guest handler's acknowledgement",
         Workload::Ipi => "latency: ping round trip (driver), ping one-way (partner)",
         Workload::Spin => "latency: wait_on set until the partner answered",
         Workload::Hostile => "hostile: the device's refusals are listed above",
         Workload::Idle => "idle",
+        Workload::Greedy => "greedy: every vCPU asks for FIFO 1 and spins; no latency samples",
     };
     writeln!(out, "{what}; host monotonic clock on both ends")?;
     let (rd, wr) = (&r.mmio_read_service, &r.mmio_write_service);
@@ -509,6 +521,7 @@ mod tests {
                 spins: 0,
                 pause_iterations: 0,
                 hostile: Vec::new(),
+                greedy_loops: 0,
                 fault: None,
                 guest_slot: None,
                 end: Some(VcpuEnd::Stopped),
@@ -549,6 +562,28 @@ mod tests {
         assert_eq!(
             exit_for(&pvsched_vmm::Error::Config("x".into())),
             Exit::Failure
+        );
+    }
+
+    #[test]
+    fn cli_workload_names_match_the_vmm_and_greedy_reports_its_loops() {
+        for arg in WorkloadArg::value_variants() {
+            let name = arg.to_possible_value().unwrap().get_name().to_owned();
+            assert_eq!(name.parse::<Workload>().unwrap(), Workload::from(*arg));
+        }
+        assert_eq!(
+            WorkloadArg::from_str("greedy", false),
+            Ok(WorkloadArg::Greedy)
+        );
+        let mut r = report(0xf);
+        r.workload = Workload::Greedy;
+        r.per_vcpu[0].greedy_loops = 1234;
+        let mut out = Vec::new();
+        print_table(&mut out, &r).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("greedy loop iterations: vCPU 0 1234"),
+            "{text}"
         );
     }
 

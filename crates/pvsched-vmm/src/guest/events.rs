@@ -51,7 +51,8 @@ pub enum GuestEvent {
     BurstEnd(u32),
     /// The vCPU entered its workload loop.
     Ready,
-    /// `wakeup`: the interrupt handler ran (acknowledgement).
+    /// `wakeup`: the interrupt handler ran (acknowledgement), its slot
+    /// already asking for RT (FIFO 1, `kern_cs = HARDIRQ`).
     WakeAck,
     /// `ipi`: a ping was sent to this vCPU index.
     IpiSent(u32),

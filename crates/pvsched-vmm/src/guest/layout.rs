@@ -87,6 +87,9 @@ pub const PARAM_SLOT_OF: u64 = 0x200;
 pub const PARAM_ANSWERED: u64 = 0x300;
 /// Where each vCPU's interrupt handlers resume (written by the guest), u32 each.
 pub const PARAM_RESUME: u64 = 0x400;
+/// Greedy workload: loop iterations of each vCPU (written by the guest),
+/// u64 each (low dword first).
+pub const PARAM_GREEDY_LOOPS: u64 = 0x500;
 
 /// Value of [`PARAM_MAGIC`]: "PVTG".
 pub const PARAMS_MAGIC: u32 = 0x4754_5650;
@@ -108,7 +111,8 @@ mod tests {
     use super::*;
 
     const TABLE: u64 = MAX_GUEST_VCPUS as u64 * 4;
-    const _: () = assert!(PARAM_RESUME + TABLE <= 0x1000);
+    const _: () = assert!(PARAM_RESUME + TABLE <= PARAM_GREEDY_LOOPS);
+    const _: () = assert!(PARAM_GREEDY_LOOPS + 2 * TABLE <= 0x1000);
     const _: () = assert!(PARAM_APIC_IDS + TABLE <= PARAM_SLOT_OF);
     const _: () = assert!(IDT_ADDR + IDT_ENTRIES * 8 <= PARAMS_ADDR);
     const _: () = assert!(stack_top(MAX_GUEST_VCPUS) <= GUEST_REGION_GPA);

@@ -9,6 +9,14 @@
 //! table (x2APIC ID from MSR 0x802), writes it with the sequence protocol,
 //! and runs the selected workload (see [`crate::Workload`]).
 //!
+//! Slot requests follow the work: the start-up burst ends with the slot at
+//! "nothing special" (NORMAL, rt_prio 0, `kern_cs` 0, no `wait_on`); only
+//! running RT work asks for more. The `wakeup` handler is the RT task (it
+//! asks for FIFO 1 with `kern_cs = HARDIRQ` before it reports `WAKE_ACK`,
+//! the exit at which the host policy reads the slot, and clears the slot
+//! after its EOI); `spin` sets `PREEMPT_OFF` and `wait_on` around each wait;
+//! `greedy` asks for FIFO 1 once and spins forever.
+//!
 //! Register conventions: ESI = vCPU index and EBP = stack top (both set by
 //! the VMM), EDI = this vCPU's slot address (0 if none). Interrupt handlers
 //! never return with IRET (KVM's instruction emulator cannot emulate a
@@ -104,6 +112,7 @@ struct Targets {
     passive: u32,
     ping: u32,
     spin: u32,
+    greedy: u32,
 }
 
 struct Labels {
@@ -112,6 +121,7 @@ struct Labels {
     slot_write: CodeLabel,
     ping: CodeLabel,
     spin: CodeLabel,
+    greedy: CodeLabel,
     handlers: Vec<CodeLabel>,
 }
 
@@ -124,6 +134,7 @@ pub fn build() -> Result<GuestProgram> {
         passive: ip(&labels.passive)?,
         ping: ip(&labels.ping)?,
         spin: ip(&labels.spin)?,
+        greedy: ip(&labels.greedy)?,
     };
     let (second, labels) = assemble(targets)?;
     let code = second.inner.code_buffer.clone();
@@ -244,6 +255,7 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
         slot_write: m.a.create_label(),
         ping: m.a.create_label(),
         spin: m.a.create_label(),
+        greedy: m.a.create_label(),
         handlers: Vec::new(),
     };
     let mut ap_wait = m.a.create_label();
@@ -321,6 +333,17 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.mov(param_mine(PARAM_RESUME), t.passive)?;
     m.a.jmp(l.passive)?;
     m.a.set_label(&mut not_wakeup)?;
+    let mut not_greedy = m.a.create_label();
+    m.a.cmp(eax, Workload::Greedy.code())?;
+    m.a.jne(not_greedy)?;
+    // greedy: ask for RT (FIFO 1, no critical section) for good, then spin.
+    m.a.xor(eax, eax)?;
+    m.a.xor(ebx, ebx)?;
+    m.a.mov(ecx, 1u32)?;
+    m.a.call(l.slot_write)?;
+    m.a.mov(param_mine(PARAM_RESUME), t.greedy)?;
+    m.a.jmp(l.greedy)?;
+    m.a.set_label(&mut not_greedy)?;
     m.a.cmp(eax, Workload::Hostile.code())?;
     m.a.jne(not_ipi)?;
     m.a.mov(param_mine(PARAM_RESUME), t.passive)?;
@@ -408,6 +431,26 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.xor(ecx, ecx)?;
     m.a.call(l.slot_write)?;
     m.a.jmp(l.spin)?;
+
+    // ---- greedy: PAUSE with interrupts on until the stop flag is set ----
+    // Interrupts (the stop vector) resume here; the slot keeps asking for
+    // RT. Iterations are counted in this vCPU's PARAM_GREEDY_LOOPS (u64).
+    let mut greedy_loop = m.a.create_label();
+    m.a.set_label(&mut l.greedy)?;
+    m.a.sti()?;
+    m.a.set_label(&mut greedy_loop)?;
+    m.a.pause()?;
+    m.a.add(
+        dword_ptr(esi * 8 + (PARAMS_ADDR + PARAM_GREEDY_LOOPS)),
+        1u32,
+    )?;
+    m.a.adc(
+        dword_ptr(esi * 8 + (PARAMS_ADDR + PARAM_GREEDY_LOOPS + 4)),
+        0u32,
+    )?;
+    m.a.cmp(param(PARAM_STOP), 0u32)?;
+    m.a.je(greedy_loop)?;
+    m.a.jmp(done)?;
 
     // ---- done: report and halt for good ----
     m.a.set_label(&mut done)?;
@@ -600,10 +643,11 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.pop(eax)?;
     m.a.mov(eax, param(PARAM_SLOT_BURST))?;
     m.event_eax(code::BURST_END)?;
-    // Leave the slot in a defined state: nothing special, priority 1.
+    // Leave the slot in a defined state: nothing special (NORMAL, rt_prio 0,
+    // kern_cs 0, no wait_on). Workloads ask for more only while their work runs.
     m.a.xor(eax, eax)?;
     m.a.xor(ebx, ebx)?;
-    m.a.mov(ecx, 1u32)?;
+    m.a.xor(ecx, ecx)?;
     m.a.call(l.slot_write)?;
     m.a.ret()?;
 
@@ -794,16 +838,20 @@ fn emit_handlers(
     m.eoi()?;
     m.resume()?;
 
+    // Wake (the `wakeup` workload's RT task): ask for RT first (FIFO 1,
+    // HARDIRQ), so the slot says so when WAKE_ACK's port write exits to the
+    // VMM (the host policy reads the slot at that exit); EOI; then clear the
+    // slot (NORMAL, rt_prio 0, kern_cs 0, no wait_on) and halt again.
     m.a.set_label(&mut wake)?;
-    m.event(code::WAKE_ACK, u32::from(events::VEC_WAKE))?;
     m.a.mov(eax, abi::CS_HARDIRQ)?;
     m.a.xor(ebx, ebx)?;
     m.a.mov(ecx, 1u32)?;
     m.a.call(l.slot_write)?;
+    m.event(code::WAKE_ACK, u32::from(events::VEC_WAKE))?;
     m.eoi()?;
     m.a.xor(eax, eax)?;
     m.a.xor(ebx, ebx)?;
-    m.a.mov(ecx, 1u32)?;
+    m.a.xor(ecx, ecx)?;
     m.a.call(l.slot_write)?;
     m.resume()?;
 
@@ -857,4 +905,128 @@ fn emit_handlers(
     }
     l.handlers = handlers;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+
+    /// What an interrupt handler does that the host can see, in order.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Step {
+        /// `call slot_write` with these register values (call target).
+        SlotWrite {
+            kern_cs: Option<u32>,
+            wait_on: Option<u32>,
+            rt_prio: Option<u32>,
+            target: u64,
+        },
+        /// `out dx, eax` with this EAX.
+        Out(Option<u32>),
+        /// `wrmsr` to this MSR.
+        Wrmsr(Option<u32>),
+        /// The indirect jump to the resume address.
+        Resume,
+    }
+
+    /// Decode the handler of `vector` up to its resume jump, following the
+    /// constants loaded into EAX, EBX, ECX.
+    fn handler_steps(p: &GuestProgram, vector: u8) -> Vec<Step> {
+        let start = u64::from(p.handlers[usize::from(vector)]);
+        let off = usize::try_from(start - CODE_ADDR).unwrap();
+        let mut d = Decoder::with_ip(32, &p.code[off..], start, DecoderOptions::NONE);
+        let mut regs = [None::<u32>; 3]; // EAX, EBX, ECX
+        let idx = |r: Register| match r {
+            Register::EAX => Some(0),
+            Register::EBX => Some(1),
+            Register::ECX => Some(2),
+            _ => None,
+        };
+        let mut steps = Vec::new();
+        for ins in &mut d {
+            assert!(!ins.is_invalid());
+            let op0_reg = (ins.op_count() > 0 && ins.op0_kind() == OpKind::Register)
+                .then(|| ins.op0_register());
+            match ins.mnemonic() {
+                Mnemonic::Call => {
+                    steps.push(Step::SlotWrite {
+                        kern_cs: regs[0],
+                        wait_on: regs[1],
+                        rt_prio: regs[2],
+                        target: ins.near_branch_target(),
+                    });
+                    regs = [None; 3];
+                }
+                Mnemonic::Out => steps.push(Step::Out(regs[0])),
+                Mnemonic::Wrmsr => steps.push(Step::Wrmsr(regs[2])),
+                Mnemonic::Jmp if ins.op0_kind() == OpKind::Memory => {
+                    steps.push(Step::Resume);
+                    break;
+                }
+                Mnemonic::Mov if matches!(ins.op1_kind(), OpKind::Immediate32) => {
+                    if let Some(i) = op0_reg.and_then(idx) {
+                        regs[i] = Some(ins.immediate32());
+                    }
+                }
+                Mnemonic::Xor
+                    if ins.op1_kind() == OpKind::Register
+                        && op0_reg == Some(ins.op1_register()) =>
+                {
+                    if let Some(i) = op0_reg.and_then(idx) {
+                        regs[i] = Some(0);
+                    }
+                }
+                _ => {
+                    if let Some(i) = op0_reg.and_then(idx) {
+                        regs[i] = None;
+                    }
+                }
+            }
+        }
+        steps
+    }
+
+    /// The wake handler asks for RT before the WAKE_ACK exit (where the
+    /// host policy reads the slot) and clears the slot after its EOI.
+    #[test]
+    fn wake_handler_asks_for_rt_before_its_ack_and_clears_after_eoi() {
+        let p = build().unwrap();
+        let steps = handler_steps(&p, events::VEC_WAKE);
+        let Some(Step::SlotWrite { target, .. }) = steps.first() else {
+            panic!("{steps:?}");
+        };
+        let target = *target;
+        assert_eq!(
+            steps,
+            [
+                Step::SlotWrite {
+                    kern_cs: Some(abi::CS_HARDIRQ),
+                    wait_on: Some(abi::WAIT_NONE),
+                    rt_prio: Some(1),
+                    target,
+                },
+                Step::Out(Some(code::WAKE_ACK << 24 | u32::from(events::VEC_WAKE))),
+                Step::Wrmsr(Some(MSR_X2APIC_EOI)),
+                Step::SlotWrite {
+                    kern_cs: Some(0),
+                    wait_on: Some(abi::WAIT_NONE),
+                    rt_prio: Some(0),
+                    target,
+                },
+                Step::Resume,
+            ]
+        );
+    }
+
+    /// The stop handler leaves the slot alone (greedy keeps asking).
+    #[test]
+    fn stop_handler_does_not_write_the_slot() {
+        let p = build().unwrap();
+        let steps = handler_steps(&p, events::VEC_STOP);
+        assert!(
+            !steps.iter().any(|s| matches!(s, Step::SlotWrite { .. })),
+            "{steps:?}"
+        );
+    }
 }

@@ -8,7 +8,10 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Workload {
-    /// Halt; the VMM injects interrupts (MSI) and times the guest's acknowledgement.
+    /// cyclictest-shaped: halt; the VMM injects interrupts (MSI) and times
+    /// the guest's acknowledgement. The handler is the "RT task": it asks
+    /// for RT (FIFO 1, `kern_cs = HARDIRQ`) in its slot before it
+    /// acknowledges, and clears the slot (NORMAL) before it halts again.
     Wakeup,
     /// x2APIC IPI ping-pong in vCPU pairs (0,1), (2,3)...; round trips timed.
     Ipi,
@@ -19,16 +22,20 @@ pub enum Workload {
     Hostile,
     /// Handshake and slot burst, then halt.
     Idle,
+    /// Every vCPU asks for RT forever (FIFO 1, `kern_cs` 0) and PAUSE-spins
+    /// with interrupts enabled until the stop flag is set; it never halts.
+    Greedy,
 }
 
 impl Workload {
     /// Every workload, in documentation order.
-    pub const ALL: [Workload; 5] = [
+    pub const ALL: [Workload; 6] = [
         Workload::Wakeup,
         Workload::Ipi,
         Workload::Spin,
         Workload::Hostile,
         Workload::Idle,
+        Workload::Greedy,
     ];
 
     /// Value the VMM writes to the parameter block.
@@ -39,6 +46,7 @@ impl Workload {
             Workload::Ipi => 2,
             Workload::Spin => 3,
             Workload::Hostile => 4,
+            Workload::Greedy => 5,
         }
     }
 
@@ -50,13 +58,19 @@ impl Workload {
             Workload::Ipi => "ipi",
             Workload::Spin => "spin",
             Workload::Hostile => "hostile",
+            Workload::Greedy => "greedy",
         }
     }
 
-    /// Whether vCPU `index` of `nr` drives its pair (checks the stop flag
-    /// itself) rather than waiting for interrupts.
+    /// Whether vCPU `index` of `nr` checks the stop flag itself (it drives
+    /// an `ipi`/`spin` pair, or it is a `greedy` vCPU) rather than waiting
+    /// for interrupts.
     pub fn is_active(self, index: u32, nr: u32) -> bool {
-        matches!(self, Workload::Ipi | Workload::Spin) && index.is_multiple_of(2) && index + 1 < nr
+        match self {
+            Workload::Ipi | Workload::Spin => index.is_multiple_of(2) && index + 1 < nr,
+            Workload::Greedy => index < nr,
+            Workload::Wakeup | Workload::Hostile | Workload::Idle => false,
+        }
     }
 }
 
@@ -68,7 +82,7 @@ impl fmt::Display for Workload {
 
 /// A workload name that is not one of [`Workload::ALL`].
 #[derive(Debug, thiserror::Error)]
-#[error("unknown workload {0:?}: use wakeup, ipi, spin, hostile or idle")]
+#[error("unknown workload {0:?}: use wakeup, ipi, spin, hostile, idle or greedy")]
 pub struct UnknownWorkload(String);
 
 impl FromStr for Workload {
@@ -91,6 +105,7 @@ mod tests {
             assert_eq!(w.name().parse::<Workload>().unwrap(), w);
         }
         let mut codes: Vec<u32> = Workload::ALL.iter().map(|w| w.code()).collect();
+        codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), Workload::ALL.len());
         assert!("nope".parse::<Workload>().is_err());
@@ -98,5 +113,17 @@ mod tests {
         assert!(!Workload::Ipi.is_active(1, 2));
         assert!(!Workload::Ipi.is_active(2, 3));
         assert!(!Workload::Wakeup.is_active(0, 2));
+        assert!(Workload::Greedy.is_active(0, 2));
+        assert!(Workload::Greedy.is_active(1, 2));
+        assert!(!Workload::Greedy.is_active(2, 2));
+    }
+
+    #[test]
+    fn greedy_parses_and_has_the_next_code() {
+        assert_eq!("greedy".parse::<Workload>().unwrap(), Workload::Greedy);
+        assert_eq!(Workload::Greedy.to_string(), "greedy");
+        assert_eq!(Workload::Greedy.code(), 5);
+        let e = "greed".parse::<Workload>().unwrap_err().to_string();
+        assert!(e.contains("greedy"), "{e}");
     }
 }
