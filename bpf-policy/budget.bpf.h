@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * pvsched BPF policy: choosing a vCPU's boost (guest request, halt boost,
- * directed-yield boost), enforcing max continuous boost, throttle time and
- * the budget per window, and emitting the decision record when the applied
- * boost changes. crates/pvsched-policy/src/model.rs is the same in Rust.
+ * pvsched BPF policy: choosing a vCPU's boost (guest request, the halt boost
+ * of a latency-sensitive vCPU, the directed-yield boost), charging what the
+ * host pays (boosted time on a CPU, never wall-clock time), enforcing the
+ * continuous limit, throttle time and budget per window, throttling a
+ * waiting pair as one unit, and emitting a decision record whenever a
+ * vCPU's applied boost changes. crates/pvsched-policy/src/model.rs is the
+ * same in Rust, step for step.
  */
 #ifndef PVSCHED_BUDGET_BPF_H
 #define PVSCHED_BUDGET_BPF_H
@@ -31,28 +34,157 @@ static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 no
 		s->decisions++;
 }
 
-/* Close the accounting of a running boost. */
-static __always_inline void boost_end(struct pvs_vcpu *v, __u64 now)
+/* Charge the boosted on-CPU time since the last charge: only a boosted vCPU
+ * that is on a CPU (RUNNING) costs the host anything. */
+static __always_inline void charge(struct pvs_vcpu *v, __u64 now)
 {
-	if (now > v->acct_start)
-		v->budget_used += now - v->acct_start;
-	if (now > v->boost_start)
-		v->boosted_ns += now - v->boost_start;
+	__u64 d;
+
+	if (now <= v->acct_ns)
+		return;
+	if (v->boost != PVSCHED_BOOST_NONE && v->state == PVS_ST_RUNNING) {
+		d = now - v->acct_ns;
+		v->budget_used += d;
+		v->cont_ns += d;
+		v->boosted_ns += d;
+	}
+	v->acct_ns = now;
+}
+
+/* The next boost below a clamped kind/prio: RT p -> RT p-1, RT 1 -> the
+ * nice floor, nice n -> n+1, down to NONE. */
+static __always_inline void step_below(const struct pvs_caps *c, __u32 *kind, __s32 *prio)
+{
+	if (*kind == PVSCHED_BOOST_RT) {
+		if (*prio > 1) {
+			*prio -= 1;
+		} else {
+			*kind = PVSCHED_BOOST_NICE;
+			*prio = c->nice_floor;
+		}
+	} else if (*kind == PVSCHED_BOOST_NICE) {
+		*prio += 1;
+	}
+	caps_clamp(c, kind, prio);
+}
+
+/* v lends nothing any more (it was throttled): clear its bit in its target's
+ * mask. The target is throttled with it, so it needs no re-evaluation. */
+static __always_inline void end_lend(struct pvs_vcpu *v)
+{
+	__u32 t = v->yield_boosting;
+	struct pvs_vcpu *tv;
+
+	v->yield_boosting = 0;
+	if (!t || v->index >= 64)
+		return;
+	tv = vcpu_by_index(v->vm_id, t - 1);
+	if (tv)
+		tv->yield_mask &= ~(1ULL << v->index);
+}
+
+/* Throttle the target of a throttled sender until at least `until`. */
+static __always_inline void force_throttle(struct pvs_vcpu *v, const struct pvs_vm *vm, __u64 until,
+					   __u32 event, __u64 now)
+{
+	charge(v, now);
+	if (v->throttled_until < until)
+		v->throttled_until = until;
+	v->throttled = 1;
+	v->cont_ns = 0;
+	if (v->boost != PVSCHED_BOOST_NONE) {
+		v->throttles++;
+		v->boost = PVSCHED_BOOST_NONE;
+		v->boost_prio = 0;
+		v->boost_reason = PVS_R_THROTTLED;
+		STAT_INC(throttles);
+		emit(v, event, now);
+	}
+	end_lend(v);
+	publish(v, vm);
+}
+
+struct unit_ctx {
+	__u64 mask;  /* senders to unboost */
+	__u64 now;
+	__u32 vm_id;
+	__u32 skip;  /* the throttled vCPU itself */
+	__u32 event;
+	__u32 pad;
+};
+
+/* bpf_loop callback: drop the boost of sender `s` if it is in the mask (its
+ * target was just throttled; it gets no boost until the target may run). */
+static long unboost_sender_cb(__u32 s, void *data)
+{
+	struct unit_ctx *u = data;
+	struct pvs_vcpu *v;
+	struct pvs_vm *vm;
+	__u32 vm_id;
+
+	if (s >= 64)
+		return 1;
+	if (s == u->skip || !(u->mask & (1ULL << s)))
+		return 0;
+	v = vcpu_by_index(u->vm_id, s);
+	if (!v)
+		return 0;
+	charge(v, u->now);
+	if (v->boost == PVSCHED_BOOST_NONE)
+		return 0;
+	v->boost = PVSCHED_BOOST_NONE;
+	v->boost_prio = 0;
+	v->boost_reason = PVS_R_THROTTLED;
+	emit(v, u->event, u->now);
+	vm_id = u->vm_id;
+	vm = bpf_map_lookup_elem(&vms, &vm_id);
+	if (vm)
+		publish(v, vm);
+	return 0;
+}
+
+/* A waiting pair is throttled as one unit: the target v waits on is
+ * throttled with it, and every sender waiting on either loses its boost at
+ * once. Then v lends nothing. */
+static __always_inline void unit_throttle(struct pvs_vcpu *v, const struct pvs_vm *vm, __u64 until,
+					  __u32 event, __u64 now)
+{
+	__u32 by = v->yield_boosting, nr = vm->nr_vcpus;
+	struct unit_ctx u = {
+		.now = now,
+		.vm_id = v->vm_id,
+		.skip = v->index,
+		.event = event,
+	};
+	struct pvs_vcpu *g;
+
+	if (by && by <= nr) {
+		g = vcpu_by_index(v->vm_id, by - 1);
+		if (g) {
+			force_throttle(g, vm, until, event, now);
+			u.mask = g->yield_mask;
+		}
+	}
+	u.mask |= v->yield_mask;
+	if (u.mask)
+		bpf_loop(nr > 64 ? 64 : nr, unboost_sender_cb, &u, 0);
+	end_lend(v);
 }
 
 /* End v's running boost as throttled until `until`, for `reason`. */
-static __always_inline void throttle(struct pvs_vcpu *v, __u64 until, __u32 reason,
-				     __u32 event, __u64 now)
+static __always_inline void throttle(struct pvs_vcpu *v, const struct pvs_vm *vm, __u64 until,
+				     __u32 reason, __u32 event, __u64 now)
 {
 	v->throttled_until = until;
 	v->throttled = 1;
 	v->throttles++;
-	boost_end(v, now);
+	v->cont_ns = 0;
 	v->boost = PVSCHED_BOOST_NONE;
 	v->boost_prio = 0;
 	v->boost_reason = reason;
 	STAT_INC(throttles);
 	emit(v, event, now);
+	unit_throttle(v, vm, until, event, now);
 }
 
 /* Re-evaluate v's boost at time `now` and emit a decision if it changes. */
@@ -60,33 +192,32 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 					__u64 now, __u32 event)
 {
 	const struct pvs_caps *c = &vm->caps;
-	__u32 kind = PVSCHED_BOOST_NONE, reason = PVS_R_NONE;
+	__u32 kind = PVSCHED_BOOST_NONE, reason = PVS_R_NONE, why = 0;
 	__s32 prio = 0;
+	__u64 until = 0;
+	struct pvs_vcpu *t;
 	__u32 hk, yk;
 	__s32 hp, yp;
 
+	charge(v, now);
 	/* Budget window roll-over. */
 	if (c->window_ns && now - v->window_start >= c->window_ns) {
 		v->window_start = now;
 		v->budget_used = 0;
-		if (v->boost != PVSCHED_BOOST_NONE)
-			v->acct_start = now;
 	}
-	/* Throttle a boost that ran too long or used up the budget. */
+	/* Throttle a boost that ran too long on a CPU or used up the budget. */
 	if (v->boost != PVSCHED_BOOST_NONE) {
-		__u64 run = now - v->boost_start;
-		__u64 used = v->budget_used + (now - v->acct_start);
-
-		if (c->max_boost_ns && run >= c->max_boost_ns) {
-			throttle(v, now + c->throttle_ns, PVS_R_MAX_BOOST, event, now);
-			return;
-		}
-		if (c->budget_ns && used >= c->budget_ns) {
-			__u64 until = v->window_start + c->window_ns;
-
+		if (c->max_boost_ns && v->cont_ns >= c->max_boost_ns) {
+			why = PVS_R_MAX_BOOST;
+			until = now + c->throttle_ns;
+		} else if (c->budget_ns && v->budget_used >= c->budget_ns) {
+			why = PVS_R_BUDGET;
+			until = v->window_start + c->window_ns;
 			if (until < now + c->throttle_ns)
 				until = now + c->throttle_ns;
-			throttle(v, until, PVS_R_BUDGET, event, now);
+		}
+		if (why) {
+			throttle(v, vm, until, why, event, now);
 			return;
 		}
 	}
@@ -100,7 +231,7 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 		prio = v->req_prio;
 		reason = v->req_reason;
 	}
-	if (v->state == PVS_ST_HALTED || v->state == PVS_ST_WOKEN) {
+	if (c->halt_always || now < v->ls_until) {
 		hk = c->halt_kind;
 		hp = c->halt_prio;
 		caps_clamp(c, &hk, &hp);
@@ -110,24 +241,37 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 			reason = PVS_R_HALT;
 		}
 	}
-	if (v->yield_mask) {
-		yk = c->yield_kind;
-		yp = c->yield_prio;
-		caps_clamp(c, &yk, &yp);
-		if (boost_rank(yk, yp) > boost_rank(kind, prio)) {
+	yk = c->yield_kind;
+	yp = c->yield_prio;
+	caps_clamp(c, &yk, &yp);
+	if (v->yield_mask && boost_rank(yk, yp) > boost_rank(kind, prio)) {
+		kind = yk;
+		prio = yp;
+		reason = PVS_R_YIELD;
+	}
+	/* A waiting sender stays one step below the boost its target gets, and
+	 * has none while its target is throttled. */
+	if (v->yield_boosting) {
+		if (yk != PVSCHED_BOOST_NONE && boost_rank(kind, prio) >= boost_rank(yk, yp)) {
+			step_below(c, &yk, &yp);
 			kind = yk;
 			prio = yp;
-			reason = PVS_R_YIELD;
+		}
+		t = vcpu_by_index(v->vm_id, v->yield_boosting - 1);
+		if (t && now < t->throttled_until) {
+			kind = PVSCHED_BOOST_NONE;
+			prio = 0;
 		}
 	}
-	if (kind == v->boost && prio == v->boost_prio)
+	if (kind == PVSCHED_BOOST_NONE)
+		reason = PVS_R_NONE;
+	if (kind == v->boost && prio == v->boost_prio) {
+		v->boost_reason = reason;
 		return;
+	}
 	if (kind == PVSCHED_BOOST_NONE) {
-		boost_end(v, now);
 		STAT_INC(unboosts);
 	} else if (v->boost == PVSCHED_BOOST_NONE) {
-		v->boost_start = now;
-		v->acct_start = now;
 		v->boosts++;
 		STAT_INC(boosts);
 	}

@@ -31,14 +31,14 @@
 #define PVS_ST_HALTED 3
 #define PVS_ST_WOKEN 4 /* woken from a halt, not yet on a CPU */
 
-/* Event kinds (pvs_decision.event, test-run args[0]). */
+/* Event kinds (pvs_decision.event, pvs_reeval args[0]). */
 #define PVS_EV_SWITCH_OUT 1 /* a = 1 if preempted (still runnable), 0 if it blocked */
 #define PVS_EV_SWITCH_IN 2
 #define PVS_EV_WAKEUP 3
 #define PVS_EV_VCPU_WAKEUP 4
 #define PVS_EV_IPI 5	    /* a = dest_id, b = icr_low */
 #define PVS_EV_USER_EXIT 6  /* a = exit reason */
-#define PVS_EV_TICK 7	    /* agent timer: re-evaluate (throttle, windows) */
+#define PVS_EV_TICK 7	    /* agent timer or device KICK: re-evaluate */
 #define PVS_EV_MAX 8
 
 /* Decision reasons. */
@@ -46,11 +46,11 @@
 #define PVS_R_CS 1	   /* kernel critical section (kern_cs) */
 #define PVS_R_RT_TASK 2	   /* guest runs an RT task */
 #define PVS_R_NICE_TASK 3  /* guest runs a high-priority (negative nice) task */
-#define PVS_R_HALT 4	   /* halted vCPU: the waking interrupt must preempt batch work */
+#define PVS_R_HALT 4	   /* latency-sensitive vCPU: its waking interrupt must preempt batch work */
 #define PVS_R_YIELD 5	   /* target of a waiting sender's directed-yield slot */
 #define PVS_R_MAX_BOOST 6  /* throttled: continuous boost exceeded max_boost_ns */
 #define PVS_R_BUDGET 7	   /* throttled: budget of the window used up */
-#define PVS_R_THROTTLED 8  /* still throttled */
+#define PVS_R_THROTTLED 8  /* its waiting pair was throttled (unit throttle) */
 
 /* Per-VM configuration: admin caps and policy knobs. */
 struct pvs_caps {
@@ -58,15 +58,18 @@ struct pvs_caps {
 	__u32 max_rt_prio;   /* highest SCHED_FIFO priority granted (1..99) */
 	__s32 nice_floor;    /* lowest nice granted (-20..19) */
 	__u32 cs_rt_prio;    /* RT priority for a kernel critical section */
-	__u32 halt_kind;     /* PVSCHED_BOOST_* for a halted vCPU */
+	__u32 halt_kind;     /* PVSCHED_BOOST_* held by a latency-sensitive vCPU */
 	__s32 halt_prio;     /* its RT priority or nice */
 	__u32 yield_kind;    /* PVSCHED_BOOST_* for a directed-yield target */
 	__s32 yield_prio;    /* its RT priority or nice */
-	__u64 max_boost_ns;  /* longest continuous boost; 0 = unlimited */
+	__u64 max_boost_ns;  /* longest boosted on-CPU run without a halt; 0 = unlimited */
 	__u64 throttle_ns;   /* no boost for this long after max_boost_ns */
-	__u64 budget_ns;     /* boosted time allowed per window; 0 = unlimited */
+	__u64 budget_ns;     /* boosted on-CPU time per window; 0 = unlimited */
 	__u64 window_ns;     /* budget window */
 	__u64 ipi_window_ns; /* how long an IPI pair stays confirmed */
+	__u64 halt_hold_ns;  /* latency-sensitive this long after the guest last asked */
+	__u32 halt_always;   /* every vCPU is latency-sensitive */
+	__u32 pad0;
 };
 
 /* Per-VM record (`vms` array, key = vm_id). */
@@ -95,22 +98,23 @@ struct pvs_vcpu {
 	__s32 boost_prio;
 	__u32 boost_reason;
 	__u32 throttled;    /* 1 while throttled */
-	__u64 boost_start;
-	__u64 acct_start;   /* boost time before this is in budget_used */
+	__u64 acct_ns;      /* boosted on-CPU time is charged up to this time */
+	__u64 cont_ns;      /* boosted on-CPU ns since the vCPU last blocked or halted */
 	__u64 window_start;
-	__u64 budget_used;
+	__u64 budget_used;  /* boosted on-CPU ns in this window */
 	__u64 throttled_until;
+	__u64 ls_until;     /* latency-sensitive (holds the halt boost) until */
 	/* IPI-aware directed yield */
 	__u32 last_ipi_target; /* slot index + 1, or 0 */
 	__u32 yield_slot;      /* slot index + 1, or 0 */
 	__u64 last_ipi_ns;
-	__u32 yield_boosting;  /* target currently boosted on our behalf, + 1 */
+	__u32 yield_boosting;  /* target boosted on our behalf (we wait on it), + 1 */
 	__u32 pad0;
 	__u64 yield_mask;      /* senders waiting on us (bit = sender index) */
 	/* counters */
 	__u64 boosts;
 	__u64 throttles;
-	__u64 boosted_ns;
+	__u64 boosted_ns;      /* boosted on-CPU ns */
 	__u64 ipis;
 	__u64 slot_hits;
 };

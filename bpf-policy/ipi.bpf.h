@@ -4,8 +4,9 @@
  * sender -> receiver pairs (APIC ID -> slot through the `apics` map); a
  * vCPU's directed-yield slot holds the guest's wait_on hint, else its
  * receiver confirmed within ipi_window_ns; while the sender waits (halted,
- * preempted, woken-not-running, or wait_on set) the slot's target carries a
- * bit for it in yield_mask, which gives it the VM's yield boost.
+ * preempted, woken-not-running, or wait_on set) and is not throttled, the
+ * slot's target carries a bit for it in yield_mask, which gives it the VM's
+ * yield boost (the sender is kept one step below it: budget.bpf.h).
  */
 #ifndef PVSCHED_IPI_BPF_H
 #define PVSCHED_IPI_BPF_H
@@ -49,7 +50,8 @@ static __always_inline void yield_update(struct pvs_vcpu *s, const struct pvs_vm
 	s->yield_slot = slot;
 	waits = s->state == PVS_ST_HALTED || s->state == PVS_ST_PREEMPTED ||
 		s->state == PVS_ST_WOKEN || s->wait_on;
-	target = waits ? slot : 0;
+	/* A throttled sender lends nothing. */
+	target = waits && now >= s->throttled_until ? slot : 0;
 	if (target == s->yield_boosting)
 		return;
 	*old_t = s->yield_boosting;

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * pvsched BPF policy: one event for one registered vCPU, from any program
- * (real tracepoint or the test-run entry). Order: state transition, request
- * refresh, directed-yield slot, own boost, host half, yield targets.
+ * (real tracepoint or the re-evaluation entry). Order: charge the boosted
+ * on-CPU time since the last event, state transition, request refresh,
+ * directed-yield slot, the yield targets it released or now waits on, its
+ * own boost, host half.
  */
 #ifndef PVSCHED_POLICY_BPF_H
 #define PVSCHED_POLICY_BPF_H
@@ -20,12 +22,22 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 	s = stats_get();
 	if (s && event < PVS_EV_MAX)
 		s->events[event]++;
+	/* Charge the time up to now in the state the vCPU was in. */
+	charge(v, now);
 	switch (event) {
 	case PVS_EV_SWITCH_OUT:
-		v->state = a ? PVS_ST_PREEMPTED : PVS_ST_HALTED;
+		if (a) {
+			v->state = PVS_ST_PREEMPTED;
+		} else {
+			v->state = PVS_ST_HALTED; /* blocked: a continuous run ends */
+			v->cont_ns = 0;
+		}
+		break;
+	case PVS_EV_VCPU_WAKEUP: /* a halt ended (also a polled one) */
+		v->state = PVS_ST_RUNNING;
+		v->cont_ns = 0;
 		break;
 	case PVS_EV_SWITCH_IN:
-	case PVS_EV_VCPU_WAKEUP:
 	case PVS_EV_USER_EXIT:
 		v->state = PVS_ST_RUNNING;
 		break;
@@ -38,14 +50,14 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 	default:
 		break;
 	}
-	refresh_request(v, vm, cur_tid);
+	refresh_request(v, vm, cur_tid, now);
 	yield_update(v, vm, now, &old_t, &new_t);
-	apply_boost(v, vm, now, event);
-	publish(v, vm);
 	if (old_t != new_t) {
 		yield_mark(vm, vm_id, old_t, v->index, 0, now, event);
 		yield_mark(vm, vm_id, new_t, v->index, 1, now, event);
 	}
+	apply_boost(v, vm, now, event);
+	publish(v, vm);
 }
 
 /* The registered vCPU with thread id `tid`, or NULL. */

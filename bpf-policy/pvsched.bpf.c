@@ -10,7 +10,7 @@
  *   switch.bpf.c  sched_switch, sched_wakeup
  *   kvm.bpf.c     kvm_vcpu_wakeup, kvm_userspace_exit
  *   ipi.bpf.c     kvm_apic_ipi
- *   test_run.bpf.c synthetic events (BPF_PROG_TEST_RUN)
+ *   reeval.bpf.c  timer, KICK and synthetic events (BPF_PROG_TEST_RUN)
  * Built by crates/pvsched-agent/build.rs with clang -target bpf -O2 -g.
  */
 #include "vmlinux.h"
@@ -46,4 +46,4 @@ char LICENSE[] SEC("license") = "GPL";
 #include "switch.bpf.c"
 #include "kvm.bpf.c"
 #include "ipi.bpf.c"
-#include "test_run.bpf.c"
+#include "reeval.bpf.c"

@@ -1,14 +1,16 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * pvsched BPF policy: synthetic-event entry, run with BPF_PROG_TEST_RUN and
+ * pvsched BPF policy: re-evaluation entry, run with BPF_PROG_TEST_RUN and
  * never attached. args: [0] event, [1] gid, [2] now (ns), [3] a, [4] b.
- * Used by the differential test (same traces through the Rust model) and by
- * the agent's timer (PVS_EV_TICK: throttling and window expiry for vCPUs
- * that produce no scheduler events).
+ * In production the agent's timer runs PVS_EV_TICK through it for every
+ * registered vCPU (throttle ends, windows, latency holds of vCPUs that
+ * produce no scheduler events) and the device's KICK doorbell runs it for
+ * the vCPU whose guest changed its slot. The differential test drives the
+ * same entry with synthetic events of every kind.
  */
 
 SEC("raw_tp")
-int pvs_test_event(void *ctx)
+int pvs_reeval(void *ctx)
 {
 	/* Plain u64 array: bpf_raw_tracepoint_args is a flexible array that
 	 * CO-RE access strings cannot index. */

@@ -12,14 +12,14 @@ use crate::intf::{
     GID_SHIFT, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE, PvsDecision, PvsVcpu,
     PvsVm,
 };
-use crate::object::{ObjectError, PolicyObject, RegionMmap, test_run};
+use crate::object::{ObjectError, PolicyObject, RegionMmap, reevaluate};
 use crate::safety::{self, Restore};
 use crate::sched::{self, SchedAttr};
 use pvsched_policy::Caps;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -61,6 +61,10 @@ pub struct AgentConfig {
     pub handle_signals: bool,
     /// Install the restore-on-panic hook.
     pub handle_panics: bool,
+    /// Size of the decision ring buffer in bytes (power of two ≥ 4096). A
+    /// full ring drops records; reconciliation on the next tick corrects
+    /// every thread they concerned.
+    pub ring_bytes: u32,
 }
 
 impl Default for AgentConfig {
@@ -70,6 +74,7 @@ impl Default for AgentConfig {
             tick: Duration::from_millis(5),
             handle_signals: true,
             handle_panics: true,
+            ring_bytes: crate::object::DEFAULT_RING_BYTES,
         }
     }
 }
@@ -105,6 +110,7 @@ struct VmEntry {
     latencies: Vec<u64>,
     lat_next: usize,
     decisions: u64,
+    corrections: u64,
 }
 
 const LAT_SAMPLES: usize = 8192;
@@ -120,6 +126,8 @@ struct Inner {
     obj: Mutex<PolicyObject>,
     reg: Mutex<Registry>,
     stop: AtomicBool,
+    /// Ring-buffer drops already reported (the BPF `dropped` counter).
+    dropped_seen: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -167,11 +175,11 @@ impl Agent {
     /// Loads and attaches the policy and starts the consumer thread. Fails,
     /// saying why, if BPF cannot be used (never silently does nothing).
     pub fn load(cfg: AgentConfig) -> Result<Agent> {
-        let mut obj = PolicyObject::load(true)?;
+        let mut obj = PolicyObject::load_with(true, cfg.ring_bytes)?;
         let ring = obj
             .take_ring()
             .ok_or(AgentError::Bpf(ObjectError::NoMap("decisions")))?;
-        let test_fd = obj.test_fd().map_err(|source| AgentError::Sys {
+        let reeval_fd = obj.reeval_fd().map_err(|source| AgentError::Sys {
             what: "dup test fd",
             source,
         })?;
@@ -179,6 +187,7 @@ impl Agent {
             obj: Mutex::new(obj),
             reg: Mutex::new(Registry::default()),
             stop: AtomicBool::new(false),
+            dropped_seen: AtomicU64::new(0),
         });
         let wake = eventfd().map_err(|source| AgentError::Sys {
             what: "eventfd",
@@ -192,7 +201,7 @@ impl Agent {
         let cfg2 = cfg.clone();
         let thread = std::thread::Builder::new()
             .name("pvsched-apply".into())
-            .spawn(move || consumer(inner2, ring, test_fd, wake2, cfg2))
+            .spawn(move || consumer(inner2, ring, reeval_fd, wake2, cfg2))
             .map_err(|source| AgentError::Sys {
                 what: "spawn consumer thread",
                 source,
@@ -352,8 +361,12 @@ pub struct VcpuStats {
     pub boosts: u64,
     /// Throttles decided by BPF.
     pub throttles: u64,
-    /// Nanoseconds boosted (closed boosts).
+    /// Boosted on-CPU nanoseconds (charged at the vCPU's events).
     pub boosted_ns: u64,
+    /// Boosted on-CPU nanoseconds charged to the current budget window.
+    pub budget_used_ns: u64,
+    /// Boosted on-CPU nanoseconds since the vCPU last blocked or halted.
+    pub cont_ns: u64,
     /// Unicast IPIs recorded from this vCPU.
     pub ipis: u64,
     /// Times this vCPU's directed-yield slot target was boosted.
@@ -370,6 +383,9 @@ pub struct VcpuStats {
     pub throttled: u32,
     /// sched_setattr boosts the agent applied.
     pub boosts_applied: u64,
+    /// Times reconciliation corrected the thread (lost decision record,
+    /// failed syscall, outside change while boosted).
+    pub corrections: u64,
     /// Failed syscalls.
     pub errors: u64,
 }
@@ -381,8 +397,11 @@ pub struct VmStats {
     pub vcpus: Vec<VcpuStats>,
     /// Decisions the applier handled for this VM.
     pub decisions: u64,
-    /// Decisions the ring buffer dropped (all VMs).
+    /// Decisions the ring buffer dropped (all VMs); reconciliation corrects
+    /// the threads they concerned at the next tick.
     pub dropped: u64,
+    /// Corrections made by reconciliation in this VM.
+    pub corrections: u64,
     /// Decision → applied latency samples.
     pub apply_samples: usize,
     /// p50, ns.
@@ -442,6 +461,8 @@ impl VmHandle {
                 vs.boosts = v.boosts;
                 vs.throttles = v.throttles;
                 vs.boosted_ns = v.boosted_ns;
+                vs.budget_used_ns = v.budget_used;
+                vs.cont_ns = v.cont_ns;
                 vs.ipis = v.ipis;
                 vs.slot_hits = v.slot_hits;
                 vs.yield_slot = v.yield_slot;
@@ -452,12 +473,14 @@ impl VmHandle {
             }
             if let Some(t) = reg.threads.get(&gid) {
                 vs.boosts_applied = t.boosts_applied;
+                vs.corrections = t.corrections;
                 vs.errors = t.errors;
             }
             out.vcpus.push(vs);
         }
         if let Some(vm) = reg.vms.get(&self.vm_id) {
             out.decisions = vm.decisions;
+            out.corrections = vm.corrections;
             let mut l = vm.latencies.clone();
             l.sort_unstable();
             out.apply_samples = l.len();
@@ -479,7 +502,7 @@ impl VmHandle {
         }
         let gid = (self.vm_id << GID_SHIFT) | index;
         let obj = lock(&self.inner.obj);
-        if let Err(e) = obj.test_run(pvsched_policy::event::EV_TICK, gid, now_mono(), 0, 0) {
+        if let Err(e) = obj.reevaluate(pvsched_policy::event::EV_TICK, gid, now_mono(), 0, 0) {
             log::warn!("pvsched: kick of slot {index}: {e}");
         }
     }
@@ -552,7 +575,7 @@ fn handle(inner: &Inner, d: &PvsDecision) {
 fn consumer(
     inner: Arc<Inner>,
     mut ring: aya::maps::RingBuf<aya::maps::MapData>,
-    test_fd: OwnedFd,
+    reeval_fd: OwnedFd,
     wake: OwnedFd,
     cfg: AgentConfig,
 ) {
@@ -615,8 +638,8 @@ fn consumer(
             next_tick = now + tick_ns;
             let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
             for gid in gids {
-                if let Err(e) = test_run(
-                    &test_fd,
+                if let Err(e) = reevaluate(
+                    &reeval_fd,
                     pvsched_policy::event::EV_TICK,
                     gid,
                     now_mono(),
@@ -632,6 +655,44 @@ fn consumer(
                     handle(&inner, &d);
                 }
             }
+            reconcile(&inner);
+        }
+    }
+}
+
+/// Level-triggered application: every tick, after the ring is drained,
+/// brings each registered thread to the policy's current boost in the
+/// `vcpus` map, so a decision record lost to a full ring (or a failed
+/// syscall) can never leave a thread boosted past what the policy decided.
+fn reconcile(inner: &Inner) {
+    let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
+    let (states, dropped): (Vec<(u32, u32, i32)>, u64) = {
+        let obj = lock(&inner.obj);
+        let states = gids
+            .iter()
+            .filter_map(|&g| obj.vcpu(g).ok().map(|v| (g, v.boost, v.boost_prio)))
+            .collect();
+        (states, obj.stats().map(|s| s.dropped).unwrap_or(0))
+    };
+    let seen = inner.dropped_seen.swap(dropped, Ordering::Relaxed);
+    if dropped > seen {
+        log::warn!(
+            "pvsched agent: the decision ring overflowed ({} records dropped, {dropped} in all); \
+             reconciling every thread with the policy's state",
+            dropped - seen
+        );
+    }
+    let mut guard = lock(&inner.reg);
+    let reg = &mut *guard;
+    for (gid, kind, prio) in states {
+        let Some(vm) = reg.vms.get_mut(&(gid >> GID_SHIFT)) else {
+            continue;
+        };
+        let Some(t) = reg.threads.get_mut(&gid) else {
+            continue;
+        };
+        if t.reconcile(kind, prio, &vm.caps) {
+            vm.corrections += 1;
         }
     }
 }

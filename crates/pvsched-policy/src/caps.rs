@@ -1,9 +1,14 @@
-//! Per-VM admin caps and policy knobs (DESIGN §4 "admin caps per VM"), with
-//! serde so an operator writes them in TOML (`--policy-file caps.toml`).
+//! Per-VM admin caps and policy knobs, with serde so an operator writes them
+//! in TOML (`--policy-file caps.toml`). What each cap does and how to pick
+//! values: `docs/operating.md`.
+//!
+//! Every time limit is charged in **on-CPU** time: only while a boosted vCPU
+//! thread is on a CPU does its boost cost the host anything, so only then is
+//! it counted. A boost held by a halted vCPU is free.
 //!
 //! ```toml
 //! allow_rt = true
-//! max_rt_prio = 10
+//! max_rt_prio = 4
 //! nice_floor = -10
 //! max_boost_us = 5000
 //! ```
@@ -59,21 +64,30 @@ pub struct Caps {
     pub nice_floor: i32,
     /// RT priority for a guest kernel critical section (NMI/IRQ/softirq/preempt-off).
     pub cs_rt_prio: u32,
-    /// Boost of a halted vCPU (so the interrupt that wakes it preempts batch work).
+    /// Boost a latency-sensitive vCPU holds while it halts (so the interrupt
+    /// that wakes it preempts host batch work at once) and keeps when it
+    /// wakes, until its guest stops asking (see `halt_hold_us`).
     pub halt_boost: BoostKind,
     /// Its nice or RT priority.
     pub halt_prio: i32,
-    /// Boost of a directed-yield target while its sender waits.
+    /// A vCPU counts as latency-sensitive for this long after the policy last
+    /// saw its guest run an RT task or a kernel critical section, µs.
+    pub halt_hold_us: u64,
+    /// Every vCPU of this VM is latency-sensitive (the guest need not ask).
+    pub halt_always: bool,
+    /// Boost of a directed-yield target while its sender waits; a waiting
+    /// sender's own boost is kept one step below it, so the target outranks it.
     pub yield_boost: BoostKind,
     /// Its nice or RT priority.
     pub yield_prio: i32,
-    /// Longest continuous boost, µs (0 = unlimited).
+    /// Longest a boosted vCPU thread may run on a CPU without blocking or
+    /// halting, µs of on-CPU time (0 = unlimited).
     pub max_boost_us: u64,
     /// No boost for this long after hitting `max_boost_us`, µs.
     pub throttle_us: u64,
-    /// Boosted time allowed per window, µs (0 = unlimited).
+    /// Boosted on-CPU time allowed per window, µs (0 = unlimited).
     pub budget_us: u64,
-    /// Budget window, µs.
+    /// Budget window, µs of wall-clock time.
     pub window_us: u64,
     /// How long an IPI sender→receiver pair stays confirmed, µs.
     pub ipi_window_us: u64,
@@ -85,13 +99,15 @@ impl Default for Caps {
     fn default() -> Self {
         Caps {
             allow_rt: true,
-            max_rt_prio: 10,
+            max_rt_prio: 4,
             nice_floor: -10,
             cs_rt_prio: 1,
-            halt_boost: BoostKind::Nice,
-            halt_prio: -5,
-            yield_boost: BoostKind::Nice,
-            yield_prio: -10,
+            halt_boost: BoostKind::Rt,
+            halt_prio: 1,
+            halt_hold_us: 1_000_000,
+            halt_always: false,
+            yield_boost: BoostKind::Rt,
+            yield_prio: 2,
             max_boost_us: 20_000,
             throttle_us: 50_000,
             budget_us: 200_000,
@@ -130,6 +146,7 @@ impl Caps {
             self.budget_us,
             self.window_us,
             self.ipi_window_us,
+            self.halt_hold_us,
         ] {
             if t > u64::MAX / 1000 {
                 return Err(CapsError::Range("a time does not fit in nanoseconds"));

@@ -2,6 +2,12 @@
 //! (`policy.bpf.h`, `slot.bpf.h`, `budget.bpf.h`, `ipi.bpf.h`): unsigned
 //! arithmetic wraps where the C wraps, and the order of operations is the
 //! same, so a trace gives the same decisions through both.
+//!
+//! Per event for a vCPU: charge the boosted on-CPU time since its last
+//! event (only a boosted vCPU on a CPU pays), update its run state, refresh
+//! its guest request, update its directed-yield slot, re-evaluate its boost
+//! (throttling it, and its waiting group with it, when a limit is reached),
+//! then re-evaluate the yield targets it released or now waits on.
 
 use crate::caps::Caps;
 use crate::event::*;
@@ -35,23 +41,25 @@ pub struct VcpuModel {
     pub boost_reason: u32,
     /// 1 while throttled.
     pub throttled: u32,
-    /// Start of the current boost.
-    pub boost_start: u64,
-    /// Boost time before this is accounted in `budget_used`.
-    pub acct_start: u64,
+    /// On-CPU boosted time is charged up to this time.
+    pub acct_ns: u64,
+    /// Boosted on-CPU ns since the vCPU last blocked or halted.
+    pub cont_ns: u64,
     /// Budget window start.
     pub window_start: u64,
-    /// Boosted ns in this window.
+    /// Boosted on-CPU ns in this window.
     pub budget_used: u64,
     /// No boost before this.
     pub throttled_until: u64,
+    /// Latency-sensitive (holds the halt boost) until this time.
+    pub ls_until: u64,
     /// Last unicast IPI receiver + 1.
     pub last_ipi_target: u32,
     /// Directed-yield slot (+1).
     pub yield_slot: u32,
     /// Time of the last IPI.
     pub last_ipi_ns: u64,
-    /// Target boosted on our behalf (+1).
+    /// Target boosted on our behalf (+1): we are a waiting sender.
     pub yield_boosting: u32,
     /// Senders waiting on us.
     pub yield_mask: u64,
@@ -59,7 +67,7 @@ pub struct VcpuModel {
     pub boosts: u64,
     /// Throttles.
     pub throttles: u64,
-    /// Total boosted ns.
+    /// Total boosted on-CPU ns.
     pub boosted_ns: u64,
     /// IPIs recorded.
     pub ipis: u64,
@@ -82,7 +90,9 @@ pub struct VmModel {
     pub apic_ids: Vec<u32>,
 }
 
-fn boost_rank(kind: u32, prio: i32) -> u32 {
+/// Orders boosts: any RT above any nice, higher RT priority and lower nice
+/// above the rest, NONE lowest (`boost_rank` in slot.bpf.h).
+pub fn boost_rank(kind: u32, prio: i32) -> u32 {
     if kind == BOOST_RT {
         return 1000u32.wrapping_add(prio as u32);
     }
@@ -128,6 +138,30 @@ pub fn caps_clamp(c: &Caps, kind: &mut u32, prio: &mut i32) {
         *kind = BOOST_NONE;
         *prio = 0;
     }
+}
+
+/// The next boost below a clamped `kind`/`prio` within the caps (`step_below`
+/// in budget.bpf.h): RT p → RT p−1, RT 1 → the nice floor, nice n → n+1,
+/// down to NONE.
+pub fn step_below(c: &Caps, kind: &mut u32, prio: &mut i32) {
+    if *kind == BOOST_RT {
+        if *prio > 1 {
+            *prio -= 1;
+        } else {
+            *kind = BOOST_NICE;
+            *prio = c.nice_floor;
+        }
+    } else if *kind == BOOST_NICE {
+        *prio = prio.wrapping_add(1);
+    }
+    caps_clamp(c, kind, prio);
+}
+
+/// The caps' boost `kind`/`prio` for a role (halt, yield), clamped.
+fn clamped(c: &Caps, kind: u32, prio: i32) -> (u32, i32) {
+    let (mut k, mut p) = (kind, prio);
+    caps_clamp(c, &mut k, &mut p);
+    (k, p)
 }
 
 impl VmModel {
@@ -176,11 +210,21 @@ impl VmModel {
             return out;
         }
         let i = vcpu as usize;
+        // Charge the time up to now in the state the vCPU was in.
+        self.charge(i, now);
         {
             let v = &mut self.vcpus[i];
             match code {
-                EV_SWITCH_OUT => v.state = if a != 0 { ST_PREEMPTED } else { ST_HALTED },
-                EV_SWITCH_IN | EV_VCPU_WAKEUP | EV_USER_EXIT => v.state = ST_RUNNING,
+                EV_SWITCH_OUT if a != 0 => v.state = ST_PREEMPTED,
+                EV_SWITCH_OUT => {
+                    v.state = ST_HALTED;
+                    v.cont_ns = 0;
+                }
+                EV_VCPU_WAKEUP => {
+                    v.state = ST_RUNNING;
+                    v.cont_ns = 0;
+                }
+                EV_SWITCH_IN | EV_USER_EXIT => v.state = ST_RUNNING,
                 EV_WAKEUP => v.state = ST_WOKEN,
                 _ => {}
             }
@@ -188,14 +232,29 @@ impl VmModel {
         if code == EV_IPI {
             self.ipi_record(i, a as u32, b as u32, now);
         }
-        self.refresh_request(i);
+        self.refresh_request(i, now);
         let (old_t, new_t) = self.yield_update(i, now);
-        self.apply_boost(i, now, code, &mut out);
         if old_t != new_t {
             self.yield_mark(old_t, vcpu, false, now, code, &mut out);
             self.yield_mark(new_t, vcpu, true, now, code, &mut out);
         }
+        self.apply_boost(i, now, code, &mut out);
         out
+    }
+
+    /// Charges the boosted on-CPU time since the last charge (`charge` in
+    /// budget.bpf.h): only a boosted vCPU that is on a CPU pays.
+    fn charge(&mut self, i: usize, now: u64) {
+        let v = &mut self.vcpus[i];
+        if now > v.acct_ns {
+            if v.boost != BOOST_NONE && v.state == ST_RUNNING {
+                let d = now - v.acct_ns;
+                v.budget_used = v.budget_used.wrapping_add(d);
+                v.cont_ns = v.cont_ns.wrapping_add(d);
+                v.boosted_ns = v.boosted_ns.wrapping_add(d);
+            }
+            v.acct_ns = now;
+        }
     }
 
     fn ipi_record(&mut self, i: usize, dest_id: u32, icr_low: u32, now: u64) {
@@ -216,7 +275,7 @@ impl VmModel {
         v.ipis += 1;
     }
 
-    fn refresh_request(&mut self, i: usize) {
+    fn refresh_request(&mut self, i: usize, now: u64) {
         let g = self.slots[i];
         let c = &self.caps;
         let nr = self.vcpus.len() as u32;
@@ -266,6 +325,9 @@ impl VmModel {
         v.req_kind = kind;
         v.req_prio = prio;
         v.req_reason = reason;
+        if reason == R_CS || reason == R_RT_TASK {
+            v.ls_until = now.wrapping_add(Caps::ns(c.halt_hold_us));
+        }
         let mut wait_on = g.wait_on;
         if !c.wait_on || wait_on > nr || wait_on == v.index + 1 {
             wait_on = WAIT_NONE;
@@ -287,7 +349,12 @@ impl VmModel {
             || v.state == ST_PREEMPTED
             || v.state == ST_WOKEN
             || v.wait_on != 0;
-        let target = if waits { slot } else { 0 };
+        // A throttled sender lends nothing.
+        let target = if waits && now >= v.throttled_until {
+            slot
+        } else {
+            0
+        };
         if target == v.yield_boosting {
             return (0, 0);
         }
@@ -334,6 +401,7 @@ impl VmModel {
     }
 
     fn apply_boost(&mut self, i: usize, now: u64, event: u32, out: &mut Vec<Decision>) {
+        self.charge(i, now);
         let c = self.caps.clone();
         let (max_boost, throttle, budget, window) = (
             Caps::ns(c.max_boost_us),
@@ -345,33 +413,19 @@ impl VmModel {
         if window != 0 && now.wrapping_sub(v.window_start) >= window {
             v.window_start = now;
             v.budget_used = 0;
-            if v.boost != BOOST_NONE {
-                v.acct_start = now;
-            }
         }
         if v.boost != BOOST_NONE {
-            let run = now.wrapping_sub(v.boost_start);
-            let used = v.budget_used.wrapping_add(now.wrapping_sub(v.acct_start));
-            let why = if max_boost != 0 && run >= max_boost {
-                v.throttled_until = now.wrapping_add(throttle);
-                Some(R_MAX_BOOST)
-            } else if budget != 0 && used >= budget {
-                v.throttled_until = v.window_start.wrapping_add(window);
-                if v.throttled_until < now.wrapping_add(throttle) {
-                    v.throttled_until = now.wrapping_add(throttle);
+            if max_boost != 0 && v.cont_ns >= max_boost {
+                let until = now.wrapping_add(throttle);
+                self.throttle(i, until, R_MAX_BOOST, event, now, out);
+                return;
+            }
+            if budget != 0 && v.budget_used >= budget {
+                let mut until = v.window_start.wrapping_add(window);
+                if until < now.wrapping_add(throttle) {
+                    until = now.wrapping_add(throttle);
                 }
-                Some(R_BUDGET)
-            } else {
-                None
-            };
-            if let Some(reason) = why {
-                v.throttled = 1;
-                v.throttles += 1;
-                boost_end(v, now);
-                v.boost = BOOST_NONE;
-                v.boost_prio = 0;
-                v.boost_reason = reason;
-                self.emit(i, event, now, out);
+                self.throttle(i, until, R_BUDGET, event, now, out);
                 return;
             }
         }
@@ -385,32 +439,43 @@ impl VmModel {
             prio = v.req_prio;
             reason = v.req_reason;
         }
-        if v.state == ST_HALTED || v.state == ST_WOKEN {
-            let (mut hk, mut hp) = (c.halt_boost.abi(), c.halt_prio);
-            caps_clamp(&c, &mut hk, &mut hp);
+        if c.halt_always || now < v.ls_until {
+            let (hk, hp) = clamped(&c, c.halt_boost.abi(), c.halt_prio);
             if boost_rank(hk, hp) > boost_rank(kind, prio) {
                 kind = hk;
                 prio = hp;
                 reason = R_HALT;
             }
         }
-        if v.yield_mask != 0 {
-            let (mut yk, mut yp) = (c.yield_boost.abi(), c.yield_prio);
-            caps_clamp(&c, &mut yk, &mut yp);
-            if boost_rank(yk, yp) > boost_rank(kind, prio) {
-                kind = yk;
-                prio = yp;
-                reason = R_YIELD;
-            }
+        let (yk, yp) = clamped(&c, c.yield_boost.abi(), c.yield_prio);
+        if v.yield_mask != 0 && boost_rank(yk, yp) > boost_rank(kind, prio) {
+            kind = yk;
+            prio = yp;
+            reason = R_YIELD;
         }
-        if kind == v.boost && prio == v.boost_prio {
-            return;
+        // A waiting sender stays one step below the boost its target gets,
+        // and has none while its target is throttled.
+        if v.yield_boosting != 0 && yk != BOOST_NONE && boost_rank(kind, prio) >= boost_rank(yk, yp)
+        {
+            let (mut sk, mut sp) = (yk, yp);
+            step_below(&c, &mut sk, &mut sp);
+            kind = sk;
+            prio = sp;
+        }
+        let t = v.yield_boosting as usize;
+        if t != 0 && t <= self.vcpus.len() && now < self.vcpus[t - 1].throttled_until {
+            kind = BOOST_NONE;
+            prio = 0;
         }
         if kind == BOOST_NONE {
-            boost_end(v, now);
-        } else if v.boost == BOOST_NONE {
-            v.boost_start = now;
-            v.acct_start = now;
+            reason = R_NONE;
+        }
+        let v = &mut self.vcpus[i];
+        if kind == v.boost && prio == v.boost_prio {
+            v.boost_reason = reason;
+            return;
+        }
+        if kind != BOOST_NONE && v.boost == BOOST_NONE {
             v.boosts += 1;
         }
         v.boost = kind;
@@ -418,14 +483,107 @@ impl VmModel {
         v.boost_reason = reason;
         self.emit(i, event, now, out);
     }
-}
 
-fn boost_end(v: &mut VcpuModel, now: u64) {
-    if now > v.acct_start {
-        v.budget_used = v.budget_used.wrapping_add(now - v.acct_start);
+    /// Ends vCPU `i`'s boost as throttled until `until`, then throttles the
+    /// rest of its waiting group (`throttle` in budget.bpf.h).
+    fn throttle(
+        &mut self,
+        i: usize,
+        until: u64,
+        reason: u32,
+        event: u32,
+        now: u64,
+        out: &mut Vec<Decision>,
+    ) {
+        let v = &mut self.vcpus[i];
+        v.throttled_until = until;
+        v.throttled = 1;
+        v.throttles += 1;
+        v.cont_ns = 0;
+        v.boost = BOOST_NONE;
+        v.boost_prio = 0;
+        v.boost_reason = reason;
+        self.emit(i, event, now, out);
+        self.unit_throttle(i, until, event, now, out);
     }
-    if now > v.boost_start {
-        v.boosted_ns = v.boosted_ns.wrapping_add(now - v.boost_start);
+
+    /// A throttled vCPU lends nothing: clear its bit in its target's mask
+    /// (`end_lend` in ipi.bpf.h). The target is throttled with it.
+    fn end_lend(&mut self, j: usize) {
+        let t = self.vcpus[j].yield_boosting as usize;
+        self.vcpus[j].yield_boosting = 0;
+        if t != 0 && t <= self.vcpus.len() && j < 64 {
+            self.vcpus[t - 1].yield_mask &= !(1u64 << j);
+        }
+    }
+
+    /// A waiting pair is throttled as one unit (`unit_throttle` in
+    /// budget.bpf.h): the target `i` waits on is throttled with it, and every
+    /// sender waiting on either loses its boost at once (it gets none while
+    /// its target is throttled). Then `i` lends nothing.
+    fn unit_throttle(
+        &mut self,
+        i: usize,
+        until: u64,
+        event: u32,
+        now: u64,
+        out: &mut Vec<Decision>,
+    ) {
+        let nr = self.nr();
+        let by = self.vcpus[i].yield_boosting;
+        let mut mask = 0;
+        if by != 0 && by <= nr {
+            let g = (by - 1) as usize;
+            self.force_throttle(g, until, event, now, out);
+            mask = self.vcpus[g].yield_mask;
+        }
+        mask |= self.vcpus[i].yield_mask;
+        for s in 0..nr.min(64) as usize {
+            if s != i && mask & (1u64 << s) != 0 {
+                self.unboost_sender(s, event, now, out);
+            }
+        }
+        self.end_lend(i);
+    }
+
+    /// Throttles the target of a throttled sender (`force_throttle` in
+    /// budget.bpf.h).
+    fn force_throttle(
+        &mut self,
+        j: usize,
+        until: u64,
+        event: u32,
+        now: u64,
+        out: &mut Vec<Decision>,
+    ) {
+        self.charge(j, now);
+        let v = &mut self.vcpus[j];
+        if v.throttled_until < until {
+            v.throttled_until = until;
+        }
+        v.throttled = 1;
+        v.cont_ns = 0;
+        if v.boost != BOOST_NONE {
+            v.throttles += 1;
+            v.boost = BOOST_NONE;
+            v.boost_prio = 0;
+            v.boost_reason = R_THROTTLED;
+            self.emit(j, event, now, out);
+        }
+        self.end_lend(j);
+    }
+
+    /// Drops the boost of a sender whose target was just throttled
+    /// (`unboost_sender_cb` in budget.bpf.h).
+    fn unboost_sender(&mut self, j: usize, event: u32, now: u64, out: &mut Vec<Decision>) {
+        self.charge(j, now);
+        let v = &mut self.vcpus[j];
+        if v.boost != BOOST_NONE {
+            v.boost = BOOST_NONE;
+            v.boost_prio = 0;
+            v.boost_reason = R_THROTTLED;
+            self.emit(j, event, now, out);
+        }
     }
 }
 
@@ -433,6 +591,8 @@ fn boost_end(v: &mut VcpuModel, now: u64) {
 mod tests {
     use super::*;
     use pvsched_abi::{CS_HARDIRQ, CS_PREEMPT_OFF, POLICY_FIFO};
+
+    const MS: u64 = 1_000_000;
 
     fn vm2() -> VmModel {
         VmModel::new(Caps::default(), &[10, 11], &[0, 1])
@@ -442,8 +602,20 @@ mod tests {
         vm.step(0, Event::GuestWrite { vcpu, guest });
     }
 
+    fn rt(prio: u32) -> GuestFields {
+        GuestFields {
+            policy: POLICY_FIFO,
+            rt_prio: prio,
+            ..Default::default()
+        }
+    }
+
+    fn out(vcpu: u32, preempted: bool) -> Event {
+        Event::SwitchOut { vcpu, preempted }
+    }
+
     #[test]
-    fn cs_boost_then_unboost() {
+    fn cs_boost_is_held_while_latency_sensitive_then_dropped() {
         let mut vm = vm2();
         write(
             &mut vm,
@@ -453,20 +625,24 @@ mod tests {
                 ..Default::default()
             },
         );
-        let d = vm.step(
-            10,
-            Event::SwitchOut {
-                vcpu: 0,
-                preempted: true,
-            },
-        );
+        let d = vm.step(10, out(0, true));
         assert_eq!(d.len(), 1);
         assert_eq!(
             (d[0].kind, d[0].prio, d[0].reason, d[0].tid),
             (BOOST_RT, 1, R_CS, 10)
         );
+        // The guest stops asking: the halt boost (same RT 1) holds for halt_hold.
         write(&mut vm, 0, GuestFields::default());
-        let d = vm.step(20, Event::SwitchIn { vcpu: 0 });
+        assert!(vm.step(20, Event::SwitchIn { vcpu: 0 }).is_empty());
+        assert_eq!(vm.vcpus[0].boost_reason, R_HALT);
+        assert!(vm.step(30, out(0, false)).is_empty());
+        assert_eq!(vm.vcpus[0].boost_reason, R_HALT);
+        // 20..30 on a CPU, boosted: charged; halted time is not.
+        assert_eq!(vm.vcpus[0].boosted_ns, 10);
+        let d = vm.step(
+            10 + Caps::ns(Caps::default().halt_hold_us),
+            Event::Tick { vcpu: 0 },
+        );
         assert_eq!((d[0].kind, d[0].reason), (BOOST_NONE, R_NONE));
         assert_eq!(vm.vcpus[0].boosted_ns, 10);
     }
@@ -474,17 +650,9 @@ mod tests {
     #[test]
     fn rt_prio_is_capped() {
         let mut vm = vm2();
-        write(
-            &mut vm,
-            1,
-            GuestFields {
-                policy: POLICY_FIFO,
-                rt_prio: 99,
-                ..Default::default()
-            },
-        );
+        write(&mut vm, 1, rt(99));
         let d = vm.step(5, Event::Wakeup { vcpu: 1 });
-        assert_eq!((d[0].kind, d[0].prio), (BOOST_RT, 10));
+        assert_eq!((d[0].kind, d[0].prio), (BOOST_RT, 4));
     }
 
     #[test]
@@ -502,46 +670,92 @@ mod tests {
                 ..Default::default()
             },
         );
-        let d = vm.step(
-            5,
-            Event::SwitchOut {
-                vcpu: 0,
-                preempted: true,
-            },
-        );
+        let d = vm.step(5, out(0, true));
         assert_eq!((d[0].kind, d[0].prio), (BOOST_NICE, -10));
     }
 
     #[test]
-    fn throttle_after_max_boost_then_reboost_after_throttle() {
+    fn a_plain_vm_gets_no_halt_boost() {
         let mut vm = vm2();
-        write(
-            &mut vm,
-            0,
-            GuestFields {
-                kern_cs: CS_HARDIRQ,
-                ..Default::default()
-            },
-        );
-        vm.step(
-            1,
-            Event::SwitchOut {
-                vcpu: 0,
-                preempted: true,
-            },
-        );
-        let d = vm.step(1 + 20_000_000, Event::Tick { vcpu: 0 });
-        assert_eq!((d[0].kind, d[0].reason), (BOOST_NONE, R_MAX_BOOST));
-        assert_eq!(vm.vcpus[0].throttled, 1);
-        assert!(vm.step(30_000_000, Event::Tick { vcpu: 0 }).is_empty());
-        let d = vm.step(1 + 70_000_000, Event::Tick { vcpu: 0 });
-        assert_eq!(d[0].kind, BOOST_RT);
-        assert_eq!(vm.vcpus[0].throttled, 0);
+        assert!(vm.step(5, out(0, false)).is_empty());
+        assert!(vm.step(6, Event::Wakeup { vcpu: 0 }).is_empty());
+        let caps = Caps {
+            halt_always: true,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(caps, &[1], &[0]);
+        let d = vm.step(5, out(0, false));
+        assert_eq!((d[0].kind, d[0].prio, d[0].reason), (BOOST_RT, 1, R_HALT));
     }
 
     #[test]
-    fn ipi_pair_boosts_receiver_while_sender_waits() {
+    fn a_halted_boost_costs_nothing() {
         let mut vm = vm2();
+        write(&mut vm, 0, rt(1));
+        let d = vm.step(MS, Event::SwitchIn { vcpu: 0 });
+        assert_eq!(d[0].kind, BOOST_RT);
+        write(&mut vm, 0, GuestFields::default());
+        vm.step(2 * MS, out(0, false));
+        // Halted for 900 ms of ticks: boost held, budget and limit untouched.
+        for t in (5..900).step_by(5) {
+            assert!(vm.step(t * MS, Event::Tick { vcpu: 0 }).is_empty());
+        }
+        let v = &vm.vcpus[0];
+        assert_eq!(
+            (v.boost, v.boost_reason, v.throttled),
+            (BOOST_RT, R_HALT, 0)
+        );
+        assert_eq!((v.budget_used, v.cont_ns, v.boosted_ns), (MS, 0, MS));
+    }
+
+    #[test]
+    fn continuous_limit_counts_on_cpu_time_and_resets_on_halt() {
+        let mut vm = vm2();
+        write(&mut vm, 0, rt(1));
+        vm.step(0, Event::SwitchIn { vcpu: 0 });
+        // 15 ms on a CPU, then preempted 100 ms: not a halt, the run continues.
+        vm.step(15 * MS, out(0, true));
+        assert!(vm.step(115 * MS, Event::SwitchIn { vcpu: 0 }).is_empty());
+        let d = vm.step(120 * MS, Event::Tick { vcpu: 0 });
+        assert_eq!((d[0].kind, d[0].reason), (BOOST_NONE, R_MAX_BOOST));
+        assert_eq!(vm.vcpus[0].throttled, 1);
+        assert!(vm.step(150 * MS, Event::Tick { vcpu: 0 }).is_empty());
+        let d = vm.step(170 * MS, Event::Tick { vcpu: 0 });
+        assert_eq!(d[0].kind, BOOST_RT);
+        assert_eq!(vm.vcpus[0].throttled, 0);
+        // A halt resets the continuous run.
+        vm.step(185 * MS, out(0, false));
+        vm.step(186 * MS, Event::SwitchIn { vcpu: 0 });
+        assert!(vm.step(200 * MS, Event::Tick { vcpu: 0 }).is_empty());
+        assert_eq!(vm.vcpus[0].cont_ns, 14 * MS);
+    }
+
+    #[test]
+    fn budget_counts_on_cpu_time_per_window() {
+        let mut vm = vm2();
+        write(&mut vm, 0, rt(1));
+        let mut t = MS;
+        let mut throttled_at = None;
+        // 10 ms runs, each followed by a 10 ms halt: 50 % on a CPU.
+        while t < 990 * MS {
+            let mut d = vm.step(t, Event::SwitchIn { vcpu: 0 });
+            d.extend(vm.step(t + 10 * MS, out(0, false)));
+            if d.iter().any(|d| d.reason == R_BUDGET) {
+                throttled_at = Some(t + 10 * MS);
+                break;
+            }
+            t += 20 * MS;
+        }
+        // Budget 200 ms of on-CPU time: reached at the end of the 20th run.
+        assert_eq!(throttled_at, Some(391 * MS));
+        assert_eq!(vm.vcpus[0].throttled_until, 1_000 * MS);
+    }
+
+    #[test]
+    fn ipi_receiver_outranks_its_waiting_sender() {
+        let mut vm = vm2();
+        write(&mut vm, 0, rt(3));
+        vm.step(50, Event::SwitchIn { vcpu: 0 });
         // Fixed, physical, no shorthand IPI to APIC 1.
         vm.step(
             100,
@@ -552,20 +766,16 @@ mod tests {
             },
         );
         assert_eq!(vm.vcpus[0].yield_slot, 2);
-        let d = vm.step(
-            200,
-            Event::SwitchOut {
-                vcpu: 0,
-                preempted: false,
-            },
-        );
-        // Sender halted: its own halt boost, and the receiver's yield boost.
+        let d = vm.step(200, out(0, true));
+        // Sender preempted: it waits. Receiver RT 2 (yield), sender one below.
         assert!(
             d.iter()
-                .any(|d| d.tid == 11 && d.reason == R_YIELD && d.prio == -10)
+                .any(|d| d.tid == 11 && (d.kind, d.prio, d.reason) == (BOOST_RT, 2, R_YIELD))
         );
+        assert_eq!((vm.vcpus[0].boost, vm.vcpus[0].boost_prio), (BOOST_RT, 1));
         let d = vm.step(300, Event::SwitchIn { vcpu: 0 });
         assert!(d.iter().any(|d| d.tid == 11 && d.kind == BOOST_NONE));
+        assert_eq!((vm.vcpus[0].boost, vm.vcpus[0].boost_prio), (BOOST_RT, 3));
         // Broadcast shorthand is not a pair.
         vm.step(
             400,
@@ -576,6 +786,72 @@ mod tests {
             },
         );
         assert_eq!(vm.vcpus[1].last_ipi_target, 0);
+    }
+
+    #[test]
+    fn a_waiting_pair_is_throttled_as_one_unit() {
+        let mut vm = vm2();
+        // vCPU 0 spins in a critical section waiting on vCPU 1.
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                kern_cs: CS_PREEMPT_OFF,
+                wait_on: 2,
+                ..Default::default()
+            },
+        );
+        vm.step(0, Event::SwitchIn { vcpu: 0 });
+        vm.step(0, Event::SwitchIn { vcpu: 1 });
+        assert_eq!((vm.vcpus[0].boost, vm.vcpus[0].boost_prio), (BOOST_RT, 1));
+        assert_eq!(
+            (
+                vm.vcpus[1].boost,
+                vm.vcpus[1].boost_prio,
+                vm.vcpus[1].boost_reason
+            ),
+            (BOOST_RT, 2, R_YIELD)
+        );
+        // The spinner reaches max_boost: both are throttled, until the same time.
+        let d = vm.step(20 * MS, Event::Tick { vcpu: 0 });
+        let got: Vec<_> = d.iter().map(|d| (d.tid, d.kind, d.reason)).collect();
+        assert_eq!(
+            got,
+            vec![(10, BOOST_NONE, R_MAX_BOOST), (11, BOOST_NONE, R_THROTTLED)]
+        );
+        assert_eq!(vm.vcpus[1].throttled_until, vm.vcpus[0].throttled_until);
+        assert_eq!(
+            vm.vcpus[0].yield_boosting, 0,
+            "a throttled sender lends nothing"
+        );
+        // Throttled the receiver first: the waiting sender goes with it.
+        let mut vm = vm2();
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                wait_on: 2,
+                ..Default::default()
+            },
+        );
+        write(&mut vm, 1, rt(1));
+        vm.step(0, Event::SwitchIn { vcpu: 1 });
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                kern_cs: CS_PREEMPT_OFF,
+                wait_on: 2,
+                ..Default::default()
+            },
+        );
+        vm.step(0, Event::SwitchIn { vcpu: 0 });
+        let d = vm.step(20 * MS, Event::Tick { vcpu: 1 });
+        let got: Vec<_> = d.iter().map(|d| (d.tid, d.kind, d.reason)).collect();
+        assert_eq!(
+            got,
+            vec![(11, BOOST_NONE, R_MAX_BOOST), (10, BOOST_NONE, R_THROTTLED)]
+        );
     }
 
     #[test]

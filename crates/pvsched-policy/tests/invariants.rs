@@ -1,11 +1,13 @@
 //! Property tests of the reference model: whatever the guest writes and
 //! whatever the event order, a decision never exceeds the VM's caps, a
-//! vCPU's consecutive decisions always change something, and nothing is
-//! boosted while throttled.
+//! vCPU's consecutive decisions always change something, nothing is
+//! boosted while throttled, a waiting pair is never split (a sender boosted
+//! while its target is throttled, or a throttled sender lending its boost),
+//! and no vCPU is charged more on-CPU time than passed.
 
 use proptest::prelude::*;
 use pvsched_abi::{BOOST_NICE, BOOST_NONE, BOOST_RT};
-use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST};
+use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_THROTTLED};
 use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
 use std::collections::HashMap;
 
@@ -31,6 +33,7 @@ fn caps() -> impl Strategy<Value = Caps> {
             1u64..20_000,
             0u64..5_000,
         ),
+        (0u64..5_000, any::<bool>()),
     )
         .prop_map(
             |(
@@ -40,6 +43,7 @@ fn caps() -> impl Strategy<Value = Caps> {
                 cs_rt_prio,
                 (hk, hp, yk, yp),
                 (mb, th, bu, wi, iw),
+                (hold, always),
             )| Caps {
                 allow_rt,
                 max_rt_prio,
@@ -47,6 +51,8 @@ fn caps() -> impl Strategy<Value = Caps> {
                 cs_rt_prio,
                 halt_boost: hk,
                 halt_prio: hp,
+                halt_hold_us: hold,
+                halt_always: always,
                 yield_boost: yk,
                 yield_prio: yp,
                 max_boost_us: mb,
@@ -121,7 +127,7 @@ fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
                 BOOST_NONE => prop_assert_eq!(d.prio, 0),
                 k => prop_assert!(false, "unknown kind {}", k),
             }
-            if d.reason == R_MAX_BOOST || d.reason == R_BUDGET {
+            if d.reason == R_MAX_BOOST || d.reason == R_BUDGET || d.reason == R_THROTTLED {
                 prop_assert_eq!(d.kind, BOOST_NONE);
             }
             let prev = last.insert(d.tid, (d.kind, d.prio));
@@ -132,6 +138,18 @@ fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
         for v in &vm.vcpus {
             if now < v.throttled_until {
                 prop_assert_eq!(v.boost, BOOST_NONE);
+                prop_assert_eq!(v.yield_boosting, 0, "a throttled sender lends nothing");
+            }
+            prop_assert!(v.boosted_ns <= now, "charged more time than passed");
+            if v.yield_boosting != 0 {
+                let t = &vm.vcpus[v.yield_boosting as usize - 1];
+                prop_assert!(
+                    !(now < t.throttled_until && v.boost != BOOST_NONE),
+                    "split pair: sender {} boosted, its target {} throttled",
+                    v.index,
+                    t.index
+                );
+                prop_assert!(t.yield_mask & (1 << v.index) != 0, "lend without a mark");
             }
         }
     }

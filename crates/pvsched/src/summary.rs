@@ -38,6 +38,7 @@ pub fn to_json(name: &str, s: &VmStats) -> Value {
         "name": name,
         "decisions": s.decisions,
         "dropped": s.dropped,
+        "corrections": s.corrections,
         "apply_samples": s.apply_samples,
         "apply_p50_us": s.apply_p50_ns as f64 / 1e3,
         "apply_p99_us": s.apply_p99_ns as f64 / 1e3,
@@ -84,9 +85,10 @@ pub fn print_table(out: &mut impl Write, name: &str, s: &VmStats) -> std::io::Re
     }
     writeln!(
         out,
-        "decisions {} (dropped {}), decision→applied p50 {:.1} µs p99 {:.1} µs over {} samples",
+        "decisions {} (dropped {}, corrected by reconciliation {}), decision→applied p50 {:.1} µs p99 {:.1} µs over {} samples",
         s.decisions,
         s.dropped,
+        s.corrections,
         s.apply_p50_ns as f64 / 1e3,
         s.apply_p99_ns as f64 / 1e3,
         s.apply_samples
@@ -113,6 +115,7 @@ mod tests {
             ],
             decisions: 9,
             dropped: 1,
+            corrections: 1,
             apply_samples: 4,
             apply_p50_ns: 12_000,
             apply_p99_ns: 40_500,

@@ -5,13 +5,14 @@
 //! attributes are read back with `sched_getattr`.
 //!
 //! Who writes the guest half of the slot:
-//! * (a) the guest itself: every vCPU ends its start-up burst asking for
-//!   rt_prio 1 (an RT task), then the `spin` workload's sender (vCPU 0)
-//!   sets `kern_cs = PREEMPT_OFF` around each wait and clears its whole
-//!   slot (SCHED_NORMAL, no request) after; when told to stop it leaves
-//!   the slot cleared and halts for good.
+//! * (a) the guest itself: every vCPU's start-up burst asks for RT tasks
+//!   (rt_prio 0..63) and ends with the slot cleared (SCHED_NORMAL, no
+//!   request), then the `spin` workload's sender (vCPU 0) sets
+//!   `kern_cs = PREEMPT_OFF` around each wait and clears its whole slot
+//!   after; when told to stop it leaves the slot cleared and halts for good.
 //! * (b) the host test, through the device's `RegionView::write_guest_slot`:
-//!   no test-guest workload asks for rt_prio 99 or asks forever.
+//!   no test-guest workload asks for rt_prio 99 (`greedy` asks for rt_prio 1
+//!   forever).
 //! * (c) the guest: the `ipi` workload's unicast x2APIC IPIs.
 //! * (d) nobody: the agent (a child process) boosts halted vCPUs.
 //!
@@ -30,8 +31,6 @@ use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmSpec};
 use pvsched_policy::{BoostKind, Caps};
 use pvsched_vmm::guest::events::VEC_WAKE;
 
-/// A vector the test guest acknowledges without touching its slot.
-const VEC_QUIET: u8 = 0x50;
 use pvsched_vmm::{Vm, VmConfig, Workload};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -144,8 +143,8 @@ fn guest_critical_section_boosts_and_clearing_restores_exact_baseline() {
     let boosted = wait_for("vCPU 0 boosted", LIMIT, || {
         Some(attr(tid)).filter(|a| a.policy == POLICY_FIFO)
     });
-    // The burst's RT tasks (rt_prio 0..63, capped to 7), rt_prio 1 after
-    // it, or cs_rt_prio 2 for PREEMPT_OFF: always within the VM's cap.
+    // The burst's RT tasks (rt_prio 0..63, capped to 7) or cs_rt_prio 2
+    // for PREEMPT_OFF: always within the VM's cap.
     assert!(
         (1..=7).contains(&boosted.priority),
         "boosted at {}",
@@ -164,41 +163,28 @@ fn guest_critical_section_boosts_and_clearing_restores_exact_baseline() {
     drop(policy);
 }
 
-/// (b) A guest asking for rt_prio 99 gets the VM's cap (7); asking
-/// forever, it is throttled after max_boost and that is reported (stats
-/// and the host half of its slot), its thread back at baseline.
+/// (b) A guest asking for rt_prio 99 gets the VM's cap (7); asking forever
+/// and spinning (the `greedy` workload never halts), its boosted on-CPU
+/// time reaches max_boost and it is throttled, which is reported (stats and
+/// the host half of its slot), its thread back at baseline.
 #[test]
-fn rt_99_is_capped_and_asking_forever_is_throttled() {
-    if !need_real("rt_99_is_capped_and_asking_forever_is_throttled") {
+fn rt_99_is_capped_and_spinning_forever_is_throttled() {
+    if !need_real("rt_99_is_capped_and_spinning_forever_is_throttled") {
         return;
     }
     let caps = Caps {
-        // Halted or running the vCPU asks: one continuous boost.
-        halt_boost: BoostKind::Rt,
-        halt_prio: 2,
         max_boost_us: 200_000,
         throttle_us: 1_000_000,
         ..base_caps()
     };
-    let g = Guest::boot(1, Workload::Wakeup, caps);
+    let g = Guest::boot(1, Workload::Greedy, caps);
     let tid = g.tid(0);
     let baseline = g.baselines[0];
     wait_for("the guest's start-up burst done", LIMIT, || {
         g.vm.monitor().all_ready().then_some(())
     });
-    // Wake the vCPU every millisecond with a vector whose handler does not
-    // touch the slot: scheduler events for the policy, the slot stays as
-    // written below.
-    let stop = Arc::new(AtomicBool::new(false));
-    let inj = g.vm.injector();
-    let stop2 = stop.clone();
-    let waker = std::thread::spawn(move || {
-        while !stop2.load(Ordering::Relaxed) {
-            let _ = inj.inject(0, VEC_QUIET);
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    });
-    // Host-side stand-in for a guest running an rt_prio 99 task forever.
+    // Host-side stand-in for a guest running an rt_prio 99 task forever
+    // (greedy itself asks for rt_prio 1).
     let view = g.vm.region_view().unwrap();
     view.write_guest_slot(
         0,
@@ -219,10 +205,92 @@ fn rt_99_is_capped_and_asking_forever_is_throttled() {
             .then_some(s)
     });
     assert!(st.vcpus[0].throttles >= 1);
+    assert!(
+        st.vcpus[0].boosted_ns >= 200_000_000,
+        "throttled only after max_boost of on-CPU time: {:?}",
+        st.vcpus[0]
+    );
     let host = view.read_host_slot(0).unwrap();
     assert!(host.throttles >= 1, "host half reports the throttle");
-    stop.store(true, Ordering::Relaxed);
-    waker.join().unwrap();
+    let Guest { vm, policy, .. } = g;
+    drop(vm);
+    drop(policy);
+}
+
+/// (a') With the default caps (no caps file), a vCPU whose guest ran an RT
+/// task (the `wakeup` handler asks for FIFO while it runs) holds its halt
+/// boost while halted: its thread stays SCHED_FIFO with no wake-ups, and its
+/// budget is charged only what the thread really ran on a CPU (the kernel's
+/// schedstat), never the time it was halted.
+#[test]
+fn a_halted_rt_guest_holds_its_boost_and_spends_no_budget() {
+    if !need_real("a_halted_rt_guest_holds_its_boost_and_spends_no_budget") {
+        return;
+    }
+    let g = Guest::boot(1, Workload::Wakeup, Caps::default());
+    let tid = g.tid(0);
+    wait_for("the guest's start-up burst done", LIMIT, || {
+        g.vm.monitor().all_ready().then_some(())
+    });
+    // A few real wake-ups: the handler runs as the guest's RT task.
+    let inj = g.vm.injector();
+    let acks = |g: &Guest| g.vm.monitor().stats(0).samples_ns.len();
+    for _ in 0..5 {
+        let before = acks(&g);
+        g.vm.monitor().note_injection(0);
+        let _ = inj.inject(0, VEC_WAKE);
+        wait_for("the wake-up acknowledged", LIMIT, || {
+            (acks(&g) > before).then_some(())
+        });
+    }
+    wait_for("halt boost held", LIMIT, || {
+        let s = g.stats();
+        (s.vcpus[0].boost == pvsched_abi::BOOST_RT && attr(tid).policy == POLICY_FIFO).then_some(s)
+    });
+    // Let the last handler finish and the vCPU halt (its switch-out charges
+    // the end of that run); from then on nothing wakes it, only the
+    // policy's ticks run, every 5 ms.
+    std::thread::sleep(Duration::from_millis(100));
+    // The kernel's count of the thread's on-CPU time (schedstat field 1).
+    let on_cpu_ns = || -> u64 {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .expect("schedstat of the vCPU thread")
+    };
+    let cpu0 = on_cpu_ns();
+    let boosted = g.stats();
+    std::thread::sleep(Duration::from_millis(300));
+    let cpu1 = on_cpu_ns();
+    let later = g.stats();
+    let a = attr(tid);
+    println!(
+        "halted RT guest: before {:?}\nafter 300 ms halted {:?}, attr {a:?}",
+        boosted.vcpus[0], later.vcpus[0]
+    );
+    assert_eq!(
+        (a.policy, a.priority),
+        (POLICY_FIFO, 1),
+        "boost held while halted"
+    );
+    assert_eq!(later.vcpus[0].boost_prio, 1);
+    assert_eq!(later.vcpus[0].throttled, 0);
+    assert_eq!(later.vcpus[0].throttles, 0);
+    // 300 ms of wall-clock time halted; only what the thread really ran
+    // (brief wake-ups, if any) may be charged, never the halted time.
+    let charged = later.vcpus[0].budget_used_ns - boosted.vcpus[0].budget_used_ns;
+    let ran = cpu1 - cpu0;
+    println!("charged {charged} ns while the thread ran {ran} ns in 300 ms");
+    assert!(
+        charged <= ran + 1_000_000,
+        "charged {charged} ns but the thread ran only {ran} ns"
+    );
+    assert!(charged < 5_000_000, "a halted vCPU's budget does not move");
+    assert_eq!(
+        later.vcpus[0].boosted_ns - boosted.vcpus[0].boosted_ns,
+        charged
+    );
+    assert_eq!(later.corrections, 0, "nothing to correct: {later:?}");
     let Guest { vm, policy, .. } = g;
     drop(vm);
     drop(policy);
@@ -305,6 +373,7 @@ fn agent_process_child() {
     let caps = Caps {
         halt_boost: BoostKind::Rt,
         halt_prio: 3,
+        halt_always: true,
         ..base_caps()
     };
     let _vm = agent

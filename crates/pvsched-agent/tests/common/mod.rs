@@ -34,7 +34,17 @@ pub struct FakeVcpu {
 }
 
 impl FakeVcpu {
+    /// A thread that sleeps `period` in a loop (a vCPU that halts often).
     pub fn spawn(nice: i32, period: Duration) -> FakeVcpu {
+        Self::start(nice, Some(period))
+    }
+
+    /// A thread that never blocks (a spinning, CPU-bound vCPU).
+    pub fn spawn_busy(nice: i32) -> FakeVcpu {
+        Self::start(nice, None)
+    }
+
+    fn start(nice: i32, period: Option<Duration>) -> FakeVcpu {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -45,7 +55,10 @@ impl FakeVcpu {
             sched::set(tid, &a).unwrap();
             tx.send(tid).unwrap();
             while !s2.load(Ordering::Relaxed) {
-                std::thread::sleep(period);
+                match period {
+                    Some(p) => std::thread::sleep(p),
+                    None => std::hint::spin_loop(),
+                }
             }
         });
         let tid = rx.recv().unwrap();
