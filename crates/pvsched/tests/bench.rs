@@ -22,6 +22,16 @@ fn pvsched() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pvsched"))
 }
 
+/// Runs `pvsched` with `cmd` (which prints the JSON on stdout), requires
+/// success and returns the one JSON object it printed.
+fn bench_json(cmd: &mut Command) -> Value {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object: {e}\n{stderr}"))
+}
+
 fn is_num(v: &Value) -> bool {
     v.as_f64().is_some()
 }
@@ -34,15 +44,11 @@ fn s1_quick_prints_the_bench_json() {
     let dir = std::env::temp_dir().join(format!("pvsched-bench-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let png = dir.join("s1.png");
-    let out = pvsched()
-        .args(["bench", "s1", "--quick", "--json", "-", "--plot"])
-        .arg(&png)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
-    let j: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON object: {e}\n{stderr}"));
+    let j = bench_json(
+        pvsched()
+            .args(["bench", "s1", "--quick", "--json", "-", "--plot"])
+            .arg(&png),
+    );
     assert_eq!(j["scenario"], "s1");
     assert_eq!(j["quick"], true);
     assert_eq!(j["reps"], 1);
@@ -68,16 +74,120 @@ fn s1_quick_prints_the_bench_json() {
     for k in ["ratio_p50", "ratio_p99", "ratio_max"] {
         assert!(is_num(&j[k]), "{k}");
     }
+    // The load: busy hogs by default, two per online CPU, each run with
+    // the hogs' work counted (present, not how much).
+    let cpus = j["machine"]["cpus"].as_u64().unwrap();
+    assert_eq!(j["load"], "busy");
+    assert_eq!(j["hogs"].as_u64().unwrap(), 2 * cpus);
+    for v in ["vanilla", "pvsched"] {
+        assert_eq!(j[v]["load"]["busy"].as_u64().unwrap(), 2 * cpus, "{v}");
+        assert!(
+            j[v]["runs"][0]["hog_iterations"].as_u64().unwrap() > 0,
+            "{v}"
+        );
+        assert!(is_num(&j[v]["runs"][0]["hog_iterations_per_s"]), "{v}");
+        assert!(is_num(&j[v]["hog_iterations"]), "{v}");
+    }
+    for v in ["idle_vanilla", "idle_pvsched"] {
+        assert_eq!(j[v]["load"]["kind"], "none", "{v}");
+        assert!(j[v]["runs"][0]["hog_iterations"].is_null(), "{v}");
+    }
+    // Whether the load showed the problem is reported, whatever it was.
+    assert!(is_num(&j["vanilla_loaded_vs_idle_p99"]));
+    assert!(j["load_shows_problem"].is_boolean());
+    assert!(is_num(&j["ratios"]["vanilla_loaded_vs_idle"]["ratio_p99"]));
     let targets = j["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 3);
+    let names: Vec<&str> = targets
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "s1_p99_vs_idle",
+            "s1_p99_ratio",
+            "s1_max_ratio",
+            "s1_host_cost"
+        ]
+    );
     for t in targets {
         assert!(t["name"].is_string() && t["goal"].is_string());
         assert!(t["met"].is_boolean());
-        assert!(is_num(&t["value"]));
+        assert!(is_num(&t["value"]), "{t}");
     }
     let png = std::fs::read(&png).unwrap();
     assert_eq!(&png[1..4], b"PNG");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// S5: the greedy guest beside busy hogs, vanilla and pvsched; the JSON
+/// carries what its two targets need. Skips if this build's test guest
+/// has no `greedy` workload.
+#[test]
+fn s5_quick_reports_budget_and_hog_share() {
+    if !need_real("s5_quick_reports_budget_and_hog_share") {
+        return;
+    }
+    let j = bench_json(pvsched().args(["bench", "s5", "--quick", "--json", "-"]));
+    assert_eq!(j["scenario"], "s5");
+    assert_eq!(j["load"], "busy");
+    assert_eq!(j["hogs"], j["machine"]["cpus"]);
+    assert_eq!(j["vanilla"]["workload"], "greedy");
+    assert_eq!(j["vanilla"]["policy"], "none");
+    assert_eq!(j["pvsched"]["policy"], "embedded");
+    for v in ["vanilla", "pvsched"] {
+        assert!(
+            j[v]["runs"][0]["hog_iterations"].as_u64().unwrap() > 0,
+            "{v}"
+        );
+    }
+    let g = &j["greedy"];
+    assert_eq!(g["budget_us"], pvsched_policy::Caps::default().budget_us);
+    assert_eq!(g["window_us"], pvsched_policy::Caps::default().window_us);
+    assert!(is_num(&g["budget_share"]) && is_num(&g["hog_ratio"]));
+    let rep = &g["reps"][0];
+    assert!(is_num(&rep["policy_s"]) && is_num(&rep["windows"]));
+    let vcpus = rep["per_vcpu"].as_array().unwrap();
+    assert_eq!(vcpus.len(), 2);
+    for v in vcpus {
+        assert!(v["boosted_ns"].as_u64().is_some(), "{v}");
+        assert!(is_num(&v["boosted_us_per_window"]) && is_num(&v["of_budget"]));
+        assert!(v["boosts"].as_u64().is_some() && v["throttles"].as_u64().is_some());
+    }
+    let names: Vec<&str> = j["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["s5_greedy_budget", "s5_hog_share"]);
+    for t in j["targets"].as_array().unwrap() {
+        assert!(is_num(&t["value"]) && t["met"].is_boolean(), "{t}");
+    }
+}
+
+#[test]
+fn load_kinds_parse() {
+    // A valid --load gets past the command line (exit 9: no s4.py there,
+    // not 2: bad command line); an unknown one does not.
+    for kind in ["busy", "sleepy", "mixed"] {
+        let out = pvsched()
+            .args(["bench", "s4", "--quick", "--load", kind, "--hogs", "1"])
+            .args(["--repo", "/nonexistent-pvsched-repo"])
+            .args(["--device-bin", "/bin/true", "--agent-bin", "/bin/true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(9), "--load {kind}");
+    }
+    let out = pvsched()
+        .args(["bench", "s1", "--load", "lazy"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for kind in ["busy", "sleepy", "mixed"] {
+        assert!(stderr.contains(kind), "{kind} in\n{stderr}");
+    }
 }
 
 #[test]
@@ -169,7 +279,8 @@ fn bench_help_lists_the_scenarios() {
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for s in [
-        "s1", "s2", "s3", "s4", "--quick", "--reps", "--json", "--plot",
+        "s1", "s2", "s3", "s4", "s5", "--quick", "--reps", "--json", "--plot", "--hogs", "--load",
+        "sleepy",
     ] {
         assert!(help.contains(s), "{s} in\n{help}");
     }

@@ -1,11 +1,12 @@
-//! `pvsched bench <s1|s2|s3|s4>`: vanilla vs pvsched back to back in one
+//! `pvsched bench <s1|s2|s3|s4|s5>`: vanilla vs pvsched back to back in one
 //! invocation, repetitions interleaved, medians and spread, ratios
 //! pvsched/vanilla and the targets, as a table or one JSON object
 //! (the same top-level shape for every scenario), with optional PNG CDFs.
 //!
-//! * [`scenario`]: S1–S3 variants and their JSON; [`runner`] runs one
-//!   variant once in a child [`worker`] (`pvsched bench-run`) beside
-//!   [`hogs`]; [`costs`] holds S3's host-only measurements.
+//! * [`scenario`]: S1–S3 and S5 variants and their JSON; [`runner`] runs
+//!   one variant once in a child [`worker`] (`pvsched bench-run`) beside
+//!   [`hogs`], counting the hogs' work; [`costs`] holds S3's host-only
+//!   measurements.
 //! * [`s4`]: relays `bench/s4.py` (Linux guest under QEMU TCG).
 //! * [`plot`] + [`font`]: PNG CDFs; [`stats`]: percentiles and medians;
 //!   [`machine`]: what it ran on.
@@ -23,6 +24,7 @@ pub mod worker;
 
 use crate::exit::Exit;
 use clap::{Args, ValueEnum};
+use hogs::{Load, LoadKind};
 use scenario::Scenario;
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
@@ -113,6 +115,9 @@ pub enum ScenarioArg {
     /// Seed reproduction: cyclictest in the Linux guest under QEMU TCG
     /// (runs bench/s4.py).
     S4,
+    /// Greedy guest (asks for RT forever, spins on every vCPU) beside busy
+    /// hogs: boosted time per budget window and the hogs' share.
+    S5,
 }
 
 /// Arguments of `pvsched bench`.
@@ -137,9 +142,14 @@ pub struct BenchArgs {
     /// Write a PNG plot here (latency CDFs, log x; S3: BPF ns/event).
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// CPU hogs on the loaded host (default: one per online CPU).
+    /// CPU hogs on the loaded host, of the --load kind (mixed: this many
+    /// of each); default: S1 two per online CPU, others one per online CPU.
     #[arg(long)]
     pub hogs: Option<usize>,
+    /// Kind of CPU hogs: busy (never sleep), sleepy (run 0.5-5 ms, sleep
+    /// 0.1-1 ms), mixed (--hogs of each).
+    #[arg(long, value_enum, default_value_t = LoadKind::Busy)]
+    pub load: LoadKind,
     /// Where the pvsched device runs during the measured runs.
     #[arg(long, value_enum, default_value_t = BenchDeviceMode::InProcess)]
     pub device_mode: BenchDeviceMode,
@@ -189,7 +199,6 @@ fn bench(a: &BenchArgs) -> Result<(), BenchError> {
     let duration = a
         .duration
         .unwrap_or(Duration::from_secs(if a.quick { 2 } else { 10 }));
-    let hogs = a.hogs.unwrap_or_else(machine::cpus);
     let mut head = Map::new();
     let name = format!("{:?}", a.scenario).to_lowercase();
     head.insert("scenario".into(), json!(name));
@@ -203,10 +212,23 @@ fn bench(a: &BenchArgs) -> Result<(), BenchError> {
             let sc = match s {
                 ScenarioArg::S1 => Scenario::S1,
                 ScenarioArg::S2 => Scenario::S2,
+                ScenarioArg::S5 => Scenario::S5,
                 _ => Scenario::S3,
             };
+            if sc == Scenario::S5 {
+                // Fail before any run if this build's guest lacks it.
+                worker::BenchWorkload::Greedy
+                    .workload()
+                    .map_err(|e| BenchError::Setup(format!("s5 needs the greedy workload: {e}")))?;
+            }
+            let load = Load {
+                kind: a.load,
+                n: a.hogs.unwrap_or_else(|| sc.default_hogs(machine::cpus())),
+            };
             head.insert("duration_s".into(), json!(duration.as_secs_f64()));
-            head.insert("hogs".into(), json!(hogs));
+            head.insert("hogs".into(), json!(load.n));
+            head.insert("load".into(), json!(load.kind.name()));
+            head.insert("hog_threads".into(), json!(load.threads()));
             head.insert(
                 "device_mode".into(),
                 json!(match a.device_mode {
@@ -237,13 +259,14 @@ fn bench(a: &BenchArgs) -> Result<(), BenchError> {
                 mode: a.device_mode,
                 caps: a.caps.clone(),
             };
-            let runs = scenario::execute(sc, scenario::variants(sc, hogs), reps, &opts)?;
+            let runs = scenario::execute(sc, scenario::variants(sc, load), reps, &opts)?;
             let body = scenario::assemble(sc, &runs, guest_hook.as_ref())?;
             let series = scenario::series(&runs);
             let title = match sc {
                 Scenario::S1 => "S1 WAKEUP: MSI INJECTION TO GUEST HANDLER",
                 Scenario::S2 => "S2 IPI/SPIN ROUND TRIP, 4 VCPUS, HOGS",
                 Scenario::S3 => "S3 BPF NS PER EVENT (RUN_TIME_NS/RUN_CNT)",
+                Scenario::S5 => "S5 GREEDY GUEST: BOOSTED MS PER BUDGET WINDOW (WORST REP)",
             };
             let plot_fn: PlotFn = match (&a.plot, sc) {
                 (None, _) => Box::new(|_| Ok(())),
@@ -252,6 +275,20 @@ fn bench(a: &BenchArgs) -> Result<(), BenchError> {
                     Box::new(move |j| {
                         plot::bars_png(&p, title, "NS/EVENT", &scenario::s3_bars(j), Some(300.0))
                             .map_err(BenchError::from)
+                    })
+                }
+                (Some(p), Scenario::S5) => {
+                    let p = p.clone();
+                    Box::new(move |j| {
+                        let (bars, budget) = scenario::s5_bars(j);
+                        plot::bars_png(
+                            &p,
+                            title,
+                            "MS BOOSTED PER WINDOW (TARGET: BUDGET)",
+                            &bars,
+                            budget,
+                        )
+                        .map_err(BenchError::from)
                     })
                 }
                 (Some(p), _) => {
@@ -387,17 +424,20 @@ fn print_table(j: &Value) {
         if j["quick"] == true { ", quick" } else { "" }
     );
     println!(
-        "{:<16} {:>10} {:>10} {:>10}   (medians over reps, µs)",
-        "variant", "p50", "p99", "max"
+        "{:<16} {:>10} {:>10} {:>10} {:>14}   (medians over reps, µs; hog iterations/s)",
+        "variant", "p50", "p99", "max", "hogs it/s"
     );
     if let Some(o) = j.as_object() {
         for (k, v) in o {
             if v.get("p99_us").is_some() && v.get("p50_us").is_some() {
                 println!(
-                    "{k:<16} {:>10} {:>10} {:>10}",
+                    "{k:<16} {:>10} {:>10} {:>10} {:>14}",
                     num(&v["p50_us"]),
                     num(&v["p99_us"]),
-                    num(&v["max_us"])
+                    num(&v["max_us"]),
+                    v.get("hog_iterations_per_s")
+                        .and_then(Value::as_f64)
+                        .map_or_else(|| "-".into(), |x| format!("{x:.3e}"))
                 );
             }
         }
@@ -406,9 +446,36 @@ fn print_table(j: &Value) {
         "pvsched/vanilla: p50 {}  p99 {}  max {}",
         j["ratio_p50"], j["ratio_p99"], j["ratio_max"]
     );
+    if let Some(r) = j.get("vanilla_loaded_vs_idle_p99") {
+        println!(
+            "vanilla loaded/idle p99 {r}: the load {} the problem (wanted >= {}x)",
+            if j["load_shows_problem"] == true {
+                "shows"
+            } else {
+                "does NOT show"
+            },
+            scenario::LOAD_SHOWS_PROBLEM
+        );
+    }
+    let g = &j["greedy"];
+    for (i, rep) in g["reps"].as_array().into_iter().flatten().enumerate() {
+        for v in rep["per_vcpu"].as_array().into_iter().flatten() {
+            println!(
+                "greedy rep {} vCPU {}: boosted {} µs per {} µs window = {} of budget {} µs (boosts {}, throttles {})",
+                i + 1,
+                v["index"],
+                num(&v["boosted_us_per_window"]),
+                g["window_us"],
+                v["of_budget"],
+                g["budget_us"],
+                v["boosts"],
+                v["throttles"]
+            );
+        }
+    }
     for t in j["targets"].as_array().into_iter().flatten() {
         println!(
-            "target {:<20} {:<6} value {}  ({})",
+            "target {:<20} {:<7} value {}  ({})",
             t["name"].as_str().unwrap_or("?"),
             if t["met"] == true { "MET" } else { "NOT MET" },
             t["value"],

@@ -1,16 +1,18 @@
-//! Scenarios S1–S3: which variants run (in the order they are interleaved
-//! within a repetition), and how their runs become the bench JSON:
-//! medians over repetitions, spread, ratios pvsched/vanilla and targets.
+//! Scenarios S1–S3 and S5: which variants run (in the order they are
+//! interleaved within a repetition), and how their runs become the bench
+//! JSON: medians over repetitions, spread, ratios pvsched/vanilla and
+//! targets.
 
 use super::BenchError;
 use super::costs;
+use super::hogs::Load;
 use super::plot::Series;
 use super::runner::{self, Outcome, RunOpts, Variant};
 use super::stats::{self, median, ratio, spread};
 use super::worker::BenchWorkload;
 use serde_json::{Map, Value, json};
 
-/// S1–S3 (S4 is `bench/s4.py`).
+/// S1–S3 and S5 (S4 is `bench/s4.py`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scenario {
     /// Wakeup latency, loaded host vs idle host.
@@ -19,15 +21,29 @@ pub enum Scenario {
     S2,
     /// Costs.
     S3,
+    /// A greedy guest (RT asked forever, every vCPU spinning) beside
+    /// busy hogs: the caps' budget holds and the hogs keep their CPU.
+    S5,
 }
 
 impl Scenario {
-    /// `s1`, `s2`, `s3`.
+    /// `s1`, `s2`, `s3`, `s5`.
     pub fn name(self) -> &'static str {
         match self {
             Scenario::S1 => "s1",
             Scenario::S2 => "s2",
             Scenario::S3 => "s3",
+            Scenario::S5 => "s5",
+        }
+    }
+
+    /// Hogs of the loaded variants when `--hogs` is not given, for
+    /// `cpus` online CPUs: S1 two per CPU (so that vanilla's loaded tail
+    /// shows the problem), the others one per CPU.
+    pub fn default_hogs(self, cpus: usize) -> usize {
+        match self {
+            Scenario::S1 => 2 * cpus,
+            _ => cpus,
         }
     }
 }
@@ -38,7 +54,7 @@ fn v(
     vcpus: u32,
     policy: bool,
     no_yield: bool,
-    hogs: usize,
+    load: Load,
 ) -> Variant {
     Variant {
         name,
@@ -46,20 +62,20 @@ fn v(
         vcpus,
         policy,
         no_yield,
-        hogs,
+        load,
     }
 }
 
-/// The variants of `s`, in run order within a repetition; `hogs` CPU hogs
-/// load the host (as many as pCPUs by default).
-pub fn variants(s: Scenario, hogs: usize) -> Vec<Variant> {
+/// The variants of `s`, in run order within a repetition; `hogs` (CPU
+/// hogs) load the host of every variant but S1's idle ones.
+pub fn variants(s: Scenario, hogs: Load) -> Vec<Variant> {
     use BenchWorkload::*;
     match s {
         Scenario::S1 => vec![
             v("vanilla", Wakeup, 2, false, false, hogs),
             v("pvsched", Wakeup, 2, true, false, hogs),
-            v("idle_vanilla", Wakeup, 2, false, false, 0),
-            v("idle_pvsched", Wakeup, 2, true, false, 0),
+            v("idle_vanilla", Wakeup, 2, false, false, Load::NONE),
+            v("idle_pvsched", Wakeup, 2, true, false, Load::NONE),
         ],
         Scenario::S2 => vec![
             v("vanilla", Ipi, 4, false, false, hogs),
@@ -72,6 +88,10 @@ pub fn variants(s: Scenario, hogs: usize) -> Vec<Variant> {
         Scenario::S3 => vec![
             v("wakeup", Wakeup, 2, true, false, hogs),
             v("ipi", Ipi, 4, true, false, hogs),
+        ],
+        Scenario::S5 => vec![
+            v("vanilla", Greedy, 2, false, false, hogs),
+            v("pvsched", Greedy, 2, true, false, hogs),
         ],
     }
 }
@@ -103,13 +123,14 @@ pub fn execute(
             let o = runner::run(&r.variant, opts)?;
             let l = &o.latency;
             eprintln!(
-                "[{} rep {rep}/{reps}] {:<14} p50 {:>8} p99 {:>9} max {:>9} µs  ({} samples{})",
+                "[{} rep {rep}/{reps}] {:<14} p50 {:>8} p99 {:>9} max {:>9} µs  ({} samples{}{})",
                 scenario.name(),
                 r.variant.name,
                 fmt(l.p50_us),
                 fmt(l.p99_us),
                 fmt(l.max_us),
                 l.samples,
+                hog_brief(&o.json),
                 policy_brief(&o.json)
             );
             r.outcomes.push(o);
@@ -120,6 +141,13 @@ pub fn execute(
 
 fn fmt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |x| format!("{x:.1}"))
+}
+
+fn hog_brief(j: &Value) -> String {
+    match j["hog_iterations_per_s"].as_f64() {
+        Some(r) => format!(", hogs {:.3e} it/s", r),
+        None => String::new(),
+    }
 }
 
 fn policy_brief(j: &Value) -> String {
@@ -170,6 +198,14 @@ pub fn variant_json(r: &Runs) -> Value {
     let p99 = col(|l| l.p99_us);
     let p999 = col(|l| l.p999_us);
     let max = col(|l| l.max_us);
+    let hog_it: Vec<Option<f64>> = o
+        .iter()
+        .map(|x| x.json["hog_iterations"].as_f64())
+        .collect();
+    let hog_rate: Vec<Option<f64>> = o
+        .iter()
+        .map(|x| x.json["hog_iterations_per_s"].as_f64())
+        .collect();
     let sp = |v: &[Option<f64>]| spread(v).map(|(lo, hi)| json!({ "min": lo, "max": hi }));
     let runs: Vec<Value> = o
         .iter()
@@ -183,15 +219,19 @@ pub fn variant_json(r: &Runs) -> Value {
                 "events": x.json["events"], "lost_wakeups": x.json["lost_wakeups"],
                 "start_ms": x.json["start_ms"],
                 "loadavg_1m_before": x.json["loadavg_1m_before"],
+                "hog_iterations": x.json["hog_iterations"],
+                "hog_window_s": x.json["hog_window_s"],
+                "hog_iterations_per_s": x.json["hog_iterations_per_s"],
                 "policy": policy_summary(&x.json["policy"]),
             })
         })
         .collect();
     let v = &r.variant;
     json!({
-        "workload": format!("{:?}", v.workload).to_lowercase(),
+        "workload": v.workload.name(),
         "vcpus": v.vcpus,
-        "hogs": v.hogs,
+        "hogs": v.load.threads(),
+        "load": v.load.to_json(),
         "policy": v.policy_name(),
         "caps": v.caps_name(),
         "p50_us": median(&p50),
@@ -204,6 +244,9 @@ pub fn variant_json(r: &Runs) -> Value {
         "max_us_reps": max,
         "spread": { "p50_us": sp(&p50), "p99_us": sp(&p99), "max_us": sp(&max) },
         "samples": o.iter().map(|x| x.latency.samples).sum::<usize>(),
+        "hog_iterations": median(&hog_it),
+        "hog_iterations_per_s": median(&hog_rate),
+        "hog_iterations_reps": hog_it,
         "runs": runs,
     })
 }
@@ -223,6 +266,30 @@ pub fn target(name: &str, goal: &str, value: Option<f64>, limit: f64) -> Value {
         "value": value,
         "met": value.is_some_and(|v| v <= limit),
     })
+}
+
+/// A target: `value >= limit`.
+pub fn target_at_least(name: &str, goal: &str, value: Option<f64>, limit: f64) -> Value {
+    json!({
+        "name": name,
+        "goal": goal,
+        "limit": limit,
+        "value": value,
+        "met": value.is_some_and(|v| v >= limit),
+    })
+}
+
+/// Vanilla's loaded p99 over its idle p99 at or above which S1's load
+/// shows the problem pvsched is for.
+pub const LOAD_SHOWS_PROBLEM: f64 = 5.0;
+
+/// pvsched's hog work over vanilla's: medians of iterations per second of
+/// measured time (the same `--duration` in both, so the ratio of totals).
+fn hog_ratio(out: &Map<String, Value>) -> Option<f64> {
+    ratio(
+        out["pvsched"]["hog_iterations_per_s"].as_f64(),
+        out["vanilla"]["hog_iterations_per_s"].as_f64(),
+    )
 }
 
 /// The scenario's JSON fields (everything but the common header).
@@ -252,31 +319,43 @@ pub fn assemble(
                     out["pvsched"]["p99_us"].as_f64(),
                     out["idle_vanilla"]["p99_us"].as_f64(),
                 );
-                more.insert(
-                    "vanilla_loaded_vs_idle".into(),
-                    ratios(&out["vanilla"], &out["idle_vanilla"]),
-                );
+                let vanilla_vs_idle = ratios(&out["vanilla"], &out["idle_vanilla"]);
+                let shows = vanilla_vs_idle["ratio_p99"].as_f64();
+                more.insert("vanilla_loaded_vs_idle".into(), vanilla_vs_idle);
                 more.insert(
                     "pvsched_loaded_vs_idle".into(),
                     ratios(&out["pvsched"], &out["idle_vanilla"]),
                 );
+                // Whether the load showed the problem at all: without it
+                // the latency targets say little.
+                out.insert("vanilla_loaded_vs_idle_p99".into(), json!(shows));
+                out.insert(
+                    "load_shows_problem".into(),
+                    json!(shows.is_some_and(|x| x >= LOAD_SHOWS_PROBLEM)),
+                );
                 targets.push(target(
-                    "p99_ratio",
+                    "s1_p99_vs_idle",
+                    "loaded host: pvsched p99 <= 1.5x the idle host's p99 (idle_vanilla)",
+                    loaded_vs_idle,
+                    1.5,
+                ));
+                targets.push(target(
+                    "s1_p99_ratio",
                     "loaded host: pvsched p99 <= 0.2x vanilla p99",
                     r["ratio_p99"].as_f64(),
                     0.2,
                 ));
                 targets.push(target(
-                    "max_ratio",
+                    "s1_max_ratio",
                     "loaded host: pvsched max <= 0.2x vanilla max",
                     r["ratio_max"].as_f64(),
                     0.2,
                 ));
-                targets.push(target(
-                    "loaded_vs_idle_p99",
-                    "pvsched p99 on the loaded host <= 1.5x the idle host's p99 (vanilla, idle)",
-                    loaded_vs_idle,
-                    1.5,
+                targets.push(target_at_least(
+                    "s1_host_cost",
+                    "pvsched hog iterations >= 0.95x vanilla (same run, per second of measured time)",
+                    hog_ratio(&out),
+                    0.95,
                 ));
             } else {
                 more.insert("no_yield".into(), ratios(&out["no_yield"], &out["vanilla"]));
@@ -303,8 +382,144 @@ pub fn assemble(
             out.insert("targets".into(), Value::Array(targets));
         }
         Scenario::S3 => s3(runs, guest_hook, &mut out)?,
+        Scenario::S5 => s5(runs, &mut out),
     }
     Ok(out)
+}
+
+/// `caps[k]` of a pvsched run (the caps the worker ran with).
+fn cap(o: &Outcome, k: &str) -> Option<u64> {
+    o.json["caps"][k].as_u64()
+}
+
+/// One pvsched run of S5: per vCPU boosted time per budget window against
+/// the budget, and the worst vCPU's share of the budget.
+fn greedy_run(o: &Outcome) -> Value {
+    let budget = cap(o, "budget_us").filter(|&b| b > 0);
+    let window = cap(o, "window_us").filter(|&w| w > 0);
+    let policy_s = o.json["policy_s"].as_f64().filter(|&s| s > 0.0);
+    let windows = match (policy_s, window) {
+        (Some(s), Some(w)) => Some(s / (w as f64 / 1e6)),
+        _ => None,
+    };
+    let per_vcpu: Vec<Value> = o.json["boosted_ns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, b)| {
+            let ns = b.as_u64();
+            let per_window_us = match (ns, windows) {
+                (Some(ns), Some(w)) => Some(stats::round2(ns as f64 / 1e3 / w)),
+                _ => None,
+            };
+            let of_budget = match (per_window_us, budget) {
+                (Some(u), Some(b)) => Some((u / b as f64 * 1000.0).round() / 1000.0),
+                _ => None,
+            };
+            let pv = &o.json["policy"]["per_vcpu"][i];
+            json!({
+                "index": i,
+                "boosted_ns": ns,
+                "boosts": pv["boosts"],
+                "throttles": pv["throttles"],
+                "boosted_us_per_window": per_window_us,
+                "of_budget": of_budget,
+            })
+        })
+        .collect();
+    let worst = per_vcpu
+        .iter()
+        .filter_map(|v| v["of_budget"].as_f64())
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    json!({
+        "policy_s": policy_s,
+        "windows": windows.map(stats::round2),
+        "per_vcpu": per_vcpu,
+        "worst_of_budget": worst,
+    })
+}
+
+/// S5: a greedy guest beside busy hogs. Latency fields are null (the
+/// guest spins; nothing is timed); what counts is the policy's boosted
+/// time per budget window and the hogs' work against vanilla's.
+fn s5(runs: &[Runs], out: &mut Map<String, Value>) {
+    for r in runs {
+        out.insert(r.variant.name.into(), variant_json(r));
+    }
+    let rr = ratios(&out["pvsched"], &out["vanilla"]);
+    for k in ["ratio_p50", "ratio_p99", "ratio_max"] {
+        out.insert(k.into(), rr[k].clone());
+    }
+    let pv: Vec<&Outcome> = runs
+        .iter()
+        .filter(|r| r.variant.policy)
+        .flat_map(|r| r.outcomes.iter())
+        .collect();
+    let budget_us = pv.first().and_then(|o| cap(o, "budget_us"));
+    let window_us = pv.first().and_then(|o| cap(o, "window_us"));
+    let share = match (budget_us, window_us) {
+        (Some(b), Some(w)) if b > 0 && w > 0 => Some((b as f64 / w as f64).min(1.0)),
+        _ => None,
+    };
+    let reps: Vec<Value> = pv.iter().map(|o| greedy_run(o)).collect();
+    // The budget must hold in every run: the worst repetition counts.
+    let worst = reps
+        .iter()
+        .filter_map(|r| r["worst_of_budget"].as_f64())
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    let hog = hog_ratio(out);
+    let hog_limit = share.map(|s| stats::round2(1.0 - s - 0.05));
+    out.insert(
+        "greedy".into(),
+        json!({
+            "budget_us": budget_us,
+            "window_us": window_us,
+            "budget_share": share,
+            "reps": reps,
+            "worst_of_budget": worst,
+            "hog_ratio": hog,
+            "what": "pvsched runs: per vCPU boosted_ns (agent VcpuStats) over the time the VM was registered (policy_s, boot + workload), per budget window (window_us), against the caps' budget_us; hog_ratio = hog iterations per second, pvsched / vanilla",
+        }),
+    );
+    let mut targets = vec![target(
+        "s5_greedy_budget",
+        "greedy guest: boosted on-CPU time per vCPU <= budget per window + 5% (max over vCPUs and reps of boosted_ns / windows / budget_us)",
+        worst.filter(|_| share.is_some()),
+        1.05,
+    )];
+    targets.push(target_at_least(
+        "s5_hog_share",
+        "hog keeps >= (1 - budget_us/window_us - 0.05) of its CPU: hog iterations pvsched / vanilla",
+        hog.filter(|_| share.is_some()),
+        hog_limit.unwrap_or(1.0),
+    ));
+    out.insert("targets".into(), Value::Array(targets));
+}
+
+/// S5's bars: each vCPU's boosted ms per window (worst repetition) and
+/// the budget in ms, or `None` without a budget.
+pub fn s5_bars(j: &Value) -> (Vec<(String, f64)>, Option<f64>) {
+    let mut worst: Vec<f64> = Vec::new();
+    for rep in j["greedy"]["reps"].as_array().into_iter().flatten() {
+        for (i, v) in rep["per_vcpu"].as_array().into_iter().flatten().enumerate() {
+            let x = v["boosted_us_per_window"].as_f64().unwrap_or(0.0) / 1e3;
+            match worst.get_mut(i) {
+                Some(w) => *w = w.max(x),
+                None => worst.push(x),
+            }
+        }
+    }
+    let bars = worst
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| (format!("VCPU {i}"), stats::round2(x)))
+        .collect();
+    let budget = j["greedy"]["budget_us"]
+        .as_f64()
+        .filter(|b| *b > 0.0)
+        .map(|b| b / 1e3);
+    (bars, budget)
 }
 
 /// S3: costs. `vanilla` is all zeros (no BPF, no applier: nothing to
@@ -488,9 +703,12 @@ pub fn s3_bars(j: &Value) -> Vec<(String, f64)> {
 mod tests {
     use super::*;
 
-    fn outcome(p50: u64, p99: u64) -> Outcome {
+    use crate::bench::hogs::LoadKind;
+
+    fn outcome(p50: u64, p99: u64, hog_per_s: f64) -> Outcome {
         let text = format!(
-            r#"{{"ok":true,"events":3,"policy":{{"decisions":4,"dropped":0,"apply_samples":2,"apply_p50_us":10.0,"apply_p99_us":50.0,"per_vcpu":[{{"boosts":2,"throttles":1}}]}},"prog_stats":[{{"name":"switch","run_cnt":10,"run_time_ns":9000}}],"start_ms":40.0,"samples_ns":[{}]}}"#,
+            r#"{{"ok":true,"events":3,"policy":{{"decisions":4,"dropped":0,"apply_samples":2,"apply_p50_us":10.0,"apply_p99_us":50.0,"per_vcpu":[{{"boosts":2,"throttles":1}}]}},"prog_stats":[{{"name":"switch","run_cnt":10,"run_time_ns":9000}}],"start_ms":40.0,"hog_iterations":{},"hog_window_s":2.0,"hog_iterations_per_s":{hog_per_s},"samples_ns":[{}]}}"#,
+            hog_per_s * 2.0,
             std::iter::repeat_n(p50.to_string(), 98)
                 .chain([p99.to_string(), p99.to_string()])
                 .collect::<Vec<_>>()
@@ -499,19 +717,26 @@ mod tests {
         runner::parse(&text).unwrap()
     }
 
+    const LOAD: Load = Load {
+        kind: LoadKind::Busy,
+        n: 2,
+    };
+
     fn runs(s: Scenario, scale: &[(&str, u64)]) -> Vec<Runs> {
-        variants(s, 2)
+        variants(s, LOAD)
             .into_iter()
             .map(|variant| {
                 let k = scale
                     .iter()
                     .find(|x| x.0 == variant.name)
                     .map_or(1, |x| x.1);
+                // pvsched's hogs get 96 % of vanilla's work.
+                let hog = if variant.policy { 960.0 } else { 1000.0 };
                 Runs {
                     variant,
                     outcomes: vec![
-                        outcome(1000 * k, 100_000 * k),
-                        outcome(2000 * k, 90_000 * k),
+                        outcome(1000 * k, 100_000 * k, hog),
+                        outcome(2000 * k, 90_000 * k, hog),
                     ],
                 }
             })
@@ -531,12 +756,117 @@ mod tests {
             json!({"min": 1.0, "max": 2.0})
         );
         assert_eq!(j["pvsched"]["runs"][0]["policy"]["boosts"], 2);
+        assert_eq!(j["vanilla"]["load"]["busy"], 2);
+        assert_eq!(j["vanilla"]["hogs"], 2);
+        assert_eq!(j["idle_vanilla"]["load"]["kind"], "none");
+        assert_eq!(j["vanilla"]["hog_iterations"], 2000.0);
+        assert_eq!(j["pvsched"]["runs"][1]["hog_iterations_per_s"], 960.0);
         let t = j["targets"].as_array().unwrap();
-        assert_eq!(t.len(), 3);
+        let names: Vec<&str> = t.iter().map(|x| x["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "s1_p99_vs_idle",
+                "s1_p99_ratio",
+                "s1_max_ratio",
+                "s1_host_cost"
+            ]
+        );
+        assert_eq!(t[0]["value"], 1.0);
         assert_eq!(t[0]["met"], true);
-        assert_eq!(t[2]["value"], 1.0);
+        assert_eq!(t[1]["met"], true);
+        assert_eq!(t[3]["value"], 0.96);
+        assert_eq!(t[3]["limit"], 0.95);
+        assert_eq!(t[3]["met"], true);
+        // vanilla loaded p99 950 µs vs idle 95 µs: the load shows it.
+        assert_eq!(j["vanilla_loaded_vs_idle_p99"], 10.0);
+        assert_eq!(j["load_shows_problem"], true);
+        assert_eq!(j["ratios"]["vanilla_loaded_vs_idle"]["ratio_p99"], 10.0);
         assert!(j["idle_vanilla"].is_object() && j["ratios"]["idle"].is_object());
         assert_eq!(series(&r).len(), 4);
+        let weak = assemble(Scenario::S1, &runs(Scenario::S1, &[]), None).unwrap();
+        assert_eq!(weak["load_shows_problem"], false);
+    }
+
+    /// A greedy pvsched run: 10.5 s registered, window 1 s, budget 0.2 s.
+    fn greedy(boosted_ns: [u64; 2], hog_per_s: f64) -> Outcome {
+        let text = format!(
+            r#"{{"ok":true,"events":0,"policy":{{"decisions":4,"per_vcpu":[{{"boosts":3,"throttles":9}},{{"boosts":4,"throttles":8}}]}},"policy_s":10.5,"boosted_ns":[{},{}],"caps":{{"budget_us":200000,"window_us":1000000}},"hog_iterations_per_s":{hog_per_s},"samples_ns":[]}}"#,
+            boosted_ns[0], boosted_ns[1]
+        );
+        runner::parse(&text).unwrap()
+    }
+
+    fn s5_runs(pv: [Outcome; 2]) -> Vec<Runs> {
+        let mut v = variants(Scenario::S5, LOAD).into_iter();
+        let van = v.next().unwrap();
+        let pvs = v.next().unwrap();
+        assert!(!van.policy && pvs.policy && van.workload == BenchWorkload::Greedy);
+        vec![
+            Runs {
+                variant: van,
+                outcomes: vec![
+                    runner::parse(r#"{"ok":true,"hog_iterations_per_s":1000,"samples_ns":[]}"#)
+                        .unwrap(),
+                ],
+            },
+            Runs {
+                variant: pvs,
+                outcomes: pv.into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn s5_budget_and_hog_share() {
+        // 2.1 s boosted over 10.5 windows = 200 ms per window = the budget.
+        let j = assemble(
+            Scenario::S5,
+            &s5_runs([
+                greedy([2_100_000_000, 1_050_000_000], 790.0),
+                greedy([1_000_000_000, 2_205_000_000], 810.0),
+            ]),
+            None,
+        )
+        .unwrap();
+        let g = &j["greedy"];
+        assert_eq!(g["budget_us"], 200_000);
+        assert_eq!(g["budget_share"], 0.2);
+        assert_eq!(g["reps"][0]["windows"], 10.5);
+        assert_eq!(
+            g["reps"][0]["per_vcpu"][0]["boosted_us_per_window"],
+            200_000.0
+        );
+        assert_eq!(g["reps"][0]["per_vcpu"][0]["of_budget"], 1.0);
+        assert_eq!(g["reps"][0]["per_vcpu"][1]["of_budget"], 0.5);
+        assert_eq!(g["reps"][0]["per_vcpu"][1]["throttles"], 8);
+        assert_eq!(g["reps"][1]["worst_of_budget"], 1.05);
+        assert_eq!(g["worst_of_budget"], 1.05);
+        assert_eq!(g["hog_ratio"], 0.8);
+        let t = j["targets"].as_array().unwrap();
+        assert_eq!(t[0]["name"], "s5_greedy_budget");
+        assert_eq!(t[0]["value"], 1.05);
+        assert_eq!(t[0]["met"], true);
+        assert_eq!(t[1]["name"], "s5_hog_share");
+        assert_eq!(t[1]["limit"], 0.75);
+        assert_eq!(t[1]["met"], true);
+        assert!(j["ratio_p99"].is_null() && j["vanilla"]["p99_us"].is_null());
+        let (bars, budget) = s5_bars(&Value::Object(j));
+        assert_eq!(
+            bars,
+            vec![("VCPU 0".to_owned(), 200.0), ("VCPU 1".to_owned(), 210.0)]
+        );
+        assert_eq!(budget, Some(200.0));
+        // Over budget, hogs starved.
+        let bad = assemble(
+            Scenario::S5,
+            &s5_runs([greedy([4_200_000_000, 0], 500.0), greedy([0, 0], 500.0)]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(bad["targets"][0]["value"], 2.0);
+        assert_eq!(bad["targets"][0]["met"], false);
+        assert_eq!(bad["targets"][1]["met"], false);
     }
 
     #[test]

@@ -15,8 +15,16 @@ use pvsched_agent::{AgentConfig, AgentError};
 use pvsched_device::RegionMode;
 use pvsched_policy::{BoostKind, Caps};
 use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, VmConfig, Workload};
-use serde_json::json;
+use serde_json::{Value, json};
+use std::io::Write;
 use std::time::{Duration, Instant};
+
+/// Line the worker prints on stdout when its measured time starts (the
+/// guest is in its loops) and when it ends (the policy's stats are read):
+/// the bench counts the hogs' iterations between the two.
+pub const MARK_START: &str = "#pvsched-bench measuring";
+/// See [`MARK_START`].
+pub const MARK_END: &str = "#pvsched-bench measured";
 
 /// Errors of one measured run.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +46,11 @@ pub enum WorkerError {
     /// This program could not be found (sandboxed device mode needs it).
     #[error("bench run: cannot find this program to start the device process: {0}")]
     Exe(#[source] std::io::Error),
+    /// The test guest of this build has no such workload.
+    #[error(
+        "bench run: the test guest of this build has no `{0}` workload (pvsched-vmm's Workload does not parse \"{0}\"); rebuild with a pvsched-vmm that has it"
+    )]
+    NoWorkload(&'static str),
 }
 
 impl WorkerError {
@@ -61,15 +74,28 @@ pub enum BenchWorkload {
     Ipi,
     /// wait_on + spin until the partner answers an IPI.
     Spin,
+    /// The guest asks for RT forever and spins on every vCPU.
+    Greedy,
 }
 
-impl From<BenchWorkload> for Workload {
-    fn from(w: BenchWorkload) -> Self {
-        match w {
-            BenchWorkload::Wakeup => Workload::Wakeup,
-            BenchWorkload::Ipi => Workload::Ipi,
-            BenchWorkload::Spin => Workload::Spin,
+impl BenchWorkload {
+    /// The CLI spelling, as the test guest's workload names.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchWorkload::Wakeup => "wakeup",
+            BenchWorkload::Ipi => "ipi",
+            BenchWorkload::Spin => "spin",
+            BenchWorkload::Greedy => "greedy",
         }
+    }
+
+    /// The test guest's workload of that name; an error if this build's
+    /// guest does not have it (looked up by name, so the bench builds
+    /// against a guest without `greedy`).
+    pub fn workload(self) -> Result<Workload, WorkerError> {
+        self.name()
+            .parse::<Workload>()
+            .map_err(|_| WorkerError::NoWorkload(self.name()))
     }
 }
 
@@ -145,21 +171,21 @@ pub fn main(a: &WorkerArgs) -> Exit {
 fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     // vCPU threads inherit this thread's nice: 0, like the hogs.
     hogs::normal_nice0();
-    let mut vm = VmConfig::new(a.vcpus, a.workload.into());
+    let mut vm = VmConfig::new(a.vcpus, a.workload.workload()?);
     vm.region = RegionMode::Device;
     if a.device_mode == BenchDeviceMode::Sandboxed {
         let exe = std::env::current_exe().map_err(WorkerError::Exe)?;
         vm.device_mode = DeviceMode::Sandboxed(DeviceProgram::new(exe, ["device"]));
     }
+    let mut caps_json = Value::Null;
     let mut policy = if a.policy {
         let base = match &a.policy_file {
             Some(p) => Some(load_caps(p)?),
             None => None,
         };
-        Some(Embedded::load(
-            caps(base, a.no_yield),
-            AgentConfig::default(),
-        )?)
+        let c = caps(base, a.no_yield);
+        caps_json = serde_json::to_value(&c).unwrap_or(Value::Null);
+        Some(Embedded::load(c, AgentConfig::default())?)
     } else {
         None
     };
@@ -167,18 +193,27 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     vm.on_device_lost = policy.as_ref().map(Embedded::device_lost_hook);
     let cfg = RunConfig::new(vm, a.duration);
     let t0 = Instant::now();
+    let mut attached = None;
     let run = Run::start_with(&cfg, |vm| match policy.as_mut() {
-        Some(p) => p.attach_device(vm).map_err(WorkerError::Policy),
+        Some(p) => {
+            attached = Some(Instant::now());
+            p.attach_device(vm).map_err(WorkerError::Policy)
+        }
         None => Ok(()),
     })?;
     let start_ms = t0.elapsed().as_secs_f64() * 1e3;
     let monitor = run.vm().monitor().clone();
+    mark(MARK_START);
     std::thread::sleep(a.duration);
     // The policy's numbers at the end of the measured time; then the VM
     // is unregistered (every vCPU thread back at its baseline) while its
     // threads still exist, and only then stopped. The agent's map stays
     // mapped as BAR2's backing until `policy` is dropped, after the VM.
     let stats = policy.as_ref().and_then(Embedded::stats);
+    // How long the VM had been registered (boot + workload) when its
+    // stats were read: the time its boosted_ns were collected over.
+    let policy_s = attached.map(|t| round3(t.elapsed().as_secs_f64()));
+    mark(MARK_END);
     let progs: Vec<_> = policy
         .as_ref()
         .map(|p| p.agent().prog_stats())
@@ -209,6 +244,9 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         "mmio_read_service": report.mmio_read_service,
         "mmio_write_service": report.mmio_write_service,
         "policy": stats.as_ref().map(|s| summary::to_json("embedded", s)),
+        "policy_s": policy_s,
+        "boosted_ns": stats.as_ref().map(|s| s.vcpus.iter().map(|v| v.boosted_ns).collect::<Vec<_>>()),
+        "caps": caps_json,
         "prog_stats": progs,
         "samples_ns": samples,
     });
@@ -221,6 +259,17 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         return Ok(Exit::Guest);
     }
     Ok(Exit::Ok)
+}
+
+/// One marker line on stdout, flushed at once (the bench reads it live).
+fn mark(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]
@@ -244,5 +293,21 @@ mod tests {
             ..Caps::default()
         };
         assert_eq!(caps(Some(base.clone()), false), base);
+    }
+
+    #[test]
+    fn workloads_by_name() {
+        for w in [
+            BenchWorkload::Wakeup,
+            BenchWorkload::Ipi,
+            BenchWorkload::Spin,
+        ] {
+            assert_eq!(w.workload().unwrap().name(), w.name());
+        }
+        // `greedy` resolves only if this build's test guest has it.
+        match BenchWorkload::Greedy.workload() {
+            Ok(w) => assert_eq!(w.name(), "greedy"),
+            Err(e) => assert!(e.to_string().contains("no `greedy` workload"), "{e}"),
+        }
     }
 }
