@@ -120,17 +120,7 @@ impl ThreadState {
             return false;
         };
         match sched::get(self.tid) {
-            // sched_getattr reports nice 0 for an RT thread: compare nice
-            // only where the policy uses it.
-            Ok(cur)
-                if cur.policy == applied.policy
-                    && cur.priority == applied.priority
-                    && (cur.nice == applied.nice
-                        || applied.policy == POLICY_FIFO
-                        || applied.policy == POLICY_RR) =>
-            {
-                false
-            }
+            Ok(cur) if applied.is_set_in(&cur) => false,
             Ok(_) => match sched::set(self.tid, &applied) {
                 Ok(()) => {
                     self.corrections += 1;

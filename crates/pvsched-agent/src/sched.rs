@@ -66,6 +66,16 @@ pub struct SchedAttr {
     pub flags: u64,
 }
 
+impl SchedAttr {
+    /// Whether a thread that reads back as `cur` (sched_getattr) already has
+    /// these attributes: policy and priority, and nice where the policy uses
+    /// it (sched_getattr reports nice 0 for an RT thread).
+    pub fn is_set_in(&self, cur: &SchedAttr) -> bool {
+        let rt = self.policy == pvsched_abi::POLICY_FIFO || self.policy == pvsched_abi::POLICY_RR;
+        cur.policy == self.policy && cur.priority == self.priority && (rt || cur.nice == self.nice)
+    }
+}
+
 /// Reads a thread's attributes.
 pub fn get(tid: u32) -> Result<SchedAttr> {
     let mut a = RawSchedAttr::default();
@@ -158,10 +168,7 @@ pub fn restore_baselines(baselines: &[ThreadBaseline]) -> Result<usize> {
     let mut first_err = None;
     for b in baselines {
         match get(b.tid) {
-            Ok(cur)
-                if cur.policy == b.attr.policy
-                    && cur.priority == b.attr.priority
-                    && cur.nice == b.attr.nice => {}
+            Ok(cur) if b.attr.is_set_in(&cur) => {}
             _ => match set(b.tid, &b.attr) {
                 Ok(()) => n += 1,
                 Err(e) => {
