@@ -22,8 +22,11 @@ each DURATION seconds:
 
 vanilla = no agent; pvsched = `pvsched-agent-attach` on QEMU's vCPU threads
 (QMP thread ids, slot addresses found in QEMU's memfd RAM mapping: the
-helpers of tests/linux-guest/agent_loop.py, with its caps: RT boosts up to
-FIFO 10, default throttle). vCPU threads stay at nice 0 in both variants.
+helpers of tests/linux-guest/agent_loop.py) with the default caps (no caps
+file; `--caps FILE` to try others), and QEMU's main-loop thread (tid = pid,
+which raises the TCG guest's timers) registered as the VM's emulator thread
+(`--emulator-tids`; `--no-emulator` leaves it out). vCPU threads stay at
+nice 0 in both variants.
 One boot per (rep, variant); the variant order alternates per rep (ABBA).
 stress-ng and both cyclictests are always stopped, also on error, Ctrl-C
 or SIGTERM.
@@ -94,7 +97,7 @@ REPO = HERE.parent
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
 import run as lg  # noqa: E402  (tests/linux-guest/run.py)
-from agent_loop import CAPS, SLOT_SIZE, APIC_TABLE_OFFSET, qmp, find_region, read_u32s  # noqa: E402
+from agent_loop import SLOT_SIZE, APIC_TABLE_OFFSET, qmp, find_region, read_u32s  # noqa: E402
 
 HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
@@ -207,8 +210,9 @@ def percentile(hist, total, q):
 
 # ---------------------------------------------------------------- agent
 
-def attach_agent(boot, agent_bin, out_dir):
-    """pvsched-agent-attach on QEMU's vCPU threads, as agent_loop.py does."""
+def attach_agent(boot, args, out_dir):
+    """pvsched-agent-attach on QEMU's vCPU threads, as agent_loop.py does,
+    plus QEMU's main-loop thread as the emulator thread."""
     snap = boot.snapshots.get("bench-wait") or {}
     if not snap.get("attached") or not snap.get("header"):
         raise BenchError(f"no attached region at the first '@@ bench-wait': {snap.get('device')}")
@@ -220,14 +224,16 @@ def attach_agent(boot, agent_bin, out_dir):
     apic = read_u32s(pid, hva + APIC_TABLE_OFFSET, nr)
     tids = [tid_of_cpu[a] for a in apic]  # pc machine: APIC ID of cpu-index N is N
     addrs = [hva + slots_off + SLOT_SIZE * i for i in range(nr)]
-    caps = out_dir / "caps.toml"
-    caps.write_text(CAPS)
     stats = out_dir / "agent-stats.json"
     if stats.exists():
         stats.unlink()
-    cmd = [str(agent_bin), "--pid", str(pid), "--tids", ",".join(map(str, tids)),
+    cmd = [str(args.agent_bin), "--pid", str(pid), "--tids", ",".join(map(str, tids)),
            "--apic-ids", ",".join(map(str, apic)), "--slot-addrs", ",".join(hex(a) for a in addrs),
-           "--caps", str(caps), "--stats-json", str(stats)]
+           "--stats-json", str(stats)]
+    if args.caps:
+        cmd += ["--caps", str(args.caps)]
+    if not args.no_emulator:
+        cmd += ["--emulator-tids", str(pid)]  # QEMU's main loop: the first thread
     env_log = out_dir / "agent.log"
     os.environ.setdefault("RUST_LOG", "warn")
     agent = Proc("agent", cmd, env_log)
@@ -271,7 +277,7 @@ class BenchBoot:
 
     def on_wait(self, boot):
         if self.variant == "pvsched" and self.agent is None:
-            self.agent, self.agent_stats_path = attach_agent(boot, self.args.agent_bin, self.dir)
+            self.agent, self.agent_stats_path = attach_agent(boot, self.args, self.dir)
             boot.cleanups.append(self.stop_agent)
         if self.next >= len(self.phases):
             if self.counters is None:
@@ -517,6 +523,10 @@ def main():
     ap.add_argument("--guest-threads", type=int, default=1,
                     help="guest cyclictest -t (seed 001 used 2; merged histogram)")
     ap.add_argument("--no-idle", action="store_true", help="skip the idle-host phases")
+    ap.add_argument("--caps", type=Path, default=None,
+                    help="caps TOML for the agent (default: none, the default caps)")
+    ap.add_argument("--no-emulator", action="store_true",
+                    help="do not register QEMU's main-loop thread as the emulator thread")
     ap.add_argument("-v", "--verbose", action="store_true", help="echo the guest console")
     args = ap.parse_args()
     args.reps = args.reps or (1 if args.quick else 3)
@@ -555,6 +565,8 @@ def main():
                 agent_stats.append(_agent_brief(bb.agent_stats))
 
     result = {"scenario": "s4", "quick": args.quick, "reps": args.reps,
+              "caps": str(args.caps) if args.caps else "default (no caps file)",
+              "emulator_thread": not args.no_emulator,
               "duration_s": args.duration, "machine": machine(args),
               "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
               "guest_cmd": ("cyclictest --mlockall -q -p 8 --policy=rr -i {500,1000} "
@@ -598,6 +610,9 @@ def _agent_brief(stats):
     out["vcpus"] = [{k: v.get(k) for k in ("boosts", "boosts_applied", "boosted_ns",
                                            "throttles", "errors")}
                     for v in stats.get("vcpus", [])]
+    out["emulators"] = [{k: v.get(k) for k in ("tid", "boosts", "boosts_applied", "boosted_ns",
+                                               "throttles", "errors")}
+                        for v in stats.get("emulators", [])]
     return out
 
 

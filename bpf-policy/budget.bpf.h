@@ -11,7 +11,11 @@
 #ifndef PVSCHED_BUDGET_BPF_H
 #define PVSCHED_BUDGET_BPF_H
 
-static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 now)
+/* Send v's current boost, throttle and waiting target as a record. `flags`
+ * is 0 when the boost changed (the agent must apply it now) or
+ * BPF_RB_NO_WAKEUP for a trace-only record the agent reads at its next
+ * wake-up. */
+static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 now, __u64 flags)
 {
 	struct pvs_decision *d;
 	struct pvs_stats *s = stats_get();
@@ -29,7 +33,10 @@ static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 no
 	d->prio = v->boost_prio;
 	d->reason = v->boost_reason;
 	d->event = event;
-	bpf_ringbuf_submit(d, 0);
+	d->throttled_until = v->throttled_until;
+	d->waits_on = v->yield_boosting;
+	d->pad0 = 0;
+	bpf_ringbuf_submit(d, flags);
 	if (s)
 		s->decisions++;
 }
@@ -87,8 +94,10 @@ static __always_inline void end_lend(struct pvs_vcpu *v)
 static __always_inline void force_throttle(struct pvs_vcpu *v, const struct pvs_vm *vm, __u64 until,
 					   __u32 event, __u64 now)
 {
+	int extended = v->throttled_until < until, unboosted = 0;
+
 	charge(v, now);
-	if (v->throttled_until < until)
+	if (extended)
 		v->throttled_until = until;
 	v->throttled = 1;
 	v->cont_ns = 0;
@@ -98,9 +107,13 @@ static __always_inline void force_throttle(struct pvs_vcpu *v, const struct pvs_
 		v->boost_prio = 0;
 		v->boost_reason = PVS_R_THROTTLED;
 		STAT_INC(throttles);
-		emit(v, event, now);
+		unboosted = 1;
 	}
 	end_lend(v);
+	if (unboosted)
+		emit(v, event, now, 0);
+	else if (extended)
+		emit(v, event, now, BPF_RB_NO_WAKEUP);
 	publish(v, vm);
 }
 
@@ -135,7 +148,7 @@ static long unboost_sender_cb(__u32 s, void *data)
 	v->boost = PVSCHED_BOOST_NONE;
 	v->boost_prio = 0;
 	v->boost_reason = PVS_R_THROTTLED;
-	emit(v, u->event, u->now);
+	emit(v, u->event, u->now, 0);
 	vm_id = u->vm_id;
 	vm = bpf_map_lookup_elem(&vms, &vm_id);
 	if (vm)
@@ -183,13 +196,15 @@ static __always_inline void throttle(struct pvs_vcpu *v, const struct pvs_vm *vm
 	v->boost_prio = 0;
 	v->boost_reason = reason;
 	STAT_INC(throttles);
-	emit(v, event, now);
 	unit_throttle(v, vm, until, event, now);
+	emit(v, event, now, 0);
 }
 
-/* Re-evaluate v's boost at time `now` and emit a decision if it changes. */
+/* Re-evaluate v's boost at time `now` and emit a decision if it changes
+ * (or a trace record if `waits_changed`: v's waiting target changed while
+ * it stays boosted). */
 static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm *vm,
-					__u64 now, __u32 event)
+					__u64 now, __u32 event, int waits_changed)
 {
 	const struct pvs_caps *c = &vm->caps;
 	__u32 kind = PVSCHED_BOOST_NONE, reason = PVS_R_NONE, why = 0;
@@ -231,7 +246,10 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 		prio = v->req_prio;
 		reason = v->req_reason;
 	}
-	if (c->halt_always || now < v->ls_until) {
+	/* An emulator thread holds the halt boost while any vCPU of its VM is
+	 * latency-sensitive (its timers and I/O wake those vCPUs). */
+	if (c->halt_always || now < v->ls_until ||
+	    (v->index >= vm->nr_vcpus && now < vm->ls_until)) {
 		hk = c->halt_kind;
 		hp = c->halt_prio;
 		caps_clamp(c, &hk, &hp);
@@ -267,6 +285,8 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 		reason = PVS_R_NONE;
 	if (kind == v->boost && prio == v->boost_prio) {
 		v->boost_reason = reason;
+		if (waits_changed && kind != PVSCHED_BOOST_NONE)
+			emit(v, event, now, BPF_RB_NO_WAKEUP);
 		return;
 	}
 	if (kind == PVSCHED_BOOST_NONE) {
@@ -278,7 +298,7 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 	v->boost = kind;
 	v->boost_prio = prio;
 	v->boost_reason = reason;
-	emit(v, event, now);
+	emit(v, event, now, 0);
 }
 
 #endif

@@ -14,10 +14,15 @@
 /* Limits. A VM's region lives in one 16 KiB element of the `regions` map. */
 #define PVS_MAX_VMS 16
 #define PVS_MAX_VCPUS_PER_VM 64
+/* Non-vCPU threads of a VM (QEMU's main loop, I/O threads) per VM. */
+#define PVS_MAX_EMULATORS 4
 #define PVS_REGION_STRIDE 16384
-#define PVS_MAX_TIDS (PVS_MAX_VMS * PVS_MAX_VCPUS_PER_VM)
-/* gid = vm_id << PVS_GID_SHIFT | slot index */
+#define PVS_MAX_TIDS (PVS_MAX_VMS * (PVS_MAX_VCPUS_PER_VM + PVS_MAX_EMULATORS))
+/* gid = vm_id << PVS_GID_SHIFT | index: vCPU slot index 0..nr_vcpus-1, then
+ * the VM's emulator threads at nr_vcpus..nr_vcpus+nr_emulators-1. */
 #define PVS_GID_SHIFT 10
+/* Entries of the `tid_hint` prefilter (a power of two). */
+#define PVS_TID_HINTS 4096
 
 /* Region modes (pvs_vm.mode). */
 #define PVS_MODE_NONE 0	  /* no region: only halt/yield boosts */
@@ -79,6 +84,9 @@ struct pvs_vm {
 	__u32 mode; /* PVS_MODE_* */
 	__u32 wait_on_enabled; /* honour slot.wait_on (PVSCHED_F_WAIT_ON) */
 	struct pvs_caps caps;
+	__u32 nr_emulators; /* emulator threads after the vCPUs */
+	__u32 pad0;
+	__u64 ls_until;	    /* some vCPU is latency-sensitive until (BPF-owned) */
 };
 
 /* Per-vCPU state (`vcpus` hash, key = gid). */
@@ -119,7 +127,10 @@ struct pvs_vcpu {
 	__u64 slot_hits;
 };
 
-/* Decision record (`decisions` ring buffer). */
+/* Decision record (`decisions` ring buffer): sent when a thread's boost
+ * changes, and, without waking the agent, when a throttle is extended or a
+ * boosted vCPU starts or stops waiting on a target, so the record stream is
+ * a complete trace of boosts, throttles and waiting pairs. */
 struct pvs_decision {
 	__u64 ts;     /* bpf_ktime_get_ns() (CLOCK_MONOTONIC) */
 	__u32 tid;
@@ -128,6 +139,9 @@ struct pvs_decision {
 	__s32 prio;   /* RT priority or nice */
 	__u32 reason; /* PVS_R_* */
 	__u32 event;  /* PVS_EV_* that caused it */
+	__u64 throttled_until; /* no boost before this time */
+	__u32 waits_on;	       /* slot + 1 of the target it waits on (boosted on its behalf), 0 = none */
+	__u32 pad0;
 };
 
 /* Per-CPU statistics (`stats` per-CPU array, key 0). */

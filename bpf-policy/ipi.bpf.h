@@ -62,7 +62,7 @@ static __always_inline void yield_update(struct pvs_vcpu *s, const struct pvs_vm
 }
 
 /* Set or clear sender bit `sender` in the target's mask and re-evaluate it. */
-static __always_inline void yield_mark(const struct pvs_vm *vm, __u32 vm_id, __u32 target1,
+static __always_inline void yield_mark(struct pvs_vm *vm, __u32 vm_id, __u32 target1,
 				       __u32 sender, int set, __u64 now, __u32 event)
 {
 	struct pvs_vcpu *t;
@@ -78,7 +78,7 @@ static __always_inline void yield_mark(const struct pvs_vm *vm, __u32 vm_id, __u
 	} else {
 		t->yield_mask &= ~(1ULL << sender);
 	}
-	apply_boost(t, vm, now, event);
+	apply_boost(t, vm, now, event, 0);
 	publish(t, vm);
 }
 

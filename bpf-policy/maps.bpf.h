@@ -27,6 +27,17 @@ struct {
 	__type(value, __u32);
 } tids SEC(".maps");
 
+/* Prefilter for the scheduler tracepoints, which fire for every thread on
+ * the host: element tid & (PVS_TID_HINTS - 1) counts the registered threads
+ * whose tid falls there (the agent keeps it). Zero means "not registered"
+ * after one inlined array load, with no hash lookup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PVS_TID_HINTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} tid_hint SEC(".maps");
+
 /* (vm_id << 32 | APIC ID) -> slot index. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * pvsched BPF policy: one event for one registered vCPU, from any program
+ * pvsched BPF policy: one event for one registered thread (a vCPU, or an
+ * emulator thread: scheduler events only, no slot), from any program
  * (real tracepoint or the re-evaluation entry). Order: charge the boosted
  * on-CPU time since the last event, state transition, request refresh,
  * directed-yield slot, the yield targets it released or now waits on, its
@@ -56,14 +57,21 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 		yield_mark(vm, vm_id, old_t, v->index, 0, now, event);
 		yield_mark(vm, vm_id, new_t, v->index, 1, now, event);
 	}
-	apply_boost(v, vm, now, event);
+	apply_boost(v, vm, now, event, old_t != new_t);
 	publish(v, vm);
 }
 
-/* The registered vCPU with thread id `tid`, or NULL. */
+/* The registered thread (vCPU or emulator thread) with id `tid`, or NULL;
+ * most host threads are turned away by the prefilter. */
 static __always_inline struct pvs_vcpu *vcpu_by_tid(__u32 tid)
 {
-	__u32 *gid = bpf_map_lookup_elem(&tids, &tid);
+	__u32 key = tid & (PVS_TID_HINTS - 1);
+	__u32 *hint = bpf_map_lookup_elem(&tid_hint, &key);
+	__u32 *gid;
+
+	if (!hint || !*hint)
+		return NULL;
+	gid = bpf_map_lookup_elem(&tids, &tid);
 
 	if (!gid)
 		return NULL;

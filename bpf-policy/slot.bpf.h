@@ -65,7 +65,7 @@ static __always_inline void caps_clamp(const struct pvs_caps *c, __u32 *kind, __
 }
 
 /* Derive the capped request from guest fields; store it in v. */
-static __always_inline void set_request(struct pvs_vcpu *v, const struct pvs_vm *vm, __u64 now,
+static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now,
 					__u32 kern_cs, __u32 policy, __s32 nice,
 					__u32 rt_prio, __u32 wait_on)
 {
@@ -106,15 +106,21 @@ static __always_inline void set_request(struct pvs_vcpu *v, const struct pvs_vm 
 	v->req_prio = prio;
 	v->req_reason = reason;
 	/* An RT task or a critical section makes the vCPU latency-sensitive. */
-	if (reason == PVS_R_CS || reason == PVS_R_RT_TASK)
+	if (reason == PVS_R_CS || reason == PVS_R_RT_TASK) {
 		v->ls_until = now + vm->caps.halt_hold_ns;
+		/* The VM's emulator threads follow its latest latency-sensitive
+		 * vCPU (a lost race between two CPUs only shortens a hold that
+		 * the next request renews). */
+		if (vm->ls_until < v->ls_until)
+			vm->ls_until = v->ls_until;
+	}
 	if (!vm->wait_on_enabled || wait_on > vm->nr_vcpus || wait_on == v->index + 1)
 		wait_on = PVSCHED_WAIT_NONE;
 	v->wait_on = wait_on;
 }
 
 /* Refresh v's request from its slot if this context can read it. */
-static __always_inline void refresh_request(struct pvs_vcpu *v, const struct pvs_vm *vm, __u32 cur_tid,
+static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *vm, __u32 cur_tid,
 					    __u64 now)
 {
 	struct pvsched_slot_guest g;

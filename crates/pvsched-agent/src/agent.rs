@@ -9,8 +9,8 @@
 
 use crate::applier::ThreadState;
 use crate::intf::{
-    GID_SHIFT, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE, PvsDecision, PvsVcpu,
-    PvsVm,
+    GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE,
+    PvsDecision, PvsVcpu, PvsVm,
 };
 use crate::object::{ObjectError, PolicyObject, RegionMmap, reevaluate};
 use crate::safety::{self, Restore};
@@ -36,6 +36,15 @@ pub enum AgentError {
     /// Every VM slot is taken.
     #[error("register_vm: the agent already serves {MAX_VMS} VMs")]
     Full,
+    /// The decision trace file could not be created.
+    #[error("pvsched agent: creating the decision trace {path}: {source}")]
+    Trace {
+        /// The file.
+        path: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
     /// A system call failed.
     #[error("pvsched agent: {what} failed: {source}")]
     Sys {
@@ -65,6 +74,9 @@ pub struct AgentConfig {
     /// full ring drops records; reconciliation on the next tick corrects
     /// every thread they concerned.
     pub ring_bytes: u32,
+    /// Write every ring-buffer record to this file, one JSON object per
+    /// line ([`crate::trace`]); created or truncated at load.
+    pub trace: Option<std::path::PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -75,6 +87,7 @@ impl Default for AgentConfig {
             handle_signals: true,
             handle_panics: true,
             ring_bytes: crate::object::DEFAULT_RING_BYTES,
+            trace: None,
         }
     }
 }
@@ -95,6 +108,12 @@ pub enum RegionSpec {
 pub struct VmSpec {
     /// vCPU thread ids, by slot index.
     pub vcpu_tids: Vec<u32>,
+    /// The VM's emulator threads (libvirt's `emulatorsched`: QEMU's main
+    /// loop, which raises a TCG guest's timers, or an I/O thread), at most
+    /// [`MAX_EMULATORS`]. Each holds the VM's halt boost while any vCPU is
+    /// latency-sensitive, within the same caps (its own budget and
+    /// continuous limit), and is restored like a vCPU thread.
+    pub emulator_tids: Vec<u32>,
     /// APIC ID of each slot.
     pub apic_ids: Vec<u32>,
     /// Admin caps.
@@ -106,7 +125,8 @@ pub struct VmSpec {
 #[derive(Default)]
 struct VmEntry {
     caps: Caps,
-    nr: u32,
+    /// vCPUs plus emulator threads.
+    threads: u32,
     latencies: Vec<u64>,
     lat_next: usize,
     decisions: u64,
@@ -175,6 +195,15 @@ impl Agent {
     /// Loads and attaches the policy and starts the consumer thread. Fails,
     /// saying why, if BPF cannot be used (never silently does nothing).
     pub fn load(cfg: AgentConfig) -> Result<Agent> {
+        let trace = match &cfg.trace {
+            Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).map_err(
+                |source| AgentError::Trace {
+                    path: p.display().to_string(),
+                    source,
+                },
+            )?)),
+            None => None,
+        };
         let mut obj = PolicyObject::load_with(true, cfg.ring_bytes)?;
         let ring = obj
             .take_ring()
@@ -201,7 +230,7 @@ impl Agent {
         let cfg2 = cfg.clone();
         let thread = std::thread::Builder::new()
             .name("pvsched-apply".into())
-            .spawn(move || consumer(inner2, ring, reeval_fd, wake2, cfg2))
+            .spawn(move || consumer(inner2, ring, reeval_fd, wake2, cfg2, trace))
             .map_err(|source| AgentError::Sys {
                 what: "spawn consumer thread",
                 source,
@@ -238,6 +267,25 @@ impl Agent {
                 "apic_ids and vcpu_tids differ in length".into(),
             ));
         }
+        if spec.emulator_tids.len() > MAX_EMULATORS as usize {
+            return Err(AgentError::Invalid(format!(
+                "{} emulator threads (at most {MAX_EMULATORS} supported)",
+                spec.emulator_tids.len()
+            )));
+        }
+        let all_tids: Vec<u32> = spec
+            .vcpu_tids
+            .iter()
+            .chain(&spec.emulator_tids)
+            .copied()
+            .collect();
+        for (i, tid) in all_tids.iter().enumerate() {
+            if all_tids[..i].contains(tid) {
+                return Err(AgentError::Invalid(format!(
+                    "thread {tid} is listed twice (vCPU and emulator threads must differ)"
+                )));
+            }
+        }
         spec.caps
             .validate()
             .map_err(|e| AgentError::Invalid(e.to_string()))?;
@@ -251,18 +299,14 @@ impl Agent {
                 ));
             }
         };
-        for &tid in &spec.vcpu_tids {
+        for &tid in &all_tids {
             if !std::path::Path::new(&format!("/proc/{tid}")).exists() {
                 return Err(AgentError::Invalid(format!("thread {tid} does not exist")));
             }
         }
         let mut obj = lock(&self.inner.obj);
         let mut reg = lock(&self.inner.reg);
-        if let Some(t) = reg
-            .threads
-            .values()
-            .find(|t| spec.vcpu_tids.contains(&t.tid))
-        {
+        if let Some(t) = reg.threads.values().find(|t| all_tids.contains(&t.tid)) {
             return Err(AgentError::Invalid(format!(
                 "thread {} is already registered",
                 t.tid
@@ -284,6 +328,8 @@ impl Agent {
             mode,
             wait_on_enabled: spec.caps.wait_on as u32,
             caps: (&spec.caps).into(),
+            nr_emulators: spec.emulator_tids.len() as u32,
+            ..Default::default()
         };
         obj.set_vm(vm_id, &vm)?;
         for (i, (&tid, &apic)) in spec.vcpu_tids.iter().zip(&spec.apic_ids).enumerate() {
@@ -300,7 +346,22 @@ impl Agent {
             reg.threads
                 .insert(gid, ThreadState::new(tid, vm_id, i as u32));
         }
-        for (i, &tid) in spec.vcpu_tids.iter().enumerate() {
+        // Emulator threads: indices after the vCPUs, no slot, no APIC ID.
+        for (j, &tid) in spec.emulator_tids.iter().enumerate() {
+            let index = (nr + j) as u32;
+            let v = PvsVcpu {
+                tid,
+                vm_id,
+                index,
+                ..Default::default()
+            };
+            obj.set_vcpu((vm_id << GID_SHIFT) | index, &v)?;
+            reg.threads.insert(
+                (vm_id << GID_SHIFT) | index,
+                ThreadState::new(tid, vm_id, index),
+            );
+        }
+        for (i, &tid) in all_tids.iter().enumerate() {
             obj.set_tid(tid, Some((vm_id << GID_SHIFT) | i as u32))?;
         }
         obj.set_vm(vm_id, &PvsVm { active: 1, ..vm })?;
@@ -308,7 +369,7 @@ impl Agent {
             vm_id,
             VmEntry {
                 caps: spec.caps.clone(),
-                nr: nr as u32,
+                threads: all_tids.len() as u32,
                 ..Default::default()
             },
         );
@@ -395,6 +456,9 @@ pub struct VcpuStats {
 pub struct VmStats {
     /// By slot index.
     pub vcpus: Vec<VcpuStats>,
+    /// The emulator threads, in [`VmSpec::emulator_tids`] order (no IPI
+    /// or yield figures).
+    pub emulators: Vec<VcpuStats>,
     /// Decisions the applier handled for this VM.
     pub decisions: u64,
     /// Decisions the ring buffer dropped (all VMs); reconciliation corrects
@@ -424,6 +488,12 @@ impl VmHandle {
         self.vm_id
     }
 
+    /// Every registered thread by index: the vCPUs, then the emulator
+    /// threads.
+    fn threads(&self) -> impl Iterator<Item = &u32> {
+        self.spec.vcpu_tids.iter().chain(&self.spec.emulator_tids)
+    }
+
     /// The device region (RegionSpec::DeviceMap): register
     /// `as_ptr()`/`len()` as BAR2's memslot.
     pub fn region(&self) -> Option<Arc<RegionMmap>> {
@@ -451,10 +521,11 @@ impl VmHandle {
         if let Ok(s) = obj.stats() {
             out.dropped = s.dropped;
         }
-        for i in 0..self.spec.vcpu_tids.len() as u32 {
-            let gid = (self.vm_id << GID_SHIFT) | i;
+        let nr = self.spec.vcpu_tids.len();
+        for (i, &tid) in self.threads().enumerate() {
+            let gid = (self.vm_id << GID_SHIFT) | i as u32;
             let mut vs = VcpuStats {
-                tid: self.spec.vcpu_tids[i as usize],
+                tid,
                 ..Default::default()
             };
             if let Ok(v) = obj.vcpu(gid) {
@@ -476,7 +547,11 @@ impl VmHandle {
                 vs.corrections = t.corrections;
                 vs.errors = t.errors;
             }
-            out.vcpus.push(vs);
+            if i < nr {
+                out.vcpus.push(vs);
+            } else {
+                out.emulators.push(vs);
+            }
         }
         if let Some(vm) = reg.vms.get(&self.vm_id) {
             out.decisions = vm.decisions;
@@ -521,15 +596,11 @@ impl Drop for VmHandle {
         let mut obj = lock(&self.inner.obj);
         // Stop the policy first so no new decision arrives, then restore.
         let _ = obj.set_vm(self.vm_id, &PvsVm::default());
-        for (i, (&tid, &apic)) in self
-            .spec
-            .vcpu_tids
-            .iter()
-            .zip(&self.spec.apic_ids)
-            .enumerate()
-        {
+        for (i, &tid) in self.threads().enumerate() {
             let _ = obj.set_tid(tid, None);
             let _ = obj.remove_vcpu((self.vm_id << GID_SHIFT) | i as u32);
+        }
+        for &apic in &self.spec.apic_ids {
             let _ = obj.set_apic(self.vm_id, apic, None);
         }
         drop(obj);
@@ -555,7 +626,7 @@ fn handle(inner: &Inner, d: &PvsDecision) {
     let Some(t) = reg
         .threads
         .get_mut(&d.gid)
-        .filter(|t| t.tid == d.tid && t.index < vm.nr)
+        .filter(|t| t.tid == d.tid && t.index < vm.threads)
     else {
         reg.foreign += 1;
         return;
@@ -572,13 +643,49 @@ fn handle(inner: &Inner, d: &PvsDecision) {
     }
 }
 
+/// The decision trace being written, if any; a write error ends it (logged
+/// once), never the agent.
+struct TraceOut(Option<std::io::BufWriter<std::fs::File>>);
+
+impl TraceOut {
+    fn record(&mut self, d: &PvsDecision) {
+        if let Some(w) = &mut self.0
+            && let Err(e) = crate::trace::write_record(w, d)
+        {
+            log::warn!("pvsched agent: writing the decision trace failed, tracing stops: {e}");
+            self.0 = None;
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(w) = &mut self.0
+            && let Err(e) = std::io::Write::flush(w)
+        {
+            log::warn!("pvsched agent: writing the decision trace failed, tracing stops: {e}");
+            self.0 = None;
+        }
+    }
+}
+
+/// Handles every record waiting in the ring.
+fn drain(inner: &Inner, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, trace: &mut TraceOut) {
+    while let Some(item) = ring.next() {
+        if let Some(d) = PvsDecision::from_bytes(&item) {
+            handle(inner, &d);
+            trace.record(&d);
+        }
+    }
+}
+
 fn consumer(
     inner: Arc<Inner>,
     mut ring: aya::maps::RingBuf<aya::maps::MapData>,
     reeval_fd: OwnedFd,
     wake: OwnedFd,
     cfg: AgentConfig,
+    trace: Option<std::io::BufWriter<std::fs::File>>,
 ) {
+    let mut trace = TraceOut(trace);
     if cfg.consumer_rt_prio > 0 {
         let attr = SchedAttr {
             policy: pvsched_abi::POLICY_FIFO,
@@ -628,11 +735,7 @@ fn consumer(
         if inner.stop.load(Ordering::SeqCst) {
             break;
         }
-        while let Some(item) = ring.next() {
-            if let Some(d) = PvsDecision::from_bytes(&item) {
-                handle(&inner, &d);
-            }
-        }
+        drain(&inner, &mut ring, &mut trace);
         let now = now_mono();
         if now >= next_tick {
             next_tick = now + tick_ns;
@@ -650,14 +753,14 @@ fn consumer(
                     break;
                 }
             }
-            while let Some(item) = ring.next() {
-                if let Some(d) = PvsDecision::from_bytes(&item) {
-                    handle(&inner, &d);
-                }
-            }
+            drain(&inner, &mut ring, &mut trace);
             reconcile(&inner);
+            trace.flush();
         }
     }
+    // What is left of the trace (unregistration sends no records).
+    drain(&inner, &mut ring, &mut trace);
+    trace.flush();
 }
 
 /// Level-triggered application: every tick, after the ring is drained,

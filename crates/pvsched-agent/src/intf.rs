@@ -5,7 +5,8 @@
 use pvsched_policy::Caps;
 
 pub use pvsched_policy::event::{
-    EV_MAX, GID_SHIFT, MAX_VCPUS_PER_VM, MAX_VMS, R_BUDGET, R_MAX_BOOST, REGION_STRIDE,
+    EV_MAX, GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, R_BUDGET, R_MAX_BOOST,
+    REGION_STRIDE, TID_HINTS,
 };
 
 /// `PVS_MODE_NONE`: no region.
@@ -90,6 +91,12 @@ pub struct PvsVm {
     pub wait_on_enabled: u32,
     /// Caps.
     pub caps: PvsCaps,
+    /// Emulator threads after the vCPUs.
+    pub nr_emulators: u32,
+    /// Zero.
+    pub pad0: u32,
+    /// Some vCPU is latency-sensitive until (written by BPF).
+    pub ls_until: u64,
 }
 
 /// `struct pvs_vcpu`.
@@ -147,6 +154,12 @@ pub struct PvsDecision {
     pub reason: u32,
     /// `EV_*`.
     pub event: u32,
+    /// No boost before this time.
+    pub throttled_until: u64,
+    /// Slot + 1 of the target it waits on, 0 = none.
+    pub waits_on: u32,
+    /// Zero.
+    pub pad0: u32,
 }
 
 /// `struct pvs_stats`.
@@ -182,9 +195,9 @@ unsafe impl aya::Pod for PvsStats {}
 
 const _: () = {
     assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4);
-    assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>());
+    assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 16);
     assert!(size_of::<PvsVcpu>() == 176);
-    assert!(size_of::<PvsDecision>() == 32);
+    assert!(size_of::<PvsDecision>() == 48);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 9) * 8);
 };
 
@@ -210,6 +223,8 @@ impl PvsDecision {
             prio: self.prio,
             reason: self.reason,
             event: self.event,
+            throttled_until: self.throttled_until,
+            waits_on: self.waits_on,
         }
     }
 }

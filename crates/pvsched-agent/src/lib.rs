@@ -11,6 +11,7 @@
 //! - [`applier`]: decision → thread attributes, baseline capture/restore.
 //! - [`sched`]: `sched_getattr`/`sched_setattr`, [`sched::restore_baselines`]
 //!   for a VMM whose agent died.
+//! - [`trace`]: the decision trace (JSON lines) and the split-pair check.
 //! - [`watch`]: pidfd watcher.
 //! - [`safety`]: restore on SIGINT/SIGTERM and panic.
 //!
@@ -22,6 +23,7 @@
 //! let agent = Agent::load(AgentConfig::default())?; // Err says why BPF is unusable
 //! let vm = agent.register_vm(VmSpec {
 //!     vcpu_tids: vcpu_tids(),           // after the vCPU threads exist
+//!     emulator_tids: vec![],            // e.g. QEMU's main-loop thread
 //!     apic_ids: vec![0, 1],
 //!     caps: Caps::from_toml(&std::fs::read_to_string("caps.toml")?)?,
 //!     region: RegionSpec::DeviceMap,    // or GuestAddrs(host address of each slot)
@@ -45,6 +47,7 @@ pub mod intf;
 pub mod object;
 pub mod safety;
 pub mod sched;
+pub mod trace;
 pub mod watch;
 
 pub use agent::{Agent, AgentConfig, AgentError, RegionSpec, VmHandle, VmSpec, VmStats};

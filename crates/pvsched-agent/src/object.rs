@@ -4,7 +4,7 @@
 //! decisions and statistics. Used by the agent and by the differential test.
 
 use crate::intf::{
-    MAX_VCPUS_PER_VM, MAX_VMS, PvsDecision, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE,
+    MAX_VCPUS_PER_VM, MAX_VMS, PvsDecision, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS,
 };
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, RawTracePoint};
@@ -24,7 +24,8 @@ pub const TRACEPOINTS: [(&str, &str); 5] = [
     ("pvs_kvm_apic_ipi", "kvm_apic_ipi"),
     ("pvs_kvm_userspace_exit", "kvm_userspace_exit"),
 ];
-/// Bytes of the decision ring buffer by default (6,553 records).
+/// Bytes of the decision ring buffer by default (4,681 records of 48 bytes
+/// plus the ring's 8-byte header).
 pub const DEFAULT_RING_BYTES: u32 = 256 * 1024;
 /// The re-evaluation entry (agent timer, device KICK; the differential
 /// test's synthetic events), run with `BPF_PROG_TEST_RUN`.
@@ -225,6 +226,14 @@ impl PolicyObject {
         a.set(vm_id, vm, 0).map_err(map_err("vms"))
     }
 
+    /// Reads VM `vm_id`'s record (with the BPF-owned `ls_until`).
+    pub fn vm(&self, vm_id: u32) -> Result<PvsVm> {
+        let a: Array<_, PvsVm> =
+            Array::try_from(self.ebpf.map("vms").ok_or(ObjectError::NoMap("vms"))?)
+                .map_err(map_err("vms"))?;
+        a.get(&vm_id, 0).map_err(map_err("vms"))
+    }
+
     /// Inserts or replaces a vCPU's state.
     pub fn set_vcpu(&mut self, gid: u32, v: &PvsVcpu) -> Result<()> {
         let mut m: HashMap<_, u32, PvsVcpu> = HashMap::try_from(
@@ -255,7 +264,8 @@ impl PolicyObject {
         m.remove(&gid).map_err(map_err("vcpus"))
     }
 
-    /// Maps a thread to a vCPU (`None` removes it).
+    /// Maps a thread to a vCPU or emulator gid (`None` removes it) and keeps
+    /// the `tid_hint` prefilter counting the registered threads.
     pub fn set_tid(&mut self, tid: u32, gid: Option<u32>) -> Result<()> {
         let mut m: HashMap<_, u32, u32> = HashMap::try_from(
             self.ebpf
@@ -263,10 +273,36 @@ impl PolicyObject {
                 .ok_or(ObjectError::NoMap("tids"))?,
         )
         .map_err(map_err("tids"))?;
-        match gid {
-            Some(g) => m.insert(tid, g, 0).map_err(map_err("tids")),
-            None => m.remove(&tid).map_err(map_err("tids")),
+        let known = m.get(&tid, 0).is_ok();
+        let delta: i64 = match gid {
+            Some(g) => {
+                m.insert(tid, g, 0).map_err(map_err("tids"))?;
+                if known { 0 } else { 1 }
+            }
+            None if known => {
+                m.remove(&tid).map_err(map_err("tids"))?;
+                -1
+            }
+            None => 0,
+        };
+        if delta == 0 {
+            return Ok(());
         }
+        // Registration activates the VM only after every thread is counted.
+        let mut h: Array<_, u32> = Array::try_from(
+            self.ebpf
+                .map_mut("tid_hint")
+                .ok_or(ObjectError::NoMap("tid_hint"))?,
+        )
+        .map_err(map_err("tid_hint"))?;
+        let key = tid & (TID_HINTS - 1);
+        let n = h.get(&key, 0).map_err(map_err("tid_hint"))?;
+        let n = if delta > 0 {
+            n.saturating_add(1)
+        } else {
+            n.saturating_sub(1)
+        };
+        h.set(key, n, 0).map_err(map_err("tid_hint"))
     }
 
     /// Maps (vm, APIC ID) to a slot index (`None` removes it).

@@ -1,9 +1,10 @@
 //! Differential test: ≥1,000 generated traces through the BPF policy (the
 //! re-evaluation entry, `BPF_PROG_TEST_RUN`, guest writes into the real
 //! mmapped region map) and through the Rust model must give identical
-//! decisions and identical per-vCPU state, including the on-CPU accounting
-//! (`acct_ns`, `cont_ns`, `budget_used`, `boosted_ns`), the latency hold and
-//! the unit throttling of waiting pairs.
+//! decisions (trace-only records included) and identical per-thread state,
+//! including the on-CPU accounting (`acct_ns`, `cont_ns`, `budget_used`,
+//! `boosted_ns`), the latency hold, the unit throttling of waiting pairs and
+//! the emulator threads that follow the VM's latency-sensitive vCPUs.
 
 mod common;
 
@@ -52,9 +53,15 @@ fn gen_caps(r: &mut Rng) -> Caps {
     }
 }
 
-fn gen_event(r: &mut Rng, nr: u32) -> Event {
-    let vcpu = r.below(nr as u64) as u32;
-    match r.below(9) {
+/// An event for one of `nr` vCPUs or, for scheduler events and ticks, one of
+/// the `nemu` emulator threads after them.
+fn gen_event(r: &mut Rng, nr: u32, nemu: u32) -> Event {
+    let mut vcpu = r.below(nr as u64) as u32;
+    let kind = r.below(9);
+    if kind <= 2 || kind == 6 {
+        vcpu = r.below((nr + nemu) as u64) as u32;
+    }
+    match kind {
         0 => Event::SwitchOut {
             vcpu,
             preempted: r.below(2) == 0,
@@ -104,16 +111,20 @@ fn bpf_and_model_agree_on_1000_traces() {
     let mut decisions = 0usize;
     let mut events = 0usize;
     let mut by_reason = [0usize; 9];
+    let mut emu_boosts = 0u64;
+    let mut trace_only = 0usize;
     for seed in 1..=traces {
         let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let nr = 1 + r.below(4) as u32;
+        let nemu = r.below(3) as u32;
         let caps = gen_caps(&mut r);
         let tids: Vec<u32> = (0..nr).map(|i| 1000 + i).collect();
+        let emus: Vec<u32> = (0..nemu).map(|j| 2000 + j).collect();
         let apics: Vec<u32> = (0..nr).map(|i| i * 2 + 1).collect();
-        let mut model = VmModel::new(caps.clone(), &tids, &apics);
+        let mut model = VmModel::with_emulators(caps.clone(), &tids, &apics, &emus);
         // Fresh BPF state for vm 0.
         region.clear();
-        for i in 0..4u32 {
+        for i in 0..6u32 {
             let _ = obj.remove_vcpu(i);
             let _ = obj.set_apic(0, i * 2 + 1, None);
         }
@@ -125,22 +136,28 @@ fn bpf_and_model_agree_on_1000_traces() {
                 mode: MODE_DEVICE,
                 wait_on_enabled: caps.wait_on as u32,
                 caps: (&caps).into(),
+                nr_emulators: nemu,
+                ..Default::default()
             },
         )
         .unwrap();
-        for i in 0..nr {
+        for (i, &tid) in tids.iter().chain(&emus).enumerate() {
+            let i = i as u32;
             obj.set_vcpu(
                 i,
                 &PvsVcpu {
-                    tid: tids[i as usize],
+                    tid,
                     index: i,
                     ..Default::default()
                 },
             )
             .unwrap();
-            obj.set_apic(0, apics[i as usize], Some(i)).unwrap();
+            if i < nr {
+                obj.set_apic(0, apics[i as usize], Some(i)).unwrap();
+            }
         }
         obj.drain_decisions();
+        let mut last = std::collections::HashMap::new();
         let mut now: u64 = 1_000_000 + r.below(1_000_000);
         let len = 20 + r.below(60);
         for step in 0..len {
@@ -149,7 +166,7 @@ fn bpf_and_model_agree_on_1000_traces() {
                 1 => 20_000_000 + r.below(50_000_000),
                 _ => r.below(3_000_000),
             };
-            let ev = gen_event(&mut r, nr);
+            let ev = gen_event(&mut r, nr, nemu);
             let want = model.step(now, ev);
             match ev {
                 Event::GuestWrite { vcpu, guest } => {
@@ -174,12 +191,28 @@ fn bpf_and_model_agree_on_1000_traces() {
                 "seed {seed} step {step} event {ev:?} caps {caps:?}"
             );
             decisions += got.len();
+            for d in &got {
+                // A record that leaves the thread's boost as it was is
+                // trace-only (throttle extended, waiting target changed).
+                let prev = last.insert(d.tid, (d.kind, d.prio));
+                if prev.unwrap_or((pvsched_abi::BOOST_NONE, 0)) == (d.kind, d.prio)
+                    && d.reason != R_MAX_BOOST
+                    && d.reason != R_BUDGET
+                {
+                    trace_only += 1;
+                }
+            }
             events += 1;
             for d in &got {
                 by_reason[(d.reason as usize).min(8)] += 1;
             }
         }
-        for i in 0..nr {
+        assert_eq!(
+            obj.vm(0).unwrap().ls_until,
+            model.ls_until,
+            "seed {seed} VM latency hold"
+        );
+        for i in 0..nr + nemu {
             let b = obj.vcpu(i).unwrap();
             let m = &model.vcpus[i as usize];
             let bs = (
@@ -227,6 +260,10 @@ fn bpf_and_model_agree_on_1000_traces() {
                 (m.acct_ns, m.cont_ns, m.throttled_until, m.ls_until),
             );
             assert_eq!(bs, ms, "seed {seed} vcpu {i} final state");
+            if i >= nr {
+                emu_boosts += b.boosts;
+                continue;
+            }
             // The host half of the region mirrors the BPF state.
             let h = region.read_host(nr, i).unwrap();
             assert_eq!(
@@ -236,9 +273,12 @@ fn bpf_and_model_agree_on_1000_traces() {
         }
     }
     println!(
-        "differential: {traces} traces, {events} events, {decisions} decisions, all identical; \
-         by reason (none, cs, rt, nice, halt, yield, max_boost, budget, unit throttle): {by_reason:?}"
+        "differential: {traces} traces, {events} events, {decisions} decisions ({trace_only} \
+         trace-only), all identical; by reason (none, cs, rt, nice, halt, yield, max_boost, \
+         budget, unit throttle): {by_reason:?}; emulator-thread boosts {emu_boosts}"
     );
+    assert!(trace_only > 10, "trace-only records barely exercised");
+    assert!(emu_boosts > 10, "emulator threads barely exercised");
     // Every throttling path is exercised, the unit throttle of pairs included.
     for r in [R_MAX_BOOST, R_BUDGET, R_THROTTLED, R_HALT, R_YIELD] {
         assert!(

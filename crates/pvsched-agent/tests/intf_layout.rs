@@ -52,7 +52,16 @@ fn intf_h_matches_rust() {
         e,
         "pvs_vm",
         PvsVm,
-        [active, nr_vcpus, mode, wait_on_enabled, caps]
+        [
+            active,
+            nr_vcpus,
+            mode,
+            wait_on_enabled,
+            caps,
+            nr_emulators,
+            pad0,
+            ls_until
+        ]
     );
     fields!(
         e,
@@ -95,7 +104,18 @@ fn intf_h_matches_rust() {
         e,
         "pvs_decision",
         PvsDecision,
-        [ts, tid, gid, kind, prio, reason, event]
+        [
+            ts,
+            tid,
+            gid,
+            kind,
+            prio,
+            reason,
+            event,
+            throttled_until,
+            waits_on,
+            pad0
+        ]
     );
     fields!(
         e,
@@ -116,6 +136,7 @@ fn intf_h_matches_rust() {
     );
     consts!(e, [
         PVS_MAX_VMS => MAX_VMS, PVS_MAX_VCPUS_PER_VM => MAX_VCPUS_PER_VM,
+        PVS_MAX_EMULATORS => MAX_EMULATORS, PVS_TID_HINTS => TID_HINTS,
         PVS_REGION_STRIDE => REGION_STRIDE, PVS_GID_SHIFT => GID_SHIFT,
         PVS_MODE_NONE => MODE_NONE, PVS_MODE_DEVICE => MODE_DEVICE, PVS_MODE_GUEST => MODE_GUEST,
         PVS_ST_UNKNOWN => ev::ST_UNKNOWN, PVS_ST_RUNNING => ev::ST_RUNNING,

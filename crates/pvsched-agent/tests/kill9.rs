@@ -35,6 +35,7 @@ fn agent_process_child() {
     };
     let vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![tid],
             apic_ids: vec![0],
             caps,

@@ -49,6 +49,7 @@ fn a_lost_decision_is_corrected_by_reconciliation() {
     };
     let vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![vcpu.tid],
             apic_ids: vec![0],
             caps,

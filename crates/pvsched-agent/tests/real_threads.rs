@@ -46,6 +46,7 @@ fn hardirq_boosts_and_clearing_restores_exact_baseline() {
     assert_eq!((baseline.policy, baseline.nice), (POLICY_NORMAL, 3));
     let vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![vcpu.tid],
             apic_ids: vec![0],
             caps: caps(),
@@ -95,6 +96,7 @@ fn guest_rt_prio_99_is_capped_and_drop_restores() {
     let baseline = vcpu.attr();
     let vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![vcpu.tid],
             apic_ids: vec![0],
             caps: caps(),
@@ -137,6 +139,7 @@ fn asking_forever_and_spinning_is_throttled_and_reported() {
     };
     let vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![vcpu.tid],
             apic_ids: vec![0],
             caps: c,
@@ -180,6 +183,7 @@ fn unregistered_threads_are_never_touched() {
     let before = other.attr();
     let vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![vcpu.tid],
             apic_ids: vec![0],
             caps: caps(),
@@ -200,6 +204,7 @@ fn unregistered_threads_are_never_touched() {
     assert_eq!(other.attr(), before);
     // Registering the same thread twice is refused.
     let again = agent.register_vm(VmSpec {
+        emulator_tids: vec![],
         vcpu_tids: vec![vcpu.tid],
         apic_ids: vec![0],
         caps: caps(),
@@ -217,30 +222,35 @@ fn register_vm_rejects_bad_specs() {
     let tid = pvsched_agent::sched::gettid();
     let bad = [
         VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![],
             apic_ids: vec![],
             caps: caps(),
             region: RegionSpec::None,
         },
         VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![tid],
             apic_ids: vec![],
             caps: caps(),
             region: RegionSpec::None,
         },
         VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![tid],
             apic_ids: vec![0],
             caps: caps(),
             region: RegionSpec::GuestAddrs(vec![]),
         },
         VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![u32::MAX - 1],
             apic_ids: vec![0],
             caps: caps(),
             region: RegionSpec::None,
         },
         VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![tid],
             apic_ids: vec![0],
             caps: Caps {
@@ -275,6 +285,7 @@ fn guest_region_mode_reads_the_slot_in_the_vcpu_threads_context() {
     };
     let vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![vcpu.tid],
             apic_ids: vec![0],
             caps: caps(),
@@ -310,6 +321,7 @@ fn wait_on_hint_boosts_the_directed_yield_target() {
     };
     let vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: vec![sender.tid, target.tid],
             apic_ids: vec![0, 1],
             caps: c,
@@ -340,4 +352,102 @@ fn wait_on_hint_boosts_the_directed_yield_target() {
         Some(target.attr()).filter(|a| *a == baseline)
     });
     assert_eq!(back, baseline);
+}
+
+/// Issue 11 item 7: an emulator thread (QEMU's main loop) holds the VM's
+/// halt boost while a vCPU is latency-sensitive, gets nothing once the hold
+/// has lapsed, and is restored to its exact baseline on unregistration.
+#[test]
+fn emulator_thread_follows_the_latency_sensitive_vcpu() {
+    if !need_bpf("emulator_thread_follows_the_latency_sensitive_vcpu") {
+        return;
+    }
+    let agent = agent();
+    let vcpu = FakeVcpu::spawn(0, Duration::from_micros(300));
+    let emu = FakeVcpu::spawn(4, Duration::from_micros(500));
+    let baseline = emu.attr();
+    let c = Caps {
+        halt_boost: BoostKind::Rt,
+        halt_prio: 1,
+        halt_hold_us: 200_000,
+        ..caps()
+    };
+    let vm = agent
+        .register_vm(VmSpec {
+            vcpu_tids: vec![vcpu.tid],
+            emulator_tids: vec![emu.tid],
+            apic_ids: vec![0],
+            caps: c,
+            region: RegionSpec::DeviceMap,
+        })
+        .unwrap();
+    // Nobody asks yet: the emulator thread stays at its baseline.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(emu.attr(), baseline, "no boost before a vCPU asks");
+    let region = vm.region().unwrap();
+    region.write_guest(
+        1,
+        0,
+        &SlotGuest {
+            policy: POLICY_FIFO,
+            rt_prio: 5,
+            ..Default::default()
+        },
+    );
+    let a = wait_for("emulator halt boost", LIMIT, || {
+        Some(emu.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    assert_eq!(
+        a.priority, 1,
+        "the emulator thread gets the halt boost only"
+    );
+    let st = vm.stats();
+    assert_eq!(st.emulators.len(), 1);
+    assert_eq!(st.emulators[0].tid, emu.tid);
+    assert!(st.emulators[0].boosts >= 1 && st.emulators[0].boosts_applied >= 1);
+    // The guest stops asking: after the 200 ms hold the boost is gone.
+    region.write_guest(1, 0, &SlotGuest::default());
+    let back = wait_for("hold lapses", LIMIT, || {
+        Some(emu.attr()).filter(|a| *a == baseline)
+    });
+    assert_eq!(back, baseline);
+    // Asked again, then unregistered while boosted: exact baseline back.
+    region.write_guest(
+        1,
+        0,
+        &SlotGuest {
+            policy: POLICY_FIFO,
+            rt_prio: 5,
+            ..Default::default()
+        },
+    );
+    wait_for("boosted again", LIMIT, || {
+        Some(emu.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    drop(vm);
+    assert_eq!(emu.attr(), baseline, "unregistration restores it");
+}
+
+#[test]
+fn bad_emulator_lists_are_refused() {
+    if !need_bpf("bad_emulator_lists_are_refused") {
+        return;
+    }
+    let agent = agent();
+    let vcpu = FakeVcpu::spawn(0, Duration::from_micros(300));
+    let spec = |emulator_tids: Vec<u32>| VmSpec {
+        vcpu_tids: vec![vcpu.tid],
+        emulator_tids,
+        apic_ids: vec![0],
+        caps: caps(),
+        region: RegionSpec::None,
+    };
+    for (bad, why) in [
+        (vec![vcpu.tid], "listed twice"),
+        (vec![vcpu.tid + 1_000_000], "does not exist"),
+        (vec![vcpu.tid; 5], "at most 4"),
+    ] {
+        let e = agent.register_vm(spec(bad)).err().expect("refused");
+        assert!(e.to_string().contains(why), "{e}");
+    }
 }

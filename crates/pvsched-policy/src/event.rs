@@ -48,10 +48,15 @@ pub const ST_HALTED: u32 = 3;
 /// Woken from a halt, not yet on a CPU.
 pub const ST_WOKEN: u32 = 4;
 
-/// `gid = vm_id << GID_SHIFT | slot index`.
+/// `gid = vm_id << GID_SHIFT | index`: vCPU slot indices first, then the
+/// VM's emulator threads.
 pub const GID_SHIFT: u32 = 10;
 /// Most vCPUs per VM the BPF maps and the 16 KiB region element hold.
 pub const MAX_VCPUS_PER_VM: u32 = 64;
+/// Most emulator threads (QEMU's main loop, I/O threads) per VM.
+pub const MAX_EMULATORS: u32 = 4;
+/// Entries of the BPF `tid_hint` prefilter (a power of two).
+pub const TID_HINTS: u32 = 4096;
 /// Most VMs one agent serves.
 pub const MAX_VMS: u32 = 16;
 /// Bytes of one VM's region element in the `regions` map.
@@ -148,14 +153,16 @@ impl Event {
     }
 }
 
-/// A decision: the boost a vCPU thread must have from now on.
+/// A decision: the boost a registered thread must have from now on, with
+/// its throttle and waiting target (a record whose boost did not change is
+/// trace-only: a throttle was extended or the waiting target changed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
     /// Event time (ns).
     pub ts: u64,
-    /// vCPU thread id.
+    /// Thread id.
     pub tid: u32,
-    /// `vm_id << GID_SHIFT | slot index`.
+    /// `vm_id << GID_SHIFT | index`.
     pub gid: u32,
     /// `BOOST_*` (NONE = back to baseline).
     pub kind: u32,
@@ -165,4 +172,9 @@ pub struct Decision {
     pub reason: u32,
     /// `EV_*` that caused it.
     pub event: u32,
+    /// No boost before this time (ns).
+    pub throttled_until: u64,
+    /// Slot + 1 of the target this vCPU waits on (boosted on its behalf),
+    /// 0 = none.
+    pub waits_on: u32,
 }

@@ -82,8 +82,12 @@ pub struct VmModel {
     pub vm_id: u32,
     /// Caps.
     pub caps: Caps,
-    /// vCPUs by slot index.
+    /// vCPUs by slot index, then the emulator threads (index `nr_vcpus..`).
     pub vcpus: Vec<VcpuModel>,
+    /// Number of vCPUs (slots); the rest of `vcpus` are emulator threads.
+    pub nr_vcpus: u32,
+    /// Some vCPU is latency-sensitive until this time (`pvs_vm.ls_until`).
+    pub ls_until: u64,
     /// Guest halves by slot index.
     pub slots: Vec<GuestFields>,
     /// APIC ID of each slot.
@@ -167,8 +171,21 @@ fn clamped(c: &Caps, kind: u32, prio: i32) -> (u32, i32) {
 impl VmModel {
     /// A VM (vm_id 0) with one vCPU per thread id.
     pub fn new(caps: Caps, tids: &[u32], apic_ids: &[u32]) -> VmModel {
+        VmModel::with_emulators(caps, tids, apic_ids, &[])
+    }
+
+    /// A VM (vm_id 0) with one vCPU per thread id in `tids` and the
+    /// emulator threads `emulator_tids` after them: they have no slot and
+    /// hold the halt boost while any vCPU is latency-sensitive.
+    pub fn with_emulators(
+        caps: Caps,
+        tids: &[u32],
+        apic_ids: &[u32],
+        emulator_tids: &[u32],
+    ) -> VmModel {
         let vcpus = tids
             .iter()
+            .chain(emulator_tids)
             .enumerate()
             .map(|(i, &tid)| VcpuModel {
                 tid,
@@ -180,13 +197,15 @@ impl VmModel {
             vm_id: 0,
             caps,
             vcpus,
+            nr_vcpus: tids.len() as u32,
+            ls_until: 0,
             slots: vec![GuestFields::default(); tids.len()],
             apic_ids: apic_ids.to_vec(),
         }
     }
 
     fn nr(&self) -> u32 {
-        self.vcpus.len() as u32
+        self.nr_vcpus
     }
 
     fn gid(&self, index: u32) -> u32 {
@@ -206,7 +225,7 @@ impl VmModel {
         let Some((code, vcpu, a, b)) = ev.encode() else {
             return out;
         };
-        if vcpu >= self.nr() {
+        if vcpu as usize >= self.vcpus.len() {
             return out;
         }
         let i = vcpu as usize;
@@ -238,7 +257,7 @@ impl VmModel {
             self.yield_mark(old_t, vcpu, false, now, code, &mut out);
             self.yield_mark(new_t, vcpu, true, now, code, &mut out);
         }
-        self.apply_boost(i, now, code, &mut out);
+        self.apply_boost(i, now, code, old_t != new_t, &mut out);
         out
     }
 
@@ -276,9 +295,12 @@ impl VmModel {
     }
 
     fn refresh_request(&mut self, i: usize, now: u64) {
-        let g = self.slots[i];
+        // An emulator thread has no slot.
+        let Some(&g) = self.slots.get(i) else {
+            return;
+        };
         let c = &self.caps;
-        let nr = self.vcpus.len() as u32;
+        let nr = self.nr_vcpus;
         let v = &mut self.vcpus[i];
         let (mut kind, mut prio, mut reason) = (BOOST_NONE, 0i32, R_NONE);
         let (mut tkind, mut tprio, mut treason) = (BOOST_NONE, 0i32, R_NONE);
@@ -327,6 +349,9 @@ impl VmModel {
         v.req_reason = reason;
         if reason == R_CS || reason == R_RT_TASK {
             v.ls_until = now.wrapping_add(Caps::ns(c.halt_hold_us));
+            if self.ls_until < v.ls_until {
+                self.ls_until = v.ls_until;
+            }
         }
         let mut wait_on = g.wait_on;
         if !c.wait_on || wait_on > nr || wait_on == v.index + 1 {
@@ -384,9 +409,11 @@ impl VmModel {
         } else {
             self.vcpus[t].yield_mask &= !(1u64 << sender);
         }
-        self.apply_boost(t, now, event, out);
+        self.apply_boost(t, now, event, false, out);
     }
 
+    /// Records vCPU `i`'s boost, throttle and waiting target (`emit` in
+    /// budget.bpf.h; the BPF wake-up flag is not modelled).
     fn emit(&self, i: usize, event: u32, now: u64, out: &mut Vec<Decision>) {
         let v = &self.vcpus[i];
         out.push(Decision {
@@ -397,10 +424,22 @@ impl VmModel {
             prio: v.boost_prio,
             reason: v.boost_reason,
             event,
+            throttled_until: v.throttled_until,
+            waits_on: v.yield_boosting,
         });
     }
 
-    fn apply_boost(&mut self, i: usize, now: u64, event: u32, out: &mut Vec<Decision>) {
+    /// Re-evaluates vCPU `i`'s boost (`apply_boost` in budget.bpf.h);
+    /// `waits_changed`: its waiting target just changed, which is recorded
+    /// even when its boost does not change.
+    fn apply_boost(
+        &mut self,
+        i: usize,
+        now: u64,
+        event: u32,
+        waits_changed: bool,
+        out: &mut Vec<Decision>,
+    ) {
         self.charge(i, now);
         let c = self.caps.clone();
         let (max_boost, throttle, budget, window) = (
@@ -439,7 +478,8 @@ impl VmModel {
             prio = v.req_prio;
             reason = v.req_reason;
         }
-        if c.halt_always || now < v.ls_until {
+        let emulator = v.index >= self.nr_vcpus;
+        if c.halt_always || now < v.ls_until || (emulator && now < self.ls_until) {
             let (hk, hp) = clamped(&c, c.halt_boost.abi(), c.halt_prio);
             if boost_rank(hk, hp) > boost_rank(kind, prio) {
                 kind = hk;
@@ -473,6 +513,9 @@ impl VmModel {
         let v = &mut self.vcpus[i];
         if kind == v.boost && prio == v.boost_prio {
             v.boost_reason = reason;
+            if waits_changed && kind != BOOST_NONE {
+                self.emit(i, event, now, out);
+            }
             return;
         }
         if kind != BOOST_NONE && v.boost == BOOST_NONE {
@@ -503,8 +546,8 @@ impl VmModel {
         v.boost = BOOST_NONE;
         v.boost_prio = 0;
         v.boost_reason = reason;
-        self.emit(i, event, now, out);
         self.unit_throttle(i, until, event, now, out);
+        self.emit(i, event, now, out);
     }
 
     /// A throttled vCPU lends nothing: clear its bit in its target's mask
@@ -556,21 +599,26 @@ impl VmModel {
         now: u64,
         out: &mut Vec<Decision>,
     ) {
+        let extended = self.vcpus[j].throttled_until < until;
         self.charge(j, now);
         let v = &mut self.vcpus[j];
-        if v.throttled_until < until {
+        if extended {
             v.throttled_until = until;
         }
         v.throttled = 1;
         v.cont_ns = 0;
-        if v.boost != BOOST_NONE {
+        let unboosted = v.boost != BOOST_NONE;
+        if unboosted {
             v.throttles += 1;
             v.boost = BOOST_NONE;
             v.boost_prio = 0;
             v.boost_reason = R_THROTTLED;
-            self.emit(j, event, now, out);
         }
         self.end_lend(j);
+        // An extended throttle is recorded too (trace-only record).
+        if unboosted || extended {
+            self.emit(j, event, now, out);
+        }
     }
 
     /// Drops the boost of a sender whose target was just throttled
@@ -814,10 +862,17 @@ mod tests {
         );
         // The spinner reaches max_boost: both are throttled, until the same time.
         let d = vm.step(20 * MS, Event::Tick { vcpu: 0 });
-        let got: Vec<_> = d.iter().map(|d| (d.tid, d.kind, d.reason)).collect();
+        let got: Vec<_> = d
+            .iter()
+            .map(|d| (d.tid, d.kind, d.reason, d.throttled_until, d.waits_on))
+            .collect();
+        let until = 20 * MS + Caps::ns(Caps::default().throttle_us);
         assert_eq!(
             got,
-            vec![(10, BOOST_NONE, R_MAX_BOOST), (11, BOOST_NONE, R_THROTTLED)]
+            vec![
+                (11, BOOST_NONE, R_THROTTLED, until, 0),
+                (10, BOOST_NONE, R_MAX_BOOST, until, 0)
+            ]
         );
         assert_eq!(vm.vcpus[1].throttled_until, vm.vcpus[0].throttled_until);
         assert_eq!(
@@ -850,7 +905,7 @@ mod tests {
         let got: Vec<_> = d.iter().map(|d| (d.tid, d.kind, d.reason)).collect();
         assert_eq!(
             got,
-            vec![(11, BOOST_NONE, R_MAX_BOOST), (10, BOOST_NONE, R_THROTTLED)]
+            vec![(10, BOOST_NONE, R_THROTTLED), (11, BOOST_NONE, R_MAX_BOOST)]
         );
     }
 

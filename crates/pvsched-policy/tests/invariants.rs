@@ -1,6 +1,8 @@
 //! Property tests of the reference model: whatever the guest writes and
 //! whatever the event order, a decision never exceeds the VM's caps, a
-//! vCPU's consecutive decisions always change something, nothing is
+//! vCPU's consecutive records always change something (its boost, or for a
+//! trace-only record its throttle or waiting target), an emulator thread
+//! never gets more than the halt boost, nothing is
 //! boosted while throttled, a waiting pair is never split (a sender boosted
 //! while its target is throttled, or a throttled sender lending its boost),
 //! and no vCPU is charged more on-CPU time than passed.
@@ -112,9 +114,12 @@ fn config() -> ProptestConfig {
 }
 
 fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
-    let mut vm = VmModel::new(c.clone(), &[1, 2, 3, 4], &[0, 1, 2, 3]);
+    // Four vCPUs and one emulator thread (index 4, tid 5).
+    let mut vm = VmModel::with_emulators(c.clone(), &[1, 2, 3, 4], &[0, 1, 2, 3], &[5]);
+    let mut halt = (c.halt_boost.abi(), c.halt_prio);
+    pvsched_policy::model::caps_clamp(&c, &mut halt.0, &mut halt.1);
     let mut now = 1u64;
-    let mut last: HashMap<u32, (u32, i32)> = HashMap::new();
+    let mut last: HashMap<u32, (u32, i32, u64, u32)> = HashMap::new();
     for (dt, ev) in evs {
         now += dt;
         for d in vm.step(now, ev) {
@@ -130,9 +135,19 @@ fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
             if d.reason == R_MAX_BOOST || d.reason == R_BUDGET || d.reason == R_THROTTLED {
                 prop_assert_eq!(d.kind, BOOST_NONE);
             }
-            let prev = last.insert(d.tid, (d.kind, d.prio));
+            if d.tid == 5 {
+                prop_assert!(
+                    d.kind == BOOST_NONE || (d.kind, d.prio) == halt,
+                    "emulator thread got {:?}, more than the halt boost {:?}",
+                    (d.kind, d.prio),
+                    halt
+                );
+                prop_assert_eq!(d.waits_on, 0);
+            }
+            let rec = (d.kind, d.prio, d.throttled_until, d.waits_on);
+            let prev = last.insert(d.tid, rec).unwrap_or((BOOST_NONE, 0, 0, 0));
             if d.reason != R_MAX_BOOST && d.reason != R_BUDGET {
-                prop_assert_ne!(prev.unwrap_or((BOOST_NONE, 0)), (d.kind, d.prio));
+                prop_assert_ne!(prev, rec, "a record that changes nothing");
             }
         }
         for v in &vm.vcpus {
@@ -161,7 +176,7 @@ fn decisions_respect_caps() {
     let mut runner = proptest::test_runner::TestRunner::new(config());
     let strategy = (
         caps(),
-        prop::collection::vec((0u64..3_000_000, event(4)), 1..80),
+        prop::collection::vec((0u64..3_000_000, event(5)), 1..80),
     );
     if let Err(e) = runner.run(&strategy, |(c, evs)| check(c, evs)) {
         panic!("{e}");

@@ -202,6 +202,7 @@ impl Embedded {
             return Err(EmbeddedError::Setup("the VM is already registered".into()));
         }
         let handle = Arc::new(self.agent.register_vm(VmSpec {
+            emulator_tids: vec![],
             vcpu_tids: Self::tids(vm)?,
             apic_ids: vm.apic_ids().to_vec(),
             caps: self.caps.clone(),

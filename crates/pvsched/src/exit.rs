@@ -8,7 +8,9 @@ pub enum Exit {
     Ok = 0,
     /// Anything else went wrong (see the message).
     Failure = 1,
-    // 2: bad command line, exited with by clap itself.
+    /// Bad command line (clap exits with 2 itself; this is for
+    /// combinations it cannot check, e.g. `--trace` without a policy).
+    Usage = 2,
     /// /dev/kvm does not exist.
     NoKvm = 3,
     /// /dev/kvm exists but may not be opened.

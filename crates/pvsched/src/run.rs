@@ -91,6 +91,10 @@ pub struct RunArgs {
     /// bpf-policy/caps.example.toml); default: the built-in caps.
     #[arg(long)]
     pub policy_file: Option<PathBuf>,
+    /// With `--policy embedded`: write every policy record (boosts,
+    /// throttles, waiting pairs) to this file, one JSON object per line.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -140,6 +144,10 @@ pub fn main(args: &RunArgs) -> Exit {
         eprintln!("pvsched run: --policy-file needs --policy embedded");
         return Exit::PolicyFile;
     }
+    if args.policy == Policy::None && args.trace.is_some() {
+        eprintln!("pvsched run: --trace needs --policy embedded");
+        return Exit::Usage;
+    }
     let mut vm = VmConfig::new(args.vcpus, args.workload.into());
     vm.region = match args.region {
         Region::Device => RegionMode::Device,
@@ -169,7 +177,11 @@ pub fn main(args: &RunArgs) -> Exit {
                     return Exit::PolicyFile;
                 }
             };
-            match Embedded::load(caps, AgentConfig::default()) {
+            let cfg = AgentConfig {
+                trace: args.trace.clone(),
+                ..AgentConfig::default()
+            };
+            match Embedded::load(caps, cfg) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     eprintln!("pvsched run: {e}");

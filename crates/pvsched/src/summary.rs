@@ -34,6 +34,20 @@ pub fn to_json(name: &str, s: &VmStats) -> Value {
             })
         })
         .collect();
+    let emulators: Vec<Value> = s
+        .emulators
+        .iter()
+        .map(|v| {
+            json!({
+                "tid": v.tid,
+                "boosts": v.boosts,
+                "boosts_applied": v.boosts_applied,
+                "throttles": v.throttles,
+                "boosted_ms": v.boosted_ns as f64 / 1e6,
+                "errors": v.errors,
+            })
+        })
+        .collect();
     json!({
         "name": name,
         "decisions": s.decisions,
@@ -43,6 +57,7 @@ pub fn to_json(name: &str, s: &VmStats) -> Value {
         "apply_p50_us": s.apply_p50_ns as f64 / 1e3,
         "apply_p99_us": s.apply_p99_ns as f64 / 1e3,
         "per_vcpu": vcpus,
+        "emulators": emulators,
     })
 }
 
@@ -83,6 +98,18 @@ pub fn print_table(out: &mut impl Write, name: &str, s: &VmStats) -> std::io::Re
             opt(plus_one(v.yield_slot)),
         )?;
     }
+    for (j, v) in s.emulators.iter().enumerate() {
+        writeln!(
+            out,
+            "{:>4} {:>8} {:>7} {:>7} {:>9} {:>11.1}",
+            format!("emu{j}"),
+            v.tid,
+            v.boosts,
+            v.boosts_applied,
+            v.throttles,
+            v.boosted_ns as f64 / 1e6,
+        )?;
+    }
     writeln!(
         out,
         "decisions {} (dropped {}, corrected by reconciliation {}), decision→applied p50 {:.1} µs p99 {:.1} µs over {} samples",
@@ -113,6 +140,7 @@ mod tests {
                 },
                 VcpuStats::default(),
             ],
+            emulators: vec![],
             decisions: 9,
             dropped: 1,
             corrections: 1,

@@ -28,6 +28,7 @@ use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr, capture_baselines, restore_baselines};
 use pvsched_agent::watch::PidfdWatcher;
 use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmSpec};
+use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_THROTTLED};
 use pvsched_policy::{BoostKind, Caps};
 use pvsched_vmm::guest::events::VEC_WAKE;
 
@@ -72,14 +73,19 @@ impl Guest {
     /// Boots `workload` on `vcpus` vCPUs in device-region mode with the
     /// embedded policy; vCPU i's thread starts at nice `1 + i`.
     fn boot(vcpus: u32, workload: Workload, caps: Caps) -> Guest {
-        let policy = Embedded::load(
+        Guest::boot_with(
+            vcpus,
+            workload,
             caps,
             AgentConfig {
                 handle_signals: false,
                 ..AgentConfig::default()
             },
         )
-        .expect("the embedded policy loads");
+    }
+
+    fn boot_with(vcpus: u32, workload: Workload, caps: Caps, cfg: AgentConfig) -> Guest {
+        let policy = Embedded::load(caps, cfg).expect("the embedded policy loads");
         let mut cfg = VmConfig::new(vcpus, workload);
         cfg.policy_sink = Some(policy.sink());
         let mut vm = Vm::new(cfg).expect("VM builds");
@@ -333,6 +339,57 @@ fn ipi_receiver_fills_the_yield_slot_and_is_boosted() {
     drop(policy);
 }
 
+/// Issue 11 must-show (c): with the default caps, the `spin` guest (4 vCPUs
+/// on this 2-CPU host: each sender sets `wait_on` and a critical section
+/// and spins until its partner answers) runs into the continuous limit, so
+/// pairs are throttled; in the recorded trace of every policy record no
+/// waiting sender is ever boosted while its target is throttled.
+#[test]
+fn a_waiting_pair_is_never_split_in_a_recorded_trace() {
+    if !need_real("a_waiting_pair_is_never_split_in_a_recorded_trace") {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("pvsched-trace-{}.jsonl", std::process::id()));
+    let g = Guest::boot_with(
+        4,
+        Workload::Spin,
+        Caps::default(),
+        AgentConfig {
+            handle_signals: false,
+            trace: Some(path.clone()),
+            ..AgentConfig::default()
+        },
+    );
+    wait_for("pairs throttled as a unit", LIMIT, || {
+        let s = g.stats();
+        (s.vcpus.iter().map(|v| v.throttles).sum::<u64>() >= 10).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let Guest { vm, policy, .. } = g;
+    drop(vm);
+    drop(policy); // the agent writes the rest of the trace and closes it
+    let recs = pvsched_agent::trace::read(&path).expect("the trace reads back");
+    let waiting_boosted = recs
+        .iter()
+        .filter(|d| d.waits_on != 0 && d.kind != pvsched_abi::BOOST_NONE)
+        .count();
+    let unit = recs.iter().filter(|d| d.reason == R_THROTTLED).count();
+    let limits = recs
+        .iter()
+        .filter(|d| d.reason == R_MAX_BOOST || d.reason == R_BUDGET)
+        .count();
+    println!(
+        "trace: {} records, {waiting_boosted} of a boosted waiting sender, {limits} throttles \
+         at a limit, {unit} unit-throttle records",
+        recs.len()
+    );
+    assert!(waiting_boosted > 0, "no boosted waiting sender recorded");
+    assert!(limits > 0 && unit > 0, "no pair was throttled");
+    let splits = pvsched_agent::trace::split_pairs(&recs);
+    let _ = std::fs::remove_file(&path);
+    assert!(splits.is_empty(), "split pairs: {splits:?}");
+}
+
 /// Embedded::load says why when BPF is unusable; here (root) it loads, and
 /// a second registration of the same VM is refused.
 #[test]
@@ -378,6 +435,7 @@ fn agent_process_child() {
     };
     let _vm = agent
         .register_vm(VmSpec {
+            emulator_tids: vec![],
             apic_ids: (0..tids.len() as u32).collect(),
             vcpu_tids: tids,
             caps,

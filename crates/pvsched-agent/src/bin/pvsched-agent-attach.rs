@@ -5,11 +5,15 @@
 //!
 //! ```text
 //! pvsched-agent-attach --pid 1234 --tids 1240,1241 --apic-ids 0,1 \
-//!     --slot-addrs 0x7f00001000c0,0x7f0000100140 [--caps caps.toml] \
-//!     [--stats-json stats.json]
+//!     --slot-addrs 0x7f00001000c0,0x7f0000100140 [--emulator-tids 1234] \
+//!     [--caps caps.toml] [--stats-json stats.json]
 //! ```
 //!
-//! Every `--tids` entry must be a thread of `--pid` (`/proc/PID/task/TID`),
+//! `--emulator-tids` names the VM's emulator threads (QEMU's main loop is
+//! the process's first thread, tid = pid; I/O threads): they hold the halt
+//! boost while a vCPU is latency-sensitive, within the same caps.
+//!
+//! Every `--tids` and `--emulator-tids` entry must be a thread of `--pid` (`/proc/PID/task/TID`),
 //! the rule the future multi-VM daemon enforces. `--slot-addrs` are the
 //! VMM's virtual addresses of each slot (the BPF policy reads them with
 //! `bpf_probe_read_user` in the vCPU thread's own context).
@@ -86,6 +90,10 @@ struct Args {
     /// VMM virtual address of each slot (hex with 0x or decimal).
     #[arg(long, value_delimiter = ',', value_parser = parse_addr, required = true)]
     slot_addrs: Vec<u64>,
+    /// Emulator threads of the VM (comma separated, at most 4): QEMU's main
+    /// loop (tid = pid), I/O threads.
+    #[arg(long, value_delimiter = ',')]
+    emulator_tids: Vec<u32>,
     /// Admin caps (TOML, see pvsched_policy::caps); default caps otherwise.
     #[arg(long)]
     caps: Option<PathBuf>,
@@ -122,8 +130,20 @@ fn stats_json(pid: u32, stats: &VmStats, why: &str) -> serde_json::Value {
             })
         })
         .collect();
+    let emulators: Vec<_> = stats
+        .emulators
+        .iter()
+        .map(|v| {
+            serde_json::json!({
+                "tid": v.tid, "boosts": v.boosts, "throttles": v.throttles,
+                "boosted_ns": v.boosted_ns, "boosts_applied": v.boosts_applied,
+                "errors": v.errors,
+            })
+        })
+        .collect();
     serde_json::json!({
         "pid": pid,
+        "emulators": emulators,
         "stopped_by": why,
         "decisions": stats.decisions,
         "dropped": stats.dropped,
@@ -181,6 +201,7 @@ fn run(args: Args) -> Result<(), AttachError> {
         )));
     }
     check_tids(args.pid, &args.tids)?;
+    check_tids(args.pid, &args.emulator_tids)?;
     let caps = match &args.caps {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|source| AttachError::Io {
@@ -217,6 +238,7 @@ fn run(args: Args) -> Result<(), AttachError> {
     let vm = agent
         .register_vm(VmSpec {
             vcpu_tids: args.tids.clone(),
+            emulator_tids: args.emulator_tids.clone(),
             apic_ids: args.apic_ids.clone(),
             caps,
             region: RegionSpec::GuestAddrs(args.slot_addrs.clone()),
