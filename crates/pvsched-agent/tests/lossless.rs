@@ -113,8 +113,12 @@ fn a_lost_decision_is_corrected_by_reconciliation() {
             } else {
                 a == baseline
             };
+            // Only once the applier has handled every record that
+            // survived: mid-drain the thread passes through the final
+            // state too.
             let s = vm.stats();
-            (ok && (s.vcpus[0].boost != BOOST_NONE) == want_boosted).then_some(s)
+            let drained = s.decisions >= kicks - lost;
+            (ok && drained && (s.vcpus[0].boost != BOOST_NONE) == want_boosted).then_some(s)
         },
     );
     println!(

@@ -377,6 +377,18 @@ pub fn assemble(
                     spin["ratio_p99"].as_f64(),
                     0.5,
                 ));
+                targets.push(target(
+                    "ipi_max_ratio",
+                    "ipi round trip: pvsched max <= 1.0x vanilla max (no worse tail)",
+                    r["ratio_max"].as_f64(),
+                    1.0,
+                ));
+                targets.push(target(
+                    "spin_max_ratio",
+                    "spin (wait_on) round trip: pvsched max <= 1.0x vanilla max (no worse tail)",
+                    spin["ratio_max"].as_f64(),
+                    1.0,
+                ));
             }
             out.insert("ratios".into(), Value::Object(more));
             out.insert("targets".into(), Value::Array(targets));
