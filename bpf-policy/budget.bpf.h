@@ -267,10 +267,12 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 		prio = yp;
 		reason = PVS_R_YIELD;
 	}
-	/* A waiting sender stays one step below the boost its target gets, and
-	 * has none while its target is throttled. */
+	/* A sender that says it spins on its target (wait_on) stays one step
+	 * below the boost its target gets; any sender has none while its
+	 * target is throttled. */
 	if (v->yield_boosting) {
-		if (yk != PVSCHED_BOOST_NONE && boost_rank(kind, prio) >= boost_rank(yk, yp)) {
+		if (v->wait_on && yk != PVSCHED_BOOST_NONE &&
+		    boost_rank(kind, prio) >= boost_rank(yk, yp)) {
 			step_below(c, &yk, &yp);
 			kind = yk;
 			prio = yp;

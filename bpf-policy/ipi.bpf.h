@@ -3,10 +3,10 @@
  * pvsched BPF policy: IPI-aware directed yield. kvm_apic_ipi gives unicast
  * sender -> receiver pairs (APIC ID -> slot through the `apics` map); a
  * vCPU's directed-yield slot holds the guest's wait_on hint, else its
- * receiver confirmed within ipi_window_ns; while the sender waits (halted,
- * preempted, woken-not-running, or wait_on set) and is not throttled, the
- * slot's target carries a bit for it in yield_mask, which gives it the VM's
- * yield boost (the sender is kept one step below it: budget.bpf.h).
+ * receiver confirmed within ipi_window_ns; while the slot holds and the
+ * sender is not throttled, the slot's target carries a bit for it in
+ * yield_mask, which gives it the VM's yield boost (a sender that says it
+ * spins on it, wait_on, is kept one step below it: budget.bpf.h).
  */
 #ifndef PVSCHED_IPI_BPF_H
 #define PVSCHED_IPI_BPF_H
@@ -39,7 +39,6 @@ static __always_inline void yield_update(struct pvs_vcpu *s, const struct pvs_vm
 					 __u32 *old_t, __u32 *new_t)
 {
 	__u32 slot = 0, target;
-	int waits;
 
 	*old_t = 0;
 	*new_t = 0;
@@ -48,10 +47,11 @@ static __always_inline void yield_update(struct pvs_vcpu *s, const struct pvs_vm
 	else if (s->last_ipi_target && now - s->last_ipi_ns <= vm->caps.ipi_window_ns)
 		slot = s->last_ipi_target;
 	s->yield_slot = slot;
-	waits = s->state == PVS_ST_HALTED || s->state == PVS_ST_PREEMPTED ||
-		s->state == PVS_ST_WOKEN || s->wait_on;
-	/* A throttled sender lends nothing. */
-	target = waits && now >= s->throttled_until ? slot : 0;
+	/* The target is lent the yield boost for as long as the slot holds
+	 * (wait_on, or a pair confirmed within the IPI window), not only while
+	 * the sender waits: the boost is in place before the next IPI and a
+	 * round trip makes no decision. A throttled sender lends nothing. */
+	target = now >= s->throttled_until ? slot : 0;
 	if (target == s->yield_boosting)
 		return;
 	*old_t = s->yield_boosting;

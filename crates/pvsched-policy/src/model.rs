@@ -370,16 +370,12 @@ impl VmModel {
             slot = v.last_ipi_target;
         }
         v.yield_slot = slot;
-        let waits = v.state == ST_HALTED
-            || v.state == ST_PREEMPTED
-            || v.state == ST_WOKEN
-            || v.wait_on != 0;
-        // A throttled sender lends nothing.
-        let target = if waits && now >= v.throttled_until {
-            slot
-        } else {
-            0
-        };
+        // The slot's target is lent the yield boost for as long as the slot
+        // holds (the guest's wait_on, or a pair confirmed within the IPI
+        // window), not only while the sender waits: the boost is in place
+        // before the next IPI and a round trip makes no decision. A
+        // throttled sender lends nothing.
+        let target = if now >= v.throttled_until { slot } else { 0 };
         if target == v.yield_boosting {
             return (0, 0);
         }
@@ -493,9 +489,13 @@ impl VmModel {
             prio = yp;
             reason = R_YIELD;
         }
-        // A waiting sender stays one step below the boost its target gets,
-        // and has none while its target is throttled.
-        if v.yield_boosting != 0 && yk != BOOST_NONE && boost_rank(kind, prio) >= boost_rank(yk, yp)
+        // A sender that says it spins on its target (wait_on) stays one
+        // step below the boost its target gets; any sender has none while
+        // its target is throttled.
+        if v.yield_boosting != 0
+            && v.wait_on != 0
+            && yk != BOOST_NONE
+            && boost_rank(kind, prio) >= boost_rank(yk, yp)
         {
             let (mut sk, mut sp) = (yk, yp);
             step_below(&c, &mut sk, &mut sp);
@@ -804,8 +804,9 @@ mod tests {
         let mut vm = vm2();
         write(&mut vm, 0, rt(3));
         vm.step(50, Event::SwitchIn { vcpu: 0 });
-        // Fixed, physical, no shorthand IPI to APIC 1.
-        vm.step(
+        // Fixed, physical, no shorthand IPI to APIC 1: the pair is
+        // confirmed, the receiver gets the yield boost at once.
+        let d = vm.step(
             100,
             Event::Ipi {
                 vcpu: 0,
@@ -814,16 +815,37 @@ mod tests {
             },
         );
         assert_eq!(vm.vcpus[0].yield_slot, 2);
-        let d = vm.step(200, out(0, true));
-        // Sender preempted: it waits. Receiver RT 2 (yield), sender one below.
         assert!(
             d.iter()
                 .any(|d| d.tid == 11 && (d.kind, d.prio, d.reason) == (BOOST_RT, 2, R_YIELD))
         );
-        assert_eq!((vm.vcpus[0].boost, vm.vcpus[0].boost_prio), (BOOST_RT, 1));
-        let d = vm.step(300, Event::SwitchIn { vcpu: 0 });
-        assert!(d.iter().any(|d| d.tid == 11 && d.kind == BOOST_NONE));
         assert_eq!((vm.vcpus[0].boost, vm.vcpus[0].boost_prio), (BOOST_RT, 3));
+        // Sender halted, then running again: neither side changes (no
+        // decision per round trip); the receiver keeps its boost for the
+        // IPI window.
+        let mut d = vm.step(200, out(0, false));
+        d.extend(vm.step(300, Event::SwitchIn { vcpu: 0 }));
+        assert!(d.iter().all(|d| d.tid != 11));
+        assert_eq!((vm.vcpus[0].boost, vm.vcpus[0].boost_prio), (BOOST_RT, 3));
+        assert_eq!(vm.vcpus[1].boost, BOOST_RT);
+        // The sender says it spins on the receiver (wait_on): one step
+        // below the receiver's boost.
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                wait_on: 2,
+                ..rt(3)
+            },
+        );
+        vm.step(350, Event::Tick { vcpu: 0 });
+        assert_eq!((vm.vcpus[0].boost, vm.vcpus[0].boost_prio), (BOOST_RT, 1));
+        write(&mut vm, 0, rt(3));
+        vm.step(360, Event::Tick { vcpu: 0 });
+        // The window passes with no further IPI: the receiver's boost ends.
+        let win = Caps::ns(Caps::default().ipi_window_us);
+        let d = vm.step(100 + win + 1, Event::Tick { vcpu: 0 });
+        assert!(d.iter().any(|d| d.tid == 11 && d.kind == BOOST_NONE));
         // Broadcast shorthand is not a pair.
         vm.step(
             400,
