@@ -119,28 +119,21 @@ fn check_tids(pid: u32, tids: &[u32]) -> Result<(), AttachError> {
 }
 
 fn stats_json(pid: u32, stats: &VmStats, why: &str) -> serde_json::Value {
-    let vcpus: Vec<_> = stats
-        .vcpus
-        .iter()
-        .map(|v| {
-            serde_json::json!({
-                "tid": v.tid, "boosts": v.boosts, "throttles": v.throttles,
-                "boosted_ns": v.boosted_ns, "ipis": v.ipis, "slot_hits": v.slot_hits,
-                "boosts_applied": v.boosts_applied, "errors": v.errors,
+    // One shape for vCPU and emulator threads (an emulator thread's IPI
+    // and slot counters stay 0).
+    let threads = |list: &[pvsched_agent::agent::VcpuStats]| -> Vec<serde_json::Value> {
+        list.iter()
+            .map(|v| {
+                serde_json::json!({
+                    "tid": v.tid, "boosts": v.boosts, "throttles": v.throttles,
+                    "boosted_ns": v.boosted_ns, "ipis": v.ipis, "slot_hits": v.slot_hits,
+                    "boosts_applied": v.boosts_applied, "errors": v.errors,
+                })
             })
-        })
-        .collect();
-    let emulators: Vec<_> = stats
-        .emulators
-        .iter()
-        .map(|v| {
-            serde_json::json!({
-                "tid": v.tid, "boosts": v.boosts, "throttles": v.throttles,
-                "boosted_ns": v.boosted_ns, "boosts_applied": v.boosts_applied,
-                "errors": v.errors,
-            })
-        })
-        .collect();
+            .collect()
+    };
+    let vcpus = threads(&stats.vcpus);
+    let emulators = threads(&stats.emulators);
     serde_json::json!({
         "pid": pid,
         "emulators": emulators,

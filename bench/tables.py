@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Markdown tables for docs/benchmarks.md from `pvsched bench` JSON results.
+
+    python3 bench/tables.py docs/bench/s1.json docs/bench/s2.json ...
+
+Prints, per file: the command and machine line, the latency table (median
+over repetitions with min-max), the ratios, and every target with its value
+and verdict. Nothing is computed that the JSON does not hold.
+"""
+import json
+import sys
+
+
+def fmt(x, nd=1):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def cell(v, key):
+    sp = v.get("spread", {}).get(key)
+    if sp and sp.get("min") is not None:
+        return f"{fmt(v[key])} ({fmt(sp['min'])}–{fmt(sp['max'])})"
+    return fmt(v.get(key))
+
+
+def latency_table(d, variants):
+    rows = ["| variant | workload | p50 µs | p99 µs | max µs | samples | hog it/s |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name in variants:
+        v = d.get(name)
+        if not isinstance(v, dict) or "p99_us" not in v:
+            continue
+        hog = v.get("hog_iterations_per_s")
+        rows.append(f"| {name} | {v.get('workload', '')} | {cell(v, 'p50_us')} | {cell(v, 'p99_us')} | "
+                    f"{cell(v, 'max_us')} | {v.get('samples', '-')} | {fmt(hog, 0) if hog else '-'} |")
+    return "\n".join(rows)
+
+
+def policy_line(d, variants):
+    out = []
+    for name in variants:
+        v = d.get(name)
+        if not isinstance(v, dict):
+            continue
+        runs = [r.get("policy") for r in v.get("runs", []) if isinstance(r.get("policy"), dict)]
+        if not runs:
+            continue
+        dec = [r.get("decisions") for r in runs]
+        thr = [r.get("throttles") for r in runs]
+        boo = [r.get("boosts") for r in runs]
+        out.append(f"- `{name}`: decisions per run {dec}, boosts {boo}, throttles {thr}")
+    return "\n".join(out)
+
+
+def targets(d):
+    rows = ["| target | goal | value | limit | met |", "| --- | --- | ---: | ---: | --- |"]
+    for t in d.get("targets", []):
+        rows.append(f"| `{t['name']}` | {t['goal']} | {fmt(t['value'], 3)} | {t['limit']} | "
+                    f"{'**met**' if t['met'] else '**not met**'} |")
+    return "\n".join(rows)
+
+
+def main(paths):
+    for p in paths:
+        d = json.load(open(p))
+        m = d.get("machine", {})
+        print(f"### {p}\n")
+        print(f"`{d.get('command')}` — {m.get('cpus')} CPUs, kernel {m.get('kernel')}, "
+              f"1-min load average at start {m.get('loadavg_at_start')}\n")
+        variants = [k for k, v in d.items() if isinstance(v, dict) and "p99_us" in v]
+        if variants:
+            print(latency_table(d, variants) + "\n")
+            pl = policy_line(d, variants)
+            if pl:
+                print(pl + "\n")
+        for k in ("ratio_p50", "ratio_p99", "ratio_max", "vanilla_loaded_vs_idle_p99"):
+            if k in d:
+                print(f"- {k}: {fmt(d[k], 3)}")
+        if isinstance(d.get("ratios"), dict):
+            for k, v in d["ratios"].items():
+                print(f"- ratios.{k}: {v}")
+        print()
+        print(targets(d) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
