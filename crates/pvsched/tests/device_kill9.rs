@@ -111,9 +111,17 @@ fn kill9(extra: &[&str]) {
         // (its slots are in the VMM's own mapping): wait for the end of the
         // registration, then every vCPU thread is back at its baseline and
         // stays there while the run goes on.
-        wait_for("the policy to unregister the VM", LIMIT, || {
-            stderr.lock().unwrap().contains(UNREGISTERED).then_some(())
-        });
+        let t = Instant::now();
+        while !stderr.lock().unwrap().contains(UNREGISTERED) {
+            assert!(
+                t.elapsed() < LIMIT,
+                "the policy did not unregister the VM within {LIMIT:?} of the device's death \
+                 (run still going: {}); the run said:\n{}",
+                running(pid),
+                stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         wait_for("vCPU threads at baseline", LIMIT, || {
             vcpus
                 .iter()
