@@ -36,6 +36,10 @@ pub enum AgentError {
     /// Every VM slot is taken.
     #[error("register_vm: the agent already serves {MAX_VMS} VMs")]
     Full,
+    /// The guardian process could not be started: the agent refuses to
+    /// boost anything it could not restore after a crash.
+    #[error("pvsched agent refuses to start: {0}")]
+    Guardian(#[from] crate::guardian::GuardianError),
     /// The decision trace file could not be created.
     #[error("pvsched agent: creating the decision trace {path}: {source}")]
     Trace {
@@ -77,6 +81,10 @@ pub struct AgentConfig {
     /// Write every ring-buffer record to this file, one JSON object per
     /// line ([`crate::trace`]); created or truncated at load.
     pub trace: Option<std::path::PathBuf>,
+    /// Fork the guardian process ([`crate::guardian`]) that restores every
+    /// boosted thread if this process dies (SIGKILL, OOM). On by default;
+    /// only a test that checks the VMM-side restore turns it off.
+    pub guardian: bool,
 }
 
 impl Default for AgentConfig {
@@ -88,6 +96,7 @@ impl Default for AgentConfig {
             handle_panics: true,
             ring_bytes: crate::object::DEFAULT_RING_BYTES,
             trace: None,
+            guardian: true,
         }
     }
 }
@@ -143,11 +152,28 @@ struct Registry {
 }
 
 struct Inner {
+    /// Restores boosted threads if this process dies; before any boost.
+    guardian: Option<Arc<crate::guardian::Guardian>>,
     obj: Mutex<PolicyObject>,
     reg: Mutex<Registry>,
     stop: AtomicBool,
     /// Ring-buffer drops already reported (the BPF `dropped` counter).
     dropped_seen: AtomicU64,
+}
+
+impl Inner {
+    /// The applier's state of a newly registered thread, guarded by the
+    /// guardian's ledger entry of its (vm_id, index) if there is a guardian.
+    fn thread_state(&self, tid: u32, vm_id: u32, index: u32) -> ThreadState {
+        match &self.guardian {
+            Some(g) => {
+                let per_vm = (MAX_VCPUS_PER_VM + MAX_EMULATORS) as usize;
+                let slot = vm_id as usize * per_vm + index as usize;
+                ThreadState::guarded(tid, vm_id, index, g.clone(), slot)
+            }
+            None => ThreadState::new(tid, vm_id, index),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -212,7 +238,13 @@ impl Agent {
             what: "dup test fd",
             source,
         })?;
+        let guardian = if cfg.guardian {
+            Some(Arc::new(crate::guardian::Guardian::spawn()?))
+        } else {
+            None
+        };
         let inner = Arc::new(Inner {
+            guardian,
             obj: Mutex::new(obj),
             reg: Mutex::new(Registry::default()),
             stop: AtomicBool::new(false),
@@ -344,7 +376,7 @@ impl Agent {
             obj.set_vcpu(gid, &v)?;
             obj.set_apic(vm_id, apic, Some(i as u32))?;
             reg.threads
-                .insert(gid, ThreadState::new(tid, vm_id, i as u32));
+                .insert(gid, self.inner.thread_state(tid, vm_id, i as u32));
         }
         // Emulator threads: indices after the vCPUs, no slot, no APIC ID.
         for (j, &tid) in spec.emulator_tids.iter().enumerate() {
@@ -358,7 +390,7 @@ impl Agent {
             obj.set_vcpu((vm_id << GID_SHIFT) | index, &v)?;
             reg.threads.insert(
                 (vm_id << GID_SHIFT) | index,
-                ThreadState::new(tid, vm_id, index),
+                self.inner.thread_state(tid, vm_id, index),
             );
         }
         for (i, &tid) in all_tids.iter().enumerate() {

@@ -2,12 +2,14 @@
 //! caps, starting from the thread's baseline (captured before its first
 //! boost) and restoring exactly that baseline on unboost or throttle.
 
+use crate::guardian::Guardian;
 use crate::sched::{self, SchedAttr};
 use pvsched_abi::{
     BOOST_NICE, BOOST_NONE, BOOST_RT, POLICY_DEADLINE, POLICY_FIFO, POLICY_IDLE, POLICY_NORMAL,
     POLICY_RR,
 };
 use pvsched_policy::Caps;
+use std::sync::Arc;
 
 /// What `kind`/`prio` means for a thread whose baseline is `base`, within
 /// `caps`: the attributes to set. Never lowers a thread below its baseline
@@ -79,6 +81,22 @@ pub struct ThreadState {
     /// (a lost decision record, a failed syscall, an outside change) and
     /// corrected it.
     pub corrections: u64,
+    /// The guardian's ledger entry of this thread, if guarded.
+    guard: Option<Guard>,
+}
+
+/// Where a thread's boosts are recorded for the guardian.
+#[derive(Clone)]
+struct Guard {
+    guardian: Arc<Guardian>,
+    slot: usize,
+    start_time: u64,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Guard(slot {}, start {})", self.slot, self.start_time)
+    }
 }
 
 impl ThreadState {
@@ -95,7 +113,27 @@ impl ThreadState {
             errors: 0,
             decided: (BOOST_NONE, 0),
             corrections: 0,
+            guard: None,
         }
+    }
+
+    /// A thread whose boosts the guardian restores if the agent process
+    /// dies: ledger entry `slot`; the thread's start time is read now so a
+    /// reused TID is never touched. Unguarded (logged) if the thread is
+    /// already gone.
+    pub fn guarded(tid: u32, vm_id: u32, index: u32, guardian: Arc<Guardian>, slot: usize) -> Self {
+        let mut t = ThreadState::new(tid, vm_id, index);
+        match crate::guardian::start_time(tid) {
+            Some(start_time) => {
+                t.guard = Some(Guard {
+                    guardian,
+                    slot,
+                    start_time,
+                })
+            }
+            None => log::warn!("pvsched applier: thread {tid} has no start time; not guarded"),
+        }
+        t
     }
 
     /// Level-triggered check: brings the thread to the policy's current
@@ -172,12 +210,22 @@ impl ThreadState {
             self.decided = (kind, prio);
             return false;
         }
+        // Write-ahead: the guardian knows the baseline before the boost.
+        if target != base
+            && let Some(g) = &self.guard
+        {
+            g.guardian
+                .ledger()
+                .arm(g.slot, self.tid, g.start_time, &base);
+        }
         match sched::set(self.tid, &target) {
             Ok(()) => {
                 self.decided = (kind, prio);
                 self.applied = if target == base { None } else { Some(target) };
                 if self.applied.is_some() {
                     self.boosts_applied += 1;
+                } else if let Some(g) = &self.guard {
+                    g.guardian.ledger().disarm(g.slot);
                 }
                 true
             }
@@ -196,6 +244,9 @@ impl ThreadState {
         };
         match sched::set(self.tid, &base) {
             Ok(()) => {
+                if let Some(g) = &self.guard {
+                    g.guardian.ledger().disarm(g.slot);
+                }
                 self.applied = None;
                 self.decided = (BOOST_NONE, 0);
                 // Re-captured before the next boost (the VMM may change it).

@@ -13,6 +13,8 @@
 //!   for a VMM whose agent died.
 //! - [`trace`]: the decision trace (JSON lines) and the split-pair check.
 //! - [`watch`]: pidfd watcher.
+//! - [`guardian`]: the process that restores every boosted thread when the
+//!   agent process dies (SIGKILL, OOM).
 //! - [`safety`]: restore on SIGINT/SIGTERM and panic.
 //!
 //! Embedding (what `pvsched run --policy embedded` does with its VMM):
@@ -43,6 +45,7 @@
 
 pub mod agent;
 pub mod applier;
+pub mod guardian;
 pub mod intf;
 pub mod object;
 pub mod safety;
