@@ -385,6 +385,39 @@ mod tests {
         assert_eq!(start_time(u32::MAX), None);
     }
 
+    /// A reused TID (same tid, other start time) is never touched; the
+    /// recorded thread gets exactly its baseline back. Lowering a thread's
+    /// priority needs no privilege, so this runs as any user.
+    #[test]
+    fn restore_checks_the_thread_start_time() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(crate::sched::gettid()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let nice = |n| SchedAttr {
+            policy: pvsched_abi::POLICY_NORMAL,
+            priority: 0,
+            nice: n,
+            flags: 0,
+        };
+        crate::sched::set(tid, &nice(5)).unwrap();
+        let start = start_time(tid).unwrap();
+        let l = Ledger::new().unwrap();
+        l.arm(0, tid, start + 1, &nice(7)); // another thread's start time
+        assert!(!restore_entry(l.entry(0).unwrap()));
+        assert_eq!(crate::sched::get(tid).unwrap().nice, 5, "untouched");
+        l.arm(0, tid, start, &nice(7));
+        assert!(restore_entry(l.entry(0).unwrap()));
+        assert_eq!(crate::sched::get(tid).unwrap(), nice(7));
+        l.disarm(0);
+        assert!(!restore_entry(l.entry(0).unwrap()), "disarmed: nothing to do");
+        stop_tx.send(()).unwrap();
+        t.join().unwrap();
+    }
+
     #[test]
     fn ledger_arms_and_disarms() {
         let l = Ledger::new().unwrap();
