@@ -18,6 +18,10 @@
 //! VMM's virtual addresses of each slot (the BPF policy reads them with
 //! `bpf_probe_read_user` in the vCPU thread's own context).
 //!
+//! If this process is killed (SIGKILL, OOM), its guardian process
+//! (`pvsched-guard`, see `pvsched_agent::guardian`) puts every thread it
+//! boosted back to its baseline; QEMU needs to do nothing.
+//!
 //! Exit codes: 0 stopped (signal or VMM exit) and restored; 1 writing the
 //! statistics failed; 2 bad arguments (clap) or a TID not in the VMM;
 //! 3 BPF unusable (the agent refuses to start); 4 the VM was refused.
