@@ -22,7 +22,9 @@
 //! allocation, no locks: it was forked from a multi-threaded process). It
 //! closes every inherited descriptor but the pipe, so it keeps none of the
 //! agent's BPF links or maps alive, leaves the agent's process group (a
-//! terminal's Ctrl-C is for the agent) and asks the OOM killer to spare it.
+//! terminal's Ctrl-C is for the agent), asks the OOM killer to spare it and
+//! runs at SCHED_FIFO 50 (like the agent's applier) so that it is not
+//! queued behind the boosted threads it has to lower.
 
 use crate::sched::SchedAttr;
 use std::io;
@@ -334,6 +336,17 @@ fn child(ledger: &Ledger, read_fd: libc::c_int) -> ! {
             libc::close(adj);
         }
         libc::prctl(libc::PR_SET_NAME, c"pvsched-guard".as_ptr());
+        // Wake and restore ahead of the boosted threads it restores (it
+        // runs once, for a few milliseconds); stays as it is if refused.
+        let _ = crate::sched::set(
+            0,
+            &SchedAttr {
+                policy: pvsched_abi::POLICY_FIFO,
+                priority: 50,
+                nice: 0,
+                flags: crate::sched::SCHED_FLAG_RESET_ON_FORK,
+            },
+        );
         // Wait for the agent to go away (EOF or hang-up on the pipe).
         let mut buf = [0u8; 64];
         loop {
@@ -413,7 +426,10 @@ mod tests {
         assert!(restore_entry(l.entry(0).unwrap()));
         assert_eq!(crate::sched::get(tid).unwrap(), nice(7));
         l.disarm(0);
-        assert!(!restore_entry(l.entry(0).unwrap()), "disarmed: nothing to do");
+        assert!(
+            !restore_entry(l.entry(0).unwrap()),
+            "disarmed: nothing to do"
+        );
         stop_tx.send(()).unwrap();
         t.join().unwrap();
     }
