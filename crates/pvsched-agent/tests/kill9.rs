@@ -62,6 +62,26 @@ fn agent_process_child() {
     }
 }
 
+/// Starts an agent process (this binary, only `agent_process_child`) that
+/// boosts `vcpu`, with or without its guardian, and waits for the boost.
+fn boosting_agent(vcpu: &FakeVcpu, guardian: bool) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "agent_process_child",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("PVSCHED_KILL9_TID", vcpu.tid.to_string())
+    .stdout(Stdio::piped());
+    if !guardian {
+        cmd.env("PVSCHED_KILL9_NO_GUARDIAN", "1");
+    }
+    let mut child = cmd.spawn().unwrap();
+    wait_ready(&mut child, vcpu);
+    child
+}
+
 /// Waits for the agent child's "AGENT-READY" and for its boost.
 fn wait_ready(child: &mut Child, vcpu: &FakeVcpu) {
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -95,18 +115,7 @@ fn the_guardian_restores_every_boost_when_the_agent_is_killed() {
     let mut worst = Duration::ZERO;
     let mut times = Vec::new();
     for rep in 0..20 {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "agent_process_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("PVSCHED_KILL9_TID", vcpu.tid.to_string())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_ready(&mut child, &vcpu);
+        let mut child = boosting_agent(&vcpu, true);
         // A random moment while boosted (0-30 ms after the boost).
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -139,19 +148,8 @@ fn vmm_restores_its_threads_when_the_agent_is_killed() {
     }
     let vcpu = FakeVcpu::spawn(6, Duration::from_micros(300));
     let baselines = capture_baselines(&[vcpu.tid]).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "agent_process_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("PVSCHED_KILL9_TID", vcpu.tid.to_string())
-        .env("PVSCHED_KILL9_NO_GUARDIAN", "1") // this test is the VMM's path
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_ready(&mut child, &vcpu);
+    // Without the guardian: this test is the VMM's own path.
+    let mut child = boosting_agent(&vcpu, false);
     let (tx, rx) = std::sync::mpsc::channel();
     let b2 = baselines.clone();
     let watcher = PidfdWatcher::spawn(child.id(), move || {
