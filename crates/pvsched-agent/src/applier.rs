@@ -253,6 +253,23 @@ impl ThreadState {
                 self.baseline = None;
                 true
             }
+            // The thread has exited (its VMM shut down first): nothing is
+            // left to restore.
+            Err(sched::SchedError::Set { source, .. })
+                if source.raw_os_error() == Some(libc::ESRCH) =>
+            {
+                log::debug!(
+                    "pvsched applier: thread {} is gone; nothing to restore",
+                    self.tid
+                );
+                if let Some(g) = &self.guard {
+                    g.guardian.ledger().disarm(g.slot);
+                }
+                self.applied = None;
+                self.decided = (BOOST_NONE, 0);
+                self.baseline = None;
+                false
+            }
             Err(e) => {
                 log::error!("pvsched applier: restoring baseline: {e}");
                 self.errors += 1;

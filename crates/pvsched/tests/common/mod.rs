@@ -121,7 +121,7 @@ impl PolicySink for Recorder {
     }
 }
 
-/// Children of process `pid` whose command line contains `needle`.
+/// Children of process `pid` with `needle` as one of their arguments.
 pub fn children_with(pid: u32, needle: &str) -> Vec<u32> {
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -141,8 +141,10 @@ pub fn children_with(pid: u32, needle: &str) -> Vec<u32> {
         if ppid != Some(pid) {
             continue;
         }
+        // One whole argument, not a substring: the agent's guardian is a
+        // fork of `pvsched run` whose arguments include `--device-mode`.
         let cmd = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmd).contains(needle) {
+        if cmd.split(|&b| b == 0).any(|arg| arg == needle.as_bytes()) {
             out.push(child);
         }
     }
