@@ -45,8 +45,9 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 	case PVS_EV_WAKEUP:
 		v->state = PVS_ST_WOKEN;
 		break;
-	case PVS_EV_IPI:
-		ipi_record(v, (__u32)a, (__u32)b, now);
+	case PVS_EV_IPI: /* only a vCPU sends IPIs (an emulator thread never runs KVM_RUN) */
+		if (v->index < vm->nr_vcpus)
+			ipi_record(v, (__u32)a, (__u32)b, now);
 		break;
 	default:
 		break;

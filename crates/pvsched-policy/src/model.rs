@@ -248,7 +248,8 @@ impl VmModel {
                 _ => {}
             }
         }
-        if code == EV_IPI {
+        // Only a vCPU sends IPIs (an emulator thread never runs KVM_RUN).
+        if code == EV_IPI && vcpu < self.nr_vcpus {
             self.ipi_record(i, a as u32, b as u32, now);
         }
         self.refresh_request(i, now);
