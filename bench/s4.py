@@ -229,7 +229,7 @@ def attach_agent(boot, args, out_dir):
         stats.unlink()
     cmd = [str(args.agent_bin), "--pid", str(pid), "--tids", ",".join(map(str, tids)),
            "--apic-ids", ",".join(map(str, apic)), "--slot-addrs", ",".join(hex(a) for a in addrs),
-           "--stats-json", str(stats)]
+           "--stats-json", str(stats), "--trace", str(out_dir / "agent-trace.jsonl")]
     if args.caps:
         cmd += ["--caps", str(args.caps)]
     if not args.no_emulator:

@@ -6,7 +6,7 @@
 //! ```text
 //! pvsched-agent-attach --pid 1234 --tids 1240,1241 --apic-ids 0,1 \
 //!     --slot-addrs 0x7f00001000c0,0x7f0000100140 [--emulator-tids 1234] \
-//!     [--caps caps.toml] [--stats-json stats.json]
+//!     [--caps caps.toml] [--stats-json stats.json] [--trace trace.jsonl]
 //! ```
 //!
 //! `--emulator-tids` names the VM's emulator threads (QEMU's main loop is
@@ -104,6 +104,10 @@ struct Args {
     /// Write the VM's statistics here (JSON) on exit.
     #[arg(long)]
     stats_json: Option<PathBuf>,
+    /// Write every policy record (boosts, throttles, waiting pairs) here,
+    /// one JSON object per line (`pvsched_agent::trace`).
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 /// Checks that every tid is a thread of `pid`.
@@ -229,6 +233,7 @@ fn run(args: Args) -> Result<(), AttachError> {
     }
     let agent = Agent::load(AgentConfig {
         handle_signals: false,
+        trace: args.trace.clone(),
         ..AgentConfig::default()
     })
     .map_err(AttachError::Load)?;
