@@ -10,7 +10,7 @@
 use crate::applier::ThreadState;
 use crate::intf::{
     GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE,
-    PvsDecision, PvsVcpu, PvsVm,
+    PvsDecision, PvsVcpu, PvsVm, gid,
 };
 use crate::object::{ObjectError, PolicyObject, RegionMmap, reevaluate};
 use crate::safety::{self, Restore};
@@ -166,11 +166,13 @@ impl Inner {
     /// guardian's ledger entry of its (vm_id, index) if there is a guardian.
     fn thread_state(&self, tid: u32, vm_id: u32, index: u32) -> ThreadState {
         match &self.guardian {
-            Some(g) => {
-                let per_vm = (MAX_VCPUS_PER_VM + MAX_EMULATORS) as usize;
-                let slot = vm_id as usize * per_vm + index as usize;
-                ThreadState::guarded(tid, vm_id, index, g.clone(), slot)
-            }
+            Some(g) => ThreadState::guarded(
+                tid,
+                vm_id,
+                index,
+                g.clone(),
+                crate::guardian::ledger_slot(vm_id, index),
+            ),
             None => ThreadState::new(tid, vm_id, index),
         }
     }
@@ -364,37 +366,27 @@ impl Agent {
             ..Default::default()
         };
         obj.set_vm(vm_id, &vm)?;
-        for (i, (&tid, &apic)) in spec.vcpu_tids.iter().zip(&spec.apic_ids).enumerate() {
-            let gid = (vm_id << GID_SHIFT) | i as u32;
-            let v = PvsVcpu {
-                tid,
-                vm_id,
-                index: i as u32,
-                slot_addr: addrs[i],
-                ..Default::default()
-            };
-            obj.set_vcpu(gid, &v)?;
-            obj.set_apic(vm_id, apic, Some(i as u32))?;
-            reg.threads
-                .insert(gid, self.inner.thread_state(tid, vm_id, i as u32));
-        }
-        // Emulator threads: indices after the vCPUs, no slot, no APIC ID.
-        for (j, &tid) in spec.emulator_tids.iter().enumerate() {
-            let index = (nr + j) as u32;
+        // vCPUs, then the emulator threads (no slot address, no APIC ID).
+        for (i, &tid) in all_tids.iter().enumerate() {
+            let index = i as u32;
             let v = PvsVcpu {
                 tid,
                 vm_id,
                 index,
+                slot_addr: addrs.get(i).copied().unwrap_or(0),
                 ..Default::default()
             };
-            obj.set_vcpu((vm_id << GID_SHIFT) | index, &v)?;
+            obj.set_vcpu(gid(vm_id, index), &v)?;
+            if let Some(&apic) = spec.apic_ids.get(i) {
+                obj.set_apic(vm_id, apic, Some(index))?;
+            }
             reg.threads.insert(
-                (vm_id << GID_SHIFT) | index,
+                gid(vm_id, index),
                 self.inner.thread_state(tid, vm_id, index),
             );
         }
         for (i, &tid) in all_tids.iter().enumerate() {
-            obj.set_tid(tid, Some((vm_id << GID_SHIFT) | i as u32))?;
+            obj.set_tid(tid, Some(gid(vm_id, i as u32)))?;
         }
         obj.set_vm(vm_id, &PvsVm { active: 1, ..vm })?;
         reg.vms.insert(
@@ -555,7 +547,7 @@ impl VmHandle {
         }
         let nr = self.spec.vcpu_tids.len();
         for (i, &tid) in self.threads().enumerate() {
-            let gid = (self.vm_id << GID_SHIFT) | i as u32;
+            let gid = gid(self.vm_id, i as u32);
             let mut vs = VcpuStats {
                 tid,
                 ..Default::default()
@@ -607,7 +599,7 @@ impl VmHandle {
             log::debug!("pvsched: kick of slot {index} ignored (out of range)");
             return;
         }
-        let gid = (self.vm_id << GID_SHIFT) | index;
+        let gid = gid(self.vm_id, index);
         let obj = lock(&self.inner.obj);
         if let Err(e) = obj.reevaluate(pvsched_policy::event::EV_TICK, gid, now_mono(), 0, 0) {
             log::warn!("pvsched: kick of slot {index}: {e}");
@@ -630,7 +622,7 @@ impl Drop for VmHandle {
         let _ = obj.set_vm(self.vm_id, &PvsVm::default());
         for (i, &tid) in self.threads().enumerate() {
             let _ = obj.set_tid(tid, None);
-            let _ = obj.remove_vcpu((self.vm_id << GID_SHIFT) | i as u32);
+            let _ = obj.remove_vcpu(gid(self.vm_id, i as u32));
         }
         for &apic in &self.spec.apic_ids {
             let _ = obj.set_apic(self.vm_id, apic, None);

@@ -177,6 +177,13 @@ impl ThreadState {
         }
     }
 
+    /// The thread has its baseline: the guardian has nothing to restore.
+    fn disarm(&self) {
+        if let Some(g) = &self.guard {
+            g.guardian.ledger().disarm(g.slot);
+        }
+    }
+
     /// Applies a decision; returns true if a syscall changed the thread.
     pub fn apply(&mut self, kind: u32, prio: i32, reason: u32, caps: &Caps) -> bool {
         if reason == pvsched_policy::event::R_MAX_BOOST || reason == pvsched_policy::event::R_BUDGET
@@ -224,8 +231,8 @@ impl ThreadState {
                 self.applied = if target == base { None } else { Some(target) };
                 if self.applied.is_some() {
                     self.boosts_applied += 1;
-                } else if let Some(g) = &self.guard {
-                    g.guardian.ledger().disarm(g.slot);
+                } else {
+                    self.disarm();
                 }
                 true
             }
@@ -244,9 +251,7 @@ impl ThreadState {
         };
         match sched::set(self.tid, &base) {
             Ok(()) => {
-                if let Some(g) = &self.guard {
-                    g.guardian.ledger().disarm(g.slot);
-                }
+                self.disarm();
                 self.applied = None;
                 self.decided = (BOOST_NONE, 0);
                 // Re-captured before the next boost (the VMM may change it).
@@ -262,9 +267,7 @@ impl ThreadState {
                     "pvsched applier: thread {} is gone; nothing to restore",
                     self.tid
                 );
-                if let Some(g) = &self.guard {
-                    g.guardian.ledger().disarm(g.slot);
-                }
+                self.disarm();
                 self.applied = None;
                 self.decided = (BOOST_NONE, 0);
                 self.baseline = None;

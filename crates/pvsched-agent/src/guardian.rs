@@ -44,9 +44,17 @@ pub enum GuardianError {
     },
 }
 
+/// Ledger entries per VM: its vCPUs, then its emulator threads.
+const PER_VM: usize = (crate::intf::MAX_VCPUS_PER_VM + crate::intf::MAX_EMULATORS) as usize;
+
 /// Entries of the ledger: every thread the agent can register.
-pub const LEDGER_ENTRIES: usize = crate::intf::MAX_VMS as usize
-    * (crate::intf::MAX_VCPUS_PER_VM + crate::intf::MAX_EMULATORS) as usize;
+pub const LEDGER_ENTRIES: usize = crate::intf::MAX_VMS as usize * PER_VM;
+
+/// The ledger entry of thread `index` (vCPU slot, then emulator threads)
+/// of VM `vm_id`.
+pub fn ledger_slot(vm_id: u32, index: u32) -> usize {
+    vm_id as usize * PER_VM + index as usize
+}
 
 const FREE: u32 = 0;
 const ARMED: u32 = 1;

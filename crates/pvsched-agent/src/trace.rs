@@ -11,7 +11,7 @@
 //! {"ts":81234567890,"tid":4242,"gid":1,"kind":1,"prio":2,"reason":5,"event":3,"throttled_until":0,"waits_on":0}
 //! ```
 
-use crate::intf::{GID_SHIFT, PvsDecision};
+use crate::intf::{GID_SHIFT, PvsDecision, gid};
 use pvsched_abi::BOOST_NONE;
 use pvsched_policy::Decision;
 use std::collections::HashMap;
@@ -165,11 +165,10 @@ pub fn split_pairs(records: &[Decision]) -> Vec<Split> {
         let mut now_split: Vec<(u32, u32)> = state
             .iter()
             .filter(|(_, s)| s.kind != BOOST_NONE && s.waits_on != 0)
-            .filter_map(|(&gid, s)| {
-                let vm = gid >> GID_SHIFT;
-                let target = (vm << GID_SHIFT) | (s.waits_on - 1);
+            .filter_map(|(&sender, s)| {
+                let target = gid(sender >> GID_SHIFT, s.waits_on - 1);
                 let t = state.get(&target)?;
-                (ts < t.throttled_until).then_some((gid, target))
+                (ts < t.throttled_until).then_some((sender, target))
             })
             .collect();
         now_split.sort_unstable();

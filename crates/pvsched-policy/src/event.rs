@@ -51,6 +51,11 @@ pub const ST_WOKEN: u32 = 4;
 /// `gid = vm_id << GID_SHIFT | index`: vCPU slot indices first, then the
 /// VM's emulator threads.
 pub const GID_SHIFT: u32 = 10;
+
+/// The gid of thread `index` of VM `vm_id` (`gid_of` in the BPF policy).
+pub const fn gid(vm_id: u32, index: u32) -> u32 {
+    (vm_id << GID_SHIFT) | index
+}
 /// Most vCPUs per VM the BPF maps and the 16 KiB region element hold.
 pub const MAX_VCPUS_PER_VM: u32 = 64;
 /// Most emulator threads (QEMU's main loop, I/O threads) per VM.

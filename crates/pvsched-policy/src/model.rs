@@ -209,7 +209,7 @@ impl VmModel {
     }
 
     fn gid(&self, index: u32) -> u32 {
-        (self.vm_id << GID_SHIFT) | index
+        crate::event::gid(self.vm_id, index)
     }
 
     /// Runs one event at time `now`; returns the decisions it emitted.
