@@ -11,8 +11,8 @@
 #ifndef PVSCHED_BPF_INTF_H
 #define PVSCHED_BPF_INTF_H
 
-/* Limits. A VM's region lives in one 16 KiB element of the `regions` map. */
-#define PVS_MAX_VMS 16
+/* Limits. A VM's region is one 16 KiB map (element vm_id of `regions`). */
+#define PVS_MAX_VMS 64
 #define PVS_MAX_VCPUS_PER_VM 64
 /* Non-vCPU threads of a VM (QEMU's main loop, I/O threads) per VM. */
 #define PVS_MAX_EMULATORS 4
@@ -26,7 +26,7 @@
 
 /* Region modes (pvs_vm.mode). */
 #define PVS_MODE_NONE 0	  /* no region: only halt/yield boosts */
-#define PVS_MODE_DEVICE 1 /* region = element vm_id of the `regions` map */
+#define PVS_MODE_DEVICE 1 /* region = the map at element vm_id of `regions` */
 #define PVS_MODE_GUEST 2  /* region slots at pvs_vcpu.slot_addr (VMM address) */
 
 /* Internal vCPU run states (pvs_vcpu.state). */

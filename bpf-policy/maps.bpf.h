@@ -46,18 +46,25 @@ struct {
 	__type(value, __u32);
 } apics SEC(".maps");
 
-/* Device-region mode: element vm_id is that VM's region (header, APIC table,
- * slots). The agent mmaps the element (offset vm_id * PVS_REGION_STRIDE) and
- * the VMM registers that mapping as BAR2's memslot. */
-struct pvs_region {
-	__u8 bytes[PVS_REGION_STRIDE];
-};
-struct {
+/* Device-region mode: each VM's region (header, APIC table, slots) is its
+ * own one-element mmapable array; element vm_id of `regions` holds it. The
+ * agent creates the inner map at registration, mmaps it (offset 0) and hands
+ * its fd only to that VM's VMM, which registers the mapping as BAR2's
+ * memslot: no VMM can see another VM's region. */
+struct pvs_region_map {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	/* Sizes, not BTF types: a 16 KiB value type would only be a
+	 * forward declaration in the object's BTF. */
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, PVS_REGION_STRIDE);
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, PVS_MAX_VMS);
 	__type(key, __u32);
-	__type(value, struct pvs_region);
+	__array(values, struct pvs_region_map);
 } regions SEC(".maps");
 
 /* Decisions for the agent's applier. */

@@ -10,10 +10,14 @@
 /* Pointer to slot `index` of device-region VM `vm_id`, or NULL. */
 static __always_inline struct pvsched_slot *device_slot(__u32 vm_id, __u32 nr, __u32 index)
 {
-	__u32 key = vm_id;
-	__u8 *base = bpf_map_lookup_elem(&regions, &key);
+	__u32 key = vm_id, zero = 0;
+	void *inner = bpf_map_lookup_elem(&regions, &key);
+	__u8 *base;
 	__u32 off;
 
+	if (!inner)
+		return NULL;
+	base = bpf_map_lookup_elem(inner, &zero);
 	if (!base || index >= nr || nr > PVS_MAX_VCPUS_PER_VM)
 		return NULL;
 	off = pvsched_slots_offset(nr) + PVSCHED_SLOT_SIZE * index;

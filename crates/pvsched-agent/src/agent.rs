@@ -620,6 +620,11 @@ impl Drop for VmHandle {
         let mut obj = lock(&self.inner.obj);
         // Stop the policy first so no new decision arrives, then restore.
         let _ = obj.set_vm(self.vm_id, &PvsVm::default());
+        if self.region.is_some()
+            && let Err(e) = obj.unmap_region(self.vm_id)
+        {
+            log::warn!("pvsched: unregistering VM {}: {e}", self.vm_id);
+        }
         for (i, &tid) in self.threads().enumerate() {
             let _ = obj.set_tid(tid, None);
             let _ = obj.remove_vcpu(gid(self.vm_id, i as u32));

@@ -6,7 +6,7 @@
 use crate::intf::{
     MAX_VCPUS_PER_VM, MAX_VMS, PvsDecision, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS,
 };
-use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use pvsched_abi::{SlotGuest, SlotHost};
@@ -96,6 +96,8 @@ pub struct PolicyObject {
     ebpf: Ebpf,
     reeval_fd: OwnedFd,
     ring: Option<RingBuf<MapData>>,
+    regions: ArrayOfMaps<MapData, MapData>,
+    /// A duplicate of `regions`' fd (aya's `ArrayOfMaps` has no delete).
     regions_fd: OwnedFd,
 }
 
@@ -176,7 +178,7 @@ impl PolicyObject {
         )
         .map_err(map_err("decisions"))?;
         let regions_fd = match ebpf.map("regions").ok_or(ObjectError::NoMap("regions"))? {
-            aya::maps::Map::Array(d) => {
+            aya::maps::Map::ArrayOfMaps(d) => {
                 d.fd()
                     .as_fd()
                     .try_clone_to_owned()
@@ -187,10 +189,16 @@ impl PolicyObject {
             }
             _ => return Err(ObjectError::NoMap("regions")),
         };
+        let regions = ArrayOfMaps::try_from(
+            ebpf.take_map("regions")
+                .ok_or(ObjectError::NoMap("regions"))?,
+        )
+        .map_err(map_err("regions"))?;
         Ok(PolicyObject {
             ebpf,
             reeval_fd,
             ring: Some(ring),
+            regions,
             regions_fd,
         })
     }
@@ -361,10 +369,36 @@ impl PolicyObject {
             .collect()
     }
 
-    /// Maps VM `vm_id`'s region element (shared with BPF and, through a KVM
-    /// memslot, with the guest).
-    pub fn map_region(&self, vm_id: u32) -> Result<RegionMmap> {
-        RegionMmap::new(&self.regions_fd, vm_id)
+    /// Creates VM `vm_id`'s region (a one-element mmapable array, zeroed),
+    /// installs it at element `vm_id` of `regions` and maps it. The
+    /// mapping is shared with BPF and, through a KVM memslot, with the
+    /// guest; [`RegionMmap::fd`] is what a VMM in another process maps.
+    pub fn map_region(&mut self, vm_id: u32) -> Result<RegionMmap> {
+        if vm_id >= MAX_VMS {
+            return Err(ObjectError::Invalid("vm_id >= MAX_VMS"));
+        }
+        let def = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32,
+            size_of::<u32>() as u32,
+            REGION_STRIDE,
+            1,
+            BPF_F_MMAPABLE,
+        );
+        let map = MapData::create(def, "pvs_region", None).map_err(map_err("pvs_region"))?;
+        let region = RegionMmap::new(map)?;
+        self.regions
+            .set(vm_id, region.map(), 0)
+            .map_err(map_err("regions"))?;
+        Ok(region)
+    }
+
+    /// Removes VM `vm_id`'s region from `regions` (BPF stops seeing it; the
+    /// map itself lives while a mapping or an fd of it does).
+    pub fn unmap_region(&mut self, vm_id: u32) -> Result<()> {
+        bpf_delete(&self.regions_fd, &vm_id).map_err(|source| ObjectError::Sys {
+            what: "bpf(BPF_MAP_DELETE_ELEM) on regions",
+            source,
+        })
     }
 
     /// Runs one event through the policy's re-evaluation entry
@@ -400,6 +434,41 @@ struct TestRunAttr {
 }
 
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+
+/// `union bpf_attr`, the map element members.
+#[repr(C)]
+#[derive(Default)]
+struct MapElemAttr {
+    map_fd: u32,
+    pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// `bpf(BPF_MAP_DELETE_ELEM)` of a u32 key.
+fn bpf_delete(map: &OwnedFd, key: &u32) -> io::Result<()> {
+    let mut attr = MapElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        key: key as *const u32 as u64,
+        ..Default::default()
+    };
+    // SAFETY: attr is a valid, initialised bpf_attr prefix of the size we
+    // pass; `key` points to a live u32 for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_DELETE_ELEM,
+            &mut attr as *mut MapElemAttr,
+            size_of::<MapElemAttr>() as u32,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// Runs the re-evaluation entry `fd` (`BPF_PROG_TEST_RUN`) with raw_tp args `[event, gid, now, a, b]`.
 pub fn reevaluate(fd: &OwnedFd, event: u32, gid: u32, now: u64, a: u64, b: u64) -> io::Result<u32> {
@@ -427,12 +496,15 @@ pub fn reevaluate(fd: &OwnedFd, event: u32, gid: u32, now: u64, a: u64, b: u64) 
     Ok(attr.retval)
 }
 
-/// A VM's region: `REGION_STRIDE` bytes of the `regions` map, mmapped
-/// MAP_SHARED. The VMM registers [`RegionMmap::as_ptr`]/[`RegionMmap::len`]
-/// as BAR2's KVM memslot; BPF, the guest and the host see the same bytes.
+/// A VM's region: its own one-element `REGION_STRIDE`-byte BPF array
+/// (element vm_id of `regions`), mmapped MAP_SHARED. The VMM registers
+/// [`RegionMmap::as_ptr`]/[`RegionMmap::len`] as BAR2's KVM memslot, or, in
+/// another process, maps [`RegionMmap::fd`] at offset 0; BPF, the guest and
+/// the host see the same bytes.
 pub struct RegionMmap {
     ptr: *mut u8,
     len: usize,
+    map: MapData,
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value until
@@ -441,31 +513,46 @@ unsafe impl Send for RegionMmap {}
 // SAFETY: as above; concurrent volatile accesses are the protocol.
 unsafe impl Sync for RegionMmap {}
 
+/// `BPF_F_MMAPABLE` (include/uapi/linux/bpf.h).
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
 impl RegionMmap {
-    fn new(fd: &OwnedFd, vm_id: u32) -> Result<RegionMmap> {
-        if vm_id >= MAX_VMS {
-            return Err(ObjectError::Invalid("vm_id >= MAX_VMS"));
-        }
+    fn new(map: MapData) -> Result<RegionMmap> {
         let len = REGION_STRIDE as usize;
-        // SAFETY: a fresh shared mapping of an mmapable BPF array; offset
-        // is page aligned and inside the map (vm_id < MAX_VMS).
+        // SAFETY: a fresh shared mapping of a one-element mmapable BPF
+        // array whose value is `len` bytes (page aligned), at offset 0.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                (vm_id as libc::off_t) * REGION_STRIDE as libc::off_t,
+                map.fd().as_fd().as_raw_fd(),
+                0,
             )
         };
         if p == libc::MAP_FAILED {
             return Err(ObjectError::Sys {
-                what: "mmap of the regions map (needs BPF_F_MMAPABLE)",
+                what: "mmap of a VM's region map (needs BPF_F_MMAPABLE)",
                 source: io::Error::last_os_error(),
             });
         }
-        Ok(RegionMmap { ptr: p.cast(), len })
+        Ok(RegionMmap {
+            ptr: p.cast(),
+            len,
+            map,
+        })
+    }
+
+    fn map(&self) -> &MapData {
+        &self.map
+    }
+
+    /// A new fd of the region's BPF map, for the VMM (or device process)
+    /// that maps it as BAR2: `mmap(NULL, len, PROT_READ|PROT_WRITE,
+    /// MAP_SHARED, fd, 0)`. It gives access to this VM's region only.
+    pub fn fd(&self) -> io::Result<OwnedFd> {
+        self.map.fd().as_fd().try_clone_to_owned()
     }
 
     /// Start of the mapping.

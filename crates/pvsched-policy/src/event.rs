@@ -63,7 +63,7 @@ pub const MAX_EMULATORS: u32 = 4;
 /// Entries of the BPF `tid_hint` prefilter (a power of two).
 pub const TID_HINTS: u32 = 4096;
 /// Most VMs one agent serves.
-pub const MAX_VMS: u32 = 16;
+pub const MAX_VMS: u32 = 64;
 /// Bytes of one VM's region element in the `regions` map.
 pub const REGION_STRIDE: u32 = 16384;
 
