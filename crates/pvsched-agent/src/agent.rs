@@ -183,8 +183,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Restore for Inner {
+    /// The signal and panic path: the guardian's ledger names every boosted
+    /// thread and its baseline, lock-free, so nothing is skipped whatever
+    /// lock a panicking thread holds. Without a guardian (a test-only
+    /// configuration) the registry is used if its lock is free.
     fn restore_all(&self) {
-        if let Ok(mut r) = self.reg.try_lock() {
+        if let Some(g) = &self.guardian {
+            let n = g.ledger().restore_armed();
+            log::warn!("pvsched agent: restored {n} boosted thread(s) to their baselines");
+        } else if let Ok(mut r) = self.reg.try_lock() {
             for t in r.threads.values_mut() {
                 t.restore();
             }
@@ -604,6 +611,55 @@ impl VmHandle {
         if let Err(e) = obj.reevaluate(pvsched_policy::event::EV_TICK, gid, now_mono(), 0, 0) {
             log::warn!("pvsched: kick of slot {index}: {e}");
         }
+    }
+
+    /// The caps in force.
+    pub fn caps(&self) -> Caps {
+        lock(&self.inner.reg)
+            .vms
+            .get(&self.vm_id)
+            .map(|v| v.caps.clone())
+            .unwrap_or_else(|| self.spec.caps.clone())
+    }
+
+    /// Changes the VM's caps while it runs: the policy decides with the new
+    /// caps from its next event, the applier clamps with them at once, and
+    /// every thread of the VM is re-evaluated now, so a lowered cap takes
+    /// effect within one decision (a thread above it is brought down at the
+    /// latest by the next reconciliation tick). Invalid caps change nothing.
+    pub fn set_caps(&self, caps: Caps) -> Result<()> {
+        caps.validate()
+            .map_err(|e| AgentError::Invalid(e.to_string()))?;
+        {
+            let mut obj = lock(&self.inner.obj);
+            let mut reg = lock(&self.inner.reg);
+            let vm = obj.vm(self.vm_id)?;
+            obj.set_vm(
+                self.vm_id,
+                &PvsVm {
+                    wait_on_enabled: caps.wait_on as u32,
+                    caps: (&caps).into(),
+                    ..vm
+                },
+            )?;
+            if let Some(v) = reg.vms.get_mut(&self.vm_id) {
+                v.caps = caps;
+            }
+        }
+        let now = now_mono();
+        let obj = lock(&self.inner.obj);
+        for i in 0..self.threads().count() as u32 {
+            if let Err(e) = obj.reevaluate(
+                pvsched_policy::event::EV_TICK,
+                gid(self.vm_id, i),
+                now,
+                0,
+                0,
+            ) {
+                log::warn!("pvsched: re-evaluating after a caps change: {e}");
+            }
+        }
+        Ok(())
     }
 
     /// Restores this VM's boosted threads now.

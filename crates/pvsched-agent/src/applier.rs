@@ -236,6 +236,15 @@ impl ThreadState {
                 }
                 true
             }
+            Err(sched::SchedError::Set { source, .. })
+                if source.raw_os_error() == Some(libc::ESRCH) =>
+            {
+                // The thread exited (its VM is being torn down): nothing
+                // to boost, and nothing armed to restore.
+                log::debug!("pvsched applier: thread {} is gone", self.tid);
+                self.disarm();
+                false
+            }
             Err(e) => {
                 log::warn!("pvsched applier: {e}");
                 self.errors += 1;

@@ -144,6 +144,23 @@ impl Ledger {
         }
     }
 
+    /// Restores every armed entry whose thread is still the one recorded,
+    /// and disarms it; returns how many were restored. Lock-free and
+    /// allocation-free: the agent's signal and panic paths call it, so a
+    /// lock held by a panicking thread can never make them skip a thread.
+    pub fn restore_armed(&self) -> usize {
+        let mut n = 0;
+        for i in 0..LEDGER_ENTRIES {
+            if let Some(e) = self.entry(i) {
+                if restore_entry(e) {
+                    n += 1;
+                }
+                e.state.store(FREE, Ordering::Release);
+            }
+        }
+        n
+    }
+
     /// Armed entries (for tests and statistics).
     pub fn armed(&self) -> usize {
         (0..LEDGER_ENTRIES)

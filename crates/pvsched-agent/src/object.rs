@@ -578,41 +578,76 @@ impl RegionMmap {
         }
     }
 
-    fn slot_off(nr: u32, index: u32) -> Option<usize> {
-        if index >= nr || nr > MAX_VCPUS_PER_VM {
-            return None;
-        }
-        Some(pvsched_abi::slot_offset(nr, index) as usize)
-    }
-
     /// Writes a guest half with the seq protocol (tests and embedders that
     /// play the guest).
     pub fn write_guest(&self, nr: u32, index: u32, g: &SlotGuest) -> bool {
-        let Some(off) = Self::slot_off(nr, index) else {
-            return false;
-        };
-        // SAFETY: off + 128 <= region_size(nr) <= len (nr <= 64), the
-        // pointer is 64-byte aligned inside our mapping.
-        unsafe {
-            let p = self.ptr.add(off).cast::<SlotGuest>();
-            let seq = std::ptr::addr_of!((*p).seq).read_volatile();
-            let odd = seq.wrapping_add(1) | 1;
-            std::ptr::addr_of_mut!((*p).seq).write_volatile(odd);
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            let v = SlotGuest { seq: odd, ..*g };
-            p.write_volatile(v);
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            std::ptr::addr_of_mut!((*p).seq).write_volatile(odd.wrapping_add(1));
-        }
-        true
+        // SAFETY: ptr..ptr+len is our live shared mapping.
+        unsafe { write_guest_at(self.ptr, self.len, nr, index, g) }
     }
 
     /// Reads a host half (as the guest would).
     pub fn read_host(&self, nr: u32, index: u32) -> Option<SlotHost> {
-        let off = Self::slot_off(nr, index)?;
-        // SAFETY: as in write_guest; the host half is the second 64 bytes.
-        Some(unsafe { self.ptr.add(off + 64).cast::<SlotHost>().read_volatile() })
+        // SAFETY: ptr..ptr+len is our live shared mapping.
+        unsafe { read_host_at(self.ptr, self.len, nr, index) }
     }
+}
+
+/// Offset of slot `index` of an `nr`-vCPU region whose mapping is `len`
+/// bytes, if the whole slot is inside it.
+fn slot_off(len: usize, nr: u32, index: u32) -> Option<usize> {
+    if index >= nr || nr > MAX_VCPUS_PER_VM {
+        return None;
+    }
+    let off = pvsched_abi::slot_offset(nr, index) as usize;
+    (off.checked_add(pvsched_abi::SLOT_SIZE as usize)? <= len).then_some(off)
+}
+
+/// Writes slot `index`'s guest half in the region mapped at `base` (`len`
+/// bytes) with the seq protocol: seq made odd, the fields, seq made even.
+/// False if the slot is outside the mapping. For tests and programs that
+/// play the guest on a region mapping ([`RegionMmap`], or a VMM's mapping
+/// of a region map fd received from pvschedd).
+///
+/// # Safety
+/// `base..base + len` must be a live mapping, readable and writable, that
+/// stays mapped for the call; `base` must be 64-byte aligned.
+pub unsafe fn write_guest_at(
+    base: *mut u8,
+    len: usize,
+    nr: u32,
+    index: u32,
+    g: &SlotGuest,
+) -> bool {
+    let Some(off) = slot_off(len, nr, index) else {
+        return false;
+    };
+    // SAFETY: off + SLOT_SIZE <= len (slot_off), inside the caller's live
+    // mapping; the slot is 64-byte aligned (base aligned, slots at 64-byte
+    // multiples).
+    unsafe {
+        let p = base.add(off).cast::<SlotGuest>();
+        let seq = std::ptr::addr_of!((*p).seq).read_volatile();
+        let odd = seq.wrapping_add(1) | 1;
+        std::ptr::addr_of_mut!((*p).seq).write_volatile(odd);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let v = SlotGuest { seq: odd, ..*g };
+        p.write_volatile(v);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        std::ptr::addr_of_mut!((*p).seq).write_volatile(odd.wrapping_add(1));
+    }
+    true
+}
+
+/// Reads slot `index`'s host half in the region mapped at `base` (`len`
+/// bytes), as the guest would; None if the slot is outside the mapping.
+///
+/// # Safety
+/// As [`write_guest_at`].
+pub unsafe fn read_host_at(base: *mut u8, len: usize, nr: u32, index: u32) -> Option<SlotHost> {
+    let off = slot_off(len, nr, index)?;
+    // SAFETY: the host half is the second 64 bytes of a slot inside the
+    // caller's live mapping (slot_off).
+    Some(unsafe { base.add(off + 64).cast::<SlotHost>().read_volatile() })
 }
 
 impl Drop for RegionMmap {

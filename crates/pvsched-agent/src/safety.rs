@@ -8,7 +8,8 @@ use std::sync::{Mutex, Once, Weak};
 /// Something that can put threads back to their baselines.
 pub trait Restore: Send + Sync {
     /// Restores every thread it boosted; must not block on a lock a
-    /// panicking thread may hold (use try_lock).
+    /// panicking thread may hold (the agent uses the guardian's lock-free
+    /// ledger).
     fn restore_all(&self);
 }
 
@@ -18,18 +19,21 @@ static PANIC: Once = Once::new();
 
 /// Registers `r` for restore on signal and panic.
 pub fn register(r: Weak<dyn Restore>) {
-    if let Ok(mut l) = LIVE.lock() {
-        l.retain(|w| w.strong_count() > 0);
-        l.push(r);
-    }
+    let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    l.retain(|w| w.strong_count() > 0);
+    l.push(r);
 }
 
 /// Restores everything registered and alive.
 pub fn restore_everything() {
-    let list: Vec<_> = match LIVE.try_lock() {
-        Ok(l) => l.iter().filter_map(|w| w.upgrade()).collect(),
-        Err(_) => return,
-    };
+    // LIVE is only held to push or upgrade a Weak (nothing there panics),
+    // so waiting for it cannot deadlock.
+    let list: Vec<_> = LIVE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(|w| w.upgrade())
+        .collect();
     for r in list {
         r.restore_all();
     }

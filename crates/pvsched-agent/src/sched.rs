@@ -19,7 +19,9 @@ pub enum SchedError {
         source: io::Error,
     },
     /// sched_setattr failed.
-    #[error("sched_setattr(tid {tid}, {attr:?}) failed: {source} (raising needs CAP_SYS_NICE)")]
+    #[error(
+        "sched_setattr(tid {tid}, {attr:?}) failed: {source} (EPERM: raising needs CAP_SYS_NICE; ESRCH: the thread exited)"
+    )]
     Set {
         /// Thread.
         tid: u32,

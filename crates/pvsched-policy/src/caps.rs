@@ -25,6 +25,72 @@ pub enum CapsError {
     /// A value is out of range.
     #[error("caps: {0} (fix the value in the caps file)")]
     Range(&'static str),
+    /// A value is above the operator's maximum (pvschedd's `[max]`).
+    #[error("caps: {0} is above the operator maximum (pvschedd.toml [max]: {1})")]
+    AboveMax(&'static str, String),
+    /// A `key=value` setting is not a cap or not a valid value.
+    #[error("caps: setting {key}={value}: {why}")]
+    Setting {
+        /// The key as given.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// The operator's maximum for every VM's caps (pvschedd.toml `[max]`): a
+/// VM's caps, from its file, its VMM or `pvsched vm set`, are refused if
+/// they exceed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CapsLimit {
+    /// A VM may use SCHED_FIFO boosts.
+    pub allow_rt: bool,
+    /// Highest RT priority any cap may name (`max_rt_prio`, `cs_rt_prio`,
+    /// an RT `halt_prio`/`yield_prio`), 0..=99.
+    pub max_rt_prio: u32,
+    /// Lowest `nice_floor` a VM may have, -20..=19.
+    pub nice_floor: i32,
+    /// Longest continuous boosted run a VM may allow, µs; a VM's
+    /// `max_boost_us` must be in 1..=this (0 here: no limit, and a VM
+    /// may set 0 = unlimited).
+    pub max_boost_us: u64,
+    /// Largest share of a window a VM's budget may be, percent (100: no
+    /// limit, and a VM may set `budget_us = 0` = unlimited).
+    pub max_budget_pct: u32,
+    /// A VM may set `halt_always` (every vCPU latency-sensitive).
+    pub halt_always: bool,
+}
+
+impl Default for CapsLimit {
+    fn default() -> Self {
+        CapsLimit {
+            allow_rt: true,
+            max_rt_prio: 10,
+            nice_floor: -15,
+            max_boost_us: 50_000,
+            max_budget_pct: 50,
+            halt_always: true,
+        }
+    }
+}
+
+impl CapsLimit {
+    /// Checks the limit's own ranges.
+    pub fn validate(&self) -> Result<(), CapsError> {
+        if self.max_rt_prio > 99 {
+            return Err(CapsError::Range("[max] max_rt_prio must be 0..=99"));
+        }
+        if !(-20..=19).contains(&self.nice_floor) {
+            return Err(CapsError::Range("[max] nice_floor must be -20..=19"));
+        }
+        if self.max_budget_pct == 0 || self.max_budget_pct > 100 {
+            return Err(CapsError::Range("[max] max_budget_pct must be 1..=100"));
+        }
+        Ok(())
+    }
 }
 
 /// Kind of boost a halted vCPU or a directed-yield target gets.
@@ -155,6 +221,105 @@ impl Caps {
         Ok(())
     }
 
+    /// Checks that every cap is within the operator's maximum (after
+    /// [`Caps::validate`]).
+    pub fn check_within(&self, lim: &CapsLimit) -> Result<(), CapsError> {
+        let above = |what: &'static str, max: String| Err(CapsError::AboveMax(what, max));
+        let rt_uses = [
+            (true, "max_rt_prio", self.max_rt_prio),
+            (true, "cs_rt_prio", self.cs_rt_prio),
+            (
+                self.halt_boost == BoostKind::Rt,
+                "halt_prio",
+                self.halt_prio.max(0) as u32,
+            ),
+            (
+                self.yield_boost == BoostKind::Rt,
+                "yield_prio",
+                self.yield_prio.max(0) as u32,
+            ),
+        ];
+        if self.allow_rt && !lim.allow_rt {
+            return above("allow_rt = true", "allow_rt = false".into());
+        }
+        for (used, what, prio) in rt_uses {
+            if used && self.allow_rt && prio > lim.max_rt_prio {
+                return above(what, format!("max_rt_prio = {}", lim.max_rt_prio));
+            }
+        }
+        if self.nice_floor < lim.nice_floor {
+            return above("nice_floor", format!("nice_floor = {}", lim.nice_floor));
+        }
+        if lim.max_boost_us != 0 && (self.max_boost_us == 0 || self.max_boost_us > lim.max_boost_us)
+        {
+            return above(
+                "max_boost_us",
+                format!("1..={} (0 = unlimited is not allowed)", lim.max_boost_us),
+            );
+        }
+        if lim.max_budget_pct < 100 {
+            let pct_ok = self.budget_us != 0
+                && u128::from(self.budget_us) * 100
+                    <= u128::from(lim.max_budget_pct) * u128::from(self.window_us);
+            if !pct_ok {
+                return above(
+                    "budget_us",
+                    format!(
+                        "max_budget_pct = {} of window_us (0 = unlimited is not allowed)",
+                        lim.max_budget_pct
+                    ),
+                );
+            }
+        }
+        if self.halt_always && !lim.halt_always {
+            return above("halt_always = true", "halt_always = false".into());
+        }
+        Ok(())
+    }
+
+    /// These caps with `key=value` settings applied (`pvsched vm set`):
+    /// `value` is a TOML value (`4`, `true`, `-5`) or a bare word for the
+    /// boost kinds (`rt`, `nice`, `none`). Unknown keys and bad values are
+    /// refused and change nothing; the result is validated.
+    pub fn with_settings<'a>(
+        &self,
+        settings: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Caps, CapsError> {
+        let mut table = toml::Table::try_from(self).map_err(|e| CapsError::Setting {
+            key: String::new(),
+            value: String::new(),
+            why: e.to_string(),
+        })?;
+        for (key, value) in settings {
+            let bad = |why: String| CapsError::Setting {
+                key: key.to_string(),
+                value: value.to_string(),
+                why,
+            };
+            if !table.contains_key(key) {
+                return Err(bad("no such cap (see bpf-policy/caps.example.toml)".into()));
+            }
+            let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(value.to_string()));
+            table.insert(key.to_string(), parsed);
+            toml::Value::Table(table.clone())
+                .try_into::<Caps>()
+                .map_err(|e| bad(e.to_string()))?;
+        }
+        let caps =
+            toml::Value::Table(table)
+                .try_into::<Caps>()
+                .map_err(|e| CapsError::Setting {
+                    key: String::new(),
+                    value: String::new(),
+                    why: e.to_string(),
+                })?;
+        caps.validate()?;
+        Ok(caps)
+    }
+
     /// `us` in nanoseconds (saturating).
     pub fn ns(us: u64) -> u64 {
         us.saturating_mul(1000)
@@ -179,6 +344,113 @@ mod tests {
     fn example_file_is_the_defaults() {
         let text = include_str!("../../../bpf-policy/caps.example.toml");
         assert_eq!(Caps::from_toml(text).unwrap(), Caps::default());
+    }
+
+    #[test]
+    fn the_default_caps_are_within_the_default_limit() {
+        Caps::default().check_within(&CapsLimit::default()).unwrap();
+        CapsLimit::default().validate().unwrap();
+    }
+
+    #[test]
+    fn caps_above_the_limit_are_refused() {
+        let lim = CapsLimit {
+            allow_rt: true,
+            max_rt_prio: 3,
+            nice_floor: -5,
+            max_boost_us: 10_000,
+            max_budget_pct: 10,
+            halt_always: false,
+        };
+        let ok = Caps {
+            max_rt_prio: 3,
+            nice_floor: -5,
+            max_boost_us: 10_000,
+            budget_us: 100_000,
+            ..Caps::default()
+        };
+        ok.check_within(&lim).unwrap();
+        for bad in [
+            Caps {
+                max_rt_prio: 4,
+                ..ok.clone()
+            },
+            Caps {
+                nice_floor: -6,
+                ..ok.clone()
+            },
+            Caps {
+                max_boost_us: 0,
+                ..ok.clone()
+            },
+            Caps {
+                max_boost_us: 10_001,
+                ..ok.clone()
+            },
+            Caps {
+                budget_us: 0,
+                ..ok.clone()
+            },
+            Caps {
+                budget_us: 100_001,
+                ..ok.clone()
+            },
+            Caps {
+                halt_always: true,
+                ..ok.clone()
+            },
+            Caps {
+                cs_rt_prio: 4,
+                ..ok.clone()
+            },
+        ] {
+            assert!(
+                matches!(bad.check_within(&lim), Err(CapsError::AboveMax(..))),
+                "{bad:?}"
+            );
+        }
+        let no_rt = CapsLimit {
+            allow_rt: false,
+            ..lim
+        };
+        assert!(ok.check_within(&no_rt).is_err());
+        Caps {
+            allow_rt: false,
+            ..ok
+        }
+        .check_within(&no_rt)
+        .unwrap();
+    }
+
+    #[test]
+    fn settings_change_only_what_they_name() {
+        let c = Caps::default()
+            .with_settings([
+                ("max_rt_prio", "2"),
+                ("halt_boost", "nice"),
+                ("wait_on", "false"),
+            ])
+            .unwrap();
+        assert_eq!(c.max_rt_prio, 2);
+        assert_eq!(c.halt_boost, BoostKind::Nice);
+        assert!(!c.wait_on);
+        assert_eq!(
+            Caps {
+                max_rt_prio: 4,
+                halt_boost: BoostKind::Rt,
+                wait_on: true,
+                ..c
+            },
+            Caps::default()
+        );
+        for (k, v) in [
+            ("bogus", "1"),
+            ("max_rt_prio", "x"),
+            ("max_rt_prio", "100"),
+            ("halt_boost", "fast"),
+        ] {
+            assert!(Caps::default().with_settings([(k, v)]).is_err(), "{k}={v}");
+        }
     }
 
     #[test]

@@ -23,6 +23,6 @@ pub mod caps;
 pub mod event;
 pub mod model;
 
-pub use caps::{BoostKind, Caps, CapsError};
+pub use caps::{BoostKind, Caps, CapsError, CapsLimit};
 pub use event::{Decision, Event, GuestFields};
 pub use model::{VcpuModel, VmModel};

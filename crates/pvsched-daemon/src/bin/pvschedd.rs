@@ -1,0 +1,137 @@
+//! `pvschedd`: the pvsched host daemon (see the crate docs and
+//! docs/operating.md).
+
+use clap::Parser;
+use pvsched_daemon::{Config, Server, config::DEFAULT_CONFIG};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const EXIT_HELP: &str = "\
+Exit codes:
+  0  stopped by SIGINT/SIGTERM after unregistering every VM
+  1  other failure (the message says what failed)
+  2  bad command line
+  6  the BPF policy could not load or attach (run as root; the message says why)
+  7  the configuration file could not be read or is invalid";
+
+/// pvschedd: loads the pvsched BPF policy once and serves VMMs on a UNIX
+/// socket.
+#[derive(Parser)]
+#[command(name = "pvschedd", version, about, after_help = EXIT_HELP)]
+struct Args {
+    /// Configuration file.
+    #[arg(long, default_value = DEFAULT_CONFIG)]
+    config: PathBuf,
+    /// Socket path (overrides `socket` in the file).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Metrics `host:port` (overrides `metrics_listen`; "" turns it off).
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// Socket group (overrides `socket_group`; "" = root only).
+    #[arg(long)]
+    socket_group: Option<String>,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init(); // also routes the agent's `log` records here
+
+    let args = Args::parse();
+    let mut cfg = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(7);
+        }
+    };
+    if let Some(s) = args.socket {
+        cfg.socket = s;
+    }
+    if let Some(m) = args.metrics_listen {
+        cfg.metrics_listen = m;
+    }
+    if let Some(g) = args.socket_group {
+        cfg.socket_group = g;
+    }
+    if args.check {
+        println!("{}: OK", args.config.display());
+        return ExitCode::SUCCESS;
+    }
+    // A panic anywhere ends the process at once: the guardian then
+    // restores every boosted thread (no lock of this process involved).
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        prev(info);
+        std::process::abort();
+    }));
+    let metrics = cfg.metrics_listen.clone();
+    let server = match Server::new(cfg) {
+        Ok(s) => s,
+        Err(e @ pvsched_daemon::server::ServerError::Agent(_)) => {
+            tracing::error!("{e}");
+            return ExitCode::from(6);
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !metrics.is_empty() {
+        match std::net::TcpListener::bind(&metrics) {
+            Ok(l) => {
+                let state = server.state();
+                let spawned = std::thread::Builder::new()
+                    .name("pvschedd-metrics".into())
+                    .spawn(move || pvsched_daemon::metrics::serve_http(l, state));
+                if let Err(e) = spawned {
+                    tracing::error!("starting the metrics thread: {e}");
+                    return ExitCode::FAILURE;
+                }
+                tracing::info!("metrics on http://{metrics}/metrics");
+            }
+            Err(e) => {
+                tracing::error!("metrics_listen {metrics}: {e} (set another port or \"\")");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    notify_ready();
+    tracing::info!("ready");
+    match server.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sd_notify(READY=1)` for systemd's `Type=notify` (no-op without
+/// `NOTIFY_SOCKET`).
+fn notify_ready() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let path = path.to_string_lossy().into_owned();
+    let addr = match path.strip_prefix('@') {
+        Some(abs) => SocketAddr::from_abstract_name(abs.as_bytes()),
+        None => SocketAddr::from_pathname(&path),
+    };
+    let sent = UnixDatagram::unbound().and_then(|s| s.send_to_addr(b"READY=1", &addr?));
+    if let Err(e) = sent {
+        tracing::warn!("sd_notify READY=1 to {path} failed: {e}");
+    }
+}

@@ -1,0 +1,240 @@
+//! A blocking client of pvschedd, for VMMs (`pvsched run --daemon`,
+//! `pvsched qemu-attach`) and the `pvsched status | top | vm` commands.
+
+use crate::proto::{DaemonStatus, Region, Reply, Request, Vcpu, VmStatus};
+use crate::wire;
+use pvsched_policy::Caps;
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The daemon's socket could not be reached.
+    #[error(
+        "connecting to pvschedd at {path}: {source} (is it running? `systemctl status pvschedd`; \
+         non-root users must be in the socket's group)"
+    )]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Sending or receiving failed.
+    #[error("talking to pvschedd: {0}")]
+    Io(#[from] io::Error),
+    /// The daemon refused the request; nothing changed.
+    #[error("pvschedd refused the request ({kind}): {message}")]
+    Refused {
+        /// Machine-readable kind (see [`Reply::Error`]).
+        kind: String,
+        /// What failed and what to do.
+        message: String,
+    },
+    /// The daemon answered something this client does not understand.
+    #[error("pvschedd answered unexpectedly: {0}")]
+    Protocol(String),
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// A device region received from the daemon: the VM's own region map,
+/// mapped shared (register it as BAR2's memslot).
+pub struct RegionMap {
+    mmap: vm_memory::mmap::MmapRegion<()>,
+}
+
+impl RegionMap {
+    fn new(fd: OwnedFd, len: u64) -> Result<RegionMap> {
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l > 0 && l <= 1 << 20)
+            .ok_or_else(|| ClientError::Protocol(format!("region of {len} bytes")))?;
+        let file = std::fs::File::from(fd);
+        let mmap = vm_memory::mmap::MmapRegion::build(
+            Some(vm_memory::FileOffset::new(file, 0)),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+        )
+        .map_err(|e| ClientError::Io(io::Error::other(format!("mmap of the region map: {e}"))))?;
+        Ok(RegionMap { mmap })
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.mmap.as_ptr()
+    }
+
+    /// Its length, bytes.
+    pub fn len(&self) -> usize {
+        self.mmap.size()
+    }
+
+    /// Always false (a region is never empty).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Writes slot `index`'s guest half (`nr` vCPUs) with the seq
+    /// protocol, as a guest would (tests, and VMMs that play the guest).
+    pub fn write_guest(&self, nr: u32, index: u32, g: &pvsched_abi::SlotGuest) -> bool {
+        // SAFETY: the mapping is live and read-write for `len()` bytes
+        // while self exists, and page aligned.
+        unsafe { pvsched_agent::object::write_guest_at(self.as_ptr(), self.len(), nr, index, g) }
+    }
+
+    /// Reads slot `index`'s host half, as the guest would.
+    pub fn read_host(&self, nr: u32, index: u32) -> Option<pvsched_abi::SlotHost> {
+        // SAFETY: as in write_guest.
+        unsafe { pvsched_agent::object::read_host_at(self.as_ptr(), self.len(), nr, index) }
+    }
+}
+
+/// A successful registration.
+pub struct Registered {
+    /// The daemon's VM id.
+    pub vm_id: u32,
+    /// Caps in force.
+    pub caps: Caps,
+    /// Where they came from (`file`, `client`, `default`).
+    pub caps_source: String,
+    /// The device region ([`Region::Device`]).
+    pub region: Option<RegionMap>,
+}
+
+/// What to register.
+#[derive(Clone, Debug)]
+pub struct RegisterArgs {
+    /// VM name.
+    pub name: String,
+    /// vCPU threads and APIC IDs, by slot index.
+    pub vcpus: Vec<Vcpu>,
+    /// Emulator threads.
+    pub emulator_tids: Vec<u32>,
+    /// Region mode.
+    pub region: Region,
+    /// Caps to ask for (used if the VM has no caps file).
+    pub caps: Option<Caps>,
+    /// Another process's VM (root only).
+    pub pid: Option<u32>,
+    /// Outlive this connection (root only).
+    pub detach: bool,
+}
+
+/// A connection to pvschedd. A VM registered without `detach` stays
+/// registered while this connection is open.
+pub struct Client {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// Connects to the daemon at `path`.
+    pub fn connect(path: &Path) -> Result<Client> {
+        let fd = wire::connect_to(path).map_err(|source| ClientError::Connect {
+            path: path.into(),
+            source,
+        })?;
+        Ok(Client {
+            fd,
+            buf: vec![0; 8 << 20],
+        })
+    }
+
+    /// Sends one request and returns the reply (and an fd that came with
+    /// it); an error reply is [`ClientError::Refused`].
+    pub fn request(&mut self, req: &Request) -> Result<(Reply, Option<OwnedFd>)> {
+        let bytes = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        wire::send(self.fd.as_fd(), &bytes, None)?;
+        let got = wire::recv(self.fd.as_fd(), &mut self.buf)?;
+        if got.len == 0 {
+            return Err(ClientError::Protocol(
+                "the daemon closed the connection".into(),
+            ));
+        }
+        if got.truncated {
+            return Err(ClientError::Protocol("reply larger than 8 MiB".into()));
+        }
+        let reply: Reply = serde_json::from_slice(&self.buf[..got.len])
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if let Reply::Error { kind, message } = reply {
+            return Err(ClientError::Refused { kind, message });
+        }
+        Ok((reply, got.fds.into_iter().next()))
+    }
+
+    /// Registers a VM.
+    pub fn register(&mut self, a: RegisterArgs) -> Result<Registered> {
+        let want_region = a.region == Region::Device;
+        let (reply, fd) = self.request(&Request::Register {
+            name: a.name,
+            vcpus: a.vcpus,
+            emulator_tids: a.emulator_tids,
+            region: a.region,
+            caps: a.caps,
+            pid: a.pid,
+            detach: a.detach,
+        })?;
+        let Reply::Registered {
+            vm_id,
+            caps,
+            caps_source,
+            region_len,
+        } = reply
+        else {
+            return Err(ClientError::Protocol(format!("{reply:?}")));
+        };
+        let region = match (want_region, fd) {
+            (true, Some(fd)) => Some(RegionMap::new(fd, region_len)?),
+            (true, None) => {
+                return Err(ClientError::Protocol("no region fd with the reply".into()));
+            }
+            (false, _) => None,
+        };
+        Ok(Registered {
+            vm_id,
+            caps,
+            caps_source,
+            region,
+        })
+    }
+
+    /// Unregisters VM `name` (restoring its threads).
+    pub fn unregister(&mut self, name: &str) -> Result<()> {
+        self.request(&Request::Unregister { name: name.into() })
+            .map(|_| ())
+    }
+
+    /// Changes VM `name`'s caps live; returns the caps now in force.
+    pub fn set(&mut self, name: &str, settings: BTreeMap<String, String>) -> Result<Caps> {
+        match self.request(&Request::Set {
+            name: name.into(),
+            settings,
+        })? {
+            (Reply::Ok { caps: Some(c) }, _) => Ok(c),
+            (r, _) => Err(ClientError::Protocol(format!("{r:?}"))),
+        }
+    }
+
+    /// The daemon's and every VM's status.
+    pub fn status(&mut self) -> Result<(DaemonStatus, Vec<VmStatus>)> {
+        match self.request(&Request::Status)? {
+            (Reply::Status { daemon, vms }, _) => Ok((daemon, vms)),
+            (r, _) => Err(ClientError::Protocol(format!("{r:?}"))),
+        }
+    }
+
+    /// The Prometheus exposition.
+    pub fn metrics(&mut self) -> Result<String> {
+        match self.request(&Request::Metrics)? {
+            (Reply::Metrics { text }, _) => Ok(text),
+            (r, _) => Err(ClientError::Protocol(format!("{r:?}"))),
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! pvschedd: the one privileged pvsched process on a host. It loads the BPF
+//! policy once ([`pvsched_agent::Agent`]), serves VMMs on a UNIX socket
+//! (`/run/pvsched/pvschedd.sock`), registers their VMs after checking that
+//! every thread belongs to the registering process, gives each VM its own
+//! region map (passed to its VMM with `SCM_RIGHTS`), applies per-VM caps
+//! within an operator maximum (live changes with `pvsched vm set`), and
+//! exports status and Prometheus metrics. docs/operating.md is the
+//! operator's guide.
+//!
+//! - [`proto`]: the wire protocol (JSON over `SOCK_SEQPACKET`).
+//! - [`wire`]: the socket calls.
+//! - [`config`]: `pvschedd.toml` and the per-VM caps files.
+//! - [`server`]: the event loop and the registry.
+//! - [`metrics`]: Prometheus text and its HTTP endpoint.
+//! - [`client`]: what VMMs and the `pvsched` CLI use.
+//!
+//! If pvschedd dies (SIGKILL, OOM, panic → abort), its guardian process
+//! ([`pvsched_agent::guardian`]) restores every boosted thread.
+
+pub mod client;
+pub mod config;
+pub mod metrics;
+pub mod proto;
+pub mod server;
+pub mod wire;
+
+pub use client::{Client, ClientError, RegisterArgs, Registered};
+pub use config::Config;
+pub use server::Server;

@@ -1,0 +1,453 @@
+//! The pvschedd wire protocol: one JSON object per `SOCK_SEQPACKET`
+//! message, a request from the client and exactly one reply from the
+//! daemon; the reply to a device-region registration carries the VM's
+//! region map fd (`SCM_RIGHTS`). Messages are at most [`MAX_REQUEST`]
+//! bytes; anything larger, malformed or out of range is refused with an
+//! [`Reply::Error`] and changes nothing.
+//!
+//! ```json
+//! {"op":"register","name":"web1","vcpus":[{"tid":4242,"apic_id":0}],"region":"device"}
+//! {"op":"set","name":"web1","settings":{"max_rt_prio":"2"}}
+//! {"op":"status"}
+//! ```
+
+use pvsched_agent::intf::{MAX_EMULATORS, MAX_VCPUS_PER_VM};
+use pvsched_policy::Caps;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Largest request, bytes (a 64-vCPU registration with caps is ~4 KiB).
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// Longest VM name.
+pub const MAX_NAME: usize = 64;
+/// Most `key=value` settings in one `set`.
+pub const MAX_SETTINGS: usize = 32;
+
+/// Errors of this module: why a request was refused before it reached
+/// the daemon's state.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtoError {
+    /// Larger than [`MAX_REQUEST`].
+    #[error("request of {0} bytes or more refused (at most {MAX_REQUEST})")]
+    TooLarge(usize),
+    /// Not a JSON request of this protocol.
+    #[error("malformed request: {0}")]
+    Malformed(String),
+    /// A field is out of range.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+/// One vCPU thread of a registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vcpu {
+    /// Thread id (host PID namespace).
+    pub tid: u32,
+    /// The vCPU's APIC ID (what the guest's IPIs name).
+    pub apic_id: u32,
+}
+
+/// Where the VM's pvsched region is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum Region {
+    /// No region: halt and directed-yield boosts only.
+    None,
+    /// Device region: the daemon creates the VM's region map and sends its
+    /// fd with the reply; the VMM maps it as BAR2.
+    Device,
+    /// Guest region: the VMM's host address of each slot, in vCPU order.
+    Guest(Vec<u64>),
+}
+
+/// A request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Request {
+    /// Register a VM.
+    Register {
+        /// Unique name (`[A-Za-z0-9._-]`, 1..=64 bytes), also the name of
+        /// its caps file `/etc/pvsched/vms/<name>.toml`.
+        name: String,
+        /// The vCPU threads, by slot index.
+        vcpus: Vec<Vcpu>,
+        /// Emulator / I/O threads (at most 4).
+        #[serde(default)]
+        emulator_tids: Vec<u32>,
+        /// Region mode.
+        region: Region,
+        /// Caps asked for, used when the VM has no caps file; must be
+        /// within the operator maximum.
+        #[serde(default)]
+        caps: Option<Caps>,
+        /// The VMM process, if not the client itself (root clients only,
+        /// e.g. `pvsched qemu-attach`).
+        #[serde(default)]
+        pid: Option<u32>,
+        /// Keep the VM registered after this connection closes, until the
+        /// VMM exits or `pvsched vm unregister` (root clients only).
+        #[serde(default)]
+        detach: bool,
+    },
+    /// Unregister a VM and restore its threads (its VMM or root).
+    Unregister {
+        /// The VM.
+        name: String,
+    },
+    /// Change a VM's caps live (root only).
+    Set {
+        /// The VM.
+        name: String,
+        /// Cap name → TOML value (`"2"`, `"true"`, `"rt"`).
+        settings: BTreeMap<String, String>,
+    },
+    /// Every VM's state and statistics.
+    Status,
+    /// Prometheus text exposition of the same.
+    Metrics,
+}
+
+/// Statistics of one registered thread.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadStatus {
+    /// Thread id.
+    pub tid: u32,
+    /// Boosts the policy decided.
+    pub boosts: u64,
+    /// Throttles the policy decided.
+    pub throttles: u64,
+    /// Boosts applied with sched_setattr.
+    pub boosts_applied: u64,
+    /// Boosted on-CPU time, ns.
+    pub boosted_ns: u64,
+    /// Current boost (`none`, `nice`, `rt`).
+    pub boost: String,
+    /// Its priority (nice or RT priority).
+    pub boost_prio: i32,
+    /// Throttled now.
+    pub throttled: bool,
+    /// Reconciliation corrections.
+    pub corrections: u64,
+    /// Failed sched_setattr calls.
+    pub errors: u64,
+}
+
+/// One VM in [`Reply::Status`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmStatus {
+    /// Name.
+    pub name: String,
+    /// The agent's VM id.
+    pub vm_id: u32,
+    /// The VMM process.
+    pub pid: u32,
+    /// Region mode (`none`, `device`, `guest`).
+    pub region: String,
+    /// Where its caps came from (`file`, `client`, `default`, `set`).
+    pub caps_source: String,
+    /// Caps in force.
+    pub caps: Caps,
+    /// vCPU threads by slot index.
+    pub vcpus: Vec<ThreadStatus>,
+    /// Emulator threads.
+    pub emulators: Vec<ThreadStatus>,
+    /// Decisions applied for this VM.
+    pub decisions: u64,
+    /// Reconciliation corrections in this VM.
+    pub corrections: u64,
+    /// Decision → applied latency p50, ns.
+    pub apply_p50_ns: u64,
+    /// p99, ns.
+    pub apply_p99_ns: u64,
+}
+
+/// Daemon-wide figures in [`Reply::Status`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonStatus {
+    /// pvschedd's pid.
+    pub pid: u32,
+    /// Seconds since it started.
+    pub uptime_s: u64,
+    /// Decision records the ring buffer dropped (all VMs).
+    pub dropped: u64,
+    /// Connected clients.
+    pub clients: u32,
+    /// Registrations accepted since start.
+    pub registrations: u64,
+    /// Requests refused since start.
+    pub refused: u64,
+    /// Resident set size, KiB.
+    pub rss_kib: u64,
+}
+
+/// A reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "lowercase")]
+pub enum Reply {
+    /// The VM is registered; with [`Region::Device`] the message carries
+    /// the region map's fd (map it at offset 0, `region_len` bytes).
+    Registered {
+        /// The agent's VM id.
+        vm_id: u32,
+        /// Caps in force.
+        caps: Caps,
+        /// Where they came from.
+        caps_source: String,
+        /// Bytes of the region map (device region), else 0.
+        region_len: u64,
+    },
+    /// Done (unregister, set).
+    Ok {
+        /// Caps in force after a `set`.
+        #[serde(default)]
+        caps: Option<Caps>,
+    },
+    /// Status.
+    Status {
+        /// The daemon.
+        daemon: DaemonStatus,
+        /// Every VM, by name.
+        vms: Vec<VmStatus>,
+    },
+    /// Prometheus text.
+    Metrics {
+        /// The exposition (text format 0.0.4).
+        text: String,
+    },
+    /// Refused; nothing changed.
+    Error {
+        /// Stable machine-readable kind (`malformed`, `invalid`,
+        /// `denied`, `exists`, `unknown_vm`, `caps`, `busy`, `internal`).
+        kind: String,
+        /// What failed and what to do.
+        message: String,
+    },
+}
+
+impl Reply {
+    /// An error reply.
+    pub fn error(kind: &str, message: impl Into<String>) -> Reply {
+        Reply::Error {
+            kind: kind.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Whether `name` is a valid VM name.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// Parses and checks one request message. Never panics, whatever the
+/// bytes.
+pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtoError> {
+    if bytes.len() > MAX_REQUEST {
+        return Err(ProtoError::TooLarge(bytes.len()));
+    }
+    let req: Request =
+        serde_json::from_slice(bytes).map_err(|e| ProtoError::Malformed(e.to_string()))?;
+    check(&req)?;
+    Ok(req)
+}
+
+fn check(req: &Request) -> Result<(), ProtoError> {
+    let name_ok = |name: &str| {
+        if valid_name(name) {
+            Ok(())
+        } else {
+            Err(ProtoError::Invalid(format!(
+                "VM name {name:?}: use 1..={MAX_NAME} of [A-Za-z0-9._-], not starting with '.'"
+            )))
+        }
+    };
+    match req {
+        Request::Register {
+            name,
+            vcpus,
+            emulator_tids,
+            region,
+            caps,
+            pid,
+            ..
+        } => {
+            name_ok(name)?;
+            if vcpus.is_empty() || vcpus.len() > MAX_VCPUS_PER_VM as usize {
+                return Err(ProtoError::Invalid(format!(
+                    "{} vCPUs (1..={MAX_VCPUS_PER_VM} supported)",
+                    vcpus.len()
+                )));
+            }
+            if emulator_tids.len() > MAX_EMULATORS as usize {
+                return Err(ProtoError::Invalid(format!(
+                    "{} emulator threads (at most {MAX_EMULATORS})",
+                    emulator_tids.len()
+                )));
+            }
+            let tids: Vec<u32> = vcpus
+                .iter()
+                .map(|v| v.tid)
+                .chain(emulator_tids.iter().copied())
+                .collect();
+            if let Some(t) = tids.iter().find(|&&t| t == 0 || t > i32::MAX as u32) {
+                return Err(ProtoError::Invalid(format!("thread id {t} is not valid")));
+            }
+            for (i, t) in tids.iter().enumerate() {
+                if tids[..i].contains(t) {
+                    return Err(ProtoError::Invalid(format!("thread {t} is listed twice")));
+                }
+            }
+            let apics: Vec<u32> = vcpus.iter().map(|v| v.apic_id).collect();
+            for (i, a) in apics.iter().enumerate() {
+                if apics[..i].contains(a) {
+                    return Err(ProtoError::Invalid(format!("APIC ID {a} is listed twice")));
+                }
+            }
+            if let Region::Guest(addrs) = region
+                && addrs.len() != vcpus.len()
+            {
+                return Err(ProtoError::Invalid(format!(
+                    "guest region: {} slot addresses for {} vCPUs",
+                    addrs.len(),
+                    vcpus.len()
+                )));
+            }
+            if let Some(c) = caps {
+                c.validate()
+                    .map_err(|e| ProtoError::Invalid(e.to_string()))?;
+            }
+            if let Some(p) = pid
+                && (*p == 0 || *p > i32::MAX as u32)
+            {
+                return Err(ProtoError::Invalid(format!("pid {p} is not valid")));
+            }
+            Ok(())
+        }
+        Request::Unregister { name } => name_ok(name),
+        Request::Set { name, settings } => {
+            name_ok(name)?;
+            if settings.is_empty() || settings.len() > MAX_SETTINGS {
+                return Err(ProtoError::Invalid(format!(
+                    "{} settings (1..={MAX_SETTINGS})",
+                    settings.len()
+                )));
+            }
+            Ok(())
+        }
+        Request::Status | Request::Metrics => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn register(n: usize) -> Request {
+        Request::Register {
+            name: "vm-1".into(),
+            vcpus: (0..n as u32)
+                .map(|i| Vcpu {
+                    tid: 100 + i,
+                    apic_id: i,
+                })
+                .collect(),
+            emulator_tids: vec![],
+            region: Region::Device,
+            caps: None,
+            pid: None,
+            detach: false,
+        }
+    }
+
+    #[test]
+    fn a_request_round_trips() {
+        let r = register(4);
+        let bytes = serde_json::to_vec(&r).unwrap();
+        assert_eq!(parse_request(&bytes).unwrap(), r);
+        let text = r#"{"op":"register","name":"web1","vcpus":[{"tid":4242,"apic_id":0}],"region":"device"}"#;
+        assert!(matches!(
+            parse_request(text.as_bytes()).unwrap(),
+            Request::Register { .. }
+        ));
+        let set = r#"{"op":"set","name":"web1","settings":{"max_rt_prio":"2"}}"#;
+        assert!(matches!(
+            parse_request(set.as_bytes()).unwrap(),
+            Request::Set { .. }
+        ));
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_a_reason() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"op":"unregister","name":"a","x":1}"#, "unknown field"),
+            (r#"{"op":"fly"}"#, "unknown variant"),
+            (r#"{"op":"unregister","name":"../etc/passwd"}"#, "VM name"),
+            (r#"{"op":"unregister","name":".hidden"}"#, "VM name"),
+            (
+                r#"{"op":"register","name":"a","vcpus":[],"region":"none"}"#,
+                "0 vCPUs",
+            ),
+            (
+                r#"{"op":"register","name":"a","vcpus":[{"tid":1,"apic_id":0},{"tid":1,"apic_id":1}],"region":"none"}"#,
+                "listed twice",
+            ),
+            (
+                r#"{"op":"register","name":"a","vcpus":[{"tid":0,"apic_id":0}],"region":"none"}"#,
+                "not valid",
+            ),
+            (
+                r#"{"op":"register","name":"a","vcpus":[{"tid":5,"apic_id":0}],"region":{"guest":[]}}"#,
+                "slot addresses",
+            ),
+            (
+                r#"{"op":"register","name":"a","vcpus":[{"tid":5,"apic_id":0}],"region":"none","caps":{"max_rt_prio":100}}"#,
+                "max_rt_prio",
+            ),
+            (r#"{"op":"set","name":"a","settings":{}}"#, "0 settings"),
+        ];
+        for (text, why) in cases {
+            let e = parse_request(text.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains(why), "{text}: {e}");
+        }
+        let big = vec![b' '; MAX_REQUEST + 1];
+        assert_eq!(
+            parse_request(&big),
+            Err(ProtoError::TooLarge(MAX_REQUEST + 1))
+        );
+        assert!(parse_request(&serde_json::to_vec(&register(65)).unwrap()).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any bytes: a request or an error, never a panic.
+        #[test]
+        fn any_bytes_parse_or_fail_cleanly(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = parse_request(&bytes);
+        }
+
+        /// A valid registration mutated byte by byte: still never a panic,
+        /// and whatever parses passes the checks.
+        #[test]
+        fn mutated_registrations_parse_or_fail_cleanly(
+            n in 1usize..8,
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+        ) {
+            let mut bytes = serde_json::to_vec(&register(n)).unwrap();
+            for (at, b) in edits {
+                let i = at % bytes.len();
+                bytes[i] = b;
+            }
+            if let Ok(req) = parse_request(&bytes) {
+                prop_assert!(check(&req).is_ok());
+            }
+        }
+    }
+}

@@ -1,0 +1,807 @@
+//! The daemon: one [`Agent`] (the BPF policy, loaded once), a registry of
+//! VMs by name, and a single-threaded epoll loop over the listening
+//! socket, the clients, every VMM's pidfd and a signalfd. Each request is
+//! handled to the end before the next (registration is a few map updates),
+//! so no lock is held across I/O; the Prometheus HTTP endpoint runs on its
+//! own thread and reads the same state under its mutex.
+//!
+//! Trust: a client is known by `SO_PEERCRED` and `SO_PEERPIDFD`. Root may
+//! register any process (`pvsched qemu-attach`) and change caps; anyone
+//! else who can open the socket may register only threads of its own
+//! process and unregister only its own VMs. A VM lives while its VMM lives
+//! (pidfd) and, unless registered `detach`ed by root, while the connection
+//! that registered it is open.
+
+use crate::config::Config;
+use crate::proto::{self, DaemonStatus, Region, Reply, Request, ThreadStatus, Vcpu, VmStatus};
+use crate::wire;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use pvsched_agent::{Agent, AgentConfig, Caps, RegionSpec, VmHandle, VmSpec, VmStats};
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Errors that stop the daemon (request errors are replies, never these).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The policy could not be loaded.
+    #[error("{0}")]
+    Agent(#[from] pvsched_agent::AgentError),
+    /// The socket could not be set up.
+    #[error("pvschedd: setting up the socket {path}: {source}")]
+    Socket {
+        /// The socket path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The socket group does not exist.
+    #[error("pvschedd: socket_group {0:?} does not exist (create it or set socket_group = \"\")")]
+    Group(String),
+    /// Some other system call failed.
+    #[error("pvschedd: {what}: {source}")]
+    Sys {
+        /// What.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> ServerError {
+    move |e| ServerError::Sys {
+        what,
+        source: io::Error::from_raw_os_error(e as i32),
+    }
+}
+
+/// A registered VM.
+struct Vm {
+    handle: VmHandle,
+    pid: u32,
+    pidfd: Arc<OwnedFd>,
+    /// The connection whose close unregisters it (None: detached).
+    conn: Option<u64>,
+    region: &'static str,
+    caps_source: &'static str,
+}
+
+/// The state the loop and the metrics thread share.
+pub struct State {
+    cfg: Config,
+    agent: Agent,
+    vms: BTreeMap<String, Vm>,
+    started: Instant,
+    clients: u32,
+    registrations: u64,
+    refused: u64,
+}
+
+fn lock(s: &Mutex<State>) -> MutexGuard<'_, State> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A connected client.
+struct Client {
+    fd: OwnedFd,
+    pid: u32,
+    uid: u32,
+    pidfd: Option<Arc<OwnedFd>>,
+    /// Close it if it sends nothing before this (None: it holds a VM).
+    deadline: Option<Instant>,
+}
+
+/// What an epoll event is about.
+#[derive(Clone, Copy)]
+enum Token {
+    Listener,
+    Signal,
+    Client(u64),
+    VmExit(u64),
+}
+
+const T_LISTENER: u64 = 0;
+const T_SIGNAL: u64 = 1;
+const T_CLIENT: u64 = 1 << 62;
+const T_PIDFD: u64 = 1 << 61;
+
+impl Token {
+    fn encode(self) -> u64 {
+        match self {
+            Token::Listener => T_LISTENER,
+            Token::Signal => T_SIGNAL,
+            Token::Client(id) => T_CLIENT | id,
+            Token::VmExit(id) => T_PIDFD | id,
+        }
+    }
+
+    fn decode(v: u64) -> Token {
+        match v {
+            T_LISTENER => Token::Listener,
+            T_SIGNAL => Token::Signal,
+            v if v & T_CLIENT != 0 => Token::Client(v & !T_CLIENT),
+            v => Token::VmExit(v & !T_PIDFD),
+        }
+    }
+}
+
+/// The running daemon.
+pub struct Server {
+    state: Arc<Mutex<State>>,
+    listener: OwnedFd,
+    socket: PathBuf,
+    epoll: Epoll,
+    signals: SignalFd,
+    clients: HashMap<u64, Client>,
+    /// pidfd watch id → VM name.
+    watches: HashMap<u64, String>,
+    next_id: u64,
+    buf: Vec<u8>,
+}
+
+impl Server {
+    /// Loads the policy, opens the socket (mode 0660, group
+    /// `socket_group`) and prepares the loop. SIGINT/SIGTERM end
+    /// [`Server::run`] cleanly.
+    pub fn new(cfg: Config) -> Result<Server, ServerError> {
+        // Signals first, so none arrives between load and the loop.
+        let mut mask = SigSet::empty();
+        mask.add(Signal::SIGINT);
+        mask.add(Signal::SIGTERM);
+        mask.thread_block()
+            .map_err(sys("blocking SIGINT/SIGTERM"))?;
+        let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+            .map_err(sys("signalfd"))?;
+        raise_fd_limit();
+        let gid = socket_gid(&cfg.socket_group)?;
+        let socket = cfg.socket.clone();
+        let sock_err = |source| ServerError::Socket {
+            path: socket.clone(),
+            source,
+        };
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).map_err(sock_err)?;
+        }
+        let agent = Agent::load(AgentConfig {
+            handle_signals: false,
+            ..AgentConfig::default()
+        })?;
+        let listener = wire::listen_at(&socket).map_err(sock_err)?;
+        set_socket_mode(&socket, gid).map_err(sock_err)?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(sys("epoll_create"))?;
+        epoll
+            .add(
+                &listener,
+                EpollEvent::new(EpollFlags::EPOLLIN, Token::Listener.encode()),
+            )
+            .map_err(sys("epoll_ctl"))?;
+        epoll
+            .add(
+                &signals,
+                EpollEvent::new(EpollFlags::EPOLLIN, Token::Signal.encode()),
+            )
+            .map_err(sys("epoll_ctl"))?;
+        let state = Arc::new(Mutex::new(State {
+            cfg,
+            agent,
+            vms: BTreeMap::new(),
+            started: Instant::now(),
+            clients: 0,
+            registrations: 0,
+            refused: 0,
+        }));
+        Ok(Server {
+            state,
+            listener,
+            socket,
+            epoll,
+            signals,
+            clients: HashMap::new(),
+            watches: HashMap::new(),
+            next_id: 1,
+            buf: vec![0; proto::MAX_REQUEST + 1],
+        })
+    }
+
+    /// The shared state (for the metrics endpoint).
+    pub fn state(&self) -> Arc<Mutex<State>> {
+        self.state.clone()
+    }
+
+    /// Serves until SIGINT/SIGTERM; then unregisters every VM (restoring
+    /// its threads) and removes the socket.
+    pub fn run(mut self) -> Result<(), ServerError> {
+        let mut events = vec![EpollEvent::empty(); 64];
+        loop {
+            let timeout = self.next_timeout();
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(nix::Error::EINTR) => continue,
+                Err(e) => return Err(sys("epoll_wait")(e)),
+            };
+            for ev in &events[..n] {
+                match Token::decode(ev.data()) {
+                    Token::Listener => self.accept_all(),
+                    Token::Signal => {
+                        if let Ok(Some(s)) = self.signals.read_signal() {
+                            tracing::info!(
+                                signal = s.ssi_signo,
+                                "stopping: unregistering every VM"
+                            );
+                            self.shutdown();
+                            return Ok(());
+                        }
+                    }
+                    Token::Client(id) => self.serve(id),
+                    Token::VmExit(id) => self.vm_exited(id),
+                }
+            }
+            self.expire_clients();
+        }
+    }
+
+    fn next_timeout(&self) -> EpollTimeout {
+        let now = Instant::now();
+        let next = self
+            .clients
+            .values()
+            .filter_map(|c| c.deadline)
+            .min()
+            .map(|d| d.saturating_duration_since(now))
+            .unwrap_or(Duration::from_secs(60));
+        EpollTimeout::try_from(next.max(Duration::from_millis(1))).unwrap_or(EpollTimeout::NONE)
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            let fd = match wire::accept(&self.listener) {
+                Ok(Some(fd)) => fd,
+                Ok(None) => return,
+                Err(e) => {
+                    // EMFILE and the like: leave the rest in the backlog.
+                    tracing::warn!("accept failed: {e}");
+                    return;
+                }
+            };
+            let (max, timeout) = {
+                let s = lock(&self.state);
+                (s.cfg.max_clients, s.cfg.client_timeout())
+            };
+            if self.clients.len() >= max {
+                let _ = reply(
+                    &fd,
+                    &Reply::error(
+                        "busy",
+                        format!("pvschedd serves {max} clients already; retry later"),
+                    ),
+                    None,
+                );
+                lock(&self.state).refused += 1;
+                continue;
+            }
+            let Ok((pid, uid, _gid)) = wire::peer_cred(&fd) else {
+                continue;
+            };
+            let pidfd = wire::peer_pidfd(&fd)
+                .or_else(|| pvsched_agent::watch::pidfd_open(pid).ok())
+                .map(Arc::new);
+            wire::grow_send_buffer(&fd, 4 << 20);
+            let id = self.next_id;
+            self.next_id += 1;
+            if let Err(e) = self.epoll.add(
+                &fd,
+                EpollEvent::new(EpollFlags::EPOLLIN, Token::Client(id).encode()),
+            ) {
+                tracing::warn!("epoll_ctl on a client failed: {e}");
+                continue;
+            }
+            self.clients.insert(
+                id,
+                Client {
+                    fd,
+                    pid,
+                    uid,
+                    pidfd,
+                    deadline: Some(Instant::now() + timeout),
+                },
+            );
+            lock(&self.state).clients = self.clients.len() as u32;
+        }
+    }
+
+    fn expire_clients(&mut self) {
+        let now = Instant::now();
+        let late: Vec<u64> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in late {
+            if let Some(c) = self.clients.get(&id) {
+                tracing::debug!(pid = c.pid, "closing a client that sent nothing in time");
+                let _ = reply(
+                    &c.fd,
+                    &Reply::error("timeout", "no request in time; connection closed"),
+                    None,
+                );
+            }
+            self.close_client(id);
+        }
+    }
+
+    fn close_client(&mut self, id: u64) {
+        let Some(c) = self.clients.remove(&id) else {
+            return;
+        };
+        let _ = self.epoll.delete(&c.fd);
+        let mut s = lock(&self.state);
+        s.clients = self.clients.len() as u32;
+        let owned: Vec<String> = s
+            .vms
+            .iter()
+            .filter(|(_, v)| v.conn == Some(id))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in owned {
+            tracing::info!(vm = %name, "its VMM closed the connection: unregistering");
+            remove_vm(&mut s, &name);
+            self.watches.retain(|_, n| *n != name);
+        }
+    }
+
+    fn vm_exited(&mut self, watch: u64) {
+        let Some(name) = self.watches.remove(&watch) else {
+            return;
+        };
+        let mut s = lock(&self.state);
+        if let Some(vm) = s.vms.get(&name) {
+            let _ = self.epoll.delete(vm.pidfd.as_fd());
+            tracing::info!(vm = %name, pid = vm.pid, "its VMM exited: unregistering");
+        }
+        remove_vm(&mut s, &name);
+    }
+
+    fn serve(&mut self, id: u64) {
+        let Some(c) = self.clients.get(&id) else {
+            return;
+        };
+        let got = match wire::recv(c.fd.as_fd(), &mut self.buf) {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(_) => {
+                self.close_client(id);
+                return;
+            }
+        };
+        if got.len == 0 {
+            self.close_client(id);
+            return;
+        }
+        drop(got.fds); // clients have no reason to send fds
+        let (answer, pass) = if got.truncated {
+            (
+                Reply::error(
+                    "malformed",
+                    format!("request larger than {} bytes refused", proto::MAX_REQUEST),
+                ),
+                None,
+            )
+        } else {
+            match proto::parse_request(&self.buf[..got.len]) {
+                Ok(req) => self.handle(id, req),
+                Err(e @ proto::ProtoError::Invalid(_)) => {
+                    (Reply::error("invalid", e.to_string()), None)
+                }
+                Err(e) => (Reply::error("malformed", e.to_string()), None),
+            }
+        };
+        if matches!(answer, Reply::Error { .. }) {
+            lock(&self.state).refused += 1;
+        }
+        let Some(c) = self.clients.get_mut(&id) else {
+            return;
+        };
+        let holds_vm = lock(&self.state).vms.values().any(|v| v.conn == Some(id));
+        let timeout = lock(&self.state).cfg.client_timeout();
+        c.deadline = (!holds_vm).then(|| Instant::now() + timeout);
+        let bytes = serde_json::to_vec(&answer).unwrap_or_default();
+        if let Err(e) = reply_bytes(&c.fd, &bytes, pass.as_ref()) {
+            tracing::debug!(pid = c.pid, "reply failed ({e}); closing the client");
+            self.close_client(id);
+        }
+    }
+
+    fn handle(&mut self, id: u64, req: Request) -> (Reply, Option<OwnedFd>) {
+        let Some(c) = self.clients.get(&id) else {
+            return (Reply::error("internal", "client gone"), None);
+        };
+        let (peer_pid, peer_uid, peer_pidfd) = (c.pid, c.uid, c.pidfd.clone());
+        let root = peer_uid == 0;
+        match req {
+            Request::Register {
+                name,
+                vcpus,
+                emulator_tids,
+                region,
+                caps,
+                pid,
+                detach,
+            } => {
+                let target = pid.unwrap_or(peer_pid);
+                if (target != peer_pid || detach) && !root {
+                    return (
+                        Reply::error(
+                            "denied",
+                            "only root may register another process's VM or detach it",
+                        ),
+                        None,
+                    );
+                }
+                let pidfd = if target == peer_pid {
+                    peer_pidfd
+                } else {
+                    pvsched_agent::watch::pidfd_open(target).ok().map(Arc::new)
+                };
+                let Some(pidfd) = pidfd else {
+                    return (
+                        Reply::error("invalid", format!("process {target} does not exist")),
+                        None,
+                    );
+                };
+                let reg = Registration {
+                    name,
+                    vcpus,
+                    emulator_tids,
+                    region,
+                    caps,
+                    pid: target,
+                    pidfd,
+                    conn: (!detach).then_some(id),
+                };
+                let mut s = lock(&self.state);
+                match register(&mut s, reg) {
+                    Ok((reply, fd, name)) => {
+                        s.registrations += 1;
+                        let vm = &s.vms[&name];
+                        let watch = self.next_id;
+                        self.next_id += 1;
+                        if let Err(e) = self.epoll.add(
+                            vm.pidfd.as_fd(),
+                            EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
+                        ) {
+                            tracing::warn!(vm = %name, "cannot watch its VMM ({e}); unregistering");
+                            remove_vm(&mut s, &name);
+                            return (Reply::error("internal", format!("epoll_ctl: {e}")), None);
+                        }
+                        self.watches.insert(watch, name);
+                        (reply, fd)
+                    }
+                    Err(r) => (r, None),
+                }
+            }
+            Request::Unregister { name } => {
+                let mut s = lock(&self.state);
+                let Some(vm) = s.vms.get(&name) else {
+                    return (unknown_vm(&name), None);
+                };
+                if !root && vm.pid != peer_pid {
+                    return (
+                        Reply::error("denied", format!("VM {name} belongs to another process")),
+                        None,
+                    );
+                }
+                let _ = self.epoll.delete(vm.pidfd.as_fd());
+                self.watches.retain(|_, n| *n != name);
+                remove_vm(&mut s, &name);
+                tracing::info!(vm = %name, "unregistered on request");
+                (Reply::Ok { caps: None }, None)
+            }
+            Request::Set { name, settings } => {
+                if !root {
+                    return (
+                        Reply::error("denied", "only root may change a VM's caps"),
+                        None,
+                    );
+                }
+                let mut s = lock(&self.state);
+                (set_caps(&mut s, &name, &settings), None)
+            }
+            Request::Status => (status(&lock(&self.state)), None),
+            Request::Metrics => {
+                let text = crate::metrics::render(&lock(&self.state));
+                (Reply::Metrics { text }, None)
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let mut s = lock(&self.state);
+        let names: Vec<String> = s.vms.keys().cloned().collect();
+        for name in names {
+            remove_vm(&mut s, &name);
+        }
+        drop(s);
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+struct Registration {
+    name: String,
+    vcpus: Vec<Vcpu>,
+    emulator_tids: Vec<u32>,
+    region: Region,
+    caps: Option<Caps>,
+    pid: u32,
+    pidfd: Arc<OwnedFd>,
+    conn: Option<u64>,
+}
+
+fn unknown_vm(name: &str) -> Reply {
+    Reply::error(
+        "unknown_vm",
+        format!("no VM named {name} is registered (see `pvsched status`)"),
+    )
+}
+
+/// Checks and registers a VM; on success the reply, the region fd to pass
+/// and the name.
+fn register(s: &mut State, r: Registration) -> Result<(Reply, Option<OwnedFd>, String), Reply> {
+    if s.vms.contains_key(&r.name) {
+        return Err(Reply::error(
+            "exists",
+            format!("a VM named {} is registered already", r.name),
+        ));
+    }
+    let file_caps = s
+        .cfg
+        .vm_caps(&r.name)
+        .map_err(|e| Reply::error("caps", e.to_string()))?;
+    if file_caps.is_none() && s.cfg.require_vm_file {
+        return Err(Reply::error(
+            "denied",
+            format!(
+                "VM {} has not opted in: pvschedd serves only VMs with a caps file ({} missing)",
+                r.name,
+                s.cfg.vm_file(&r.name).display()
+            ),
+        ));
+    }
+    let (caps, caps_source) = match (file_caps, r.caps) {
+        (Some(c), _) => (c, "file"),
+        (None, Some(c)) => (c, "client"),
+        (None, None) => (s.cfg.defaults.clone(), "default"),
+    };
+    caps.check_within(&s.cfg.max)
+        .map_err(|e| Reply::error("caps", e.to_string()))?;
+    // Every thread must be a thread of the VMM process, checked through
+    // its pidfd: if the process is gone after the check, a reused pid
+    // may have answered, so the check is void.
+    let tids: Vec<u32> = r
+        .vcpus
+        .iter()
+        .map(|v| v.tid)
+        .chain(r.emulator_tids.iter().copied())
+        .collect();
+    for &tid in &tids {
+        if !std::path::Path::new(&format!("/proc/{}/task/{tid}", r.pid)).exists() {
+            return Err(Reply::error(
+                "denied",
+                format!("thread {tid} is not a thread of process {}", r.pid),
+            ));
+        }
+    }
+    if wire::exited(&r.pidfd) {
+        return Err(Reply::error("invalid", format!("process {} exited", r.pid)));
+    }
+    let (spec_region, region_name) = match &r.region {
+        Region::None => (RegionSpec::None, "none"),
+        Region::Device => (RegionSpec::DeviceMap, "device"),
+        Region::Guest(a) => (RegionSpec::GuestAddrs(a.clone()), "guest"),
+    };
+    let handle = s
+        .agent
+        .register_vm(VmSpec {
+            vcpu_tids: r.vcpus.iter().map(|v| v.tid).collect(),
+            emulator_tids: r.emulator_tids.clone(),
+            apic_ids: r.vcpus.iter().map(|v| v.apic_id).collect(),
+            caps: caps.clone(),
+            region: spec_region,
+        })
+        .map_err(|e| match e {
+            pvsched_agent::AgentError::Full => Reply::error("busy", e.to_string()),
+            pvsched_agent::AgentError::Invalid(_) => Reply::error("invalid", e.to_string()),
+            e => Reply::error("internal", e.to_string()),
+        })?;
+    let (fd, region_len) = match handle.region() {
+        Some(reg) => match reg.fd() {
+            Ok(fd) => (Some(fd), reg.len() as u64),
+            Err(e) => {
+                return Err(Reply::error(
+                    "internal",
+                    format!("dup of the region fd: {e}"),
+                ));
+            }
+        },
+        None => (None, 0),
+    };
+    let vm_id = handle.vm_id();
+    tracing::info!(
+        vm = %r.name, vm_id, pid = r.pid, vcpus = r.vcpus.len(),
+        emulators = r.emulator_tids.len(), region = region_name, caps = caps_source,
+        "registered"
+    );
+    s.vms.insert(
+        r.name.clone(),
+        Vm {
+            handle,
+            pid: r.pid,
+            pidfd: r.pidfd,
+            conn: r.conn,
+            region: region_name,
+            caps_source,
+        },
+    );
+    Ok((
+        Reply::Registered {
+            vm_id,
+            caps,
+            caps_source: caps_source.into(),
+            region_len,
+        },
+        fd,
+        r.name,
+    ))
+}
+
+/// Unregisters `name` (dropping the handle restores its threads).
+fn remove_vm(s: &mut State, name: &str) {
+    s.vms.remove(name);
+}
+
+fn set_caps(s: &mut State, name: &str, settings: &BTreeMap<String, String>) -> Reply {
+    let Some(vm) = s.vms.get_mut(name) else {
+        return unknown_vm(name);
+    };
+    let new = match vm
+        .handle
+        .caps()
+        .with_settings(settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .and_then(|c| c.check_within(&s.cfg.max).map(|()| c))
+    {
+        Ok(c) => c,
+        Err(e) => return Reply::error("caps", e.to_string()),
+    };
+    if let Err(e) = vm.handle.set_caps(new.clone()) {
+        return Reply::error("caps", e.to_string());
+    }
+    vm.caps_source = "set";
+    tracing::info!(vm = %name, ?settings, "caps changed");
+    Reply::Ok { caps: Some(new) }
+}
+
+fn thread_status(t: &pvsched_agent::agent::VcpuStats) -> ThreadStatus {
+    ThreadStatus {
+        tid: t.tid,
+        boosts: t.boosts,
+        throttles: t.throttles,
+        boosts_applied: t.boosts_applied,
+        boosted_ns: t.boosted_ns,
+        boost: boost_name(t.boost).into(),
+        boost_prio: t.boost_prio,
+        throttled: t.throttled != 0,
+        corrections: t.corrections,
+        errors: t.errors,
+    }
+}
+
+/// The name of an ABI boost kind, as in caps files.
+fn boost_name(kind: u32) -> &'static str {
+    use pvsched_policy::BoostKind;
+    match kind {
+        k if k == BoostKind::Rt.abi() => "rt",
+        k if k == BoostKind::Nice.abi() => "nice",
+        _ => "none",
+    }
+}
+
+/// Every VM's status with its statistics.
+pub(crate) fn vm_statuses(s: &State) -> Vec<(VmStatus, VmStats)> {
+    s.vms
+        .iter()
+        .map(|(name, vm)| {
+            let st = vm.handle.stats();
+            (
+                VmStatus {
+                    name: name.clone(),
+                    vm_id: vm.handle.vm_id(),
+                    pid: vm.pid,
+                    region: vm.region.into(),
+                    caps_source: vm.caps_source.into(),
+                    caps: vm.handle.caps(),
+                    vcpus: st.vcpus.iter().map(thread_status).collect(),
+                    emulators: st.emulators.iter().map(thread_status).collect(),
+                    decisions: st.decisions,
+                    corrections: st.corrections,
+                    apply_p50_ns: st.apply_p50_ns,
+                    apply_p99_ns: st.apply_p99_ns,
+                },
+                st,
+            )
+        })
+        .collect()
+}
+
+/// The daemon-wide figures.
+pub(crate) fn daemon_status(s: &State) -> DaemonStatus {
+    DaemonStatus {
+        pid: std::process::id(),
+        uptime_s: s.started.elapsed().as_secs(),
+        dropped: s.agent.bpf_stats().map(|b| b.dropped).unwrap_or(0),
+        clients: s.clients,
+        registrations: s.registrations,
+        refused: s.refused,
+        rss_kib: rss_kib(),
+    }
+}
+
+fn status(s: &State) -> Reply {
+    Reply::Status {
+        daemon: daemon_status(s),
+        vms: vm_statuses(s).into_iter().map(|(v, _)| v).collect(),
+    }
+}
+
+/// VmRSS of this process, KiB.
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn reply(fd: &OwnedFd, r: &Reply, pass: Option<&OwnedFd>) -> io::Result<()> {
+    reply_bytes(fd, &serde_json::to_vec(r).unwrap_or_default(), pass)
+}
+
+fn reply_bytes(fd: &OwnedFd, bytes: &[u8], pass: Option<&OwnedFd>) -> io::Result<()> {
+    wire::send(fd.as_fd(), bytes, pass.map(|p| p.as_fd()))
+}
+
+/// Raises RLIMIT_NOFILE to its hard limit (one fd per client and VM).
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+fn socket_gid(group: &str) -> Result<Option<u32>, ServerError> {
+    if group.is_empty() {
+        return Ok(None);
+    }
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(Some(g.gid.as_raw())),
+        _ => Err(ServerError::Group(group.into())),
+    }
+}
+
+fn set_socket_mode(path: &std::path::Path, gid: Option<u32>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = if gid.is_some() { 0o660 } else { 0o600 };
+    if let Some(g) = gid {
+        std::os::unix::fs::chown(path, None, Some(g))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
