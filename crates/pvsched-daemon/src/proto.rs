@@ -156,6 +156,8 @@ pub struct VmStatus {
     pub decisions: u64,
     /// Reconciliation corrections in this VM.
     pub corrections: u64,
+    /// Decision → applied latency samples behind the percentiles.
+    pub apply_samples: u64,
     /// Decision → applied latency p50, ns.
     pub apply_p50_ns: u64,
     /// p99, ns.

@@ -730,6 +730,7 @@ pub(crate) fn vm_statuses(s: &State) -> Vec<(VmStatus, VmStats)> {
                     emulators: st.emulators.iter().map(thread_status).collect(),
                     decisions: st.decisions,
                     corrections: st.corrections,
+                    apply_samples: st.apply_samples as u64,
                     apply_p50_ns: st.apply_p50_ns,
                     apply_p99_ns: st.apply_p99_ns,
                 },

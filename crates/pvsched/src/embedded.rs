@@ -24,6 +24,13 @@
 //!   [`RegionSpec::GuestAddrs`].
 //! * The device's KICK doorbell goes to [`VmHandle::kick`] ([`KickSink`]).
 //!
+//! * `--policy daemon`: the same wiring against a running pvschedd
+//!   ([`Embedded::daemon`]): the VM is registered over its socket; in
+//!   device-region mode with the in-process device, BAR2's backing is the
+//!   VM's own region map, received as an fd from the daemon. KICK is not
+//!   forwarded (the daemon's 5 ms tick and the guest's own scheduler events
+//!   re-evaluate the slot).
+//!
 //! Restoring: dropping [`Embedded`] unregisters the VM (restoring every
 //! boosted vCPU thread's baseline) before the agent goes; SIGINT/SIGTERM and
 //! panics are handled by the agent itself (`pvsched_agent::safety`). If a
@@ -33,6 +40,8 @@
 use pvsched_agent::{
     Agent, AgentConfig, AgentError, RegionMmap, RegionSpec, VmHandle, VmSpec, VmStats,
 };
+use pvsched_daemon::client::RegionMap;
+use pvsched_daemon::{Client, ClientError, RegisterArgs};
 use pvsched_device::{PolicySink, PvschedDevice};
 use pvsched_policy::Caps;
 use pvsched_vmm::{DeviceLoss, DeviceMode, Vm};
@@ -51,6 +60,80 @@ pub enum EmbeddedError {
     /// The VMM refused (e.g. the device region).
     #[error("embedded policy: the VMM refused: {0}")]
     Vm(#[from] pvsched_vmm::Error),
+    /// pvschedd could not be reached or refused the VM.
+    #[error("pvschedd: {0}")]
+    Daemon(#[from] ClientError),
+}
+
+/// A VM registered with pvschedd: the connection (which keeps the
+/// registration), its name and the region map it sent.
+struct Remote {
+    client: Mutex<Client>,
+    name: String,
+    region: Option<RegionMap>,
+}
+
+impl Remote {
+    fn stats(&self) -> Option<VmStats> {
+        let (_, vms) = lock(&self.client).status().ok()?;
+        let vm = vms.into_iter().find(|v| v.name == self.name)?;
+        let conv = |t: &pvsched_daemon::proto::ThreadStatus| pvsched_agent::agent::VcpuStats {
+            tid: t.tid,
+            boosts: t.boosts,
+            throttles: t.throttles,
+            boosted_ns: t.boosted_ns,
+            boosts_applied: t.boosts_applied,
+            corrections: t.corrections,
+            errors: t.errors,
+            boost_prio: t.boost_prio,
+            throttled: t.throttled as u32,
+            ..Default::default()
+        };
+        Some(VmStats {
+            vcpus: vm.vcpus.iter().map(conv).collect(),
+            emulators: vm.emulators.iter().map(conv).collect(),
+            decisions: vm.decisions,
+            corrections: vm.corrections,
+            apply_samples: vm.apply_samples as usize,
+            apply_p50_ns: vm.apply_p50_ns,
+            apply_p99_ns: vm.apply_p99_ns,
+            ..Default::default()
+        })
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        // Synchronous: the daemon replies once every thread is restored.
+        // (Closing the connection would do it too, a moment later.)
+        if let Err(e) = lock(&self.client).unregister(&self.name) {
+            log::warn!("pvschedd: unregistering {}: {e}", self.name);
+        }
+    }
+}
+
+/// A registration: with the agent in this process, or with pvschedd.
+enum Registration {
+    Local(Arc<VmHandle>),
+    Remote(Remote),
+}
+
+impl Registration {
+    fn stats(&self) -> Option<VmStats> {
+        match self {
+            Registration::Local(h) => Some(h.stats()),
+            Registration::Remote(r) => r.stats(),
+        }
+    }
+}
+
+/// Where the policy runs.
+enum Backend {
+    Local(Agent),
+    Daemon {
+        socket: std::path::PathBuf,
+        name: String,
+    },
 }
 
 /// The device's [`PolicySink`] for the embedded policy: KICK re-evaluates
@@ -60,7 +143,7 @@ pub enum EmbeddedError {
 /// the registration waits for a kick in flight and no kick starts after it.
 #[derive(Default)]
 pub struct KickSink {
-    vm: RwLock<Option<Arc<VmHandle>>>,
+    vm: RwLock<Option<Arc<Registration>>>,
     last_stats: Mutex<Option<VmStats>>,
 }
 
@@ -77,7 +160,7 @@ fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 }
 
 impl KickSink {
-    fn set(&self, vm: Option<Arc<VmHandle>>) {
+    fn set(&self, vm: Option<Arc<Registration>>) {
         let mut g = write(&self.vm);
         // The old registration (if any) ends here, before a kick can see
         // the new one.
@@ -85,11 +168,14 @@ impl KickSink {
     }
 
     fn handle(&self) -> Option<Arc<VmHandle>> {
-        read(&self.vm).clone()
+        match read(&self.vm).as_deref() {
+            Some(Registration::Local(h)) => Some(h.clone()),
+            _ => None,
+        }
     }
 
     fn stats(&self) -> Option<VmStats> {
-        read(&self.vm).as_ref().map(|h| h.stats())
+        read(&self.vm).as_ref().and_then(|h| h.stats())
     }
 
     /// Ends the VM's registration now (every boosted vCPU thread gets its
@@ -100,7 +186,7 @@ impl KickSink {
     pub fn unregister(&self) {
         let mut g = write(&self.vm);
         if let Some(h) = g.take() {
-            *lock(&self.last_stats) = Some(h.stats());
+            *lock(&self.last_stats) = h.stats();
             drop(h);
         }
     }
@@ -109,7 +195,7 @@ impl KickSink {
 impl PolicySink for KickSink {
     fn kick(&self, slot: u32) {
         // VmHandle::kick ignores out-of-range slots (guest input).
-        if let Some(h) = read(&self.vm).as_ref() {
+        if let Some(Registration::Local(h)) = read(&self.vm).as_deref() {
             h.kick(slot);
         }
     }
@@ -126,7 +212,7 @@ pub struct Embedded {
     region: Option<Arc<RegionMmap>>,
     sink: Arc<KickSink>,
     caps: Caps,
-    agent: Agent,
+    backend: Backend,
 }
 
 impl Embedded {
@@ -137,7 +223,23 @@ impl Embedded {
             region: None,
             sink: Arc::new(KickSink::default()),
             caps,
-            agent,
+            backend: Backend::Local(agent),
+        })
+    }
+
+    /// Uses the running pvschedd at `socket` instead (the VM is registered
+    /// as `name`, asking for `caps`; a caps file for `name` on the host
+    /// wins). Checks now that the daemon answers.
+    pub fn daemon(caps: Caps, socket: &std::path::Path, name: &str) -> Result<Self, EmbeddedError> {
+        Client::connect(socket)?.status()?;
+        Ok(Self {
+            region: None,
+            sink: Arc::new(KickSink::default()),
+            caps,
+            backend: Backend::Daemon {
+                socket: socket.into(),
+                name: name.into(),
+            },
         })
     }
 
@@ -146,9 +248,12 @@ impl Embedded {
         self.sink.clone()
     }
 
-    /// The agent.
-    pub fn agent(&self) -> &Agent {
-        &self.agent
+    /// The agent, if it runs in this process.
+    pub fn agent(&self) -> Option<&Agent> {
+        match &self.backend {
+            Backend::Local(a) => Some(a),
+            Backend::Daemon { .. } => None,
+        }
     }
 
     /// The registration, once attached (and until unregistered). Holding
@@ -198,18 +303,55 @@ impl Embedded {
     }
 
     fn register(&mut self, vm: &Vm, region: RegionSpec) -> Result<(), EmbeddedError> {
-        if self.sink.handle().is_some() {
+        if read(&self.sink.vm).is_some() {
             return Err(EmbeddedError::Setup("the VM is already registered".into()));
         }
-        let handle = Arc::new(self.agent.register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: Self::tids(vm)?,
-            apic_ids: vm.apic_ids().to_vec(),
-            caps: self.caps.clone(),
-            region,
-        })?);
-        self.sink.set(Some(handle));
+        let vcpu_tids = Self::tids(vm)?;
+        let reg = match &self.backend {
+            Backend::Local(agent) => Registration::Local(Arc::new(agent.register_vm(VmSpec {
+                emulator_tids: vec![],
+                vcpu_tids,
+                apic_ids: vm.apic_ids().to_vec(),
+                caps: self.caps.clone(),
+                region,
+            })?)),
+            Backend::Daemon { socket, name } => {
+                let mut client = Client::connect(socket)?;
+                let r = client.register(RegisterArgs {
+                    name: name.clone(),
+                    vcpus: vcpu_tids
+                        .iter()
+                        .zip(vm.apic_ids())
+                        .map(|(&tid, &apic_id)| pvsched_daemon::proto::Vcpu { tid, apic_id })
+                        .collect(),
+                    emulator_tids: vec![],
+                    region: match region {
+                        RegionSpec::None => pvsched_daemon::proto::Region::None,
+                        RegionSpec::DeviceMap => pvsched_daemon::proto::Region::Device,
+                        RegionSpec::GuestAddrs(a) => pvsched_daemon::proto::Region::Guest(a),
+                    },
+                    caps: Some(self.caps.clone()),
+                    pid: None,
+                    detach: false,
+                })?;
+                Registration::Remote(Remote {
+                    client: Mutex::new(client),
+                    name: name.clone(),
+                    region: r.region,
+                })
+            }
+        };
+        self.sink.set(Some(Arc::new(reg)));
         Ok(())
+    }
+
+    /// The region the policy provides (device-map registration): start
+    /// and length of this process's mapping of it.
+    fn policy_region(&self) -> Option<(*mut u8, usize)> {
+        match read(&self.sink.vm).as_deref()? {
+            Registration::Local(h) => h.region().map(|m| (m.as_ptr(), m.len())),
+            Registration::Remote(r) => r.region.as_ref().map(|m| (m.as_ptr(), m.len())),
+        }
     }
 
     /// Device-region mode, between `Vm::start_held` and `Vm::release`
@@ -235,34 +377,37 @@ impl Embedded {
         }
         let size = usize::try_from(PvschedDevice::region_bar_size(nr)).unwrap_or(usize::MAX);
         self.register(vm, RegionSpec::DeviceMap)?;
-        let Some(map) = self.handle().and_then(|h| h.region()) else {
+        let Some((ptr, len)) = self.policy_region() else {
             return Err(EmbeddedError::Setup(
-                "the agent gave no region for a device-map VM".into(),
+                "the policy gave no region for a device-map VM".into(),
             ));
         };
-        if size > map.len() {
+        if size > len {
             return Err(EmbeddedError::Setup(format!(
-                "{nr} vCPUs need a {size}-byte BAR2 but the agent's region is {} bytes",
-                map.len()
+                "{nr} vCPUs need a {size}-byte BAR2 but the policy's region is {len} bytes"
             )));
         }
-        // SAFETY: `map` is a live MAP_SHARED, PROT_READ|PROT_WRITE, page
-        // aligned mapping of `map.len()` >= `size` bytes. `self.region` keeps
-        // it mapped, and `Embedded` is dropped only after the VM (whose
-        // memslot and device use this MmapRegion) is shut down: `main` and
-        // the tests finish the run first. build_raw does not take ownership
-        // (no munmap on drop).
+        // SAFETY: `ptr` is a live MAP_SHARED, PROT_READ|PROT_WRITE, page
+        // aligned mapping of `len` >= `size` bytes, owned by the
+        // registration (the agent's RegionMmap, or the RegionMap received
+        // from pvschedd), which the sink keeps until `Embedded` is dropped
+        // or the VM is unregistered after a device loss. `Embedded` is
+        // dropped only after the VM (whose memslot and device use this
+        // MmapRegion) is shut down: `main` and the tests finish the run
+        // first; after a device loss the in-process device does not exist
+        // (only a sandboxed device can be lost, and it never uses this
+        // path). build_raw does not take ownership (no munmap on drop).
         let backing = unsafe {
             MmapRegion::build_raw(
-                map.as_ptr(),
+                ptr,
                 size,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
             )
         }
-        .map_err(|e| EmbeddedError::Setup(format!("wrapping the agent's region: {e}")))?;
+        .map_err(|e| EmbeddedError::Setup(format!("wrapping the policy's region: {e}")))?;
         vm.set_device_region(Arc::new(backing))?;
-        self.region = Some(map);
+        self.region = self.handle().and_then(|h| h.region());
         Ok(())
     }
 

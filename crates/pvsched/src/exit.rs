@@ -28,6 +28,12 @@ pub enum Exit {
     /// `pvsched bench`: the benchmark could not run (a run failed or
     /// overran, bench/s4.py or a binary it needs is missing, ...).
     Bench = 9,
+    /// pvschedd's socket could not be reached (not running, or no
+    /// permission on the socket).
+    NoDaemon = 10,
+    /// pvschedd refused the request (the message says why); nothing
+    /// changed.
+    Refused = 11,
 }
 
 /// The exit-code table shown at the end of `--help`.
@@ -46,4 +52,7 @@ Exit codes:
      end without it (guest saw DEVICE_NEEDS_RESET, policy boosts dropped)
      and the summary reports device_lost
   9  pvsched bench: the benchmark could not run (the message says what
-     failed; a measured run's own code 3-8 is passed through)";
+     failed; a measured run's own code 3-8 is passed through)
+ 10  pvschedd's socket could not be reached (is it running? are you in
+     the socket's group?)
+ 11  pvschedd refused the request (the message says why); nothing changed";

@@ -2,6 +2,7 @@
 //! file only parses and dispatches.
 
 mod bench;
+mod daemon_cli;
 mod exit;
 mod run;
 
@@ -29,6 +30,18 @@ enum Command {
     /// the raw samples).
     #[command(name = "bench-run", hide = true)]
     BenchRun(bench::worker::WorkerArgs),
+    /// pvschedd and every VM it serves: boosts, throttles, errors.
+    #[command(after_help = exit::HELP)]
+    Status(daemon_cli::StatusArgs),
+    /// `status`, refreshed live, with boost rates.
+    #[command(after_help = exit::HELP)]
+    Top(daemon_cli::TopArgs),
+    /// Change or end a VM's registration with pvschedd.
+    #[command(after_help = exit::HELP)]
+    Vm(daemon_cli::VmArgs),
+    /// pvschedd's Prometheus metrics (text exposition).
+    #[command(after_help = exit::HELP)]
+    Metrics(daemon_cli::MetricsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -37,6 +50,10 @@ fn main() -> std::process::ExitCode {
         Command::Run(args) => run::main(&args),
         Command::Bench(args) => return std::process::ExitCode::from(bench::main(&args)),
         Command::BenchRun(args) => bench::worker::main(&args),
+        Command::Status(args) => daemon_cli::status(&args),
+        Command::Top(args) => daemon_cli::top(&args),
+        Command::Vm(args) => daemon_cli::vm(&args),
+        Command::Metrics(args) => daemon_cli::metrics(&args),
         Command::Device(args) => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
                 .init();

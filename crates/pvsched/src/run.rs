@@ -21,6 +21,9 @@ pub enum Policy {
     None,
     /// The pvsched BPF policy, loaded in this process (needs root).
     Embedded,
+    /// Register with a running pvschedd (`--daemon-socket`); the policy
+    /// runs there, this process needs no privilege beyond the socket.
+    Daemon,
 }
 
 /// Where the shared region lives.
@@ -101,6 +104,13 @@ pub struct RunArgs {
     /// Where the pvsched device runs.
     #[arg(long, value_enum, default_value_t = DeviceModeArg::Sandboxed)]
     pub device_mode: DeviceModeArg,
+    /// With `--policy daemon`: pvschedd's socket.
+    #[arg(long, env = "PVSCHED_SOCKET", default_value = pvsched_daemon::config::DEFAULT_SOCKET)]
+    pub daemon_socket: PathBuf,
+    /// With `--policy daemon`: the VM's name (its caps file on the host is
+    /// /etc/pvsched/vms/NAME.toml). Default: pvsched-run-PID.
+    #[arg(long)]
+    pub vm_name: Option<String>,
 }
 
 /// Why the VM (with its policy) did not start.
@@ -130,6 +140,8 @@ fn policy_exit(e: &EmbeddedError) -> Exit {
     match e {
         EmbeddedError::Agent(AgentError::Bpf(_)) => Exit::PolicyLoad,
         EmbeddedError::Vm(v) => exit_for(v),
+        EmbeddedError::Daemon(pvsched_daemon::ClientError::Connect { .. }) => Exit::NoDaemon,
+        EmbeddedError::Daemon(pvsched_daemon::ClientError::Refused { .. }) => Exit::Refused,
         _ => Exit::Failure,
     }
 }
@@ -144,8 +156,10 @@ pub fn main(args: &RunArgs) -> Exit {
         eprintln!("pvsched run: --policy-file needs --policy embedded");
         return Exit::PolicyFile;
     }
-    if args.policy == Policy::None && args.trace.is_some() {
-        eprintln!("pvsched run: --trace needs --policy embedded");
+    if args.policy != Policy::Embedded && args.trace.is_some() {
+        eprintln!(
+            "pvsched run: --trace needs --policy embedded (pvschedd has no trace option yet)"
+        );
         return Exit::Usage;
     }
     let mut vm = VmConfig::new(args.vcpus, args.workload.into());
@@ -182,6 +196,26 @@ pub fn main(args: &RunArgs) -> Exit {
                 ..AgentConfig::default()
             };
             match Embedded::load(caps, cfg) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    eprintln!("pvsched run: {e}");
+                    return policy_exit(&e);
+                }
+            }
+        }
+        Policy::Daemon => {
+            let caps = match load_caps(args.policy_file.as_ref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("pvsched run: {e}");
+                    return Exit::PolicyFile;
+                }
+            };
+            let name = args
+                .vm_name
+                .clone()
+                .unwrap_or_else(|| format!("pvsched-run-{}", std::process::id()));
+            match Embedded::daemon(caps, &args.daemon_socket, &name) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     eprintln!("pvsched run: {e}");
@@ -274,6 +308,7 @@ fn policy_name(p: Policy) -> &'static str {
     match p {
         Policy::None => "none",
         Policy::Embedded => "embedded",
+        Policy::Daemon => "daemon",
     }
 }
 

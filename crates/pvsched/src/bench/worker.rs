@@ -216,7 +216,7 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     mark(MARK_END);
     let progs: Vec<_> = policy
         .as_ref()
-        .map(|p| p.agent().prog_stats())
+        .and_then(|p| p.agent().map(|a| a.prog_stats()))
         .unwrap_or_default()
         .into_iter()
         .map(|(name, cnt, ns)| json!({ "name": name, "run_cnt": cnt, "run_time_ns": ns }))

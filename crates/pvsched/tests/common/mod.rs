@@ -174,3 +174,56 @@ pub fn vcpu_threads(pid: u32) -> Vec<(u32, u32)> {
     out.sort_unstable();
     out
 }
+
+/// A pvschedd process (the binary built beside `pvsched`) with its own
+/// socket and an empty VM directory; killed on drop.
+pub struct Pvschedd {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    /// Its socket.
+    pub socket: std::path::PathBuf,
+}
+
+impl Pvschedd {
+    /// Starts it and waits for its socket.
+    pub fn start(tag: &str) -> Pvschedd {
+        let bin = std::path::Path::new(env!("CARGO_BIN_EXE_pvsched")).with_file_name("pvschedd");
+        assert!(
+            bin.exists(),
+            "{} missing: build the workspace (cargo build -p pvsched-daemon)",
+            bin.display()
+        );
+        let dir = std::env::temp_dir().join(format!("pvsched-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("vms")).unwrap();
+        let socket = dir.join("pvschedd.sock");
+        let cfg = dir.join("pvschedd.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "socket = {socket:?}\nsocket_group = \"\"\nvm_dir = {:?}\nmetrics_listen = \"\"\n",
+                dir.join("vms")
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new(bin)
+            .arg("--config")
+            .arg(&cfg)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap();
+        let d = Pvschedd { child, dir, socket };
+        wait_for("pvschedd's socket", LIMIT, || {
+            pvsched_daemon::Client::connect(&d.socket).ok()
+        });
+        d
+    }
+}
+
+impl Drop for Pvschedd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
