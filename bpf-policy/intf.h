@@ -44,7 +44,8 @@
 #define PVS_EV_IPI 5	    /* a = dest_id, b = icr_low */
 #define PVS_EV_USER_EXIT 6  /* a = exit reason */
 #define PVS_EV_TICK 7	    /* agent timer or device KICK: re-evaluate */
-#define PVS_EV_MAX 8
+#define PVS_EV_EXIT 8	    /* the registered thread exits (sched_process_exit) */
+#define PVS_EV_MAX 9
 
 /* Decision reasons. */
 #define PVS_R_NONE 0	   /* the guest no longer asks */
@@ -56,6 +57,7 @@
 #define PVS_R_MAX_BOOST 6  /* throttled: continuous boost exceeded max_boost_ns */
 #define PVS_R_BUDGET 7	   /* throttled: budget of the window used up */
 #define PVS_R_THROTTLED 8  /* its waiting pair was throttled (unit throttle) */
+#define PVS_R_EXITED 9	   /* the thread exited: its TID is forgotten, nothing to restore */
 
 /* Per-VM configuration: admin caps and policy knobs. */
 struct pvs_caps {

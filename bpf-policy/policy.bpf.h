@@ -69,14 +69,19 @@ static __always_inline struct pvs_vcpu *vcpu_by_tid(__u32 tid)
 	__u32 key = tid & (PVS_TID_HINTS - 1);
 	__u32 *hint = bpf_map_lookup_elem(&tid_hint, &key);
 	__u32 *gid;
-
 	if (!hint || !*hint)
 		return NULL;
-	gid = bpf_map_lookup_elem(&tids, &tid);
+	struct pvs_vcpu *v;
 
+	gid = bpf_map_lookup_elem(&tids, &tid);
 	if (!gid)
 		return NULL;
-	return bpf_map_lookup_elem(&vcpus, gid);
+	v = bpf_map_lookup_elem(&vcpus, gid);
+	/* tid 0 once the registered thread exited: a new thread that gets
+	 * the same TID is never this vCPU. */
+	if (!v || READ_ONCE(v->tid) != tid)
+		return NULL;
+	return v;
 }
 
 static __always_inline __u32 current_tid(void)

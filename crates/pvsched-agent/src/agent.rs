@@ -707,6 +707,13 @@ fn handle(inner: &Inner, d: &PvsDecision) {
         reg.foreign += 1;
         return;
     };
+    if d.reason == pvsched_policy::event::R_EXITED {
+        if let Some(t) = reg.threads.get_mut(&d.gid).filter(|t| t.tid == d.tid) {
+            log::info!("pvsched: registered thread {} exited", d.tid);
+            t.exit();
+        }
+        return;
+    }
     // Registered TIDs only: the thread must be the one registered at gid.
     let Some(t) = reg
         .threads
@@ -854,11 +861,11 @@ fn consumer(
 /// syscall) can never leave a thread boosted past what the policy decided.
 fn reconcile(inner: &Inner) {
     let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
-    let (states, dropped): (Vec<(u32, u32, i32)>, u64) = {
+    let (states, dropped): (Vec<(u32, u32, i32, u32)>, u64) = {
         let obj = lock(&inner.obj);
         let states = gids
             .iter()
-            .filter_map(|&g| obj.vcpu(g).ok().map(|v| (g, v.boost, v.boost_prio)))
+            .filter_map(|&g| obj.vcpu(g).ok().map(|v| (g, v.boost, v.boost_prio, v.tid)))
             .collect();
         (states, obj.stats().map(|s| s.dropped).unwrap_or(0))
     };
@@ -872,13 +879,21 @@ fn reconcile(inner: &Inner) {
     }
     let mut guard = lock(&inner.reg);
     let reg = &mut *guard;
-    for (gid, kind, prio) in states {
+    for (gid, kind, prio, policy_tid) in states {
         let Some(vm) = reg.vms.get_mut(&(gid >> GID_SHIFT)) else {
             continue;
         };
         let Some(t) = reg.threads.get_mut(&gid) else {
             continue;
         };
+        if policy_tid != t.tid {
+            // The policy forgot the thread (it exited; its record may
+            // have been dropped): never touch its TID again.
+            if !t.exited {
+                t.exit();
+            }
+            continue;
+        }
         if t.reconcile(kind, prio, &vm.caps) {
             vm.corrections += 1;
         }

@@ -83,6 +83,9 @@ pub struct ThreadState {
     pub corrections: u64,
     /// The guardian's ledger entry of this thread, if guarded.
     guard: Option<Guard>,
+    /// The thread exited (the policy saw `sched_process_exit`): its TID is
+    /// never passed to sched_setattr again, even if a new thread gets it.
+    pub exited: bool,
 }
 
 /// Where a thread's boosts are recorded for the guardian.
@@ -114,7 +117,17 @@ impl ThreadState {
             decided: (BOOST_NONE, 0),
             corrections: 0,
             guard: None,
+            exited: false,
         }
+    }
+
+    /// The thread exited: forget it (nothing to restore; its TID may
+    /// belong to another thread from now on).
+    pub fn exit(&mut self) {
+        self.exited = true;
+        self.applied = None;
+        self.decided = (BOOST_NONE, 0);
+        self.disarm();
     }
 
     /// A thread whose boosts the guardian restores if the agent process
@@ -141,6 +154,9 @@ impl ThreadState {
     /// to what was applied if its attributes were changed behind our back
     /// while boosted. Returns true if it corrected something.
     pub fn reconcile(&mut self, kind: u32, prio: i32, caps: &Caps) -> bool {
+        if self.exited {
+            return false;
+        }
         let want = if kind == BOOST_NONE {
             (BOOST_NONE, 0)
         } else {
@@ -186,6 +202,9 @@ impl ThreadState {
 
     /// Applies a decision; returns true if a syscall changed the thread.
     pub fn apply(&mut self, kind: u32, prio: i32, reason: u32, caps: &Caps) -> bool {
+        if self.exited {
+            return false;
+        }
         if reason == pvsched_policy::event::R_MAX_BOOST || reason == pvsched_policy::event::R_BUDGET
         {
             self.throttles += 1;
@@ -255,6 +274,9 @@ impl ThreadState {
 
     /// Puts the thread back to its baseline if we changed it.
     pub fn restore(&mut self) -> bool {
+        if self.exited {
+            return false;
+        }
         let (Some(base), Some(_)) = (self.baseline, self.applied) else {
             return false;
         };

@@ -17,9 +17,10 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pvsched.bpf.o"));
 
 /// Tracepoint programs: (program, tp_btf tracepoint).
-pub const TRACEPOINTS: [(&str, &str); 5] = [
+pub const TRACEPOINTS: [(&str, &str); 6] = [
     ("pvs_sched_switch", "sched_switch"),
     ("pvs_sched_wakeup", "sched_wakeup"),
+    ("pvs_sched_process_exit", "sched_process_exit"),
     ("pvs_kvm_vcpu_wakeup", "kvm_vcpu_wakeup"),
     ("pvs_kvm_apic_ipi", "kvm_apic_ipi"),
     ("pvs_kvm_userspace_exit", "kvm_userspace_exit"),

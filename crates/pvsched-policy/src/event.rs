@@ -15,8 +15,10 @@ pub const EV_IPI: u32 = 5;
 pub const EV_USER_EXIT: u32 = 6;
 /// `PVS_EV_*`: agent timer re-evaluation.
 pub const EV_TICK: u32 = 7;
+/// `PVS_EV_*`: the registered thread exits (sched_process_exit).
+pub const EV_EXIT: u32 = 8;
 /// Number of event kinds (array size in the statistics).
-pub const EV_MAX: u32 = 8;
+pub const EV_MAX: u32 = 9;
 
 /// `PVS_R_*`: the guest no longer asks.
 pub const R_NONE: u32 = 0;
@@ -36,6 +38,9 @@ pub const R_MAX_BOOST: u32 = 6;
 pub const R_BUDGET: u32 = 7;
 /// `PVS_R_*`: still throttled.
 pub const R_THROTTLED: u32 = 8;
+/// `PVS_R_*`: the thread exited; its TID is forgotten (never acted on
+/// again, even if the kernel gives it to a new thread).
+pub const R_EXITED: u32 = 9;
 
 /// `PVS_ST_*` run states.
 pub const ST_UNKNOWN: u32 = 0;
