@@ -4,6 +4,7 @@
 mod bench;
 mod daemon_cli;
 mod exit;
+mod qemu_attach;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,10 @@ enum Command {
     /// Change or end a VM's registration with pvschedd.
     #[command(after_help = exit::HELP)]
     Vm(daemon_cli::VmArgs),
+    /// Register a running QEMU (vCPU threads from QMP) with pvschedd, e.g.
+    /// from a libvirt hook.
+    #[command(name = "qemu-attach", after_help = exit::HELP)]
+    QemuAttach(qemu_attach::QemuAttachArgs),
     /// pvschedd's Prometheus metrics (text exposition).
     #[command(after_help = exit::HELP)]
     Metrics(daemon_cli::MetricsArgs),
@@ -54,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Top(args) => daemon_cli::top(&args),
         Command::Vm(args) => daemon_cli::vm(&args),
         Command::Metrics(args) => daemon_cli::metrics(&args),
+        Command::QemuAttach(args) => qemu_attach::main(&args),
         Command::Device(args) => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
                 .init();

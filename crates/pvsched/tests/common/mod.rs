@@ -56,6 +56,32 @@ pub fn kvm_root_bpf(test: &str) -> bool {
     }
 }
 
+/// Whether root and BPF are there (no KVM needed); SKIP (or fail) if not.
+pub fn root_bpf(test: &str) -> bool {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip_or_fail(test, "needs root (BPF policy)");
+    }
+    match pvsched_agent::PolicyObject::load(false) {
+        Ok(_) => true,
+        Err(e) => skip_or_fail(test, &format!("BPF unavailable: {e}")),
+    }
+}
+
+/// Whether `program` runs (`program --version`); SKIP (or fail) if not.
+pub fn have_program(test: &str, program: &str) -> bool {
+    match std::process::Command::new(program)
+        .arg("--version")
+        .output()
+    {
+        Ok(o) if o.status.success() => true,
+        _ => skip_or_fail(
+            test,
+            &format!("{program} is not installed (scripts/setup installs it)"),
+        ),
+    }
+}
+
 /// Poll `f` until it returns `Some` (bounded by `limit`).
 pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let t0 = Instant::now();

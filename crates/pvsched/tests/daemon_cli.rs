@@ -1,0 +1,152 @@
+//! The operator's commands against a real pvschedd: `pvsched qemu-attach`
+//! on a real QEMU (vCPU threads from QMP), `pvsched status`, `vm set`,
+//! `vm unregister`, `metrics`, and their exit codes.
+
+mod common;
+
+use common::{LIMIT, Pvschedd, wait_for};
+use std::process::{Child, Command, Output};
+
+fn pvsched(args: &[&str], socket: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pvsched"))
+        .args(args)
+        .env("PVSCHED_SOCKET", socket)
+        .output()
+        .expect("pvsched runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A QEMU with stopped vCPUs (`-S`: no guest needed) and a QMP socket.
+struct Qemu(Child);
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// vCPU thread ids of a QEMU process (threads named "CPU n/TCG" or
+/// "CPU n/KVM"), by CPU index.
+fn qemu_vcpu_tids(pid: u32) -> Vec<u32> {
+    let mut v: Vec<(u32, u32)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| {
+                let tid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+                let idx = comm.strip_prefix("CPU ")?.split('/').next()?.parse().ok()?;
+                Some((idx, tid))
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v.into_iter().map(|(_, t)| t).collect()
+}
+
+#[test]
+fn qemu_attach_registers_a_running_qemu_until_it_exits() {
+    let test = "qemu_attach_registers_a_running_qemu_until_it_exits";
+    if !common::root_bpf(test) || !common::have_program(test, "qemu-system-x86_64") {
+        return;
+    }
+    let d = Pvschedd::start("qemu-attach");
+    let qmp = d.socket.with_file_name("qmp.sock");
+    let qemu = Qemu(
+        Command::new("qemu-system-x86_64")
+            .args([
+                "-machine",
+                "q35",
+                "-accel",
+                "tcg,thread=multi",
+                "-smp",
+                "2",
+                "-m",
+                "64",
+                "-S",
+                "-display",
+                "none",
+                "-nodefaults",
+                "-name",
+                "tcg-1,debug-threads=on",
+                "-qmp",
+            ])
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .spawn()
+            .expect("qemu starts"),
+    );
+    let pid = qemu.0.id();
+    let tids = wait_for("QEMU's two vCPU threads", LIMIT, || {
+        let t = qemu_vcpu_tids(pid);
+        (t.len() == 2 && qmp.exists()).then_some(t)
+    });
+    let o = pvsched(
+        &[
+            "qemu-attach",
+            "--qmp",
+            qmp.to_str().unwrap(),
+            "--name",
+            "tcg-1",
+        ],
+        &d.socket,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = pvsched(&["status", "--json"], &d.socket);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let vm = &v["vms"][0];
+    assert_eq!(vm["name"], "tcg-1");
+    assert_eq!(vm["pid"], pid);
+    let got: Vec<u64> = vm["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, tids.iter().map(|&t| t as u64).collect::<Vec<_>>());
+    assert_eq!(vm["emulators"][0]["tid"], pid, "QEMU's main loop");
+    // Live caps change from the command line; refused above the maximum.
+    let o = pvsched(
+        &["vm", "set", "tcg-1", "max_rt_prio=2", "halt_boost=nice"],
+        &d.socket,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("max_rt_prio = 2"), "{}", text(&o));
+    let o = pvsched(&["vm", "set", "tcg-1", "max_rt_prio=50"], &d.socket);
+    assert_eq!(o.status.code(), Some(11), "{}", text(&o));
+    assert!(text(&o).contains("operator maximum"), "{}", text(&o));
+    let o = pvsched(&["vm", "set", "nope", "max_rt_prio=1"], &d.socket);
+    assert_eq!(o.status.code(), Some(11), "{}", text(&o));
+    let o = pvsched(&["metrics"], &d.socket);
+    assert!(
+        text(&o).contains("pvsched_vcpus{vm=\"tcg-1\"} 2"),
+        "{}",
+        text(&o)
+    );
+    let o = pvsched(&["status"], &d.socket);
+    assert!(text(&o).contains("tcg-1"), "{}", text(&o));
+    // QEMU exits: the daemon unregisters the VM (pidfd).
+    drop(qemu);
+    wait_for("tcg-1 unregistered after QEMU exited", LIMIT, || {
+        let o = pvsched(&["status", "--json"], &d.socket);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        v["vms"].as_array()?.is_empty().then_some(())
+    });
+}
+
+#[test]
+fn no_daemon_exits_10() {
+    let o = pvsched(
+        &["status"],
+        std::path::Path::new("/nonexistent/pvschedd.sock"),
+    );
+    assert_eq!(o.status.code(), Some(10), "{}", text(&o));
+    assert!(text(&o).contains("is it running?"), "{}", text(&o));
+}
