@@ -70,7 +70,7 @@ pub enum ConfigError {
 }
 
 /// `pvschedd.toml`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// The UNIX socket VMMs and `pvsched` connect to.
@@ -186,6 +186,13 @@ mod tests {
         let c = Config::parse("", Path::new("x.toml")).unwrap();
         assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));
         assert_eq!(c.defaults, Caps::default());
+    }
+
+    #[test]
+    fn the_shipped_file_is_the_defaults() {
+        let text = include_str!("../../../dist/pvschedd.toml");
+        let c = Config::parse(text, Path::new("dist/pvschedd.toml")).unwrap();
+        assert_eq!(c, Config::default());
     }
 
     #[test]

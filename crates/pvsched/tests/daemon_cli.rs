@@ -33,6 +33,42 @@ impl Drop for Qemu {
     }
 }
 
+impl Qemu {
+    /// Starts it with 2 TCG vCPUs and QMP at `qmp`; returns it with its
+    /// vCPU thread ids.
+    fn start(qmp: &std::path::Path, name: &str) -> (Qemu, Vec<u32>) {
+        let qemu = Qemu(
+            Command::new("qemu-system-x86_64")
+                .args([
+                    "-machine",
+                    "q35",
+                    "-accel",
+                    "tcg,thread=multi",
+                    "-smp",
+                    "2",
+                    "-m",
+                    "64",
+                    "-S",
+                    "-display",
+                    "none",
+                    "-nodefaults",
+                    "-name",
+                ])
+                .arg(format!("{name},debug-threads=on"))
+                .arg("-qmp")
+                .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+                .spawn()
+                .expect("qemu starts"),
+        );
+        let pid = qemu.0.id();
+        let tids = wait_for("QEMU's two vCPU threads", LIMIT, || {
+            let t = qemu_vcpu_tids(pid);
+            (t.len() == 2 && qmp.exists()).then_some(t)
+        });
+        (qemu, tids)
+    }
+}
+
 /// vCPU thread ids of a QEMU process (threads named "CPU n/TCG" or
 /// "CPU n/KVM"), by CPU index.
 fn qemu_vcpu_tids(pid: u32) -> Vec<u32> {
@@ -59,34 +95,8 @@ fn qemu_attach_registers_a_running_qemu_until_it_exits() {
     }
     let d = Pvschedd::start("qemu-attach");
     let qmp = d.socket.with_file_name("qmp.sock");
-    let qemu = Qemu(
-        Command::new("qemu-system-x86_64")
-            .args([
-                "-machine",
-                "q35",
-                "-accel",
-                "tcg,thread=multi",
-                "-smp",
-                "2",
-                "-m",
-                "64",
-                "-S",
-                "-display",
-                "none",
-                "-nodefaults",
-                "-name",
-                "tcg-1,debug-threads=on",
-                "-qmp",
-            ])
-            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-            .spawn()
-            .expect("qemu starts"),
-    );
+    let (qemu, tids) = Qemu::start(&qmp, "tcg-1");
     let pid = qemu.0.id();
-    let tids = wait_for("QEMU's two vCPU threads", LIMIT, || {
-        let t = qemu_vcpu_tids(pid);
-        (t.len() == 2 && qmp.exists()).then_some(t)
-    });
     let o = pvsched(
         &[
             "qemu-attach",
@@ -149,4 +159,50 @@ fn no_daemon_exits_10() {
     );
     assert_eq!(o.status.code(), Some(10), "{}", text(&o));
     assert!(text(&o).contains("is it running?"), "{}", text(&o));
+}
+
+/// dist/libvirt/qemu.d/pvsched, called as libvirt calls it, registers the
+/// started domain (and ignores the other operations).
+#[test]
+fn the_libvirt_hook_registers_a_started_domain() {
+    let test = "the_libvirt_hook_registers_a_started_domain";
+    if !common::root_bpf(test) || !common::have_program(test, "qemu-system-x86_64") {
+        return;
+    }
+    let d = Pvschedd::start("hook");
+    let qmp_dir = d.socket.with_file_name("qmp");
+    std::fs::create_dir_all(&qmp_dir).unwrap();
+    let (qemu, tids) = Qemu::start(&qmp_dir.join("dom-1.sock"), "dom-1");
+    let hook = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../dist/libvirt/qemu.d/pvsched"
+    );
+    let run_hook = |op: &str| {
+        let o = Command::new(hook)
+            .args(["dom-1", op, "begin", "-"])
+            .env("PVSCHED_BIN", env!("CARGO_BIN_EXE_pvsched"))
+            .env("PVSCHED_QMP_DIR", &qmp_dir)
+            .env("PVSCHED_SOCKET", &d.socket)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    let vms = || -> serde_json::Value {
+        serde_json::from_slice(&pvsched(&["status", "--json"], &d.socket).stdout).unwrap()
+    };
+    run_hook("prepare");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        vms()["vms"].as_array().unwrap().len(),
+        0,
+        "prepare registers nothing"
+    );
+    run_hook("started");
+    let vm = wait_for("dom-1 registered by the hook", LIMIT, || {
+        vms()["vms"].as_array()?.first().cloned()
+    });
+    assert_eq!(vm["name"], "dom-1");
+    assert_eq!(vm["vcpus"][0]["tid"], tids[0]);
+    assert_eq!(vm["vcpus"][1]["tid"], tids[1]);
+    drop(qemu);
 }
