@@ -709,7 +709,7 @@ fn handle(inner: &Inner, d: &PvsDecision) {
     };
     if d.reason == pvsched_policy::event::R_EXITED {
         if let Some(t) = reg.threads.get_mut(&d.gid).filter(|t| t.tid == d.tid) {
-            log::info!("pvsched: registered thread {} exited", d.tid);
+            log::debug!("pvsched: registered thread {} exited", d.tid);
             t.exit();
         }
         return;
