@@ -115,7 +115,7 @@ fn main() {
     let mut on = false;
     while t0.elapsed() < a.duration {
         on = !on;
-        for (_, region) in vms.iter().filter_map(|(_, r)| r.as_ref()).enumerate() {
+        for region in vms.iter().filter_map(|(_, r)| r.as_ref()) {
             for i in 0..a.vcpus {
                 region.write_guest(a.vcpus, i, if on { &rt } else { &idle });
             }
