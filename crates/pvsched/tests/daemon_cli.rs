@@ -206,3 +206,120 @@ fn the_libvirt_hook_registers_a_started_domain() {
     assert_eq!(vm["vcpus"][1]["tid"], tids[1]);
     drop(qemu);
 }
+
+/// Must show: one pvschedd, three reference-VMM processes (`pvsched run
+/// --policy daemon`, real KVM, `greedy` guests asking for RT) registered at
+/// once with different caps (their VM files): each VM's vCPU threads
+/// boosted within its own caps only, read back with sched_getattr; a VM's
+/// caps changed live.
+#[test]
+fn three_reference_vmms_each_within_its_own_caps() {
+    let test = "three_reference_vmms_each_within_its_own_caps";
+    if !common::kvm_root_bpf(test) {
+        return;
+    }
+    use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL};
+    let d = Pvschedd::start("three-vmm");
+    // (name, caps file, what a boosted vCPU thread must look like, bound)
+    d.vm_file("ref-a", "allow_rt = false\nnice_floor = -3\n");
+    d.vm_file("ref-b", "allow_rt = false\nnice_floor = -8\n");
+    d.vm_file("ref-c", "max_rt_prio = 1\n");
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let runs: Vec<(&str, Killed)> = ["ref-a", "ref-b", "ref-c"]
+        .into_iter()
+        .map(|name| {
+            let c = Command::new(env!("CARGO_BIN_EXE_pvsched"))
+                .args([
+                    "run",
+                    "--policy",
+                    "daemon",
+                    "--vm-name",
+                    name,
+                    "--workload",
+                    "greedy",
+                    "--duration",
+                    "12s",
+                    "--device-mode",
+                    "in-process",
+                    "--json",
+                ])
+                .env("PVSCHED_SOCKET", &d.socket)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            (name, Killed(c))
+        })
+        .collect();
+    let tids: Vec<(&str, Vec<u32>)> = runs
+        .iter()
+        .map(|(name, k)| {
+            let pid = k.0.id();
+            let v = wait_for("two vCPU threads", LIMIT, || {
+                let v = common::vcpu_threads(pid);
+                (v.len() == 2).then_some(v)
+            });
+            (*name, v.into_iter().map(|(_, t)| t).collect())
+        })
+        .collect();
+    wait_for("three VMs registered", LIMIT, || {
+        let o = pvsched(&["status", "--json"], &d.socket);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        (v["vms"].as_array()?.len() == 3).then_some(())
+    });
+    let attr = |t: u32| pvsched_agent::sched::get(t).ok();
+    let within = |name: &str, a: &pvsched_agent::sched::SchedAttr| match name {
+        "ref-a" => a.policy == POLICY_NORMAL && a.nice >= -3,
+        "ref-b" => a.policy == POLICY_NORMAL && a.nice >= -8,
+        _ => a.policy == POLICY_NORMAL || (a.policy == POLICY_FIFO && a.priority <= 1),
+    };
+    // Each VM's threads reach their own cap (throttling lets them go in
+    // between: greedy vCPUs never halt) ...
+    for (name, ts) in &tids {
+        let want = |a: &pvsched_agent::sched::SchedAttr| match *name {
+            "ref-a" => a.nice == -3,
+            "ref-b" => a.nice == -8,
+            _ => a.policy == POLICY_FIFO && a.priority == 1,
+        };
+        wait_for(&format!("{name} boosted to its cap"), LIMIT, || {
+            ts.iter()
+                .any(|&t| attr(t).is_some_and(|a| want(&a)))
+                .then_some(())
+        });
+    }
+    // ... and never beyond it.
+    for _ in 0..300 {
+        for (name, ts) in &tids {
+            for &t in ts {
+                if let Some(a) = attr(t) {
+                    assert!(within(name, &a), "{name} thread {t}: {a:?} beyond its caps");
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // A live change: ref-b down to nice -2.
+    let o = pvsched(&["vm", "set", "ref-b", "nice_floor=-2"], &d.socket);
+    assert!(o.status.success(), "{}", text(&o));
+    let b = &tids[1].1;
+    wait_for("ref-b at its new nice floor", LIMIT, || {
+        b.iter()
+            .any(|&t| attr(t).is_some_and(|a| a.nice == -2))
+            .then_some(())
+    });
+    for _ in 0..200 {
+        for &t in b {
+            if let Some(a) = attr(t) {
+                assert!(a.nice >= -2, "ref-b thread {t}: {a:?} below the new floor");
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    drop(runs);
+}

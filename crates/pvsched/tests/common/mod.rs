@@ -246,6 +246,13 @@ impl Pvschedd {
     }
 }
 
+impl Pvschedd {
+    /// Writes VM `name`'s caps file.
+    pub fn vm_file(&self, name: &str, caps: &str) {
+        std::fs::write(self.dir.join("vms").join(format!("{name}.toml")), caps).unwrap();
+    }
+}
+
 impl Drop for Pvschedd {
     fn drop(&mut self) {
         let _ = self.child.kill();
