@@ -104,6 +104,9 @@ pub struct RunArgs {
     /// Where the pvsched device runs.
     #[arg(long, value_enum, default_value_t = DeviceModeArg::Sandboxed)]
     pub device_mode: DeviceModeArg,
+    /// Same as `--policy daemon`: register with the running pvschedd.
+    #[arg(long, conflicts_with = "policy")]
+    pub daemon: bool,
     /// With `--policy daemon`: pvschedd's socket.
     #[arg(long, env = "PVSCHED_SOCKET", default_value = pvsched_daemon::config::DEFAULT_SOCKET)]
     pub daemon_socket: PathBuf,
@@ -148,6 +151,21 @@ fn policy_exit(e: &EmbeddedError) -> Exit {
 
 /// Run the subcommand; returns the exit code.
 pub fn main(args: &RunArgs) -> Exit {
+    let owned;
+    let args = if args.daemon {
+        owned = RunArgs {
+            policy: Policy::Daemon,
+            daemon: false,
+            policy_file: args.policy_file.clone(),
+            trace: args.trace.clone(),
+            daemon_socket: args.daemon_socket.clone(),
+            vm_name: args.vm_name.clone(),
+            ..*args
+        };
+        &owned
+    } else {
+        args
+    };
     // Warnings and errors (e.g. the device process dying) on stderr.
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
