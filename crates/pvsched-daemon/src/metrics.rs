@@ -139,18 +139,7 @@ pub fn render(s: &State) -> String {
             format!("{l},quantile=\"0.99\""),
             vm.apply_p99_ns as f64 / 1e9,
         );
-        let threads = vm
-            .vcpus
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (format!("vcpu{i}"), t))
-            .chain(
-                vm.emulators
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| (format!("emu{i}"), t)),
-            );
-        for (name, t) in threads {
+        for (name, t) in vm.threads() {
             let l = format!("vm=\"{}\",thread=\"{name}\"", vm.name);
             fams[9].add(l.clone(), t.boosts as f64);
             fams[10].add(l.clone(), t.boosts_applied as f64);

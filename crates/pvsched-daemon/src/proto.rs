@@ -164,6 +164,24 @@ pub struct VmStatus {
     pub apply_p99_ns: u64,
 }
 
+impl VmStatus {
+    /// Every thread with its name as status and metrics show it: `vcpu0`,
+    /// `vcpu1`, ..., then `emu0`, ...
+    pub fn threads(&self) -> impl Iterator<Item = (String, &ThreadStatus)> {
+        let vcpus = self
+            .vcpus
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("vcpu{i}"), t));
+        let emus = self
+            .emulators
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("emu{i}"), t));
+        vcpus.chain(emus)
+    }
+}
+
 /// Daemon-wide figures in [`Reply::Status`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DaemonStatus {

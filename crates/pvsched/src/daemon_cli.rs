@@ -156,18 +156,7 @@ fn write_table(
         "ERRORS"
     )?;
     for vm in vms {
-        let threads = vm
-            .vcpus
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (format!("vcpu{i}"), t))
-            .chain(
-                vm.emulators
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| (format!("emu{i}"), t)),
-            );
-        for (name, t) in threads {
+        for (name, t) in vm.threads() {
             let rate = match prev {
                 Some((p, secs)) if secs > 0.0 => p
                     .get(&(vm.name.clone(), name.clone()))
@@ -226,17 +215,7 @@ pub fn top(a: &TopArgs) -> Exit {
         let snapshot = vms
             .iter()
             .flat_map(|vm| {
-                let v = vm
-                    .vcpus
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| (format!("vcpu{i}"), t));
-                let e = vm
-                    .emulators
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| (format!("emu{i}"), t));
-                v.chain(e)
+                vm.threads()
                     .map(|(name, t)| ((vm.name.clone(), name), t.boosts))
                     .collect::<Vec<_>>()
             })
