@@ -56,7 +56,7 @@ pub enum Error {
     },
     /// Compiling the seccomp profile failed (a bad JSON file is a build bug).
     #[error(
-        "compiling seccomp profile {profile} failed: {source}; fix crates/pvsched-sandbox/seccomp/{profile}.json"
+        "compiling seccomp profile {profile} failed: {source}; fix crates/pvsched-sandbox/seccomp/device-common.json or device-additions.json"
     )]
     SeccompCompile {
         /// Profile name.
@@ -67,7 +67,7 @@ pub enum Error {
     },
     /// The profile's JSON could not be extended with a runtime rule.
     #[error(
-        "extending seccomp profile {profile} with a runtime rule failed: {source}; fix crates/pvsched-sandbox/seccomp/{profile}.json"
+        "extending seccomp profile {profile} with a runtime rule failed: {source}; fix crates/pvsched-sandbox/seccomp/device-common.json or device-additions.json"
     )]
     SeccompJson {
         /// Profile name.

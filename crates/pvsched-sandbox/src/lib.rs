@@ -27,7 +27,8 @@
 //!    so a forbidden syscall is observable as SIGSYS). Last, because the
 //!    earlier steps use syscalls the allowlist forbids.
 //!
-//! The allowlists are reviewed data: `seccomp/<profile>.json` with a reason
+//! The allowlists are reviewed data: `seccomp/device-common.json` plus each
+//! transport's rules in `seccomp/device-additions.json`, with a reason
 //! beside every syscall. They assume a **single-threaded** device: `clone`
 //! is not allowed, so no thread may be started after [`enter`].
 //!
@@ -54,7 +55,7 @@ pub use fds::{CloseMethod, open_fds};
 pub use isolation::Isolation;
 pub use proc_status::{ProcStatus, parse_proc_status, read_proc_status};
 pub use rlimits::Rlimits;
-pub use seccomp::{SeccompProfile, attempt_forbidden_open};
+pub use seccomp::{SeccompProfile, attempt_forbidden_open, fd_size};
 
 /// What [`enter`] should do.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,9 @@
-//! The seccomp allowlists: reviewed data in `seccomp/<profile>.json`
-//! (seccompiler's JSON format, one filter named after the profile, a
-//! `comment` with the reason beside every rule), compiled at runtime with
+//! The seccomp allowlists: reviewed data in `seccomp/` (seccompiler's JSON
+//! format, a `comment` with the reason beside every rule):
+//! `device-common.json` holds what every device process needs and
+//! `device-additions.json` what each transport adds (vfio-user: `pread64`
+//! for BAR2 reads over the socket). A profile is the common filter, named
+//! after the profile, plus its additions; it is compiled at runtime with
 //! `seccompiler::compile_from_json` and installed with default action
 //! `kill_process`, so a forbidden syscall ends the process with SIGSYS.
 
@@ -11,8 +14,8 @@ use seccompiler::{BpfProgram, TargetArch};
 
 use crate::error::{Error, Result};
 
-const DEVICE_MPQEMU: &str = include_str!("../seccomp/device-mpqemu.json");
-const DEVICE_VFIO_USER: &str = include_str!("../seccomp/device-vfio-user.json");
+const DEVICE_COMMON: &str = include_str!("../seccomp/device-common.json");
+const DEVICE_ADDITIONS: &str = include_str!("../seccomp/device-additions.json");
 
 /// Which allowlist to install.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,13 +44,39 @@ impl SeccompProfile {
         }
     }
 
-    /// The profile's JSON text.
-    pub fn json(&self) -> &str {
+    /// The profile's JSON text: for the device profiles, the common
+    /// filter renamed after the profile with the transport's additions
+    /// appended.
+    pub fn json(&self) -> Result<String> {
         match self {
-            SeccompProfile::DeviceMpqemu => DEVICE_MPQEMU,
-            SeccompProfile::DeviceVfioUser => DEVICE_VFIO_USER,
-            SeccompProfile::Json { json, .. } => json,
+            SeccompProfile::Json { json, .. } => Ok(json.clone()),
+            _ => self.device_json(),
         }
+    }
+
+    fn device_json(&self) -> Result<String> {
+        let json_err = |source| Error::SeccompJson {
+            profile: self.name().to_string(),
+            source,
+        };
+        let mut common: serde_json::Value =
+            serde_json::from_str(DEVICE_COMMON).map_err(json_err)?;
+        let mut filter = common
+            .get_mut("device-common")
+            .map(serde_json::Value::take)
+            .ok_or_else(|| Error::SeccompMissingFilter("device-common".into()))?;
+        let additions: serde_json::Value =
+            serde_json::from_str(DEVICE_ADDITIONS).map_err(json_err)?;
+        let extra = additions
+            .get(self.name())
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| Error::SeccompMissingFilter(self.name().to_string()))?;
+        filter
+            .get_mut("filter")
+            .and_then(serde_json::Value::as_array_mut)
+            .ok_or_else(|| Error::SeccompMissingFilter("device-common".into()))?
+            .extend(extra.iter().cloned());
+        serde_json::to_string(&serde_json::json!({ self.name(): filter })).map_err(json_err)
     }
 
     /// Compiles the profile for the running architecture.
@@ -63,7 +92,7 @@ impl SeccompProfile {
         let arch = TargetArch::try_from(std::env::consts::ARCH)
             .map_err(|_| Error::SeccompArch(std::env::consts::ARCH))?;
         let json = match accept_fd {
-            None => self.json().to_string(),
+            None => self.json()?,
             Some(fd) => self.json_with_accept(fd)?,
         };
         let mut map: HashMap<String, BpfProgram> =
@@ -85,7 +114,7 @@ impl SeccompProfile {
             profile: self.name().to_string(),
             source,
         };
-        let mut v: serde_json::Value = serde_json::from_str(self.json()).map_err(json_err)?;
+        let mut v: serde_json::Value = serde_json::from_str(&self.json()?).map_err(json_err)?;
         let filter = v
             .get_mut(self.name())
             .and_then(|f| f.get_mut("filter"))
@@ -104,6 +133,26 @@ impl SeccompProfile {
         }));
         serde_json::to_string(&v).map_err(json_err)
     }
+}
+
+/// Size in bytes of the file behind `fd`, with the `fstat` system call
+/// itself. The allowlists allow no `stat` that takes a path; glibc's
+/// `fstat()` (and so `nix::sys::stat::fstat`) is `newfstatat(fd, "",
+/// AT_EMPTY_PATH)` and std's `File::metadata` is `statx`, both of which the
+/// sandbox refuses. Use this for every fd the device sizes after entering
+/// the sandbox.
+pub fn fd_size(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero `struct stat` is a valid value for the kernel to
+    // overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat(2) writes one `struct stat` into `st`, which is live
+    // and of the right type; `fd` is a borrowed open descriptor.
+    let r = unsafe { libc::syscall(libc::SYS_fstat, fd.as_raw_fd(), &mut st as *mut libc::stat) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    u64::try_from(st.st_size).map_err(|_| std::io::Error::other("negative file size"))
 }
 
 /// Installs a compiled filter on the calling thread (the device is
@@ -127,7 +176,8 @@ mod tests {
     use super::*;
 
     fn rules(profile: &SeccompProfile) -> Vec<serde_json::Value> {
-        let v: serde_json::Value = serde_json::from_str(profile.json()).expect("valid JSON");
+        let v: serde_json::Value =
+            serde_json::from_str(&profile.json().expect("json")).expect("valid JSON");
         v[profile.name()]["filter"]
             .as_array()
             .expect("filter array")
@@ -154,7 +204,8 @@ mod tests {
     #[test]
     fn default_action_kills_the_process() {
         for p in &PROFILES {
-            let v: serde_json::Value = serde_json::from_str(p.json()).expect("valid JSON");
+            let v: serde_json::Value =
+                serde_json::from_str(&p.json().expect("json")).expect("valid JSON");
             assert_eq!(v[p.name()]["mismatch_action"], "kill_process");
             assert_eq!(v[p.name()]["match_action"], "allow");
         }
@@ -163,9 +214,36 @@ mod tests {
     #[test]
     fn dangerous_syscalls_are_absent() {
         let forbidden = [
-            "open", "openat", "openat2", "socket", "connect", "bind", "listen", "accept",
-            "accept4", "execve", "execveat", "fork", "vfork", "clone", "clone3", "ptrace",
-            "unshare", "setns", "mount", "kill", "tgkill", "prctl", "seccomp", "bpf",
+            "open",
+            "openat",
+            "openat2",
+            "socket",
+            "connect",
+            "bind",
+            "listen",
+            "accept",
+            "accept4",
+            "execve",
+            "execveat",
+            "fork",
+            "vfork",
+            "clone",
+            "clone3",
+            "ptrace",
+            "unshare",
+            "setns",
+            "mount",
+            "kill",
+            "tgkill",
+            "prctl",
+            "seccomp",
+            "bpf",
+            // Path lookups: AT_EMPTY_PATH in the flags does not stop a
+            // non-empty path from being resolved; the device uses fstat.
+            "newfstatat",
+            "statx",
+            "stat",
+            "lstat",
         ];
         for p in &PROFILES {
             for rule in rules(p) {
@@ -201,6 +279,39 @@ mod tests {
             assert_eq!(accept[0]["args"][0]["op"], "eq");
             assert!(p.compile_with_accept(Some(7)).expect("compile").len() > 1);
         }
+    }
+
+    #[test]
+    fn profiles_are_the_common_part_plus_their_additions() {
+        let common = rules(&SeccompProfile::Json {
+            name: "device-common".into(),
+            json: DEVICE_COMMON.into(),
+        });
+        let mp = rules(&SeccompProfile::DeviceMpqemu);
+        let vu = rules(&SeccompProfile::DeviceVfioUser);
+        assert_eq!(mp, common, "mpqemu adds nothing");
+        assert_eq!(&vu[..common.len()], &common[..]);
+        let extra: Vec<_> = vu[common.len()..]
+            .iter()
+            .map(|r| r["syscall"].clone())
+            .collect();
+        assert_eq!(extra, vec![serde_json::json!("pread64")]);
+    }
+
+    #[test]
+    fn fd_size_is_the_file_size() {
+        use std::io::Write;
+        let mut f = std::fs::File::from(std::os::fd::OwnedFd::from(
+            std::fs::File::create(
+                std::env::temp_dir().join(format!("pvsched-fd-size-{}", std::process::id())),
+            )
+            .unwrap(),
+        ));
+        f.write_all(&[0u8; 12345]).unwrap();
+        assert_eq!(fd_size(std::os::fd::AsFd::as_fd(&f)).unwrap(), 12345);
+        let _ = std::fs::remove_file(
+            std::env::temp_dir().join(format!("pvsched-fd-size-{}", std::process::id())),
+        );
     }
 
     #[test]

@@ -396,10 +396,10 @@ impl<D: TransportDevice> VfioUserDevice<D> {
             .checked_add(size)
             .ok_or("DMA_MAP range wraps the address space")?;
         let file_end = offset.checked_add(size).ok_or("DMA_MAP file range wraps")?;
-        let len = file
-            .metadata()
-            .map_err(|_| "DMA_MAP fd not stat-able")?
-            .len();
+        // The fstat syscall itself: File::metadata (statx) and glibc's
+        // fstat (newfstatat) are outside the sandbox's allowlist.
+        let len = pvsched_sandbox::fd_size(std::os::fd::AsFd::as_fd(file))
+            .map_err(|_| "DMA_MAP fd not stat-able")?;
         if file_end > len {
             return Err("DMA_MAP range exceeds the file");
         }

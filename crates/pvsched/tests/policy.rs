@@ -214,15 +214,17 @@ fn rt_99_is_capped_and_spinning_forever_is_throttled() {
     // Host-side stand-in for a guest running an rt_prio 99 task forever
     // (greedy itself asks for rt_prio 1).
     let view = g.vm.region_view().unwrap();
-    view.write_guest_slot(
-        0,
-        &SlotGuest {
-            policy: POLICY_FIFO,
-            rt_prio: 99,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    // The running guest updates the same slot: a write finds it mid-update
+    // (Busy) when the guest's vCPU thread was preempted with its seq odd;
+    // retry until it goes through.
+    let rt99 = SlotGuest {
+        policy: POLICY_FIFO,
+        rt_prio: 99,
+        ..Default::default()
+    };
+    wait_for("the slot written between guest updates", LIMIT, || {
+        view.write_guest_slot(0, &rt99).ok()
+    });
     let (capped, st) = observing(|| {
         let capped = wait_for("RT boost at the cap", LIMIT, || {
             Some(attr(tid)).filter(|a| a.policy == POLICY_FIFO && a.priority == 7)
