@@ -13,7 +13,7 @@ use common::{FakeVcpu, need_bpf, wait_for};
 use pvsched_abi::{CS_HARDIRQ, POLICY_FIFO, SlotGuest};
 use pvsched_agent::sched::{capture_baselines, restore_baselines};
 use pvsched_agent::watch::PidfdWatcher;
-use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec};
+use pvsched_agent::{Agent, AgentConfig};
 use pvsched_policy::{BoostKind, Caps};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -39,15 +39,7 @@ fn agent_process_child() {
         budget_us: 0,
         ..Caps::default()
     };
-    let vm = agent
-        .register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![tid],
-            apic_ids: vec![0],
-            caps,
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::one_vcpu_vm(&agent, tid, caps);
     vm.region().unwrap().write_guest(
         1,
         0,

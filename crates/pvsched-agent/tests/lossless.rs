@@ -9,7 +9,7 @@ mod common;
 use common::{FakeVcpu, need_bpf, wait_for};
 use pvsched_abi::{BOOST_NONE, CS_HARDIRQ, POLICY_FIFO, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr};
-use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec};
+use pvsched_agent::{Agent, AgentConfig};
 use pvsched_policy::{BoostKind, Caps};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,15 +47,7 @@ fn a_lost_decision_is_corrected_by_reconciliation() {
         budget_us: 0,
         ..Caps::default()
     };
-    let vm = agent
-        .register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![vcpu.tid],
-            apic_ids: vec![0],
-            caps,
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::one_vcpu_vm(&agent, vcpu.tid, caps);
     let region = vm.region().unwrap();
     let slot = |cs: u32| {
         region.write_guest(

@@ -44,15 +44,7 @@ fn hardirq_boosts_and_clearing_restores_exact_baseline() {
     let vcpu = FakeVcpu::spawn(3, Duration::from_micros(300));
     let baseline = vcpu.attr();
     assert_eq!((baseline.policy, baseline.nice), (POLICY_NORMAL, 3));
-    let vm = agent
-        .register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![vcpu.tid],
-            apic_ids: vec![0],
-            caps: caps(),
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::one_vcpu_vm(&agent, vcpu.tid, caps());
     let region = vm.region().unwrap();
     region.write_guest(
         1,
@@ -94,15 +86,7 @@ fn guest_rt_prio_99_is_capped_and_drop_restores() {
     let agent = agent();
     let vcpu = FakeVcpu::spawn(1, Duration::from_micros(300));
     let baseline = vcpu.attr();
-    let vm = agent
-        .register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![vcpu.tid],
-            apic_ids: vec![0],
-            caps: caps(),
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::one_vcpu_vm(&agent, vcpu.tid, caps());
     vm.region().unwrap().write_guest(
         1,
         0,
@@ -137,15 +121,7 @@ fn asking_forever_and_spinning_is_throttled_and_reported() {
         throttle_us: 300_000,
         ..caps()
     };
-    let vm = agent
-        .register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![vcpu.tid],
-            apic_ids: vec![0],
-            caps: c,
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::one_vcpu_vm(&agent, vcpu.tid, c);
     let region = vm.region().unwrap();
     region.write_guest(
         1,
@@ -181,15 +157,7 @@ fn unregistered_threads_are_never_touched() {
     let vcpu = FakeVcpu::spawn(4, Duration::from_micros(300));
     let other = FakeVcpu::spawn(5, Duration::from_micros(300));
     let before = other.attr();
-    let vm = agent
-        .register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![vcpu.tid],
-            apic_ids: vec![0],
-            caps: caps(),
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::one_vcpu_vm(&agent, vcpu.tid, caps());
     vm.region().unwrap().write_guest(
         1,
         0,

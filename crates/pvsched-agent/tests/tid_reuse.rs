@@ -8,7 +8,7 @@ mod common;
 
 use common::{FakeVcpu, need_bpf, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
-use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec};
+use pvsched_agent::{Agent, AgentConfig};
 use pvsched_policy::{BoostKind, Caps};
 use std::time::{Duration, Instant};
 
@@ -55,15 +55,7 @@ fn a_reused_tid_is_never_boosted() {
     };
     let old = FakeVcpu::spawn(0, Duration::from_millis(1));
     let tid = old.tid;
-    let vm = agent
-        .register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![tid],
-            apic_ids: vec![0],
-            caps,
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::one_vcpu_vm(&agent, tid, caps);
     let region = vm.region().unwrap();
     let rt99 = SlotGuest {
         policy: POLICY_FIFO,

@@ -109,3 +109,21 @@ pub fn report(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// Registers a one-vCPU VM (thread `tid`, APIC ID 0) in device-region
+/// mode with `caps`.
+pub fn one_vcpu_vm(
+    agent: &pvsched_agent::Agent,
+    tid: u32,
+    caps: pvsched_policy::Caps,
+) -> pvsched_agent::VmHandle {
+    agent
+        .register_vm(pvsched_agent::VmSpec {
+            emulator_tids: vec![],
+            vcpu_tids: vec![tid],
+            apic_ids: vec![0],
+            caps,
+            region: pvsched_agent::RegionSpec::DeviceMap,
+        })
+        .expect("a one-vCPU VM registers")
+}
