@@ -27,12 +27,10 @@ fn unprivileged_child() {
 
 #[test]
 fn agent_without_privileges_refuses_and_says_why() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
-            panic!("this test needs root to drop privileges in a child (PVSCHED_REQUIRE_REAL=1)");
-        }
-        eprintln!("SKIP: agent_without_privileges_refuses_and_says_why: not root");
+    if !pvsched_testkit::root(
+        "agent_without_privileges_refuses_and_says_why",
+        "dropping privileges in a child",
+    ) {
         return;
     }
     let out = Command::new(std::env::current_exe().unwrap())

@@ -20,15 +20,7 @@ const EXTRA_FD: i32 = 12;
 /// Whether we run as root; under `PVSCHED_REQUIRE_REAL=1` not being root
 /// fails the test.
 fn is_root(why: &str) -> bool {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
-            panic!("PVSCHED_REQUIRE_REAL=1 but not root: {why} needs root");
-        }
-        println!("SKIP: {why} needs root");
-    }
-    root
+    pvsched_testkit::root("sandbox test", why)
 }
 
 fn memfd() -> std::fs::File {

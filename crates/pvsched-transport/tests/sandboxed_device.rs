@@ -48,16 +48,7 @@ const BOTH: [Kind; 2] = [Kind::Mpqemu, Kind::VfioUser];
 /// Whether this test runs as root; under `PVSCHED_REQUIRE_REAL=1` not being
 /// root fails.
 fn is_root(why: &str) -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        assert_ne!(
-            std::env::var("PVSCHED_REQUIRE_REAL").as_deref(),
-            Ok("1"),
-            "PVSCHED_REQUIRE_REAL=1 but not root: {why} needs root"
-        );
-        println!("SKIP: {why} needs root");
-    }
-    root
+    pvsched_testkit::root("sandboxed device test", why)
 }
 
 /// A private directory, removed on drop.

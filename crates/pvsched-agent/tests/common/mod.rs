@@ -5,23 +5,14 @@
 use pvsched_agent::sched::{self, SchedAttr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Whether real BPF works here. Missing: panic under PVSCHED_REQUIRE_REAL=1,
 /// else print SKIP and return false.
 pub fn need_bpf(test: &str) -> bool {
     match pvsched_agent::PolicyObject::load(false) {
         Ok(_) => true,
-        Err(e) => {
-            if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
-                panic!(
-                    "{test}: real BPF is required (PVSCHED_REQUIRE_REAL=1): {}",
-                    report(&e)
-                );
-            }
-            eprintln!("SKIP: {test}: BPF unavailable: {}", report(&e));
-            false
-        }
+        Err(e) => pvsched_testkit::skip_or_fail(test, &format!("BPF unavailable: {}", report(&e))),
     }
 }
 
@@ -83,20 +74,8 @@ impl Drop for FakeVcpu {
     }
 }
 
-/// Polls `f` until it returns Some or `limit` passes (then panics with `what`).
-/// A liveness bound, not a timing assertion.
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if t0.elapsed() > limit {
-            panic!("timed out after {limit:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
+#[allow(unused_imports)] // not every test binary polls
+pub use pvsched_testkit::wait_for;
 
 /// An error with its whole source chain.
 pub fn report(e: &dyn std::error::Error) -> String {

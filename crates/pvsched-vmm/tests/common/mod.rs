@@ -11,13 +11,7 @@ use std::time::Duration;
 pub fn kvm_available() -> bool {
     match pvsched_vmm::open_kvm() {
         Ok(_) => true,
-        Err(e) => {
-            if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
-                panic!("PVSCHED_REQUIRE_REAL=1 but KVM is unusable: {e}");
-            }
-            eprintln!("SKIP: KVM is unusable: {e}");
-            false
-        }
+        Err(e) => pvsched_testkit::skip_or_fail("this test", &format!("KVM is unusable: {e}")),
     }
 }
 

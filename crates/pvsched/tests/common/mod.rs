@@ -7,7 +7,7 @@
 use pvsched_device::{PolicySink, RegionInfo};
 use pvsched_vmm::{DeviceMode, DeviceProgram};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Upper bound for waits on the guest (bounded waits, not timing assertions).
 pub const LIMIT: Duration = Duration::from_secs(30);
@@ -25,13 +25,8 @@ pub fn sandboxed() -> DeviceMode {
     ))
 }
 
-fn skip_or_fail(test: &str, why: &str) -> bool {
-    if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
-        panic!("{test}: PVSCHED_REQUIRE_REAL=1 but {why}");
-    }
-    eprintln!("SKIP: {test}: {why}");
-    false
-}
+#[allow(unused_imports)] // not every test binary uses both
+pub use pvsched_testkit::{skip_or_fail, wait_for};
 
 /// Whether /dev/kvm works; SKIP (or fail under PVSCHED_REQUIRE_REAL=1) if not.
 pub fn kvm(test: &str) -> bool {
@@ -46,9 +41,8 @@ pub fn kvm_root_bpf(test: &str) -> bool {
     if !kvm(test) {
         return false;
     }
-    // SAFETY: geteuid has no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip_or_fail(test, "needs root (BPF policy)");
+    if !pvsched_testkit::root(test, "the BPF policy") {
+        return false;
     }
     match pvsched_agent::PolicyObject::load(false) {
         Ok(_) => true,
@@ -58,9 +52,8 @@ pub fn kvm_root_bpf(test: &str) -> bool {
 
 /// Whether root and BPF are there (no KVM needed); SKIP (or fail) if not.
 pub fn root_bpf(test: &str) -> bool {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip_or_fail(test, "needs root (BPF policy)");
+    if !pvsched_testkit::root(test, "the BPF policy") {
+        return false;
     }
     match pvsched_agent::PolicyObject::load(false) {
         Ok(_) => true,
@@ -79,23 +72,6 @@ pub fn have_program(test: &str, program: &str) -> bool {
             test,
             &format!("{program} is not installed (scripts/setup installs it)"),
         ),
-    }
-}
-
-/// Poll `f` until it returns `Some` (bounded by `limit`).
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "gave up after {limit:?} waiting for {what}"
-        );
-        // Short enough to catch a boost or a throttle window between
-        // two polls.
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
