@@ -91,6 +91,12 @@ struct pvsched_dev {
 	u64 features;
 	int cpuhp_state;
 	struct dentry *debugfs;
+	/*
+	 * Validated at DRIVER_OK and never read from the region again: the
+	 * host can rewrite the header at any time.
+	 */
+	u32 slots_off;
+	u32 *apic_ids; /* nr_vcpus entries, a copy of the APIC table */
 };
 
 /* One device per guest: the hooks are global. */
@@ -321,12 +327,10 @@ static u32 pvsched_cpu_apicid(unsigned int cpu)
 
 static int pvsched_find_slot(struct pvsched_dev *pd, u32 apicid, u32 *index)
 {
-	const struct pvsched_region_header *hdr = pd->region;
-	const u32 *table = pd->region + READ_ONCE(hdr->apic_table_offset);
 	u32 i;
 
 	for (i = 0; i < pd->nr_vcpus; i++) {
-		if (READ_ONCE(table[i]) == apicid) {
+		if (pd->apic_ids[i] == apicid) {
 			*index = i;
 			return 0;
 		}
@@ -338,7 +342,6 @@ static int pvsched_cpu_online(unsigned int cpu)
 {
 	struct pvsched_dev *pd = READ_ONCE(pvsched_active);
 	struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
-	const struct pvsched_region_header *hdr;
 	u32 apicid = pvsched_cpu_apicid(cpu);
 	u32 index;
 
@@ -349,12 +352,11 @@ static int pvsched_cpu_online(unsigned int cpu)
 			apicid);
 		return 0;
 	}
-	hdr = pd->region;
 	pc->slot_index = index;
 	pc->kern_cs = 0;
 	pc->hardirq_depth = 0;
 	pvsched_task_state(pc, current);
-	WRITE_ONCE(pc->slot, pd->region + READ_ONCE(hdr->slots_offset) +
+	WRITE_ONCE(pc->slot, pd->region + pd->slots_off +
 				     (size_t)index * PVSCHED_SLOT_SIZE);
 	pvsched_publish(pc);
 	return 0;
@@ -485,22 +487,61 @@ static int pvsched_alloc_guest_region(struct pvsched_dev *pd, u32 need)
 	return 0;
 }
 
-/* Check what the device wrote into the region header at DRIVER_OK. */
+/*
+ * Check what the device wrote into the region header at DRIVER_OK. Every
+ * field is read once; the offsets and a copy of the APIC table are kept in
+ * pd and the header is never read again (the host may change it at any
+ * time). Says which check failed.
+ */
 static int pvsched_check_header(struct pvsched_dev *pd)
 {
 	const struct pvsched_region_header *hdr = pd->region;
+	struct device *dev = &pd->pdev->dev;
+	u32 magic = READ_ONCE(hdr->magic);
+	u32 version = READ_ONCE(hdr->version);
+	u32 nr = READ_ONCE(hdr->nr_vcpus);
+	u32 slot_size = READ_ONCE(hdr->slot_size);
 	u32 apic_off = READ_ONCE(hdr->apic_table_offset);
 	u32 slots_off = READ_ONCE(hdr->slots_offset);
 	u64 table_end = (u64)apic_off + 4ULL * pd->nr_vcpus;
 	u64 slots_end = (u64)slots_off + (u64)PVSCHED_SLOT_SIZE * pd->nr_vcpus;
+	const u32 *table;
+	u32 i, j;
 
-	if (READ_ONCE(hdr->magic) != PVSCHED_REGION_MAGIC ||
-	    PVSCHED_VERSION_MAJOR(READ_ONCE(hdr->version)) != PVSCHED_ABI_MAJOR ||
-	    READ_ONCE(hdr->nr_vcpus) != pd->nr_vcpus ||
-	    READ_ONCE(hdr->slot_size) != PVSCHED_SLOT_SIZE ||
-	    table_end > pd->region_size || slots_end > pd->region_size ||
-	    slots_off % PVSCHED_CACHELINE)
+	if (magic != PVSCHED_REGION_MAGIC ||
+	    PVSCHED_VERSION_MAJOR(version) != PVSCHED_ABI_MAJOR) {
+		dev_err(dev, "region header: magic 0x%08x version 0x%08x\n",
+			magic, version);
 		return -EINVAL;
+	}
+	if (nr != pd->nr_vcpus || slot_size != PVSCHED_SLOT_SIZE) {
+		dev_err(dev, "region header: %u vCPUs of %u bytes (NR_VCPUS %u)\n",
+			nr, slot_size, pd->nr_vcpus);
+		return -EINVAL;
+	}
+	if (apic_off % 4 || table_end > pd->region_size ||
+	    slots_end > pd->region_size || slots_off % PVSCHED_CACHELINE) {
+		dev_err(dev, "region header: APIC table at %u, slots at %u outside the %zu-byte region\n",
+			apic_off, slots_off, pd->region_size);
+		return -EINVAL;
+	}
+	if (pd->apic_ids)
+		devm_kfree(dev, pd->apic_ids);
+	pd->apic_ids = devm_kcalloc(dev, pd->nr_vcpus, sizeof(u32), GFP_KERNEL);
+	if (!pd->apic_ids)
+		return -ENOMEM;
+	table = pd->region + apic_off;
+	for (i = 0; i < pd->nr_vcpus; i++) {
+		pd->apic_ids[i] = READ_ONCE(table[i]);
+		for (j = 0; j < i; j++) {
+			if (pd->apic_ids[j] == pd->apic_ids[i]) {
+				dev_err(dev, "region header: APIC ID %u in slots %u and %u\n",
+					pd->apic_ids[i], j, i);
+				return -EINVAL;
+			}
+		}
+	}
+	pd->slots_off = slots_off;
 	return 0;
 }
 
