@@ -15,7 +15,7 @@
 use clap::Parser;
 use pvsched_abi::{POLICY_FIFO, SlotGuest};
 use pvsched_daemon::proto::{Region, Vcpu};
-use pvsched_daemon::{Client, RegisterArgs};
+use pvsched_daemon::{Client, RegisterVm};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,7 +84,7 @@ fn main() {
             .collect();
         let t0 = Instant::now();
         let r = c
-            .register(RegisterArgs {
+            .register(RegisterVm {
                 name: format!("load-{vm}"),
                 vcpus,
                 emulator_tids: vec![],

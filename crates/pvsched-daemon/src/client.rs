@@ -1,7 +1,7 @@
 //! A blocking client of pvschedd, for VMMs (`pvsched run --daemon`,
 //! `pvsched qemu-attach`) and the `pvsched status | top | vm` commands.
 
-use crate::proto::{DaemonStatus, Region, Reply, Request, Vcpu, VmStatus};
+use crate::proto::{DaemonStatus, Region, RegisterVm, Reply, Request, VmStatus};
 use crate::wire;
 use pvsched_policy::Caps;
 use std::collections::BTreeMap;
@@ -108,25 +108,6 @@ pub struct Registered {
     pub region: Option<RegionMap>,
 }
 
-/// What to register.
-#[derive(Clone, Debug)]
-pub struct RegisterArgs {
-    /// VM name.
-    pub name: String,
-    /// vCPU threads and APIC IDs, by slot index.
-    pub vcpus: Vec<Vcpu>,
-    /// Emulator threads.
-    pub emulator_tids: Vec<u32>,
-    /// Region mode.
-    pub region: Region,
-    /// Caps to ask for (used if the VM has no caps file).
-    pub caps: Option<Caps>,
-    /// Another process's VM (root only).
-    pub pid: Option<u32>,
-    /// Outlive this connection (root only).
-    pub detach: bool,
-}
-
 /// A connection to pvschedd. A VM registered without `detach` stays
 /// registered while this connection is open.
 pub struct Client {
@@ -170,17 +151,9 @@ impl Client {
     }
 
     /// Registers a VM.
-    pub fn register(&mut self, a: RegisterArgs) -> Result<Registered> {
-        let want_region = a.region == Region::Device;
-        let (reply, fd) = self.request(&Request::Register {
-            name: a.name,
-            vcpus: a.vcpus,
-            emulator_tids: a.emulator_tids,
-            region: a.region,
-            caps: a.caps,
-            pid: a.pid,
-            detach: a.detach,
-        })?;
+    pub fn register(&mut self, vm: RegisterVm) -> Result<Registered> {
+        let want_region = vm.region == Region::Device;
+        let (reply, fd) = self.request(&Request::Register(vm))?;
         let Reply::Registered {
             vm_id,
             caps,

@@ -24,6 +24,7 @@ pub mod proto;
 pub mod server;
 pub mod wire;
 
-pub use client::{Client, ClientError, RegisterArgs, Registered};
+pub use client::{Client, ClientError, Registered};
 pub use config::Config;
+pub use proto::RegisterVm;
 pub use server::Server;

@@ -5,6 +5,7 @@
 //! counters, base units (seconds), one `vm` label (and `thread`) per
 //! series.
 
+use crate::proto::{DaemonStatus, ThreadStatus, VmStatus};
 use crate::server::{State, daemon_status, vm_statuses};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -12,6 +13,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// One metric family: name, type, help, and its samples as (labels,
+/// value) in the order they were added.
 struct Family {
     name: &'static str,
     kind: &'static str,
@@ -46,113 +49,156 @@ impl Family {
     }
 }
 
+/// A family of one series, and how to read its value.
+type Single<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
+
+/// The daemon-wide families (the VM count from the status list).
+const DAEMON: [Single<(DaemonStatus, usize)>; 6] = [
+    ("pvsched_vms", "gauge", "VMs registered.", |(_, n)| {
+        *n as f64
+    }),
+    (
+        "pvsched_clients",
+        "gauge",
+        "Connected clients.",
+        |(d, _)| d.clients as f64,
+    ),
+    (
+        "pvsched_registrations_total",
+        "counter",
+        "Registrations accepted.",
+        |(d, _)| d.registrations as f64,
+    ),
+    (
+        "pvsched_refused_requests_total",
+        "counter",
+        "Requests refused.",
+        |(d, _)| d.refused as f64,
+    ),
+    (
+        "pvsched_ring_dropped_total",
+        "counter",
+        "Decision records the ring buffer dropped (reconciliation corrects them).",
+        |(d, _)| d.dropped as f64,
+    ),
+    (
+        "pvsched_resident_memory_bytes",
+        "gauge",
+        "Resident set size of pvschedd.",
+        |(d, _)| (d.rss_kib * 1024) as f64,
+    ),
+];
+
+/// The per-VM families with one series per VM.
+const PER_VM: [Single<VmStatus>; 2] = [
+    (
+        "pvsched_vcpus",
+        "gauge",
+        "vCPU threads registered per VM.",
+        |v| v.vcpus.len() as f64,
+    ),
+    (
+        "pvsched_decisions_total",
+        "counter",
+        "Decisions applied per VM.",
+        |v| v.decisions as f64,
+    ),
+];
+
+/// The per-thread families (`vm` and `thread` labels).
+const PER_THREAD: [Single<ThreadStatus>; 8] = [
+    (
+        "pvsched_boosts_total",
+        "counter",
+        "Boosts the policy decided per thread.",
+        |t| t.boosts as f64,
+    ),
+    (
+        "pvsched_boosts_applied_total",
+        "counter",
+        "Boosts applied with sched_setattr per thread.",
+        |t| t.boosts_applied as f64,
+    ),
+    (
+        "pvsched_throttles_total",
+        "counter",
+        "Throttles (continuous or budget limit) per thread.",
+        |t| t.throttles as f64,
+    ),
+    (
+        "pvsched_boosted_seconds_total",
+        "counter",
+        "Boosted on-CPU time per thread.",
+        |t| t.boosted_ns as f64 / 1e9,
+    ),
+    (
+        "pvsched_boosted",
+        "gauge",
+        "1 while the thread is boosted.",
+        |t| (t.boost != "none") as u8 as f64,
+    ),
+    (
+        "pvsched_throttled",
+        "gauge",
+        "1 while the thread is throttled.",
+        |t| t.throttled as u8 as f64,
+    ),
+    (
+        "pvsched_corrections_total",
+        "counter",
+        "Reconciliation corrections per thread.",
+        |t| t.corrections as f64,
+    ),
+    (
+        "pvsched_setattr_errors_total",
+        "counter",
+        "Failed sched_setattr calls per thread.",
+        |t| t.errors as f64,
+    ),
+];
+
 /// The exposition of `s`.
 pub fn render(s: &State) -> String {
-    let d = daemon_status(s);
     let vms = vm_statuses(s);
-    let mut fams = vec![
-        Family::new("pvsched_vms", "gauge", "VMs registered."),
-        Family::new("pvsched_clients", "gauge", "Connected clients."),
-        Family::new(
-            "pvsched_registrations_total",
-            "counter",
-            "Registrations accepted.",
-        ),
-        Family::new(
-            "pvsched_refused_requests_total",
-            "counter",
-            "Requests refused.",
-        ),
-        Family::new(
-            "pvsched_ring_dropped_total",
-            "counter",
-            "Decision records the ring buffer dropped (reconciliation corrects them).",
-        ),
-        Family::new(
-            "pvsched_resident_memory_bytes",
-            "gauge",
-            "Resident set size of pvschedd.",
-        ),
-        Family::new("pvsched_vcpus", "gauge", "vCPU threads registered per VM."),
-        Family::new(
-            "pvsched_decisions_total",
-            "counter",
-            "Decisions applied per VM.",
-        ),
-        Family::new(
-            "pvsched_apply_latency_seconds",
-            "gauge",
-            "Decision to sched_setattr latency per VM (quantile 0.5 and 0.99 of recent decisions).",
-        ),
-        Family::new(
-            "pvsched_boosts_total",
-            "counter",
-            "Boosts the policy decided per thread.",
-        ),
-        Family::new(
-            "pvsched_boosts_applied_total",
-            "counter",
-            "Boosts applied with sched_setattr per thread.",
-        ),
-        Family::new(
-            "pvsched_throttles_total",
-            "counter",
-            "Throttles (continuous or budget limit) per thread.",
-        ),
-        Family::new(
-            "pvsched_boosted_seconds_total",
-            "counter",
-            "Boosted on-CPU time per thread.",
-        ),
-        Family::new("pvsched_boosted", "gauge", "1 while the thread is boosted."),
-        Family::new(
-            "pvsched_throttled",
-            "gauge",
-            "1 while the thread is throttled.",
-        ),
-        Family::new(
-            "pvsched_corrections_total",
-            "counter",
-            "Reconciliation corrections per thread.",
-        ),
-        Family::new(
-            "pvsched_setattr_errors_total",
-            "counter",
-            "Failed sched_setattr calls per thread.",
-        ),
-    ];
-    fams[0].add(String::new(), vms.len() as f64);
-    fams[1].add(String::new(), d.clients as f64);
-    fams[2].add(String::new(), d.registrations as f64);
-    fams[3].add(String::new(), d.refused as f64);
-    fams[4].add(String::new(), d.dropped as f64);
-    fams[5].add(String::new(), (d.rss_kib * 1024) as f64);
-    for (vm, _) in &vms {
-        let l = format!("vm=\"{}\"", vm.name);
-        fams[6].add(l.clone(), vm.vcpus.len() as f64);
-        fams[7].add(l.clone(), vm.decisions as f64);
-        fams[8].add(
+    let d = (daemon_status(s), vms.len());
+    let mut out = String::new();
+    for (name, kind, help, value) in DAEMON {
+        let mut f = Family::new(name, kind, help);
+        f.add(String::new(), value(&d));
+        f.write(&mut out);
+    }
+    let vm_label = |vm: &VmStatus| format!("vm=\"{}\"", vm.name);
+    for (name, kind, help, value) in PER_VM {
+        let mut f = Family::new(name, kind, help);
+        for vm in &vms {
+            f.add(vm_label(vm), value(vm));
+        }
+        f.write(&mut out);
+    }
+    let mut lat = Family::new(
+        "pvsched_apply_latency_seconds",
+        "gauge",
+        "Decision to sched_setattr latency per VM (quantile 0.5 and 0.99 of recent decisions).",
+    );
+    for vm in &vms {
+        let l = vm_label(vm);
+        lat.add(
             format!("{l},quantile=\"0.5\""),
             vm.apply_p50_ns as f64 / 1e9,
         );
-        fams[8].add(
+        lat.add(
             format!("{l},quantile=\"0.99\""),
             vm.apply_p99_ns as f64 / 1e9,
         );
-        for (name, t) in vm.threads() {
-            let l = format!("vm=\"{}\",thread=\"{name}\"", vm.name);
-            fams[9].add(l.clone(), t.boosts as f64);
-            fams[10].add(l.clone(), t.boosts_applied as f64);
-            fams[11].add(l.clone(), t.throttles as f64);
-            fams[12].add(l.clone(), t.boosted_ns as f64 / 1e9);
-            fams[13].add(l.clone(), (t.boost != "none") as u8 as f64);
-            fams[14].add(l.clone(), t.throttled as u8 as f64);
-            fams[15].add(l.clone(), t.corrections as f64);
-            fams[16].add(l, t.errors as f64);
-        }
     }
-    let mut out = String::new();
-    for f in &fams {
+    lat.write(&mut out);
+    for (name, kind, help, value) in PER_THREAD {
+        let mut f = Family::new(name, kind, help);
+        for vm in &vms {
+            for (thread, t) in vm.threads() {
+                f.add(format!("vm=\"{}\",thread=\"{thread}\"", vm.name), value(t));
+            }
+        }
         f.write(&mut out);
     }
     out

@@ -61,35 +61,41 @@ pub enum Region {
     Guest(Vec<u64>),
 }
 
+/// A VM to register: the body of `{"op":"register", ...}`; also what the
+/// client sends and what the daemon checks and registers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterVm {
+    /// Unique name (`[A-Za-z0-9._-]`, 1..=64 bytes), also the name of its
+    /// caps file `/etc/pvsched/vms/<name>.toml`.
+    pub name: String,
+    /// The vCPU threads, by slot index.
+    pub vcpus: Vec<Vcpu>,
+    /// Emulator / I/O threads (at most 4).
+    #[serde(default)]
+    pub emulator_tids: Vec<u32>,
+    /// Region mode.
+    pub region: Region,
+    /// Caps asked for, used when the VM has no caps file; must be within
+    /// the operator maximum.
+    #[serde(default)]
+    pub caps: Option<Caps>,
+    /// The VMM process, if not the client itself (root clients only, e.g.
+    /// `pvsched qemu-attach`).
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Keep the VM registered after this connection closes, until the VMM
+    /// exits or `pvsched vm unregister` (root clients only).
+    #[serde(default)]
+    pub detach: bool,
+}
+
 /// A request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Request {
     /// Register a VM.
-    Register {
-        /// Unique name (`[A-Za-z0-9._-]`, 1..=64 bytes), also the name of
-        /// its caps file `/etc/pvsched/vms/<name>.toml`.
-        name: String,
-        /// The vCPU threads, by slot index.
-        vcpus: Vec<Vcpu>,
-        /// Emulator / I/O threads (at most 4).
-        #[serde(default)]
-        emulator_tids: Vec<u32>,
-        /// Region mode.
-        region: Region,
-        /// Caps asked for, used when the VM has no caps file; must be
-        /// within the operator maximum.
-        #[serde(default)]
-        caps: Option<Caps>,
-        /// The VMM process, if not the client itself (root clients only,
-        /// e.g. `pvsched qemu-attach`).
-        #[serde(default)]
-        pid: Option<u32>,
-        /// Keep the VM registered after this connection closes, until the
-        /// VMM exits or `pvsched vm unregister` (root clients only).
-        #[serde(default)]
-        detach: bool,
-    },
+    Register(RegisterVm),
     /// Unregister a VM and restore its threads (its VMM or root).
     Unregister {
         /// The VM.
@@ -288,7 +294,7 @@ fn check(req: &Request) -> Result<(), ProtoError> {
         }
     };
     match req {
-        Request::Register {
+        Request::Register(RegisterVm {
             name,
             vcpus,
             emulator_tids,
@@ -296,7 +302,7 @@ fn check(req: &Request) -> Result<(), ProtoError> {
             caps,
             pid,
             ..
-        } => {
+        }) => {
             name_ok(name)?;
             if vcpus.is_empty() || vcpus.len() > MAX_VCPUS_PER_VM as usize {
                 return Err(ProtoError::Invalid(format!(
@@ -370,7 +376,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn register(n: usize) -> Request {
-        Request::Register {
+        Request::Register(RegisterVm {
             name: "vm-1".into(),
             vcpus: (0..n as u32)
                 .map(|i| Vcpu {
@@ -383,7 +389,7 @@ mod tests {
             caps: None,
             pid: None,
             detach: false,
-        }
+        })
     }
 
     #[test]
@@ -394,7 +400,7 @@ mod tests {
         let text = r#"{"op":"register","name":"web1","vcpus":[{"tid":4242,"apic_id":0}],"region":"device"}"#;
         assert!(matches!(
             parse_request(text.as_bytes()).unwrap(),
-            Request::Register { .. }
+            Request::Register(_)
         ));
         let set = r#"{"op":"set","name":"web1","settings":{"max_rt_prio":"2"}}"#;
         assert!(matches!(
@@ -407,6 +413,10 @@ mod tests {
     fn bad_requests_are_refused_with_a_reason() {
         let cases: &[(&str, &str)] = &[
             (r#"{"op":"unregister","name":"a","x":1}"#, "unknown field"),
+            (
+                r#"{"op":"register","name":"a","vcpus":[{"tid":5,"apic_id":0}],"region":"none","x":1}"#,
+                "unknown field",
+            ),
             (r#"{"op":"fly"}"#, "unknown variant"),
             (r#"{"op":"unregister","name":"../etc/passwd"}"#, "VM name"),
             (r#"{"op":"unregister","name":".hidden"}"#, "VM name"),

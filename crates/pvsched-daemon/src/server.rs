@@ -13,12 +13,14 @@
 //! that registered it is open.
 
 use crate::config::Config;
-use crate::proto::{self, DaemonStatus, Region, Reply, Request, ThreadStatus, Vcpu, VmStatus};
+use crate::proto::{
+    self, DaemonStatus, Region, RegisterVm, Reply, Request, ThreadStatus, VmStatus,
+};
 use crate::wire;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use pvsched_agent::{Agent, AgentConfig, Caps, RegionSpec, VmHandle, VmSpec, VmStats};
+use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmHandle, VmSpec};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -342,7 +344,8 @@ impl Server {
             return;
         };
         let _ = self.epoll.delete(&c.fd);
-        let mut s = lock(&self.state);
+        let state = self.state.clone();
+        let mut s = lock(&state);
         s.clients = self.clients.len() as u32;
         let owned: Vec<String> = s
             .vms
@@ -352,21 +355,29 @@ impl Server {
             .collect();
         for name in owned {
             tracing::info!(vm = %name, "its VMM closed the connection: unregistering");
-            remove_vm(&mut s, &name);
-            self.watches.retain(|_, n| *n != name);
+            self.unregister(&mut s, &name);
         }
     }
 
+    /// Ends VM `name`'s registration: stops watching its VMM and drops its
+    /// handle (which restores every thread of the VM).
+    fn unregister(&mut self, s: &mut State, name: &str) {
+        if let Some(vm) = s.vms.remove(name) {
+            let _ = self.epoll.delete(vm.pidfd.as_fd());
+        }
+        self.watches.retain(|_, n| n != name);
+    }
+
     fn vm_exited(&mut self, watch: u64) {
-        let Some(name) = self.watches.remove(&watch) else {
+        let Some(name) = self.watches.get(&watch).cloned() else {
             return;
         };
-        let mut s = lock(&self.state);
+        let state = self.state.clone();
+        let mut s = lock(&state);
         if let Some(vm) = s.vms.get(&name) {
-            let _ = self.epoll.delete(vm.pidfd.as_fd());
             tracing::info!(vm = %name, pid = vm.pid, "its VMM exited: unregistering");
         }
-        remove_vm(&mut s, &name);
+        self.unregister(&mut s, &name);
     }
 
     fn serve(&mut self, id: u64) {
@@ -403,14 +414,17 @@ impl Server {
                 Err(e) => (Reply::error("malformed", e.to_string()), None),
             }
         };
-        if matches!(answer, Reply::Error { .. }) {
-            lock(&self.state).refused += 1;
-        }
+        let (holds_vm, timeout) = {
+            let mut s = lock(&self.state);
+            if matches!(answer, Reply::Error { .. }) {
+                s.refused += 1;
+            }
+            let holds_vm = s.vms.values().any(|v| v.conn == Some(id));
+            (holds_vm, s.cfg.client_timeout())
+        };
         let Some(c) = self.clients.get_mut(&id) else {
             return;
         };
-        let holds_vm = lock(&self.state).vms.values().any(|v| v.conn == Some(id));
-        let timeout = lock(&self.state).cfg.client_timeout();
         c.deadline = (!holds_vm).then(|| Instant::now() + timeout);
         let bytes = serde_json::to_vec(&answer).unwrap_or_default();
         if let Err(e) = reply_bytes(&c.fd, &bytes, pass.as_ref()) {
@@ -426,17 +440,9 @@ impl Server {
         let (peer_pid, peer_uid, peer_pidfd) = (c.pid, c.uid, c.pidfd.clone());
         let root = peer_uid == 0;
         match req {
-            Request::Register {
-                name,
-                vcpus,
-                emulator_tids,
-                region,
-                caps,
-                pid,
-                detach,
-            } => {
-                let target = pid.unwrap_or(peer_pid);
-                if (target != peer_pid || detach) && !root {
+            Request::Register(req) => {
+                let target = req.pid.unwrap_or(peer_pid);
+                if (target != peer_pid || req.detach) && !root {
                     return (
                         Reply::error(
                             "denied",
@@ -456,18 +462,10 @@ impl Server {
                         None,
                     );
                 };
-                let reg = Registration {
-                    name,
-                    vcpus,
-                    emulator_tids,
-                    region,
-                    caps,
-                    pid: target,
-                    pidfd,
-                    conn: (!detach).then_some(id),
-                };
-                let mut s = lock(&self.state);
-                match register(&mut s, reg) {
+                let conn = (!req.detach).then_some(id);
+                let state = self.state.clone();
+                let mut s = lock(&state);
+                match register(&mut s, req, target, pidfd, conn) {
                     Ok((reply, fd, name)) => {
                         s.registrations += 1;
                         let vm = &s.vms[&name];
@@ -478,7 +476,7 @@ impl Server {
                             EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
                         ) {
                             tracing::warn!(vm = %name, "cannot watch its VMM ({e}); unregistering");
-                            remove_vm(&mut s, &name);
+                            self.unregister(&mut s, &name);
                             return (Reply::error("internal", format!("epoll_ctl: {e}")), None);
                         }
                         self.watches.insert(watch, name);
@@ -488,7 +486,8 @@ impl Server {
                 }
             }
             Request::Unregister { name } => {
-                let mut s = lock(&self.state);
+                let state = self.state.clone();
+                let mut s = lock(&state);
                 let Some(vm) = s.vms.get(&name) else {
                     return (unknown_vm(&name), None);
                 };
@@ -498,9 +497,7 @@ impl Server {
                         None,
                     );
                 }
-                let _ = self.epoll.delete(vm.pidfd.as_fd());
-                self.watches.retain(|_, n| *n != name);
-                remove_vm(&mut s, &name);
+                self.unregister(&mut s, &name);
                 tracing::info!(vm = %name, "unregistered on request");
                 (Reply::Ok { caps: None }, None)
             }
@@ -523,25 +520,15 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
-        let mut s = lock(&self.state);
+        let state = self.state.clone();
+        let mut s = lock(&state);
         let names: Vec<String> = s.vms.keys().cloned().collect();
         for name in names {
-            remove_vm(&mut s, &name);
+            self.unregister(&mut s, &name);
         }
         drop(s);
         let _ = std::fs::remove_file(&self.socket);
     }
-}
-
-struct Registration {
-    name: String,
-    vcpus: Vec<Vcpu>,
-    emulator_tids: Vec<u32>,
-    region: Region,
-    caps: Option<Caps>,
-    pid: u32,
-    pidfd: Arc<OwnedFd>,
-    conn: Option<u64>,
 }
 
 fn unknown_vm(name: &str) -> Reply {
@@ -551,9 +538,16 @@ fn unknown_vm(name: &str) -> Reply {
     )
 }
 
-/// Checks and registers a VM; on success the reply, the region fd to pass
-/// and the name.
-fn register(s: &mut State, r: Registration) -> Result<(Reply, Option<OwnedFd>, String), Reply> {
+/// Checks and registers VM `r` of process `pid` (held by `pidfd`), owned by
+/// connection `conn` unless detached; on success the reply, the region fd
+/// to pass and the name.
+fn register(
+    s: &mut State,
+    r: RegisterVm,
+    pid: u32,
+    pidfd: Arc<OwnedFd>,
+    conn: Option<u64>,
+) -> Result<(Reply, Option<OwnedFd>, String), Reply> {
     if s.vms.contains_key(&r.name) {
         return Err(Reply::error(
             "exists",
@@ -591,15 +585,15 @@ fn register(s: &mut State, r: Registration) -> Result<(Reply, Option<OwnedFd>, S
         .chain(r.emulator_tids.iter().copied())
         .collect();
     for &tid in &tids {
-        if !std::path::Path::new(&format!("/proc/{}/task/{tid}", r.pid)).exists() {
+        if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
             return Err(Reply::error(
                 "denied",
-                format!("thread {tid} is not a thread of process {}", r.pid),
+                format!("thread {tid} is not a thread of process {pid}"),
             ));
         }
     }
-    if wire::exited(&r.pidfd) {
-        return Err(Reply::error("invalid", format!("process {} exited", r.pid)));
+    if wire::exited(&pidfd) {
+        return Err(Reply::error("invalid", format!("process {pid} exited")));
     }
     let (spec_region, region_name) = match &r.region {
         Region::None => (RegionSpec::None, "none"),
@@ -634,7 +628,7 @@ fn register(s: &mut State, r: Registration) -> Result<(Reply, Option<OwnedFd>, S
     };
     let vm_id = handle.vm_id();
     tracing::info!(
-        vm = %r.name, vm_id, pid = r.pid, vcpus = r.vcpus.len(),
+        vm = %r.name, vm_id, pid, vcpus = r.vcpus.len(),
         emulators = r.emulator_tids.len(), region = region_name, caps = caps_source,
         "registered"
     );
@@ -642,9 +636,9 @@ fn register(s: &mut State, r: Registration) -> Result<(Reply, Option<OwnedFd>, S
         r.name.clone(),
         Vm {
             handle,
-            pid: r.pid,
-            pidfd: r.pidfd,
-            conn: r.conn,
+            pid,
+            pidfd,
+            conn,
             region: region_name,
             caps_source,
         },
@@ -659,11 +653,6 @@ fn register(s: &mut State, r: Registration) -> Result<(Reply, Option<OwnedFd>, S
         fd,
         r.name,
     ))
-}
-
-/// Unregisters `name` (dropping the handle restores its threads).
-fn remove_vm(s: &mut State, name: &str) {
-    s.vms.remove(name);
 }
 
 fn set_caps(s: &mut State, name: &str, settings: &BTreeMap<String, String>) -> Reply {
@@ -713,29 +702,26 @@ fn boost_name(kind: u32) -> &'static str {
 }
 
 /// Every VM's status with its statistics.
-pub(crate) fn vm_statuses(s: &State) -> Vec<(VmStatus, VmStats)> {
+pub(crate) fn vm_statuses(s: &State) -> Vec<VmStatus> {
     s.vms
         .iter()
         .map(|(name, vm)| {
             let st = vm.handle.stats();
-            (
-                VmStatus {
-                    name: name.clone(),
-                    vm_id: vm.handle.vm_id(),
-                    pid: vm.pid,
-                    region: vm.region.into(),
-                    caps_source: vm.caps_source.into(),
-                    caps: vm.handle.caps(),
-                    vcpus: st.vcpus.iter().map(thread_status).collect(),
-                    emulators: st.emulators.iter().map(thread_status).collect(),
-                    decisions: st.decisions,
-                    corrections: st.corrections,
-                    apply_samples: st.apply_samples as u64,
-                    apply_p50_ns: st.apply_p50_ns,
-                    apply_p99_ns: st.apply_p99_ns,
-                },
-                st,
-            )
+            VmStatus {
+                name: name.clone(),
+                vm_id: vm.handle.vm_id(),
+                pid: vm.pid,
+                region: vm.region.into(),
+                caps_source: vm.caps_source.into(),
+                caps: vm.handle.caps(),
+                vcpus: st.vcpus.iter().map(thread_status).collect(),
+                emulators: st.emulators.iter().map(thread_status).collect(),
+                decisions: st.decisions,
+                corrections: st.corrections,
+                apply_samples: st.apply_samples as u64,
+                apply_p50_ns: st.apply_p50_ns,
+                apply_p99_ns: st.apply_p99_ns,
+            }
         })
         .collect()
 }
@@ -756,7 +742,7 @@ pub(crate) fn daemon_status(s: &State) -> DaemonStatus {
 fn status(s: &State) -> Reply {
     Reply::Status {
         daemon: daemon_status(s),
-        vms: vm_statuses(s).into_iter().map(|(v, _)| v).collect(),
+        vms: vm_statuses(s),
     }
 }
 

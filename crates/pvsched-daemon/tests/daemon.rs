@@ -11,7 +11,7 @@ use common::{need_bpf, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr};
 use pvsched_daemon::proto::{Region, Vcpu};
-use pvsched_daemon::{Client, ClientError, RegisterArgs};
+use pvsched_daemon::{Client, ClientError, RegisterVm};
 use pvsched_policy::Caps;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -191,7 +191,7 @@ fn fake_vmm_child() {
         .collect();
     let mut client = Client::connect(&socket).unwrap();
     let reg = client
-        .register(RegisterArgs {
+        .register(RegisterVm {
             name: name.clone(),
             vcpus: vcpus
                 .iter()
@@ -233,7 +233,7 @@ fn fake_vmm_child() {
             Some("register-foreign") => {
                 // Name another process's thread as this VMM's own.
                 let tid: u32 = words.next().unwrap().parse().unwrap();
-                let r = Client::connect(&socket).unwrap().register(RegisterArgs {
+                let r = Client::connect(&socket).unwrap().register(RegisterVm {
                     name: format!("{name}-stolen"),
                     vcpus: vec![Vcpu { tid, apic_id: 0 }],
                     emulator_tids: vec![],
@@ -392,7 +392,7 @@ fn bad_registrations_are_refused_and_change_nothing() {
     }
     let d = Daemon::start("bad", OPERATOR_MAX);
     let me = sched::gettid();
-    let reg = |name: &str, tid: u32, caps: Option<Caps>| RegisterArgs {
+    let reg = |name: &str, tid: u32, caps: Option<Caps>| RegisterVm {
         name: name.into(),
         vcpus: vec![Vcpu { tid, apic_id: 0 }],
         emulator_tids: vec![],
