@@ -285,6 +285,7 @@ impl Caps {
         &self,
         settings: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Caps, CapsError> {
+        let mut caps = self.clone();
         let mut table = toml::Table::try_from(self).map_err(|e| CapsError::Setting {
             key: String::new(),
             value: String::new(),
@@ -304,18 +305,10 @@ impl Caps {
                 .and_then(|mut t| t.remove("v"))
                 .unwrap_or_else(|| toml::Value::String(value.to_string()));
             table.insert(key.to_string(), parsed);
-            toml::Value::Table(table.clone())
+            caps = toml::Value::Table(table.clone())
                 .try_into::<Caps>()
                 .map_err(|e| bad(e.to_string()))?;
         }
-        let caps =
-            toml::Value::Table(table)
-                .try_into::<Caps>()
-                .map_err(|e| CapsError::Setting {
-                    key: String::new(),
-                    value: String::new(),
-                    why: e.to_string(),
-                })?;
         caps.validate()?;
         Ok(caps)
     }

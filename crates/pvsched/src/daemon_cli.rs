@@ -80,13 +80,19 @@ fn connect(s: &SocketArg) -> Result<Client, Exit> {
     Client::connect(&s.socket).map_err(|e| fail(&e))
 }
 
-fn fail(e: &ClientError) -> Exit {
-    eprintln!("pvsched: {e}");
+/// The exit code of a failed exchange with pvschedd (every command that
+/// talks to it: these, `qemu-attach`, `run --daemon`).
+pub fn exit_for(e: &ClientError) -> Exit {
     match e {
         ClientError::Connect { .. } => Exit::NoDaemon,
         ClientError::Refused { .. } => Exit::Refused,
         _ => Exit::Failure,
     }
+}
+
+fn fail(e: &ClientError) -> Exit {
+    eprintln!("pvsched: {e}");
+    exit_for(e)
 }
 
 /// `pvsched status`.

@@ -41,7 +41,7 @@ use pvsched_agent::{
     Agent, AgentConfig, AgentError, RegionMmap, RegionSpec, VmHandle, VmSpec, VmStats,
 };
 use pvsched_daemon::client::RegionMap;
-use pvsched_daemon::{Client, ClientError, RegisterArgs};
+use pvsched_daemon::{Client, ClientError, RegisterVm};
 use pvsched_device::{PolicySink, PvschedDevice};
 use pvsched_policy::Caps;
 use pvsched_vmm::{DeviceLoss, DeviceMode, Vm};
@@ -317,7 +317,7 @@ impl Embedded {
             })?)),
             Backend::Daemon { socket, name } => {
                 let mut client = Client::connect(socket)?;
-                let r = client.register(RegisterArgs {
+                let r = client.register(RegisterVm {
                     name: name.clone(),
                     vcpus: vcpu_tids
                         .iter()

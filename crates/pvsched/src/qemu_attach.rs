@@ -17,7 +17,7 @@ use crate::daemon_cli::SocketArg;
 use crate::exit::Exit;
 use clap::Args;
 use pvsched_daemon::proto::{Region, Vcpu};
-use pvsched_daemon::{Client, RegisterArgs};
+use pvsched_daemon::{Client, RegisterVm};
 use pvsched_policy::Caps;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
@@ -190,7 +190,7 @@ fn apic_ids(cpus: &[Value], possible: &[Value]) -> Vec<u32> {
         .collect()
 }
 
-fn registration(a: &QemuAttachArgs) -> Result<RegisterArgs, String> {
+fn registration(a: &QemuAttachArgs) -> Result<RegisterVm, String> {
     let mut qmp = Qmp::open(&a.qmp).map_err(|e| e.to_string())?;
     let pid = qmp.peer_pid().map_err(|e| e.to_string())?;
     let cpus = qmp.execute("query-cpus-fast").map_err(|e| e.to_string())?;
@@ -226,7 +226,7 @@ fn registration(a: &QemuAttachArgs) -> Result<RegisterArgs, String> {
         }
         None => None,
     };
-    Ok(RegisterArgs {
+    Ok(RegisterVm {
         name: a.name.clone(),
         vcpus,
         emulator_tids: if a.no_emulator { vec![] } else { vec![pid] },
@@ -263,11 +263,7 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
         }
         Err(e) => {
             eprintln!("pvsched qemu-attach: {e}");
-            match e {
-                pvsched_daemon::ClientError::Connect { .. } => Exit::NoDaemon,
-                pvsched_daemon::ClientError::Refused { .. } => Exit::Refused,
-                _ => Exit::Failure,
-            }
+            crate::daemon_cli::exit_for(&e)
         }
     }
 }

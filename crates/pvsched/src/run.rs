@@ -116,6 +116,17 @@ pub struct RunArgs {
     pub vm_name: Option<String>,
 }
 
+impl RunArgs {
+    /// The host policy asked for (`--daemon` is `--policy daemon`).
+    pub fn policy(&self) -> Policy {
+        if self.daemon {
+            Policy::Daemon
+        } else {
+            self.policy
+        }
+    }
+}
+
 /// Why the VM (with its policy) did not start.
 enum StartError {
     Vm(pvsched_vmm::Error),
@@ -143,38 +154,23 @@ fn policy_exit(e: &EmbeddedError) -> Exit {
     match e {
         EmbeddedError::Agent(AgentError::Bpf(_)) => Exit::PolicyLoad,
         EmbeddedError::Vm(v) => exit_for(v),
-        EmbeddedError::Daemon(pvsched_daemon::ClientError::Connect { .. }) => Exit::NoDaemon,
-        EmbeddedError::Daemon(pvsched_daemon::ClientError::Refused { .. }) => Exit::Refused,
+        EmbeddedError::Daemon(c) => crate::daemon_cli::exit_for(c),
         _ => Exit::Failure,
     }
 }
 
 /// Run the subcommand; returns the exit code.
 pub fn main(args: &RunArgs) -> Exit {
-    let owned;
-    let args = if args.daemon {
-        owned = RunArgs {
-            policy: Policy::Daemon,
-            daemon: false,
-            policy_file: args.policy_file.clone(),
-            trace: args.trace.clone(),
-            daemon_socket: args.daemon_socket.clone(),
-            vm_name: args.vm_name.clone(),
-            ..*args
-        };
-        &owned
-    } else {
-        args
-    };
     // Warnings and errors (e.g. the device process dying) on stderr.
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
         .try_init();
-    if args.policy == Policy::None && args.policy_file.is_some() {
+    let policy_kind = args.policy();
+    if policy_kind == Policy::None && args.policy_file.is_some() {
         eprintln!("pvsched run: --policy-file needs --policy embedded");
         return Exit::PolicyFile;
     }
-    if args.policy != Policy::Embedded && args.trace.is_some() {
+    if policy_kind != Policy::Embedded && args.trace.is_some() {
         eprintln!(
             "pvsched run: --trace needs --policy embedded (pvschedd has no trace option yet)"
         );
@@ -199,46 +195,34 @@ pub fn main(args: &RunArgs) -> Exit {
     }
     // Declared before the run: dropped (unregistered, baselines restored)
     // only after the VM is shut down.
-    let mut policy = match args.policy {
-        Policy::None => None,
-        Policy::Embedded => {
-            let caps = match load_caps(args.policy_file.as_ref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("pvsched run: {e}");
-                    return Exit::PolicyFile;
-                }
-            };
+    let mut policy = if policy_kind == Policy::None {
+        None
+    } else {
+        let caps = match load_caps(args.policy_file.as_ref()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("pvsched run: {e}");
+                return Exit::PolicyFile;
+            }
+        };
+        let loaded = if policy_kind == Policy::Embedded {
             let cfg = AgentConfig {
                 trace: args.trace.clone(),
                 ..AgentConfig::default()
             };
-            match Embedded::load(caps, cfg) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    eprintln!("pvsched run: {e}");
-                    return policy_exit(&e);
-                }
-            }
-        }
-        Policy::Daemon => {
-            let caps = match load_caps(args.policy_file.as_ref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("pvsched run: {e}");
-                    return Exit::PolicyFile;
-                }
-            };
+            Embedded::load(caps, cfg)
+        } else {
             let name = args
                 .vm_name
                 .clone()
                 .unwrap_or_else(|| format!("pvsched-run-{}", std::process::id()));
-            match Embedded::daemon(caps, &args.daemon_socket, &name) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    eprintln!("pvsched run: {e}");
-                    return policy_exit(&e);
-                }
+            Embedded::daemon(caps, &args.daemon_socket, &name)
+        };
+        match loaded {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("pvsched run: {e}");
+                return policy_exit(&e);
             }
         }
     };
@@ -252,7 +236,7 @@ pub fn main(args: &RunArgs) -> Exit {
         region_name(args.region),
         cfg.vm.device_mode.name(),
         humantime::format_duration(args.duration),
-        policy_name(args.policy)
+        policy_name(args.policy())
     );
     let device_region = args.region == Region::Device;
     let started = Run::start_with(&cfg, |vm| match policy.as_mut() {
@@ -291,7 +275,7 @@ pub fn main(args: &RunArgs) -> Exit {
 
 /// Prints the summary (table or JSON) with the policy section, if any.
 fn print_report(args: &RunArgs, report: &RunReport, stats: Option<&VmStats>) -> Exit {
-    let name = policy_name(args.policy);
+    let name = policy_name(args.policy());
     if args.json {
         let mut v = match serde_json::to_value(report) {
             Ok(v) => v,

@@ -15,6 +15,14 @@ fn pvsched(args: &[&str], socket: &std::path::Path) -> Output {
         .expect("pvsched runs")
 }
 
+/// The VMs `pvsched status --json` lists (the command must succeed).
+fn vms(socket: &std::path::Path) -> Vec<serde_json::Value> {
+    let o = pvsched(&["status", "--json"], socket);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("status --json");
+    v["vms"].as_array().expect("a vms array").clone()
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -108,10 +116,8 @@ fn qemu_attach_registers_a_running_qemu_until_it_exits() {
         &d.socket,
     );
     assert!(o.status.success(), "{}", text(&o));
-    let o = pvsched(&["status", "--json"], &d.socket);
-    assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let vm = &v["vms"][0];
+    let listed = vms(&d.socket);
+    let vm = &listed[0];
     assert_eq!(vm["name"], "tcg-1");
     assert_eq!(vm["pid"], pid);
     let got: Vec<u64> = vm["vcpus"]
@@ -145,9 +151,7 @@ fn qemu_attach_registers_a_running_qemu_until_it_exits() {
     // QEMU exits: the daemon unregisters the VM (pidfd).
     drop(qemu);
     wait_for("tcg-1 unregistered after QEMU exited", LIMIT, || {
-        let o = pvsched(&["status", "--json"], &d.socket);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
-        v["vms"].as_array()?.is_empty().then_some(())
+        vms(&d.socket).is_empty().then_some(())
     });
 }
 
@@ -187,19 +191,12 @@ fn the_libvirt_hook_registers_a_started_domain() {
             .unwrap();
         assert!(o.status.success(), "{}", text(&o));
     };
-    let vms = || -> serde_json::Value {
-        serde_json::from_slice(&pvsched(&["status", "--json"], &d.socket).stdout).unwrap()
-    };
     run_hook("prepare");
     std::thread::sleep(std::time::Duration::from_millis(300));
-    assert_eq!(
-        vms()["vms"].as_array().unwrap().len(),
-        0,
-        "prepare registers nothing"
-    );
+    assert_eq!(vms(&d.socket).len(), 0, "prepare registers nothing");
     run_hook("started");
     let vm = wait_for("dom-1 registered by the hook", LIMIT, || {
-        vms()["vms"].as_array()?.first().cloned()
+        vms(&d.socket).first().cloned()
     });
     assert_eq!(vm["name"], "dom-1");
     assert_eq!(vm["vcpus"][0]["tid"], tids[0]);
@@ -269,9 +266,7 @@ fn three_reference_vmms_each_within_its_own_caps() {
         })
         .collect();
     wait_for("three VMs registered", LIMIT, || {
-        let o = pvsched(&["status", "--json"], &d.socket);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
-        (v["vms"].as_array()?.len() == 3).then_some(())
+        (vms(&d.socket).len() == 3).then_some(())
     });
     let attr = |t: u32| pvsched_agent::sched::get(t).ok();
     let within = |name: &str, a: &pvsched_agent::sched::SchedAttr| match name {
