@@ -367,11 +367,10 @@ impl Agent {
             active: 0,
             nr_vcpus: nr as u32,
             mode,
-            wait_on_enabled: spec.caps.wait_on as u32,
-            caps: (&spec.caps).into(),
             nr_emulators: spec.emulator_tids.len() as u32,
             ..Default::default()
-        };
+        }
+        .with_caps(&spec.caps);
         obj.set_vm(vm_id, &vm)?;
         // vCPUs, then the emulator threads (no slot address, no APIC ID).
         for (i, &tid) in all_tids.iter().enumerate() {
@@ -634,14 +633,7 @@ impl VmHandle {
             let mut obj = lock(&self.inner.obj);
             let mut reg = lock(&self.inner.reg);
             let vm = obj.vm(self.vm_id)?;
-            obj.set_vm(
-                self.vm_id,
-                &PvsVm {
-                    wait_on_enabled: caps.wait_on as u32,
-                    caps: (&caps).into(),
-                    ..vm
-                },
-            )?;
+            obj.set_vm(self.vm_id, &vm.with_caps(&caps))?;
             if let Some(v) = reg.vms.get_mut(&self.vm_id) {
                 v.caps = caps;
             }

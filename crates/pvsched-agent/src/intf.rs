@@ -99,6 +99,18 @@ pub struct PvsVm {
     pub ls_until: u64,
 }
 
+impl PvsVm {
+    /// This VM configuration with `caps` in force (the caps proper and the
+    /// `wait_on` switch, which the BPF side keeps beside them).
+    pub fn with_caps(self, caps: &Caps) -> PvsVm {
+        PvsVm {
+            wait_on_enabled: caps.wait_on as u32,
+            caps: caps.into(),
+            ..self
+        }
+    }
+}
+
 /// `struct pvs_vcpu`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

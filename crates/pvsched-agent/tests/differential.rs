@@ -137,11 +137,10 @@ fn bpf_and_model_agree_on_1000_traces() {
                 active: 1,
                 nr_vcpus: nr,
                 mode: MODE_DEVICE,
-                wait_on_enabled: caps.wait_on as u32,
-                caps: (&caps).into(),
                 nr_emulators: nemu,
                 ..Default::default()
-            },
+            }
+            .with_caps(&caps),
         )
         .unwrap();
         for (i, &tid) in tids.iter().chain(&emus).enumerate() {
