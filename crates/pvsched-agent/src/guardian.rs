@@ -397,11 +397,7 @@ fn child(ledger: &Ledger, read_fd: libc::c_int) -> ! {
                 }
             }
         }
-        for i in 0..LEDGER_ENTRIES {
-            if let Some(e) = ledger.entry(i) {
-                restore_entry(e);
-            }
-        }
+        ledger.restore_armed();
         libc::_exit(0);
     }
 }

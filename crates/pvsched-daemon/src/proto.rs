@@ -11,6 +11,7 @@
 //! {"op":"status"}
 //! ```
 
+use pvsched_agent::RegionSpec;
 use pvsched_agent::intf::{MAX_EMULATORS, MAX_VCPUS_PER_VM};
 use pvsched_policy::Caps;
 use serde::{Deserialize, Serialize};
@@ -59,6 +60,39 @@ pub enum Region {
     Device,
     /// Guest region: the VMM's host address of each slot, in vCPU order.
     Guest(Vec<u64>),
+}
+
+impl Region {
+    /// The mode's name, as status shows it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Region::None => "none",
+            Region::Device => "device",
+            Region::Guest(_) => "guest",
+        }
+    }
+}
+
+/// The agent's region mode of a registration.
+impl From<Region> for RegionSpec {
+    fn from(r: Region) -> RegionSpec {
+        match r {
+            Region::None => RegionSpec::None,
+            Region::Device => RegionSpec::DeviceMap,
+            Region::Guest(a) => RegionSpec::GuestAddrs(a),
+        }
+    }
+}
+
+/// What a VMM that embeds the agent's `RegionSpec` sends pvschedd.
+impl From<RegionSpec> for Region {
+    fn from(r: RegionSpec) -> Region {
+        match r {
+            RegionSpec::None => Region::None,
+            RegionSpec::DeviceMap => Region::Device,
+            RegionSpec::GuestAddrs(a) => Region::Guest(a),
+        }
+    }
 }
 
 /// A VM to register: the body of `{"op":"register", ...}`; also what the

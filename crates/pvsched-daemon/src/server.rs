@@ -13,14 +13,12 @@
 //! that registered it is open.
 
 use crate::config::Config;
-use crate::proto::{
-    self, DaemonStatus, Region, RegisterVm, Reply, Request, ThreadStatus, VmStatus,
-};
+use crate::proto::{self, DaemonStatus, RegisterVm, Reply, Request, ThreadStatus, VmStatus};
 use crate::wire;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmHandle, VmSpec};
+use pvsched_agent::{Agent, AgentConfig, VmHandle, VmSpec};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -595,11 +593,7 @@ fn register(
     if wire::exited(&pidfd) {
         return Err(Reply::error("invalid", format!("process {pid} exited")));
     }
-    let (spec_region, region_name) = match &r.region {
-        Region::None => (RegionSpec::None, "none"),
-        Region::Device => (RegionSpec::DeviceMap, "device"),
-        Region::Guest(a) => (RegionSpec::GuestAddrs(a.clone()), "guest"),
-    };
+    let region_name = r.region.name();
     let handle = s
         .agent
         .register_vm(VmSpec {
@@ -607,7 +601,7 @@ fn register(
             emulator_tids: r.emulator_tids.clone(),
             apic_ids: r.vcpus.iter().map(|v| v.apic_id).collect(),
             caps: caps.clone(),
-            region: spec_region,
+            region: r.region.into(),
         })
         .map_err(|e| match e {
             pvsched_agent::AgentError::Full => Reply::error("busy", e.to_string()),

@@ -325,11 +325,7 @@ impl Embedded {
                         .map(|(&tid, &apic_id)| pvsched_daemon::proto::Vcpu { tid, apic_id })
                         .collect(),
                     emulator_tids: vec![],
-                    region: match region {
-                        RegionSpec::None => pvsched_daemon::proto::Region::None,
-                        RegionSpec::DeviceMap => pvsched_daemon::proto::Region::Device,
-                        RegionSpec::GuestAddrs(a) => pvsched_daemon::proto::Region::Guest(a),
-                    },
+                    region: region.into(),
                     caps: Some(self.caps.clone()),
                     pid: None,
                     detach: false,
