@@ -197,13 +197,16 @@ fn write_table(
 
 /// `pvsched top`: the status table, refreshed, with boost rates.
 pub fn top(a: &TopArgs) -> Exit {
-    let mut c = match connect(&a.socket) {
-        Ok(c) => c,
-        Err(x) => return x,
-    };
     let mut prev: Option<(Previous, Instant)> = None;
     let mut n = 0u64;
     loop {
+        // A connection per refresh: pvschedd closes a client that holds no
+        // VM and stays silent longer than its client_timeout_ms (5 s by
+        // default), which a longer --interval would be.
+        let mut c = match connect(&a.socket) {
+            Ok(c) => c,
+            Err(x) => return x,
+        };
         let (d, vms) = match c.status() {
             Ok(s) => s,
             Err(e) => return fail(&e),
