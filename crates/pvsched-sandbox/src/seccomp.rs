@@ -50,15 +50,29 @@ impl SeccompProfile {
     pub fn json(&self) -> Result<String> {
         match self {
             SeccompProfile::Json { json, .. } => Ok(json.clone()),
-            _ => self.device_json(),
+            _ => serde_json::to_string(&self.device_value()?).map_err(|e| self.json_err(e)),
         }
     }
 
-    fn device_json(&self) -> Result<String> {
-        let json_err = |source| Error::SeccompJson {
+    fn json_err(&self, source: serde_json::Error) -> Error {
+        Error::SeccompJson {
             profile: self.name().to_string(),
             source,
-        };
+        }
+    }
+
+    /// The profile as a JSON value (a caller's profile is parsed).
+    fn value(&self) -> Result<serde_json::Value> {
+        match self {
+            SeccompProfile::Json { json, .. } => {
+                serde_json::from_str(json).map_err(|e| self.json_err(e))
+            }
+            _ => self.device_value(),
+        }
+    }
+
+    fn device_value(&self) -> Result<serde_json::Value> {
+        let json_err = |e| self.json_err(e);
         let mut common: serde_json::Value =
             serde_json::from_str(DEVICE_COMMON).map_err(json_err)?;
         let mut filter = common
@@ -76,7 +90,7 @@ impl SeccompProfile {
             .and_then(serde_json::Value::as_array_mut)
             .ok_or_else(|| Error::SeccompMissingFilter("device-common".into()))?
             .extend(extra.iter().cloned());
-        serde_json::to_string(&serde_json::json!({ self.name(): filter })).map_err(json_err)
+        Ok(serde_json::json!({ self.name(): filter }))
     }
 
     /// Compiles the profile for the running architecture.
@@ -110,11 +124,7 @@ impl SeccompProfile {
 impl SeccompProfile {
     /// The profile's JSON with the `accept4`-on-`fd` rule appended.
     fn json_with_accept(&self, fd: RawFd) -> Result<String> {
-        let json_err = |source| Error::SeccompJson {
-            profile: self.name().to_string(),
-            source,
-        };
-        let mut v: serde_json::Value = serde_json::from_str(&self.json()?).map_err(json_err)?;
+        let mut v = self.value()?;
         let filter = v
             .get_mut(self.name())
             .and_then(|f| f.get_mut("filter"))
@@ -131,7 +141,7 @@ impl SeccompProfile {
                 "comment": "only the listening socket kept for this purpose",
             }],
         }));
-        serde_json::to_string(&v).map_err(json_err)
+        serde_json::to_string(&v).map_err(|e| self.json_err(e))
     }
 }
 
@@ -301,17 +311,11 @@ mod tests {
     #[test]
     fn fd_size_is_the_file_size() {
         use std::io::Write;
-        let mut f = std::fs::File::from(std::os::fd::OwnedFd::from(
-            std::fs::File::create(
-                std::env::temp_dir().join(format!("pvsched-fd-size-{}", std::process::id())),
-            )
-            .unwrap(),
-        ));
+        let path = std::env::temp_dir().join(format!("pvsched-fd-size-{}", std::process::id()));
+        let mut f = std::fs::File::create(&path).unwrap();
         f.write_all(&[0u8; 12345]).unwrap();
         assert_eq!(fd_size(std::os::fd::AsFd::as_fd(&f)).unwrap(), 12345);
-        let _ = std::fs::remove_file(
-            std::env::temp_dir().join(format!("pvsched-fd-size-{}", std::process::id())),
-        );
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
