@@ -525,8 +525,6 @@ static int pvsched_check_header(struct pvsched_dev *pd)
 			apic_off, slots_off, pd->region_size);
 		return -EINVAL;
 	}
-	if (pd->apic_ids)
-		devm_kfree(dev, pd->apic_ids);
 	pd->apic_ids = devm_kcalloc(dev, pd->nr_vcpus, sizeof(u32), GFP_KERNEL);
 	if (!pd->apic_ids)
 		return -ENOMEM;

@@ -388,7 +388,7 @@ impl PolicyObject {
         let map = MapData::create(def, "pvs_region", None).map_err(map_err("pvs_region"))?;
         let region = RegionMmap::new(map)?;
         self.regions
-            .set(vm_id, region.map(), 0)
+            .set(vm_id, &region.map, 0)
             .map_err(map_err("regions"))?;
         Ok(region)
     }
@@ -543,10 +543,6 @@ impl RegionMmap {
             len,
             map,
         })
-    }
-
-    fn map(&self) -> &MapData {
-        &self.map
     }
 
     /// A new fd of the region's BPF map, for the VMM (or device process)

@@ -58,7 +58,7 @@ pub enum ServerError {
 fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> ServerError {
     move |e| ServerError::Sys {
         what,
-        source: io::Error::from_raw_os_error(e as i32),
+        source: e.into(),
     }
 }
 

@@ -10,10 +10,6 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-fn nix_io(e: nix::Error) -> io::Error {
-    io::Error::from_raw_os_error(e as i32)
-}
-
 /// A new listening socket at `path` (non-blocking, close-on-exec). A stale
 /// socket file is replaced; a live one (another daemon) is an error.
 pub fn listen_at(path: &Path) -> io::Result<OwnedFd> {
@@ -33,11 +29,10 @@ pub fn listen_at(path: &Path) -> io::Result<OwnedFd> {
         SockType::SeqPacket,
         SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         None,
-    )
-    .map_err(nix_io)?;
-    let addr = UnixAddr::new(path).map_err(nix_io)?;
-    bind(fd.as_raw_fd(), &addr).map_err(nix_io)?;
-    listen(&fd, Backlog::new(1024).map_err(nix_io)?).map_err(nix_io)?;
+    )?;
+    let addr = UnixAddr::new(path)?;
+    bind(fd.as_raw_fd(), &addr)?;
+    listen(&fd, Backlog::new(1024)?)?;
     Ok(fd)
 }
 
@@ -50,7 +45,7 @@ pub fn accept(listener: &OwnedFd) -> io::Result<Option<OwnedFd>> {
         // SAFETY: accept4 returned a new fd that nothing else owns.
         Ok(fd) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
         Err(nix::Error::EAGAIN) => Ok(None),
-        Err(e) => Err(nix_io(e)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -61,10 +56,9 @@ pub fn connect_to(path: &Path) -> io::Result<OwnedFd> {
         SockType::SeqPacket,
         SockFlag::SOCK_CLOEXEC,
         None,
-    )
-    .map_err(nix_io)?;
-    let addr = UnixAddr::new(path).map_err(nix_io)?;
-    connect(fd.as_raw_fd(), &addr).map_err(nix_io)?;
+    )?;
+    let addr = UnixAddr::new(path)?;
+    connect(fd.as_raw_fd(), &addr)?;
     Ok(fd)
 }
 
@@ -77,8 +71,7 @@ pub fn send(fd: BorrowedFd<'_>, bytes: &[u8], pass: Option<BorrowedFd<'_>>) -> i
     } else {
         &[]
     };
-    let n =
-        sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(nix_io)?;
+    let n = sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
     if n != bytes.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
@@ -108,10 +101,9 @@ pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
         &mut iov,
         Some(&mut cmsg),
         MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(nix_io)?;
+    )?;
     let mut fds = Vec::new();
-    for c in msg.cmsgs().map_err(nix_io)? {
+    for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(raw) = c {
             for r in raw {
                 // SAFETY: the kernel installed these fds for us just now;
@@ -130,7 +122,7 @@ pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
 
 /// The peer's (pid, uid, gid) as of `connect`.
 pub fn peer_cred(fd: &OwnedFd) -> io::Result<(u32, u32, u32)> {
-    let c = getsockopt(fd, sockopt::PeerCredentials).map_err(nix_io)?;
+    let c = getsockopt(fd, sockopt::PeerCredentials)?;
     Ok((c.pid() as u32, c.uid(), c.gid()))
 }
 

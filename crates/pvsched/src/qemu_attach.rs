@@ -18,7 +18,6 @@ use crate::exit::Exit;
 use clap::Args;
 use pvsched_daemon::proto::{Region, Vcpu};
 use pvsched_daemon::{Client, RegisterVm};
-use pvsched_policy::Caps;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -152,7 +151,7 @@ impl Qmp {
             .map_err(|e| QemuAttachError::Qmp {
                 path: self.path.clone(),
                 what: "SO_PEERCRED",
-                source: std::io::Error::from_raw_os_error(e as i32),
+                source: e.into(),
             })
     }
 }
@@ -216,14 +215,7 @@ fn registration(a: &QemuAttachArgs) -> Result<RegisterVm, String> {
         vcpus.push(Vcpu { tid, apic_id });
     }
     let caps = match &a.policy_file {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| format!("reading --policy-file {}: {e}", p.display()))?;
-            Some(
-                Caps::from_toml(&text)
-                    .map_err(|e| format!("--policy-file {}: {e}", p.display()))?,
-            )
-        }
+        Some(p) => Some(crate::run::read_policy_file(p)?),
         None => None,
     };
     Ok(RegisterVm {

@@ -141,9 +141,11 @@ impl From<pvsched_vmm::Error> for StartError {
 
 /// The admin caps from `--policy-file`, or the defaults.
 fn load_caps(path: Option<&PathBuf>) -> Result<Caps, String> {
-    let Some(path) = path else {
-        return Ok(Caps::default());
-    };
+    path.map_or(Ok(Caps::default()), |p| read_policy_file(p))
+}
+
+/// The caps in `--policy-file PATH`, or what is wrong with it.
+pub(crate) fn read_policy_file(path: &std::path::Path) -> Result<Caps, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("reading --policy-file {}: {e}", path.display()))?;
     Caps::from_toml(&text).map_err(|e| format!("--policy-file {}: {e}", path.display()))
