@@ -95,15 +95,17 @@ fn fail(e: &ClientError) -> Exit {
     exit_for(e)
 }
 
+/// The daemon's status over a new connection, or the exit code (after
+/// saying what failed).
+fn fetch_status(s: &SocketArg) -> Result<(DaemonStatus, Vec<VmStatus>), Exit> {
+    connect(s)?.status().map_err(|e| fail(&e))
+}
+
 /// `pvsched status`.
 pub fn status(a: &StatusArgs) -> Exit {
-    let mut c = match connect(&a.socket) {
-        Ok(c) => c,
-        Err(x) => return x,
-    };
-    let (d, vms) = match c.status() {
+    let (d, vms) = match fetch_status(&a.socket) {
         Ok(s) => s,
-        Err(e) => return fail(&e),
+        Err(x) => return x,
     };
     let mut out = std::io::stdout().lock();
     let r = if a.json {
@@ -203,13 +205,9 @@ pub fn top(a: &TopArgs) -> Exit {
         // A connection per refresh: pvschedd closes a client that holds no
         // VM and stays silent longer than its client_timeout_ms (5 s by
         // default), which a longer --interval would be.
-        let mut c = match connect(&a.socket) {
-            Ok(c) => c,
-            Err(x) => return x,
-        };
-        let (d, vms) = match c.status() {
+        let (d, vms) = match fetch_status(&a.socket) {
             Ok(s) => s,
-            Err(e) => return fail(&e),
+            Err(x) => return x,
         };
         let now = Instant::now();
         let mut out = std::io::stdout().lock();
