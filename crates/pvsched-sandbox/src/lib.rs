@@ -19,7 +19,8 @@
 //! 4. **rlimits**: `RLIMIT_NOFILE` just above the kept fds plus a margin for
 //!    fds received later, `RLIMIT_NPROC` 0, `RLIMIT_CORE` 0 (no guest memory
 //!    in core files), `RLIMIT_FSIZE` 0 (skipped while stdout/stderr is a
-//!    regular log file, which it would break). Lowering needs no privilege, but it
+//!    regular log file, which it would break), `RLIMIT_DATA` 256 MiB (heap
+//!    and private mappings; shared guest RAM does not count). Lowering needs no privilege, but it
 //!    comes before the capability drop so `CAP_SYS_RESOURCE` cannot undo it.
 //! 5. **Drop all capabilities**: bounding set (needs `CAP_SETPCAP`, so first),
 //!    ambient, inheritable, effective, permitted.
@@ -54,8 +55,8 @@ pub use error::{Error, Result};
 pub use fds::{CloseMethod, open_fds};
 pub use isolation::Isolation;
 pub use proc_status::{ProcStatus, parse_proc_status, read_proc_status};
-pub use rlimits::Rlimits;
-pub use seccomp::{SeccompProfile, attempt_forbidden_open, fd_size};
+pub use rlimits::{DEFAULT_DATA_LIMIT, Rlimits};
+pub use seccomp::{SeccompProfile, attempt_forbidden_open, fd_seals, fd_size};
 
 /// What [`enter`] should do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,6 +108,8 @@ pub struct SandboxReport {
     /// The `RLIMIT_FSIZE` value set; `None` if not applied (configured off,
     /// or stdout/stderr is a regular file).
     pub fsize_limit: Option<u64>,
+    /// The `RLIMIT_DATA` value set; `None` if configured off.
+    pub data_limit: Option<u64>,
     /// The seccomp profile installed.
     pub seccomp_profile: String,
 }
@@ -131,6 +134,7 @@ pub fn enter(cfg: &SandboxConfig) -> Result<SandboxReport> {
         isolation,
         nofile_limit: limits.nofile,
         fsize_limit: limits.fsize,
+        data_limit: limits.data,
         seccomp_profile: cfg.seccomp.name().to_string(),
     })
 }

@@ -21,7 +21,19 @@ pub struct Rlimits {
     /// then raise SIGXFSZ; [`crate::SandboxReport::fsize_limit`] says
     /// whether it was applied. `None` never applies it.
     pub fsize: Option<u64>,
+    /// `RLIMIT_DATA`: the heap and every private writable mapping (thread
+    /// stacks, allocator arenas). Shared mappings of received fds (guest
+    /// RAM, the BAR2 memfd) do not count, so this caps what a client can
+    /// make the process allocate without limiting guest RAM size (which
+    /// `RLIMIT_AS` would). `None` leaves it unchanged.
+    pub data: Option<u64>,
 }
+
+/// Default [`Rlimits::data`]: 256 MiB. The device process needs a few MiB
+/// (one message of a few KiB plus its own state); the cap turns a leak
+/// or an unbounded allocation into a failed allocation far below the host's
+/// memory.
+pub const DEFAULT_DATA_LIMIT: u64 = 256 << 20;
 
 impl Default for Rlimits {
     fn default() -> Self {
@@ -30,6 +42,7 @@ impl Default for Rlimits {
             nproc: 0,
             core: 0,
             fsize: Some(0),
+            data: Some(DEFAULT_DATA_LIMIT),
         }
     }
 }
@@ -62,6 +75,7 @@ fn is_regular_file(fd: RawFd) -> bool {
 pub(crate) struct Applied {
     pub nofile: u64,
     pub fsize: Option<u64>,
+    pub data: Option<u64>,
 }
 
 /// Applies `lim`.
@@ -82,5 +96,12 @@ pub(crate) fn apply(lim: &Rlimits, kept: &[RawFd]) -> Result<Applied> {
         }
         None => None,
     };
-    Ok(Applied { nofile, fsize })
+    if let Some(data) = lim.data {
+        set(libc::RLIMIT_DATA, "RLIMIT_DATA", data)?;
+    }
+    Ok(Applied {
+        nofile,
+        fsize,
+        data: lim.data,
+    })
 }

@@ -56,3 +56,22 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
         std::thread::sleep(Duration::from_micros(200));
     }
 }
+
+/// A close-on-exec memfd of `size` bytes named `name`, sealed against any
+/// change of size: guest RAM as QEMU's `memory-backend-memfd` (and the
+/// reference VMM) share it, the only kind a device process maps.
+pub fn sealed_memfd(name: &std::ffi::CStr, size: u64) -> std::fs::File {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: memfd_create with a NUL-terminated name; the flags are valid.
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.set_len(size).expect("size the memfd");
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl(F_ADD_SEALS) on the fd `f` owns; no pointers.
+    let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    assert_eq!(rc, 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
+    f
+}

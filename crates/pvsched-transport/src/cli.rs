@@ -55,12 +55,15 @@ impl From<FaultArg> for Fault {
 pub enum TestTriggerArg {
     /// On device reset, try to open a file (a sandboxed device dies with SIGSYS).
     OpenOnReset,
+    /// On device reset, panic (the sandboxed panic path: exit 1, no SIGSYS).
+    PanicOnReset,
 }
 
 impl From<TestTriggerArg> for TestTrigger {
     fn from(t: TestTriggerArg) -> Self {
         match t {
             TestTriggerArg::OpenOnReset => TestTrigger::OpenOnReset,
+            TestTriggerArg::PanicOnReset => TestTrigger::PanicOnReset,
         }
     }
 }

@@ -11,7 +11,8 @@
 //! [`TestTrigger::OpenOnReset`] makes the device try to `open()` a file when
 //! it handles a device reset (mpqemu DEVICE_RESET, vfio-user
 //! VFIO_USER_DEVICE_RESET), so a test can watch a sandboxed device die of
-//! SIGSYS.
+//! SIGSYS; [`TestTrigger::PanicOnReset`] makes it panic there, to test how
+//! a panic inside the sandbox ends.
 
 use crate::backend::TransportDevice;
 use pvsched_abi as abi;
@@ -36,6 +37,10 @@ pub enum TestTrigger {
     /// a sandboxed device dies with SIGSYS; an unsandboxed one logs an
     /// error and carries on with the reset.
     OpenOnReset,
+    /// On device reset, panic: the vfio-user server contains it and the
+    /// process exits 1 (inside the sandbox even with `RUST_BACKTRACE=1`,
+    /// whose default hook would open the executable and die of SIGSYS).
+    PanicOnReset,
 }
 
 /// MAGIC value answered under [`Fault::WrongMagic`].
@@ -150,6 +155,9 @@ impl<D: TransportDevice> TransportDevice for FaultyDevice<D> {
             log::error!(
                 "test trigger open-on-reset: open() returned (opened: {opened}); this device is NOT sandboxed"
             );
+        }
+        if self.trigger == Some(TestTrigger::PanicOnReset) {
+            panic!("test trigger panic-on-reset");
         }
         self.inner.reset();
     }

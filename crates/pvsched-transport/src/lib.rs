@@ -18,6 +18,7 @@
 pub mod backend;
 pub mod cli;
 pub mod fault;
+pub mod guest_ram;
 pub mod monitor;
 pub mod mpqemu;
 pub mod run;

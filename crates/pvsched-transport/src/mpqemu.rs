@@ -335,6 +335,14 @@ impl<D: TransportDevice> MpqemuPeer<D> {
             if size == 0 || r.gpa.checked_add(r.size).is_none() {
                 continue;
             }
+            if let Err(why) = crate::guest_ram::check(&file, offset, r.size) {
+                log::warn!(
+                    "mpqemu: SYNC_SYSMEM range {:#x}+{:#x} not mapped: {why}",
+                    r.gpa,
+                    r.size
+                );
+                continue;
+            }
             ranges.push((
                 GuestAddress(r.gpa),
                 size,

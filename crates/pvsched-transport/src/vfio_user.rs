@@ -13,39 +13,35 @@
 //! Guest RAM arrives as DMA_MAP messages with fds and is mapped with
 //! `vm-memory`; DMA_UNMAP removes a range; DEVICE_RESET writes STATUS=0.
 //!
-//! Shortcomings of `vfio_user` 0.1.7 found while building this (the
-//! transport works around what it can; see [`VfioUserServer::serve`]):
-//! - `Server::handle_command` (VERSION) computes
-//!   `header.message_size as usize - size_of::<Version>()` (underflow panic
-//!   in debug builds for a short message) and calls
-//!   `CString::from_vec_with_nul(..).unwrap()` (panics when the client's
-//!   JSON is not NUL-terminated or contains a NUL). A hostile client can
-//!   therefore panic the server thread; [`VfioUserServer::serve`] runs the
-//!   crate under `catch_unwind` and reports [`VfioUserError::ServerPanicked`].
-//! - REGION_READ / REGION_WRITE allocate `count` bytes (up to 4 GiB) before
-//!   the backend sees the request; the backend refuses accesses larger than
-//!   [`MAX_ACCESS`] but the allocation has already happened (a write's
-//!   payload is read into it in full). Not bounded by the device: the
-//!   sandbox sets no address-space limit (guest RAM needs the space).
-//! - When the crate answers an error it sends a bare header; the crate's own
-//!   `Client::region_read`/`region_write` then read a longer reply and
-//!   desynchronise. So out-of-range accesses to existing regions are
-//!   answered successfully with PCI semantics (reads all-ones, writes
-//!   dropped) and counted, never with an error reply.
-//! - REGION_WRITE to a region index that does not exist returns before the
-//!   payload is read: the payload is then parsed as the next header.
-//! - The region fd is only sent when the region has sparse areas and the
-//!   client asked with a large enough `argsz`; hence the one sparse area.
-//! - `Client` computes `resettable` inverted (`flags & RESET != RESET`).
-//! - `Server::new` binds the path and removes it on drop with a path
-//!   lookup; [`VfioUserServer`] binds the listener itself and hands it to
-//!   `Server::from_owned_fd`, so the device can wait for the pending
-//!   connection, unlink the path and enter the sandbox before the crate
-//!   accepts (see [`crate::sandbox`]). A panic in the crate under the
-//!   sandbox is reported without a backtrace (symbolising would need
-//!   `open`).
+//! Interrupts: the device has none, but QEMU's `vfio-user-pci` requires the
+//! five VFIO PCI IRQ indices (INTx, MSI, MSI-X, ERR, REQ); each is declared
+//! with count 0, and the configuration space has no interrupt pin and no
+//! MSI capability, so the client never enables one.
+//!
+//! DMA ranges without an fd (QEMU's ROM and firmware areas) and ranges
+//! whose fd is not sealed against shrinking are recorded (so their
+//! DMA_UNMAP succeeds) but not mapped; see [`crate::guest_ram`].
+//!
+//! The server loop is the rust-vmm `vfio_user` crate, patched in-tree
+//! (`third_party/vfio_user`, see its `PATCHES.md`): every message is read
+//! whole before it is parsed, so unknown or malformed commands get an error
+//! reply with an errno and the stream stays in sync; no client-chosen
+//! length is allocated beyond [`MAX_ACCESS`] (advertised as
+//! `max_data_xfer_size`); VERSION is parsed without panicking.
+//! [`VfioUserServer::serve`] still runs the crate under `catch_unwind`, as
+//! a second line of defence. Remaining shortcomings of the crate's
+//! `Client` (used by the reference VMM and the tests, never facing a
+//! hostile peer): it reads a full-size reply after an error reply, and it
+//! computes `resettable` inverted.
+//!
+//! `Server::new` binds the path and removes it on drop with a path
+//! lookup; [`VfioUserServer`] binds the listener itself and hands it to
+//! `Server::from_owned_fd`, so the device can wait for the pending
+//! connection, unlink the path and enter the sandbox before the crate
+//! accepts (see [`crate::sandbox`]).
 
 use crate::backend::TransportDevice;
+use crate::guest_ram::GuestRamRefusal;
 use crate::monitor::Monitor;
 use crate::slot_dump::SlotDumper;
 use pvsched_abi as abi;
@@ -54,18 +50,19 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 use vfio_bindings::bindings::vfio::{
-    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_NUM_REGIONS,
-    VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
-    vfio_region_info, vfio_region_sparse_mmap_area,
+    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_NUM_IRQS,
+    VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ,
+    VFIO_REGION_INFO_FLAG_WRITE, vfio_region_info, vfio_region_sparse_mmap_area,
 };
-use vfio_user::{DmaMapFlags, DmaUnmapFlags, Server, ServerBackend, ServerRegion, SparseArea};
+use vfio_user::{
+    DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion, SparseArea,
+};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, MmapRegion};
 
 /// Size of PCI configuration space served.
@@ -133,6 +130,9 @@ pub struct VfioUserStats {
     pub stray: AtomicU64,
     /// DMA_MAP requests refused.
     pub dma_refused: AtomicU64,
+    /// DMA ranges accepted but not mapped (no fd, or an fd not sealed
+    /// against shrinking).
+    pub dma_unmapped: AtomicU64,
 }
 
 impl VfioUserStats {
@@ -144,8 +144,9 @@ impl VfioUserStats {
 
 struct DmaRange {
     size: u64,
-    /// Shared with the mapping built from it: one fd per range.
-    file: Arc<File>,
+    /// Shared with the mapping built from it: one fd per range. `None`: the
+    /// range is recorded but not mapped (see [`crate::guest_ram`]).
+    file: Option<Arc<File>>,
     offset: u64,
 }
 
@@ -194,13 +195,14 @@ impl VfioUserDevice<PvschedDevice> {
 }
 
 /// Destination of a region access (see `VfioUserDevice::target`).
-enum Target<'a> {
+enum Target {
     /// PCI configuration space.
     Config,
     /// The register BAR.
     Bar0,
-    /// The device region, through its backing file.
-    Bar2(&'a File),
+    /// The device region (1, 2, 4 or 8 bytes), through the device's
+    /// mapping of it.
+    Bar2,
     /// Outside every region: logged, counted, not applied.
     Stray,
 }
@@ -237,7 +239,12 @@ impl<D: TransportDevice> VfioUserDevice<D> {
     pub fn fds(&self) -> Vec<RawFd> {
         let mut v: Vec<RawFd> = self.bar2.iter().map(|(f, _)| f.as_raw_fd()).collect();
         v.extend(self.dumper.as_ref().map(SlotDumper::fd));
-        v.extend(self.dma.values().map(|r| r.file.as_raw_fd()));
+        v.extend(
+            self.dma
+                .values()
+                .filter_map(|r| r.file.as_ref())
+                .map(|f| f.as_raw_fd()),
+        );
         v
     }
 
@@ -313,7 +320,7 @@ impl<D: TransportDevice> VfioUserDevice<D> {
     /// Whether `offset..offset+len` lies inside `size` bytes.
     /// Where an access of `len` bytes at `offset` in `region` goes; one
     /// classification for reads and writes.
-    fn target(&self, region: u32, offset: u64, len: usize) -> Target<'_> {
+    fn target(&self, region: u32, offset: u64, len: usize) -> Target {
         match region {
             VFIO_PCI_CONFIG_REGION_INDEX if Self::inside(offset, len, CONFIG_SIZE) => {
                 Target::Config
@@ -324,7 +331,11 @@ impl<D: TransportDevice> VfioUserDevice<D> {
                 Target::Bar0
             }
             r if r == u32::from(abi::REGION_BAR) => match &self.bar2 {
-                Some((file, size)) if Self::inside(offset, len, *size) => Target::Bar2(file),
+                Some((_, size))
+                    if Self::inside(offset, len, *size) && matches!(len, 1 | 2 | 4 | 8) =>
+                {
+                    Target::Bar2
+                }
                 _ => Target::Stray,
             },
             _ => Target::Stray,
@@ -365,11 +376,13 @@ impl<D: TransportDevice> VfioUserDevice<D> {
     fn rebuild_guest_memory(&mut self) -> Result<(), String> {
         let mut ranges = Vec::with_capacity(self.dma.len());
         for (&iova, r) in &self.dma {
-            ranges.push((
-                GuestAddress(iova),
-                r.size as usize,
-                Some(FileOffset::from_arc(r.file.clone(), r.offset)),
-            ));
+            if let Some(file) = &r.file {
+                ranges.push((
+                    GuestAddress(iova),
+                    r.size as usize,
+                    Some(FileOffset::from_arc(file.clone(), r.offset)),
+                ));
+            }
         }
         let mem = if ranges.is_empty() {
             GuestMemoryMmap::new()
@@ -381,28 +394,15 @@ impl<D: TransportDevice> VfioUserDevice<D> {
         Ok(())
     }
 
-    fn check_dma(
-        &self,
-        offset: u64,
-        address: u64,
-        size: u64,
-        fd: Option<&File>,
-    ) -> Result<(), &'static str> {
-        let file = fd.ok_or("DMA_MAP without an fd (socket DMA is not supported)")?;
+    /// Whether a DMA range at `address` of `size` bytes may be recorded
+    /// (whether it is also mapped is [`crate::guest_ram::check`]'s call).
+    fn check_dma(&self, address: u64, size: u64) -> Result<(), &'static str> {
         if size == 0 || usize::try_from(size).is_err() {
             return Err("DMA_MAP size 0 or too large");
         }
         let end = address
             .checked_add(size)
             .ok_or("DMA_MAP range wraps the address space")?;
-        let file_end = offset.checked_add(size).ok_or("DMA_MAP file range wraps")?;
-        // The fstat syscall itself: File::metadata (statx) and glibc's
-        // fstat (newfstatat) are outside the sandbox's allowlist.
-        let len = pvsched_sandbox::fd_size(std::os::fd::AsFd::as_fd(file))
-            .map_err(|_| "DMA_MAP fd not stat-able")?;
-        if file_end > len {
-            return Err("DMA_MAP range exceeds the file");
-        }
         if self.dma.len() >= MAX_DMA_RANGES {
             return Err("too many DMA ranges");
         }
@@ -418,12 +418,21 @@ impl<D: TransportDevice> VfioUserDevice<D> {
     }
 }
 
+/// The BAR2 backing: a memfd of `size` bytes sealed against any change of
+/// size. Its fd goes to the client with the region info; without the seals
+/// the client could shrink it under the device's mapping (SIGBUS).
 fn memfd(size: u64) -> io::Result<File> {
+    use nix::fcntl::{FcntlArg, SealFlag, fcntl};
     use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
-    let fd =
-        memfd_create(c"pvsched-bar2", MemFdCreateFlag::MFD_CLOEXEC).map_err(io::Error::from)?;
+    let fd = memfd_create(
+        c"pvsched-bar2",
+        MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+    )
+    .map_err(io::Error::from)?;
     let file = File::from(fd);
     file.set_len(size)?;
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+    fcntl(file.as_raw_fd(), FcntlArg::F_ADD_SEALS(seals)).map_err(io::Error::from)?;
     Ok(file)
 }
 
@@ -438,12 +447,7 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
         match self.target(region, offset, data.len()) {
             Target::Config => self.config_read(offset, data),
             Target::Bar0 => self.dev.read_bar(BarIndex(abi::REG_BAR), offset, data),
-            Target::Bar2(file) => {
-                if let Err(e) = file.read_exact_at(data, offset) {
-                    log::warn!("vfio-user: BAR2 read at {offset:#x} failed: {e}");
-                    data.fill(0xff);
-                }
-            }
+            Target::Bar2 => self.dev.read_bar(BarIndex(abi::REGION_BAR), offset, data),
             Target::Stray => self.stray("read", region, offset, data.len()),
         }
         self.served("region_read");
@@ -459,11 +463,7 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
         match self.target(region, offset, data.len()) {
             Target::Config => self.config_write(offset, data),
             Target::Bar0 => self.dev.write_bar(BarIndex(abi::REG_BAR), offset, data),
-            Target::Bar2(file) => {
-                if let Err(e) = file.write_all_at(data, offset) {
-                    log::warn!("vfio-user: BAR2 write at {offset:#x} failed: {e}");
-                }
-            }
+            Target::Bar2 => self.dev.write_bar(BarIndex(abi::REGION_BAR), offset, data),
             Target::Stray => self.stray("write", region, offset, data.len()),
         }
         self.served("region_write");
@@ -478,22 +478,40 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
         size: u64,
         fd: Option<File>,
     ) -> io::Result<()> {
-        let res = self.check_dma(offset, address, size, fd.as_ref());
-        let res = match (res, fd) {
-            (Ok(()), Some(file)) => {
-                let file = Arc::new(file);
-                self.dma.insert(address, DmaRange { size, file, offset });
-                // A range that cannot be mapped (e.g. a read-only fd) is
-                // refused and the previous map kept.
-                self.rebuild_guest_memory().map_err(|e| {
-                    self.dma.remove(&address);
-                    log::warn!("vfio-user: DMA_MAP {address:#x}+{size:#x}: {e}");
-                    "DMA_MAP range cannot be mapped"
-                })
+        let res = self.check_dma(address, size).and_then(|()| {
+            let file = match fd.map(|file| (crate::guest_ram::check(&file, offset, size), file)) {
+                None => None,
+                Some((Ok(()), file)) => Some(Arc::new(file)),
+                Some((Err(why @ GuestRamRefusal::NotSealed(_)), _)) => {
+                    log::warn!(
+                        "vfio-user: DMA range {address:#x}+{size:#x} recorded but not mapped: {why}"
+                    );
+                    None
+                }
+                Some((Err(why), _)) => {
+                    log::warn!("vfio-user: DMA range {address:#x}+{size:#x}: {why}");
+                    return Err("DMA_MAP range does not fit its fd");
+                }
+            };
+            if file.is_none() {
+                // QEMU maps its ROM and firmware areas without an fd; the
+                // device never needs them.
+                self.stats.dma_unmapped.fetch_add(1, Ordering::SeqCst);
+                log::debug!("vfio-user: DMA range {address:#x}+{size:#x} not mapped");
             }
-            (Ok(()), None) => Err("DMA_MAP without an fd"),
-            (Err(e), _) => Err(e),
-        };
+            let mapped = file.is_some();
+            self.dma.insert(address, DmaRange { size, file, offset });
+            if !mapped {
+                return Ok(());
+            }
+            // A range that cannot be mapped (e.g. a read-only fd) is
+            // refused and the previous map kept.
+            self.rebuild_guest_memory().map_err(|e| {
+                self.dma.remove(&address);
+                log::warn!("vfio-user: DMA_MAP {address:#x}+{size:#x}: {e}");
+                "DMA_MAP range cannot be mapped"
+            })
+        });
         self.served("dma_map");
         res.map_err(|e| {
             self.stats.dma_refused.fetch_add(1, Ordering::SeqCst);
@@ -549,6 +567,18 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
     }
 }
 
+/// The IRQ indices declared to the client: the five of a VFIO PCI device,
+/// each with no interrupt behind it (the device has none).
+pub fn server_irqs() -> Vec<IrqInfo> {
+    (0..VFIO_PCI_NUM_IRQS)
+        .map(|index| IrqInfo {
+            index,
+            flags: 0,
+            count: 0,
+        })
+        .collect()
+}
+
 /// A vfio-user server for one device and one client connection.
 ///
 /// The listening socket is bound here (not by the crate), so the device
@@ -590,7 +620,10 @@ impl<D: TransportDevice> VfioUserServer<D> {
         }
         let listener_fd = listener.as_raw_fd();
         let regions = dev.server_regions();
-        let server = Server::from_owned_fd(OwnedFd::from(listener), true, Vec::new(), regions);
+        let mut server =
+            Server::from_owned_fd(OwnedFd::from(listener), true, server_irqs(), regions);
+        server.set_max_data_xfer_size(MAX_ACCESS as u32);
+        server.set_max_dma_maps(MAX_DMA_RANGES as u32);
         Ok(Self {
             server,
             listener_fd,

@@ -3,7 +3,6 @@
 //! device-region and guest-region handshakes, invalid regions, reset,
 //! hostile input, and the BAR0 round-trip measurement.
 
-use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
 #[path = "support/vfio_client.rs"]
 mod vfio_client;
 
@@ -101,11 +100,7 @@ impl Harness {
 }
 
 fn guest_ram() -> File {
-    let f: File = memfd_create(c"guest-ram", MemFdCreateFlag::MFD_CLOEXEC)
-        .expect("memfd")
-        .into();
-    f.set_len(RAM).expect("ftruncate");
-    f
+    pvsched_testkit::sealed_memfd(c"guest-ram", RAM)
 }
 
 const OK: u32 =
@@ -434,21 +429,41 @@ fn unknown_command_gets_an_error_reply() {
 }
 
 #[test]
-fn malformed_version_is_contained() {
-    // VERSION whose capability string lacks its NUL: vfio_user 0.1.7
-    // unwraps CString::from_vec_with_nul and panics; serve() contains it.
+fn malformed_version_gets_an_error_reply_and_serving_continues() {
+    // VERSION whose capability string lacks its NUL (vfio_user 0.1.7
+    // panicked on it), then one whose JSON is not JSON: both refused with
+    // EINVAL, and the connection keeps serving.
     let h = Harness::start("version");
     let mut s = UnixStream::connect(&h.path).expect("connect");
-    let mut msg = header(1, 1, 16 + 4 + 2);
-    msg.extend_from_slice(&[0, 0, 0, 0]);
-    msg.extend_from_slice(b"{}");
-    s.write_all(&msg).expect("send");
-    let res = h.finish();
-    assert!(
-        matches!(res, Err(VfioUserError::ServerPanicked(_))),
-        "got {res:?}"
+    for (id, data) in [(1u16, &b"{}"[..]), (2, &b"{not json}\0"[..])] {
+        let mut msg = header(id, 1, (16 + 4 + data.len()) as u32);
+        msg.extend_from_slice(&[0, 0, 0, 0]);
+        msg.extend_from_slice(data);
+        s.write_all(&msg).expect("send");
+        let mut r = [0u8; 16];
+        s.read_exact(&mut r).expect("reply");
+        assert_eq!(u16::from_le_bytes([r[0], r[1]]), id);
+        if id == 1 {
+            // A capability string without its NUL is still valid JSON.
+            assert_eq!(reply_flags(&r) & (1 << 5), 0, "accepted");
+            let size = u32::from_le_bytes(r[4..8].try_into().expect("4 bytes")) as usize;
+            let mut rest = vec![0u8; size - 16];
+            s.read_exact(&mut rest).expect("version reply body");
+        } else {
+            assert_ne!(reply_flags(&r) & (1 << 5), 0, "refused");
+            assert_eq!(u32::from_le_bytes(r[12..16].try_into().expect("4")), 22);
+        }
+    }
+    s.write_all(&raw_region_read(3, 0, u64::from(abi::REG_MAGIC), 4))
+        .expect("send");
+    let mut r = [0u8; 36];
+    s.read_exact(&mut r).expect("reply");
+    assert_eq!(
+        u32::from_le_bytes(r[32..36].try_into().expect("4")),
+        abi::MAGIC
     );
     drop(s);
+    h.finish().expect("clean end");
 }
 
 #[test]
@@ -506,19 +521,19 @@ fn raw_hostile_messages_get_error_replies_and_serving_continues() {
 }
 
 #[test]
-fn short_version_message_is_contained() {
-    // message_size smaller than the VERSION struct: vfio_user 0.1.7
-    // subtracts without checking (overflow panic in debug, a huge
-    // allocation in release); serve() contains either.
+fn short_version_message_gets_an_error_reply() {
+    // message_size smaller than VERSION's fixed part: vfio_user 0.1.7
+    // subtracted without checking (a panic in debug, a huge allocation in
+    // release). Now the whole message is read and refused with EINVAL.
     let h = Harness::start("short-version");
     let mut s = UnixStream::connect(&h.path).expect("connect");
-    let mut msg = header(1, 1, 16);
-    msg.extend_from_slice(&[1, 0, 0, 0]);
+    let mut msg = header(1, 1, 18);
+    msg.extend_from_slice(&[1, 0]);
     s.write_all(&msg).expect("send");
-    let res = h.finish();
-    assert!(
-        matches!(res, Err(VfioUserError::ServerPanicked(_))),
-        "got {res:?}"
-    );
+    let mut r = [0u8; 16];
+    s.read_exact(&mut r).expect("reply");
+    assert_ne!(reply_flags(&r) & (1 << 5), 0, "refused");
+    assert_eq!(u32::from_le_bytes(r[12..16].try_into().expect("4")), 22);
     drop(s);
+    h.finish().expect("clean end");
 }

@@ -8,7 +8,7 @@
 
 use std::ffi::CStr;
 use std::fs::File;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
@@ -65,14 +65,19 @@ pub enum Error {
 /// Result alias for this module.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Create a close-on-exec memfd of `size` bytes named `name` (shown in /proc/PID/maps).
+/// Create a close-on-exec memfd of `size` bytes named `name` (shown in
+/// /proc/PID/maps), sealed against any change of size (`F_SEAL_SHRINK`,
+/// `F_SEAL_GROW`, `F_SEAL_SEAL`), as QEMU's `memory-backend-memfd` is: a
+/// device process that maps it may rely on its pages staying (see
+/// `pvsched_transport::guest_ram`).
 pub fn memfd(name: &CStr, size: u64) -> Result<File> {
     let label = name.to_string_lossy().into_owned();
     if size == 0 || !size.is_multiple_of(4096) {
         return Err(Error::BadSize(size));
     }
     // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(Error::Memfd {
             name: label,
@@ -82,10 +87,18 @@ pub fn memfd(name: &CStr, size: u64) -> Result<File> {
     // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(size).map_err(|source| Error::Truncate {
-        name: label,
+        name: label.clone(),
         size,
         source,
     })?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl(F_ADD_SEALS) on the fd owned by `file`; no pointers.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(Error::Memfd {
+            name: label,
+            source: std::io::Error::last_os_error(),
+        });
+    }
     Ok(file)
 }
 

@@ -4,7 +4,7 @@
 //
 
 use bitflags::bitflags;
-use libc::{c_void, iovec, EINVAL};
+use libc::{c_void, iovec};
 use libc::{sysconf, _SC_PAGESIZE};
 use std::ffi::CString;
 use std::fs::File;
@@ -232,10 +232,13 @@ struct Capabilities {
     max_data_xfer_size: u32,
     #[serde(default = "default_migration_capabilities")]
     migration: MigrationCapabilities,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_dma_maps: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Default)]
 struct CapabilitiesData {
+    #[serde(default)]
     capabilities: Capabilities,
 }
 
@@ -245,6 +248,7 @@ impl Default for Capabilities {
             max_msg_fds: default_max_msg_fds(),
             max_data_xfer_size: default_max_data_xfer_size(),
             migration: default_migration_capabilities(),
+            max_dma_maps: None,
         }
     }
 }
@@ -311,6 +315,37 @@ pub enum Error {
     InvalidInput,
     #[error("No_reply bit unexpectedly set for command: {0:?}")]
     UnexpectedNoReply(Command),
+    #[error("Message of command {command} is {size} bytes, shorter than the command's fixed part")]
+    ShortMessage { command: u16, size: u32 },
+    #[error("Message size {0} is smaller than a header")]
+    MessageSize(u32),
+    #[error("Message size {0} exceeds the largest message this server reads")]
+    MessageTooLarge(u32),
+    #[error("Transfer count {0} exceeds max_data_xfer_size")]
+    CountTooLarge(u32),
+    #[error("Message with flags {0:#x} is not a command")]
+    NotACommand(u32),
+    #[error("Unsupported protocol major version {0}")]
+    UnsupportedVersion(u16),
+}
+
+impl Error {
+    /// The errno an error reply carries for this error.
+    fn errno(&self) -> i32 {
+        match self {
+            Error::UnknownCommand(_) | Error::UnsupportedCommand(_) => libc::ENOSYS,
+            Error::UnsupportedFeature | Error::UnsupportedVersion(_) => libc::ENOTSUP,
+            Error::MessageTooLarge(_) | Error::CountTooLarge(_) => libc::E2BIG,
+            Error::Backend(e) => e.raw_os_error().unwrap_or(match e.kind() {
+                std::io::ErrorKind::InvalidInput => libc::EINVAL,
+                std::io::ErrorKind::Unsupported => libc::ENOTSUP,
+                std::io::ErrorKind::PermissionDenied => libc::EPERM,
+                std::io::ErrorKind::OutOfMemory => libc::ENOMEM,
+                _ => libc::EIO,
+            }),
+            _ => libc::EINVAL,
+        }
+    }
 }
 
 /// The header every capability of a region begins with.
@@ -926,6 +961,8 @@ pub struct Server {
     resettable: bool,
     irqs: Vec<IrqInfo>,
     regions: Vec<ServerRegion>,
+    max_data_xfer_size: u32,
+    max_dma_maps: Option<u32>,
 }
 
 impl Server {
@@ -947,6 +984,8 @@ impl Server {
             resettable,
             irqs,
             regions,
+            max_data_xfer_size: default_max_data_xfer_size(),
+            max_dma_maps: None,
         })
     }
 
@@ -964,18 +1003,41 @@ impl Server {
             resettable,
             irqs,
             regions,
+            max_data_xfer_size: default_max_data_xfer_size(),
+            max_dma_maps: None,
         }
     }
 
+    /// Largest `count` of one REGION_READ/REGION_WRITE this server accepts
+    /// (advertised in the VERSION reply; default 1 MiB). Larger requests
+    /// are refused with E2BIG before anything is allocated.
+    pub fn set_max_data_xfer_size(&mut self, size: u32) {
+        self.max_data_xfer_size = size;
+    }
+
+    /// Number of DMA mappings the backend keeps at once, advertised to the
+    /// client as `max_dma_maps` (default: not advertised, which the
+    /// protocol reads as 65535).
+    pub fn set_max_dma_maps(&mut self, maps: u32) {
+        self.max_dma_maps = Some(maps);
+    }
+
+    /// Handle one command whose header and whole body (`body`, the
+    /// `message_size - 16` bytes after the header) have been read. Returns
+    /// the reply to send, if any. An error leaves the stream in sync: the
+    /// caller answers it with an error reply.
     fn handle_command(
         &self,
         backend: &mut dyn ServerBackend,
-        stream: &mut UnixStream,
         header: Header,
+        body: &[u8],
         fds: Vec<File>,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<Reply>, Error> {
+        if header.flags & HEADER_TYPE_MASK != HeaderFlags::Command as u32 {
+            return Err(Error::NotACommand(header.flags));
+        }
         let command = Command::n(header.command).ok_or(Error::UnknownCommand(header.command))?;
-        match command {
+        let reply = match command {
             Command::Unknown
             | Command::GetRegionIoFds
             | Command::DmaRead
@@ -987,81 +1049,45 @@ impl Server {
                 if header.no_reply() {
                     return Err(Error::UnexpectedNoReply(Command::Version));
                 }
-
-                // TODO: Make version/capabilities configurable
-                let mut client_version = Version {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut client_version.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
-                let mut raw_version_data =
-                    vec![0; header.message_size as usize - size_of::<Version>()];
-                stream
-                    .read_exact(&mut raw_version_data)
-                    .map_err(Error::StreamRead)?;
-                let client_version_data = CString::from_vec_with_nul(raw_version_data)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                let client_capabilities: CapabilitiesData =
-                    serde_json::from_str(&client_version_data)
-                        .map_err(Error::DeserializeCapabilites)?;
-
+                let client_version: Version = parse(header, body)?;
+                let client_capabilities = parse_version_data(&body[VERSION_FIXED..])?;
                 info!(
                     "Received client version: major = {} minor = {} capabilities = {:?}",
                     client_version.major, client_version.minor, client_capabilities.capabilities,
                 );
+                if client_version.major != 0 {
+                    return Err(Error::UnsupportedVersion(client_version.major));
+                }
 
-                let server_capabilities = CapabilitiesData::default();
-                let server_version_data = serde_json::to_string(&server_capabilities)
-                    .map_err(Error::SerializeCapabilites)?;
-                let server_version = Version {
-                    header: Header {
-                        message_id: client_version.header.message_id,
-                        command: Command::Version as u16,
-                        flags: HeaderFlags::Reply as u32,
-                        message_size: (size_of::<Version>() + server_version_data.len() + 1) as u32,
+                let server_capabilities = CapabilitiesData {
+                    capabilities: Capabilities {
+                        max_data_xfer_size: self.max_data_xfer_size,
+                        max_dma_maps: self.max_dma_maps,
                         ..Default::default()
                     },
+                };
+                let mut server_version_data = serde_json::to_vec(&server_capabilities)
+                    .map_err(Error::SerializeCapabilites)?;
+                server_version_data.push(0);
+                let server_version = Version {
+                    header: reply_header(header, size_of::<Version>() + server_version_data.len()),
                     major: 0,
                     minor: 0,
                 };
-
-                let server_version_data = CString::new(server_version_data.as_bytes()).unwrap();
-
-                let bufs = vec![
-                    IoSlice::new(server_version.as_slice()),
-                    IoSlice::new(server_version_data.as_bytes_with_nul()),
-                ];
-
-                // TODO: Use write_all_vectored() when ready
-                let _ = stream.write_vectored(&bufs).map_err(Error::StreamWrite)?;
-
                 info!(
                     "Sent server version: major = {} minor = {} capabilities = {:?}",
                     server_version.major, server_version.minor, server_capabilities.capabilities
                 );
+                Reply::new(server_version.as_slice(), &server_version_data)
             }
             Command::DmaMap => {
-                let mut cmd = DmaMap {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut cmd.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
+                let cmd: DmaMap = parse(header, body)?;
                 let mut fds = fds;
-
                 // The specification demands that the caller passes 0
                 // or 1 file descriptor.
                 if fds.len() > 1 {
                     return Err(Error::InvalidInput);
                 }
-
                 backend
                     .dma_map(
                         DmaMapFlags::from_bits_truncate(cmd.flags),
@@ -1071,31 +1097,15 @@ impl Server {
                         fds.pop(),
                     )
                     .map_err(Error::Backend)?;
-
-                if header.no_reply() {
-                    return Ok(());
-                }
-
-                let reply = Header {
-                    message_id: cmd.header.message_id,
-                    command: Command::DmaMap as u16,
-                    flags: HeaderFlags::Reply as u32,
-                    message_size: size_of::<Header>() as u32,
-                    ..Default::default()
-                };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
+                Reply::new(reply_header(header, size_of::<Header>()).as_slice(), &[])
             }
             Command::DmaUnmap => {
-                let mut cmd = DmaUnmap {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut cmd.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
+                let cmd: DmaUnmap = parse(header, body)?;
+                if DmaUnmapFlags::from_bits_retain(cmd.flags)
+                    .contains(DmaUnmapFlags::GET_DIRTY_PAGE_INFO)
+                {
+                    return Err(Error::UnsupportedFeature);
+                }
                 backend
                     .dma_unmap(
                         DmaUnmapFlags::from_bits_truncate(cmd.flags),
@@ -1103,50 +1113,20 @@ impl Server {
                         cmd.size,
                     )
                     .map_err(Error::Backend)?;
-
-                if header.no_reply() {
-                    return Ok(());
-                }
-
                 let reply = DmaUnmap {
-                    header: Header {
-                        message_id: cmd.header.message_id,
-                        command: Command::DmaUnmap as u16,
-                        flags: HeaderFlags::Reply as u32,
-                        message_size: size_of::<DmaUnmap>() as u32,
-                        ..Default::default()
-                    },
-                    argsz: cmd.argsz,
-                    flags: cmd.flags,
-                    address: cmd.address,
-                    size: cmd.size,
+                    header: reply_header(header, size_of::<DmaUnmap>()),
+                    ..cmd
                 };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
+                Reply::new(reply.as_slice(), &[])
             }
             Command::DeviceGetInfo => {
                 if header.no_reply() {
                     return Err(Error::UnexpectedNoReply(Command::DeviceGetInfo));
                 }
-
-                let mut cmd = DeviceGetInfo {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut cmd.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
+                let _: DeviceGetInfo = parse(header, body)?;
                 let reply = DeviceGetInfo {
-                    header: Header {
-                        message_id: cmd.header.message_id,
-                        command: Command::DeviceGetInfo as u16,
-                        flags: HeaderFlags::Reply as u32,
-                        message_size: size_of::<DeviceGetInfo>() as u32,
-                        ..Default::default()
-                    },
-                    argsz: size_of::<DeviceGetInfo>() as u32 - size_of::<Header>() as u32,
+                    header: reply_header(header, size_of::<DeviceGetInfo>()),
+                    argsz: (size_of::<DeviceGetInfo>() - size_of::<Header>()) as u32,
                     // TODO: Consider non-PCI devices
                     flags: VFIO_DEVICE_FLAGS_PCI
                         | if self.resettable {
@@ -1157,332 +1137,362 @@ impl Server {
                     num_regions: self.regions.len() as u32,
                     num_irqs: self.irqs.len() as u32,
                 };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
+                Reply::new(reply.as_slice(), &[])
             }
             Command::DeviceGetRegionInfo => {
                 if header.no_reply() {
                     return Err(Error::UnexpectedNoReply(Command::DeviceGetRegionInfo));
                 }
-
-                let mut cmd = DeviceGetRegionInfo {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut cmd.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
-                if cmd.region_info.index as usize >= self.regions.len() {
-                    return Err(Error::InvalidInput);
-                }
-
-                let server_region = &self.regions[cmd.region_info.index as usize];
-                let mut region_info = server_region.region_info;
-                let sparse_areas = &server_region.sparse_areas;
-
-                let mut cap_data: Vec<u8> = Vec::new();
-                if !sparse_areas.is_empty() {
-                    // The structures the client reads the list back through,
-                    // in the order it reads them.
-                    let header = CapabilityHeader {
-                        id: VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16,
-                        version: 1,
-                        next: 0,
-                    };
-                    cap_data.extend_from_slice(header.as_slice());
-
-                    let sparse = SparseMmapHeader {
-                        nr_areas: sparse_areas.len() as u32,
-                        reserved: 0,
-                    };
-                    cap_data.extend_from_slice(sparse.as_slice());
-
-                    for sparse_area in sparse_areas {
-                        cap_data.extend_from_slice(sparse_area.area.offset.as_slice());
-                        cap_data.extend_from_slice(sparse_area.area.size.as_slice());
-                    }
-                }
-
-                let send_cap_data = if !cap_data.is_empty() {
-                    let full_argsz = (size_of::<vfio_region_info>() + cap_data.len()) as u32;
-                    region_info.flags |= VFIO_REGION_INFO_FLAG_CAPS;
-                    region_info.argsz = full_argsz;
-                    region_info.cap_offset = size_of::<vfio_region_info>() as u32;
-                    cmd.region_info.argsz >= full_argsz
-                } else {
-                    false
-                };
-
-                let message_size = if send_cap_data {
-                    (size_of::<DeviceGetRegionInfo>() + cap_data.len()) as u32
-                } else {
-                    size_of::<DeviceGetRegionInfo>() as u32
-                };
-
-                let reply = DeviceGetRegionInfo {
-                    header: Header {
-                        message_id: cmd.header.message_id,
-                        command: Command::DeviceGetRegionInfo as u16,
-                        flags: HeaderFlags::Reply as u32,
-                        message_size,
-                        ..Default::default()
-                    },
-                    region_info,
-                };
-
-                if send_cap_data {
-                    let reply_bytes = reply.as_slice();
-                    let mut buf = Vec::with_capacity(reply_bytes.len() + cap_data.len());
-                    buf.extend_from_slice(reply_bytes);
-                    buf.extend_from_slice(&cap_data);
-
-                    if let Some(fd) = server_region.mmap_fd {
-                        stream
-                            .send_with_fds(&[&buf[..]], &[fd])
-                            .map_err(Error::SendWithFd)?;
-                    } else {
-                        stream.write_all(&buf).map_err(Error::StreamWrite)?;
-                    }
-                } else {
-                    stream
-                        .write_all(reply.as_slice())
-                        .map_err(Error::StreamWrite)?;
-                }
+                let cmd: DeviceGetRegionInfo = parse(header, body)?;
+                let server_region = self
+                    .regions
+                    .get(cmd.region_info.index as usize)
+                    .ok_or(Error::InvalidInput)?;
+                self.region_info_reply(header, cmd.region_info.argsz, server_region)
             }
             Command::GetIrqInfo => {
                 if header.no_reply() {
                     return Err(Error::UnexpectedNoReply(Command::GetIrqInfo));
                 }
-
-                let mut cmd = GetIrqInfo {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut cmd.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
-                if cmd.index as usize >= self.irqs.len() {
-                    return Err(Error::InvalidInput);
-                }
-
-                let irq = &self.irqs[cmd.index as usize];
-
+                let cmd: GetIrqInfo = parse(header, body)?;
+                let irq = self
+                    .irqs
+                    .get(cmd.index as usize)
+                    .ok_or(Error::InvalidInput)?;
                 let reply = GetIrqInfo {
-                    header: Header {
-                        message_id: cmd.header.message_id,
-                        command: Command::GetIrqInfo as u16,
-                        flags: HeaderFlags::Reply as u32,
-                        message_size: size_of::<GetIrqInfo>() as u32,
-                        ..Default::default()
-                    },
+                    header: reply_header(header, size_of::<GetIrqInfo>()),
                     argsz: (size_of::<GetIrqInfo>() - size_of::<Header>()) as u32,
                     index: irq.index,
                     flags: irq.flags,
                     count: irq.count,
                 };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
+                Reply::new(reply.as_slice(), &[])
             }
             Command::SetIrqs => {
-                let mut cmd = SetIrqs {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut cmd.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
+                let cmd: SetIrqs = parse(header, body)?;
                 if cmd.index as usize >= self.irqs.len() {
                     return Err(Error::InvalidInput);
                 }
-
                 if cmd.flags & VFIO_IRQ_SET_DATA_BOOL > 0 {
                     return Err(Error::UnsupportedFeature);
                 }
-
                 backend
                     .set_irqs(cmd.index, cmd.flags, cmd.start, cmd.count, fds)
                     .map_err(Error::Backend)?;
-
-                if header.no_reply() {
-                    return Ok(());
-                }
-
-                let reply = Header {
-                    message_id: cmd.header.message_id,
-                    command: Command::SetIrqs as u16,
-                    flags: HeaderFlags::Reply as u32,
-                    message_size: size_of::<Header>() as u32,
-                    ..Default::default()
-                };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
+                Reply::new(reply_header(header, size_of::<Header>()).as_slice(), &[])
             }
             Command::RegionRead => {
                 if header.no_reply() {
                     return Err(Error::UnexpectedNoReply(Command::RegionRead));
                 }
-
-                let mut cmd = RegionAccess {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut cmd.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
+                let cmd: RegionAccess = parse(header, body)?;
                 let (region, offset, count) = (cmd.region, cmd.offset, cmd.count);
-
+                if count > self.max_data_xfer_size {
+                    return Err(Error::CountTooLarge(count));
+                }
                 if region as usize >= self.regions.len() {
                     return Err(Error::InvalidInput);
                 }
-
+                // Bounded by max_data_xfer_size, checked above.
                 let mut data = vec![0u8; count as usize];
                 backend
                     .region_read(region, offset, &mut data)
                     .map_err(Error::Backend)?;
-
                 let reply = RegionAccess {
-                    header: Header {
-                        message_id: cmd.header.message_id,
-                        command: Command::RegionRead as u16,
-                        flags: HeaderFlags::Reply as u32,
-                        message_size: size_of::<RegionAccess>() as u32 + count,
-                        ..Default::default()
-                    },
+                    header: reply_header(header, size_of::<RegionAccess>() + data.len()),
                     region,
                     offset,
                     count,
                 };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
-                stream.write_all(&data).map_err(Error::StreamWrite)?;
+                Reply::new(reply.as_slice(), &data)
             }
             Command::RegionWrite => {
-                let mut cmd = RegionAccess {
-                    header,
-                    ..Default::default()
-                };
-                stream
-                    .read_exact(&mut cmd.as_mut_slice()[size_of::<Header>()..])
-                    .map_err(Error::StreamRead)?;
-
+                let cmd: RegionAccess = parse(header, body)?;
                 let (region, offset, count) = (cmd.region, cmd.offset, cmd.count);
-
+                if count > self.max_data_xfer_size {
+                    return Err(Error::CountTooLarge(count));
+                }
+                // The payload is exactly `count` bytes after the fixed part.
+                let data = &body[REGION_ACCESS_FIXED..];
+                if data.len() != count as usize {
+                    return Err(Error::InvalidInput);
+                }
                 if region as usize >= self.regions.len() {
                     return Err(Error::InvalidInput);
                 }
-
-                let mut data = vec![0u8; count as usize];
-                stream.read_exact(&mut data).map_err(Error::StreamRead)?;
                 backend
-                    .region_write(region, offset, &data)
+                    .region_write(region, offset, data)
                     .map_err(Error::Backend)?;
-
-                if header.no_reply() {
-                    return Ok(());
-                }
-
                 let reply = RegionAccess {
-                    header: Header {
-                        message_id: cmd.header.message_id,
-                        command: Command::RegionWrite as u16,
-                        flags: HeaderFlags::Reply as u32,
-                        message_size: size_of::<RegionAccess>() as u32,
-                        ..Default::default()
-                    },
+                    header: reply_header(header, size_of::<RegionAccess>()),
                     region,
                     offset,
                     count,
                 };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
+                Reply::new(reply.as_slice(), &[])
             }
             Command::DeviceReset => {
                 backend.reset().map_err(Error::Backend)?;
+                Reply::new(reply_header(header, size_of::<Header>()).as_slice(), &[])
+            }
+        };
 
-                if header.no_reply() {
-                    return Ok(());
-                }
+        Ok((!header.no_reply()).then_some(reply))
+    }
 
-                let reply = Header {
-                    message_id: header.message_id,
-                    command: Command::DeviceReset as u16,
-                    flags: HeaderFlags::Reply as u32,
-                    message_size: size_of::<Header>() as u32,
-                    ..Default::default()
-                };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
+    /// The DEVICE_GET_REGION_INFO reply for `server_region`, with its
+    /// sparse-mmap capability and fd when the client's `argsz` has room for
+    /// them (otherwise `argsz` in the reply says how much room is needed).
+    fn region_info_reply(
+        &self,
+        header: Header,
+        client_argsz: u32,
+        server_region: &ServerRegion,
+    ) -> Reply {
+        let mut region_info = server_region.region_info;
+        let sparse_areas = &server_region.sparse_areas;
+
+        let mut cap_data: Vec<u8> = Vec::new();
+        if !sparse_areas.is_empty() {
+            // The structures the client reads the list back through,
+            // in the order it reads them.
+            let cap_header = CapabilityHeader {
+                id: VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16,
+                version: 1,
+                next: 0,
+            };
+            cap_data.extend_from_slice(cap_header.as_slice());
+
+            let sparse = SparseMmapHeader {
+                nr_areas: sparse_areas.len() as u32,
+                reserved: 0,
+            };
+            cap_data.extend_from_slice(sparse.as_slice());
+
+            for sparse_area in sparse_areas {
+                cap_data.extend_from_slice(sparse_area.area.offset.as_slice());
+                cap_data.extend_from_slice(sparse_area.area.size.as_slice());
             }
         }
 
-        Ok(())
+        let send_cap_data = if !cap_data.is_empty() {
+            let full_argsz = (size_of::<vfio_region_info>() + cap_data.len()) as u32;
+            region_info.flags |= VFIO_REGION_INFO_FLAG_CAPS;
+            region_info.argsz = full_argsz;
+            region_info.cap_offset = size_of::<vfio_region_info>() as u32;
+            client_argsz >= full_argsz
+        } else {
+            false
+        };
+        if !send_cap_data {
+            cap_data.clear();
+        }
+
+        let reply = DeviceGetRegionInfo {
+            header: reply_header(header, size_of::<DeviceGetRegionInfo>() + cap_data.len()),
+            region_info,
+        };
+        let mut reply = Reply::new(reply.as_slice(), &cap_data);
+        if send_cap_data {
+            reply.fd = server_region.mmap_fd;
+        }
+        reply
     }
 
+    /// Largest message body (bytes after the header) this server reads: a
+    /// REGION_WRITE of `max_data_xfer_size` bytes, or a VERSION with its
+    /// capability string.
+    fn max_body(&self) -> usize {
+        (REGION_ACCESS_FIXED + self.max_data_xfer_size as usize)
+            .max(VERSION_FIXED + MAX_VERSION_DATA)
+    }
+
+    /// Accept one client on the listening socket and serve it until it
+    /// disconnects (see [`Server::serve_connection`]).
     pub fn run(&self, backend: &mut dyn ServerBackend) -> Result<(), Error> {
-        let (mut stream, _) = self.listener.accept().map_err(Error::SocketAccept)?;
+        let (stream, _) = self.listener.accept().map_err(Error::SocketAccept)?;
+        self.serve_connection(backend, stream)
+    }
 
+    /// Serve one connected client until it disconnects.
+    ///
+    /// Every message is read whole (header, then exactly `message_size`
+    /// bytes) before it is parsed, so a command the server refuses or does
+    /// not know is answered with an error reply carrying an errno and the
+    /// next message is read from the right place. Nothing the client sends
+    /// makes the server allocate more than one message of at most
+    /// `max_data_xfer_size` bytes plus the fixed part of a command: a header
+    /// announcing a larger (or smaller than a header) message is answered
+    /// with E2BIG (EINVAL) and the connection is closed, since its body
+    /// cannot be skipped without reading it.
+    pub fn serve_connection(
+        &self,
+        backend: &mut dyn ServerBackend,
+        mut stream: UnixStream,
+    ) -> Result<(), Error> {
         loop {
-            let mut header = Header::default();
-
-            // The maximum number of FDs that can be sent is 16 so that is
-            // also the maximum that can be received.
-            let mut fds = vec![0; 16];
-            let mut iovecs = vec![iovec {
-                iov_base: header.as_mut_slice().as_mut_ptr() as *mut c_void,
-                iov_len: header.as_mut_slice().len(),
-            }];
-            // SAFETY: Safe as the iovect is correctly initialised and fds is big enough
-            let (bytes, fds_received) = unsafe {
-                stream
-                    .recv_with_fds(&mut iovecs, &mut fds)
-                    .map_err(Error::ReceiveWithFd)?
+            let Some((header, fds)) = recv_header(&mut stream)? else {
+                info!("Connection closed");
+                return Ok(());
             };
 
-            // Other end closed connection
-            if bytes == 0 {
-                info!("Connection closed");
-                break;
-            }
-
-            fds.resize(fds_received, 0);
-
-            let fds: Vec<File> = fds
-                .iter()
-                // SAFETY: Safe as we have only valid FDs in the vector now
-                .map(|fd| unsafe { File::from_raw_fd(*fd) })
-                .collect();
-
-            if let Err(e) = self.handle_command(backend, &mut stream, header, fds) {
-                error!("Error handling command: {:?}: {e}", header.command);
-                let reply = Header {
-                    message_id: header.message_id,
-                    command: header.command,
-                    flags: HeaderFlags::Error as u32 | HeaderFlags::Reply as u32,
-                    message_size: size_of::<Header>() as u32,
-                    error: if matches!(e, Error::InvalidInput) {
-                        EINVAL as u32
-                    } else {
-                        0
-                    },
+            let size = header.message_size as usize;
+            if size < size_of::<Header>() || size - size_of::<Header>() > self.max_body() {
+                let error = if size < size_of::<Header>() {
+                    Error::MessageSize(header.message_size)
+                } else {
+                    Error::MessageTooLarge(header.message_size)
                 };
-                stream
-                    .write_all(reply.as_slice())
-                    .map_err(Error::StreamWrite)?;
+                error!("Closing the connection: {error}");
+                send_error(&mut stream, header, &error)?;
+                return Err(error);
+            }
+            let mut body = vec![0u8; size - size_of::<Header>()];
+            stream.read_exact(&mut body).map_err(Error::StreamRead)?;
+
+            match self.handle_command(backend, header, &body, fds) {
+                Ok(Some(reply)) => reply.send(&mut stream)?,
+                Ok(None) => {}
+                Err(e) if header.no_reply() => {
+                    warn!(
+                        "Error handling command {} (no reply requested): {e}",
+                        header.command
+                    );
+                }
+                Err(e) => {
+                    warn!("Error handling command {}: {e}", header.command);
+                    send_error(&mut stream, header, &e)?;
+                }
             }
         }
-
-        Ok(())
     }
+}
+
+/// Size of VERSION's fixed part after the header (major, minor).
+const VERSION_FIXED: usize = size_of::<Version>() - size_of::<Header>();
+/// Size of REGION_READ/WRITE's fixed part after the header.
+const REGION_ACCESS_FIXED: usize = size_of::<RegionAccess>() - size_of::<Header>();
+/// Longest VERSION capability string accepted.
+const MAX_VERSION_DATA: usize = 4096;
+/// The message-type bits of a header's flags.
+const HEADER_TYPE_MASK: u32 = 0xf;
+
+/// A reply ready to send: its bytes and the fd that travels with it.
+struct Reply {
+    bytes: Vec<u8>,
+    fd: Option<RawFd>,
+}
+
+impl Reply {
+    fn new(fixed: &[u8], data: &[u8]) -> Reply {
+        let mut bytes = Vec::with_capacity(fixed.len() + data.len());
+        bytes.extend_from_slice(fixed);
+        bytes.extend_from_slice(data);
+        Reply { bytes, fd: None }
+    }
+
+    fn send(&self, stream: &mut UnixStream) -> Result<(), Error> {
+        match self.fd {
+            Some(fd) => {
+                let sent = stream
+                    .send_with_fds(&[&self.bytes[..]], &[fd])
+                    .map_err(Error::SendWithFd)?;
+                // The fd went with the first byte; the rest is plain data.
+                stream
+                    .write_all(&self.bytes[sent..])
+                    .map_err(Error::StreamWrite)
+            }
+            None => stream.write_all(&self.bytes).map_err(Error::StreamWrite),
+        }
+    }
+}
+
+/// The header of a reply to `header`, `size` bytes long in all.
+fn reply_header(header: Header, size: usize) -> Header {
+    Header {
+        message_id: header.message_id,
+        command: header.command,
+        flags: HeaderFlags::Reply as u32,
+        message_size: size as u32,
+        error: 0,
+    }
+}
+
+/// Answer `header` with an error reply (header only) carrying `error`'s
+/// errno.
+fn send_error(stream: &mut UnixStream, header: Header, error: &Error) -> Result<(), Error> {
+    let reply = Header {
+        flags: HeaderFlags::Error as u32 | HeaderFlags::Reply as u32,
+        error: error.errno() as u32,
+        ..reply_header(header, size_of::<Header>())
+    };
+    stream
+        .write_all(reply.as_slice())
+        .map_err(Error::StreamWrite)
+}
+
+/// Read one message header and the fds sent with it, or `None` when the
+/// client closed the connection. A header split across reads is completed.
+fn recv_header(stream: &mut UnixStream) -> Result<Option<(Header, Vec<File>)>, Error> {
+    let mut header = Header::default();
+    // The maximum number of FDs that can be sent is 16 so that is
+    // also the maximum that can be received.
+    let mut fds = vec![0; 16];
+    let mut iovecs = vec![iovec {
+        iov_base: header.as_mut_slice().as_mut_ptr() as *mut c_void,
+        iov_len: header.as_mut_slice().len(),
+    }];
+    // SAFETY: Safe as the iovect is correctly initialised and fds is big enough
+    let (bytes, fds_received) = unsafe {
+        stream
+            .recv_with_fds(&mut iovecs, &mut fds)
+            .map_err(Error::ReceiveWithFd)?
+    };
+    fds.truncate(fds_received);
+    let fds: Vec<File> = fds
+        .iter()
+        // SAFETY: Safe as we have only valid FDs in the vector now
+        .map(|fd| unsafe { File::from_raw_fd(*fd) })
+        .collect();
+
+    // Other end closed connection
+    if bytes == 0 {
+        return Ok(None);
+    }
+    if bytes < size_of::<Header>() {
+        stream
+            .read_exact(&mut header.as_mut_slice()[bytes..])
+            .map_err(Error::StreamRead)?;
+    }
+    Ok(Some((header, fds)))
+}
+
+/// The command structure `T` (header first) from `header` and the body
+/// that followed it; a body shorter than `T`'s fixed part is refused.
+fn parse<T: ByteValued>(header: Header, body: &[u8]) -> Result<T, Error> {
+    let fixed = size_of::<T>() - size_of::<Header>();
+    let part = body.get(..fixed).ok_or(Error::ShortMessage {
+        command: header.command,
+        size: header.message_size,
+    })?;
+    let mut bytes = Vec::with_capacity(size_of::<T>());
+    bytes.extend_from_slice(header.as_slice());
+    bytes.extend_from_slice(part);
+    T::from_slice(&bytes).copied().ok_or(Error::InvalidInput)
+}
+
+/// The client's capabilities from VERSION's optional, NUL-terminated JSON
+/// string (absent or empty: the defaults).
+fn parse_version_data(data: &[u8]) -> Result<CapabilitiesData, Error> {
+    if data.len() > MAX_VERSION_DATA {
+        return Err(Error::InvalidInput);
+    }
+    let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
+    let json = &data[..end];
+    if json.is_empty() {
+        return Ok(CapabilitiesData::default());
+    }
+    serde_json::from_slice(json).map_err(Error::DeserializeCapabilites)
 }
 
 impl Drop for Server {

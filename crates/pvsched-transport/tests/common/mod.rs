@@ -4,7 +4,6 @@
 
 #![allow(dead_code)]
 
-use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use pvsched_abi as abi;
 use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
@@ -202,9 +201,5 @@ impl Qemu {
 
 /// Guest RAM: a memfd of `RAM` bytes, as `memory-backend-memfd`.
 pub fn guest_ram() -> File {
-    let ram: File = memfd_create(c"guest-ram", MemFdCreateFlag::MFD_CLOEXEC)
-        .expect("memfd")
-        .into();
-    ram.set_len(RAM).expect("ftruncate");
-    ram
+    pvsched_testkit::sealed_memfd(c"guest-ram", RAM)
 }
