@@ -50,7 +50,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -684,9 +684,23 @@ impl<D: TransportDevice> VfioUserServer<D> {
     /// Accept one client and serve it until it disconnects. A panic inside
     /// the `vfio_user` crate on hostile input is contained and reported.
     pub fn serve(&mut self) -> Result<(), VfioUserError> {
+        self.serve_with(|server, dev| server.run(dev))
+    }
+
+    /// Serve an already connected `stream` (a socketpair end: tests and
+    /// fuzzing drive the server without the listening path) until it
+    /// closes, exactly as [`Self::serve`] serves an accepted client.
+    pub fn serve_connection(&mut self, stream: UnixStream) -> Result<(), VfioUserError> {
+        self.serve_with(|server, dev| server.serve_connection(dev, stream))
+    }
+
+    fn serve_with(
+        &mut self,
+        f: impl FnOnce(&Server, &mut VfioUserDevice<D>) -> Result<(), vfio_user::Error>,
+    ) -> Result<(), VfioUserError> {
         let server = &self.server;
         let dev = &mut self.dev;
-        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(dev)));
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(server, dev)));
         self.dev.monitor.disconnected();
         if let Some(d) = self.dev.dumper.as_mut() {
             d.finish(&self.dev.monitor);
