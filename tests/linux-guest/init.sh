@@ -7,6 +7,9 @@
 #   pvtest=negative  probe must fail (the device misbehaves on purpose)
 #   pvtest=agent     FIFO 8 loop on CPU 1 with the host policy agent attached
 #   pvtest=bench     sources /bench.sh (added by bench/s4.py), then finishes
+# and: pvregion=guest loads the module with use_device_region=0; pvchurn=N
+# runs N pipe round trips (2N context switches, so about 2N slot updates)
+# between "@@ churn-start" and "@@ churn-end" right after the first probe.
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -18,12 +21,16 @@ mode=main
 pin=1
 cycles=20
 rounds=20000
+modargs=
+churn=0
 for w in $(cat /proc/cmdline); do
 	case "$w" in
 	pvtest=*) mode=${w#pvtest=} ;;
 	pvcycles=*) cycles=${w#pvcycles=} ;;
 	pvrounds=*) rounds=${w#pvrounds=} ;;
 	pvpin=*) pin=${w#pvpin=} ;;
+	pvregion=guest) modargs=use_device_region=0 ;;
+	pvchurn=*) churn=${w#pvchurn=} ;;
 	esac
 done
 ncpu=$(nproc)
@@ -58,7 +65,7 @@ finish() {
 }
 
 if [ "$mode" = negative ]; then
-	insmod /pvsched.ko
+	insmod /pvsched.ko $modargs
 	echo "@@ neg-insmod rc=$? bound=$(bound)"
 	dmesg | grep pvsched
 	rmmod pvsched
@@ -76,7 +83,7 @@ if [ "$mode" = agent ]; then
 	# DRIVER_OK and answers "go" on the console; then a FIFO 8 busy loop on
 	# CPU 1, then idle while the host checks the vCPU thread went back to
 	# its baseline.
-	insmod /pvsched.ko
+	insmod /pvsched.ko $modargs
 	echo "@@ probe bound=$(bound)"
 	echo "@@ agent-wait"
 	read -t 120 -r answer
@@ -92,9 +99,16 @@ if [ "$mode" = agent ]; then
 	finish
 fi
 
-insmod /pvsched.ko
+insmod /pvsched.ko $modargs
 echo "@@ probe bound=$(bound)"
 cat /sys/kernel/debug/pvsched/stats
+if [ "$churn" -gt 0 ]; then
+	sleep 1
+	echo "@@ churn-start rounds=$churn"
+	/pvsched-helper pingpong "$churn" 0 >/dev/null
+	sleep 1
+	echo "@@ churn-end"
+fi
 /pvsched-helper pingpong 500 0 >/dev/null
 
 # Serial interrupts: userspace writes to the console go through the UART's
@@ -127,14 +141,14 @@ echo "@@ cpu-online cpu=$last slot=$(slot_of "$last")"
 rmmod pvsched
 echo "@@ rmmod rc=$? bound=$(bound)"
 sleep 1
-insmod /pvsched.ko
+insmod /pvsched.ko $modargs
 echo "@@ reinsmod rc=$? bound=$(bound)"
 
 i=0
 ok=0
 while [ $i -lt "$cycles" ]; do
 	rmmod pvsched || break
-	insmod /pvsched.ko || break
+	insmod /pvsched.ko $modargs || break
 	[ "$(bound)" = 1 ] && ok=$((ok + 1))
 	i=$((i + 1))
 done
@@ -145,7 +159,7 @@ echo "@@ cycles done=$i bound_ok=$ok"
 for r in 1 2 3; do
 	rmmod pvsched
 	echo "@@ bench-off-$r $(/pvsched-helper pingpong "$rounds" 0)"
-	insmod /pvsched.ko
+	insmod /pvsched.ko $modargs
 	echo "@@ bench-on-$r $(/pvsched-helper pingpong "$rounds" 0)"
 done
 rmmod pvsched

@@ -4,8 +4,11 @@
 Builds the guest driver against the Debian 6.1 cloud kernel headers (and
 build-tests it against the PREEMPT_RT headers), builds a busybox-static
 initramfs holding the module, a static helper and /init (init.sh), then boots
-QEMU 7.2 TCG with the pvsched device served by `pvsched-device` over the
-multi-process proxy (x-pci-proxy-dev). The assertions are made on the host,
+QEMU TCG with the pvsched device served by `pvsched-device`: QEMU 7.2 over
+the multi-process proxy (x-pci-proxy-dev, guest-region mode), and QEMU 11
+(scripts/setup.d/41-qemu11.sh) over vfio-user (vfio-user-pci) in
+device-region mode (BAR2 mmapped by QEMU from the device's fd) and in
+guest-region mode. The assertions are made on the host,
 from the device's own JSON view of the region (`--dump-slots`), not from
 guest log lines alone.
 
@@ -156,8 +159,10 @@ def kill(p):
 class Boot:
     """One QEMU boot with its pvsched-device peer."""
 
-    def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None):
+    def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None,
+                 transport="mpqemu"):
         self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
+        self.transport = transport
         self.extra_append = extra_append
         # mark -> callable(boot), run when the guest prints that mark; with
         # hooks QEMU gets a QMP socket and a stdin pipe the hooks can answer on.
@@ -179,20 +184,33 @@ class Boot:
         qfd, dfd = qsock.fileno(), dsock.fileno()
         os.set_inheritable(qfd, True)
         os.set_inheritable(dfd, True)
-        dev_cmd = [str(self.args.device_bin), "--transport", "mpqemu", "--fd", str(dfd),
-                   "--vcpus", str(self.smp), "--dump-slots", str(self.dump)]
+        vfio_sock = self.dir / "vfio-user.sock"
+        if self.transport == "vfio-user":
+            if vfio_sock.exists():
+                vfio_sock.unlink()
+            dev_cmd = [str(self.args.device_bin), "--transport", "vfio-user",
+                       "--socket", str(vfio_sock)]
+            qemu_bin, machine = str(self.args.qemu11), "q35"
+            vfio_dev = {"driver": "vfio-user-pci", "id": "pvs0",
+                        "socket": {"path": str(vfio_sock), "type": "unix"}}
+            device_arg = json.dumps(vfio_dev, separators=(",", ":"))
+        else:
+            dev_cmd = [str(self.args.device_bin), "--transport", "mpqemu", "--fd", str(dfd)]
+            qemu_bin, machine = "qemu-system-x86_64", "pc"
+            device_arg = f"x-pci-proxy-dev,id=pvs0,fd={qfd}"
+        dev_cmd += ["--vcpus", str(self.smp), "--dump-slots", str(self.dump)]
         if self.fault:
             dev_cmd += ["--fault", self.fault]
         verbosity = "loglevel=7" if self.args.kernel_log else "quiet"
         append = f"console=ttyS0 panic=-1 {verbosity} pvtest={self.mode} {self.extra_append}".strip()
         qemu_cmd = [
-            "qemu-system-x86_64", "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
-            "-display", "none", "-machine", "pc,memory-backend=mem",
+            qemu_bin, "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
+            "-display", "none", "-machine", f"{machine},memory-backend=mem",
             "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.smp), "-m", "512M",
             "-object", "memory-backend-memfd,id=mem,size=512M,share=on",
             "-kernel", str(self.args.vmlinuz), "-initrd", str(self.args.initrd),
             "-append", append, "-serial", "stdio", "-no-reboot",
-            "-device", f"x-pci-proxy-dev,id=pvs0,fd={qfd}",
+            "-device", device_arg,
         ]
         if self.hooks:
             self.qmp_path = self.dir / "qmp.sock"
@@ -206,6 +224,14 @@ class Boot:
             dev = subprocess.Popen(dev_cmd, pass_fds=[dfd], stdout=devlog, stderr=devlog,
                                    preexec_fn=_die_with_parent,
                                    env={**os.environ, "RUST_LOG": "warn"})
+            if self.transport == "vfio-user":
+                # The path appears once the device listens (bind + rename).
+                deadline = time.monotonic() + 10
+                while not vfio_sock.exists():
+                    if dev.poll() is not None or time.monotonic() > deadline:
+                        raise Failure(f"{self.name}: pvsched-device never listened on "
+                                      f"{vfio_sock} (see {self.dir}/device.log)")
+                    time.sleep(0.02)
             stdin = subprocess.PIPE if self.hooks else subprocess.DEVNULL
             qemu = subprocess.Popen(qemu_cmd, pass_fds=[qfd], stdin=stdin, preexec_fn=_die_with_parent,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -366,6 +392,19 @@ def assert_main(b, cycles):
     return f
 
 
+def assert_no_messages_during_churn(b):
+    """Device-region mode: the guest's slot updates cross no socket."""
+    f = []
+    start, end = b.snapshots.get("churn-start"), b.snapshots.get("churn-end")
+    if not check(start and end, f"{b.name}: no device view at churn-start/churn-end", f):
+        return f, "no churn view"
+    msgs = sum(end["device"]["messages"].values()) - sum(start["device"]["messages"].values())
+    updates = sum(s["updates"] for s in end["slots"]) - sum(s["updates"] for s in start["slots"])
+    check(msgs == 0, f"{b.name}: {msgs} vfio-user messages during the churn", f)
+    check(updates >= 100_000, f"{b.name}: only {updates} slot updates during the churn", f)
+    return f, f"{updates} slot updates during the churn, {msgs} vfio-user messages"
+
+
 def assert_negative(b, fault):
     f = []
     dev = b.final["device"]
@@ -427,11 +466,18 @@ def main():
     ap.add_argument("--skip-negative", action="store_true")
     ap.add_argument("--agent-bin", type=Path, default=None,
                     help="pvsched-agent-attach: also run the agent-in-the-loop boot")
-    ap.add_argument("--scenarios", default="main,negative,agent")
+    ap.add_argument("--scenarios", default="main,negative,agent,vfio-device,vfio-guest",
+                    help="main/negative/agent: QEMU 7.2 mpqemu; vfio-device/vfio-guest: QEMU 11 "
+                         "vfio-user in device-/guest-region mode")
+    ap.add_argument("--qemu11", type=Path, default=None,
+                    help="QEMU >= 10.1 (default: CACHE/qemu11/qemu-system-x86_64)")
+    ap.add_argument("--churn", type=int, default=60000,
+                    help="pipe round trips of the device-region no-message check")
     ap.add_argument("--kernel-log", action="store_true", help="boot without 'quiet'")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     args.out = args.out or args.cache / "linux-guest" / "run"
+    args.qemu11 = args.qemu11 or args.cache / "qemu11" / "qemu-system-x86_64"
     args.out.mkdir(parents=True, exist_ok=True)
     t_all = time.monotonic()
 
@@ -453,6 +499,28 @@ def main():
         ratio = f"{on / off:.3f}" if off and on else "n/a"
         results.append(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff; pipe round trip "
                        f"{off} ns without module, {on} ns with (ratio {ratio})")
+        log(results[-1])
+    for region in ("device", "guest"):
+        if f"vfio-{region}" not in scenarios:
+            continue
+        if not args.qemu11.exists():
+            raise FileNotFoundError(f"{args.qemu11} (QEMU >= 10.1: run scripts/setup)")
+        append = f"pvcycles={args.cycles} pvrounds={args.rounds} pvregion={region}"
+        if region == "device":
+            append += f" pvchurn={args.churn}"
+        b = run_once_more_on_lockup(lambda: Boot(
+            args, f"vfio-{region}-smp2", 2, "main", extra_append=append, transport="vfio-user"))
+        failures += assert_main(b, args.cycles)
+        modes = {m.group(1) for m in (re.search(r"attached: (\w+) region", l) for l in b.serial) if m}
+        check(modes == {region}, f"{b.name}: driver attached in {modes or 'no'} region mode, "
+              f"expected {region}", failures)
+        extra = ""
+        if region == "device":
+            f, extra = assert_no_messages_during_churn(b)
+            failures += f
+            extra = "; " + extra
+        results.append(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff over vfio-user "
+                       f"({region} region){extra}")
         log(results[-1])
     if args.agent_bin and "agent" in scenarios:
         name = "agent-smp2"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 6: the pvsched guest driver in a real Debian 6.1 guest under QEMU 7.2
 # TCG, with the device served by pvsched-device over QEMU's multi-process
-# proxy. Builds the module (cloud kernel; PREEMPT_RT build-test), boots
+# proxy; issue 13: the same guest under QEMU 11 over vfio-user, in device-
+# and guest-region mode. Builds the module (cloud kernel; PREEMPT_RT build-test), boots
 # -smp 2 and -smp 4 plus three negative boots, asserts from the host side;
 # one more -smp 2 boot with pvsched-agent-attach on QEMU's vCPU threads.
 set -euo pipefail
@@ -32,10 +33,17 @@ cargo build --locked --release -p pvsched-transport --bin pvsched-device \
 target="${CARGO_TARGET_DIR:-$root/target}"
 # The agent-in-the-loop boot loads BPF and changes QEMU's vCPU threads'
 # scheduling: it needs root.
+scenarios=main,negative,agent,vfio-device,vfio-guest
 agent=(--agent-bin "$target/release/pvsched-agent-attach")
 if [ "$(id -u)" != 0 ]; then
 	need_real "root" "the agent-in-the-loop boot loads BPF (run as root)"
-	agent=(--scenarios main,negative)
+	scenarios=${scenarios/,agent/}
+fi
+# QEMU >= 10.1 for the vfio-user boots (scripts/setup.d/41-qemu11.sh).
+if [ ! -x "$cache/qemu11/qemu-system-x86_64" ]; then
+	need_real "QEMU >= 10.1" "not in $cache/qemu11 (run scripts/setup)"
+	scenarios=${scenarios/,vfio-device,vfio-guest/}
 fi
 timeout 900 python3 tests/linux-guest/run.py \
-	--cache "$cache" --device-bin "$target/release/pvsched-device" "${agent[@]}" "$@"
+	--cache "$cache" --device-bin "$target/release/pvsched-device" "${agent[@]}" \
+	--scenarios "$scenarios" "$@"

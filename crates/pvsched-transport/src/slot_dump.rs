@@ -7,7 +7,8 @@
 //! `PR_SET_NO_NEW_PRIVS`, namespaces and Landlock are per thread). The
 //! serving loop calls [`SlotDumper::tick`] instead: mpqemu waits for its
 //! socket with a timeout of [`SlotDumper::until_next_sample`], vfio-user
-//! ticks on every message (its library owns the read loop) and both call
+//! ticks on every message and, through the server's idle hook, whenever
+//! the client has been silent for a sample period; both call
 //! [`SlotDumper::finish`] at disconnect.
 //!
 //! The file is opened (created, truncated) before the sandbox and kept: it

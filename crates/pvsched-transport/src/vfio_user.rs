@@ -227,9 +227,9 @@ impl<D: TransportDevice> VfioUserDevice<D> {
         }
     }
 
-    /// Sample the region into `dumper` after every message and at
-    /// disconnect (the `vfio_user` crate owns the read loop, so there is no
-    /// sampling while the client is silent).
+    /// Sample the region into `dumper` after every message, every sample
+    /// period while the client is silent (the server's idle hook) and at
+    /// disconnect.
     pub fn set_dumper(&mut self, dumper: SlotDumper) {
         self.dumper = Some(dumper);
     }
@@ -551,6 +551,22 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
         self.dev.reset();
         self.served("device_reset");
         Ok(())
+    }
+
+    /// With a dumper, wake up to sample the region even when the client is
+    /// silent (in device-region mode the guest writes slots through the
+    /// mapping and sends no message at all).
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        self.dumper.as_ref().map(|d| {
+            d.until_next_sample()
+                .max(std::time::Duration::from_millis(1))
+        })
+    }
+
+    fn idle(&mut self) {
+        if let Some(d) = self.dumper.as_mut() {
+            d.tick(&self.monitor);
+        }
     }
 
     fn set_irqs(

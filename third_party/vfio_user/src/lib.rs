@@ -933,6 +933,16 @@ pub trait ServerBackend {
         _size: u64,
     ) -> Result<(), std::io::Error>;
     fn reset(&mut self) -> Result<(), std::io::Error>;
+    /// How long the server may wait for the next message before calling
+    /// [`ServerBackend::idle`]; `None` (the default) waits indefinitely.
+    /// Lets a backend do periodic work (sampling device memory the client
+    /// writes through an mmap, without any message) on the server's
+    /// thread.
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// Called when no message arrived within [`ServerBackend::idle_timeout`].
+    fn idle(&mut self) {}
     fn set_irqs(
         &mut self,
         _index: u32,
@@ -1331,6 +1341,12 @@ impl Server {
         mut stream: UnixStream,
     ) -> Result<(), Error> {
         loop {
+            if let Some(timeout) = backend.idle_timeout() {
+                if !wait_readable(&stream, timeout)? {
+                    backend.idle();
+                    continue;
+                }
+            }
             let Some((header, fds)) = recv_header(&mut stream)? else {
                 info!("Connection closed");
                 return Ok(());
@@ -1429,6 +1445,27 @@ fn send_error(stream: &mut UnixStream, header: Header, error: &Error) -> Result<
     stream
         .write_all(reply.as_slice())
         .map_err(Error::StreamWrite)
+}
+
+/// Wait up to `timeout` for `stream` to become readable (or closed).
+fn wait_readable(stream: &UnixStream, timeout: std::time::Duration) -> Result<bool, Error> {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `pfd` is one valid pollfd that outlives the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(Error::StreamRead(e));
+    }
+    Ok(n > 0)
 }
 
 /// Read one message header and the fds sent with it, or `None` when the
