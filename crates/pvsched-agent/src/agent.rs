@@ -297,6 +297,35 @@ impl Agent {
 
     /// Registers a VM: validates it, fills the maps, maps its region.
     pub fn register_vm(&self, spec: VmSpec) -> Result<VmHandle> {
+        self.register(spec, None)
+    }
+
+    /// Creates a device region no VM uses yet (zero-filled). A device
+    /// process serves it as BAR2 (its [`RegionMmap::fd`]) from before the
+    /// VMM starts; [`Agent::register_vm_with_region`] then gives it to the
+    /// VM once its vCPU threads exist (QEMU: `pvsched device
+    /// --daemon-region`, then `pvsched qemu-attach --device-region`).
+    pub fn create_region(&self) -> Result<Arc<RegionMmap>> {
+        Ok(Arc::new(PolicyObject::create_region()?))
+    }
+
+    /// [`Agent::register_vm`] with [`RegionSpec::DeviceMap`], using `region`
+    /// (from [`Agent::create_region`]) as the VM's region as it is: the
+    /// guest may already have written its slots, so nothing is cleared.
+    pub fn register_vm_with_region(
+        &self,
+        spec: VmSpec,
+        region: Arc<RegionMmap>,
+    ) -> Result<VmHandle> {
+        if spec.region != RegionSpec::DeviceMap {
+            return Err(AgentError::Invalid(
+                "a region is given only with RegionSpec::DeviceMap".into(),
+            ));
+        }
+        self.register(spec, Some(region))
+    }
+
+    fn register(&self, spec: VmSpec, given: Option<Arc<RegionMmap>>) -> Result<VmHandle> {
         let nr = spec.vcpu_tids.len();
         if nr == 0 || nr > MAX_VCPUS_PER_VM as usize {
             return Err(AgentError::Invalid(format!(
@@ -356,12 +385,17 @@ impl Agent {
         let vm_id = (0..MAX_VMS)
             .find(|i| !reg.vms.contains_key(i))
             .ok_or(AgentError::Full)?;
-        let region = if mode == MODE_DEVICE {
-            let r = obj.map_region(vm_id)?;
-            r.clear();
-            Some(Arc::new(r))
-        } else {
-            None
+        let region = match (mode == MODE_DEVICE, given) {
+            (true, Some(r)) => {
+                obj.attach_region(vm_id, &r)?;
+                Some(r)
+            }
+            (true, None) => {
+                let r = obj.map_region(vm_id)?;
+                r.clear();
+                Some(Arc::new(r))
+            }
+            (false, _) => None,
         };
         let vm = PvsVm {
             active: 0,

@@ -375,9 +375,15 @@ impl PolicyObject {
     /// mapping is shared with BPF and, through a KVM memslot, with the
     /// guest; [`RegionMmap::fd`] is what a VMM in another process maps.
     pub fn map_region(&mut self, vm_id: u32) -> Result<RegionMmap> {
-        if vm_id >= MAX_VMS {
-            return Err(ObjectError::Invalid("vm_id >= MAX_VMS"));
-        }
+        let region = Self::create_region()?;
+        self.attach_region(vm_id, &region)?;
+        Ok(region)
+    }
+
+    /// Creates a region map (zero-filled, mapped) that no VM uses yet: a
+    /// device process can serve it as BAR2 before the VM's vCPU threads
+    /// exist; [`PolicyObject::attach_region`] gives it to a VM later.
+    pub fn create_region() -> Result<RegionMmap> {
         let def = aya_obj::Map::new_from_params(
             aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32,
             size_of::<u32>() as u32,
@@ -386,11 +392,18 @@ impl PolicyObject {
             BPF_F_MMAPABLE,
         );
         let map = MapData::create(def, "pvs_region", None).map_err(map_err("pvs_region"))?;
-        let region = RegionMmap::new(map)?;
+        RegionMmap::new(map)
+    }
+
+    /// Makes `region` VM `vm_id`'s region (element vm_id of `regions`):
+    /// the BPF programs read its slots from then on.
+    pub fn attach_region(&mut self, vm_id: u32, region: &RegionMmap) -> Result<()> {
+        if vm_id >= MAX_VMS {
+            return Err(ObjectError::Invalid("vm_id >= MAX_VMS"));
+        }
         self.regions
             .set(vm_id, &region.map, 0)
-            .map_err(map_err("regions"))?;
-        Ok(region)
+            .map_err(map_err("regions"))
     }
 
     /// Removes VM `vm_id`'s region from `regions` (BPF stops seeing it; the

@@ -50,7 +50,9 @@ pub struct RegionMap {
 }
 
 impl RegionMap {
-    fn new(fd: OwnedFd, len: u64) -> Result<RegionMap> {
+    /// Maps a region fd from pvschedd (a [`Reply::Registered`] or
+    /// [`Client::reserve`] reply), `len` bytes shared at offset 0.
+    pub fn new(fd: OwnedFd, len: u64) -> Result<RegionMap> {
         let len = usize::try_from(len)
             .ok()
             .filter(|&l| l > 0 && l <= 1 << 20)
@@ -176,6 +178,19 @@ impl Client {
             caps_source,
             region,
         })
+    }
+
+    /// Reserves VM `name`'s device region before its VMM registers (root
+    /// only, [`Request::Reserve`]): the region map's fd and its length,
+    /// for the device process that serves it as BAR2.
+    pub fn reserve(&mut self, name: &str) -> Result<(OwnedFd, u64)> {
+        match self.request(&Request::Reserve { name: name.into() })? {
+            (Reply::Reserved { region_len }, Some(fd)) => Ok((fd, region_len)),
+            (Reply::Reserved { .. }, None) => {
+                Err(ClientError::Protocol("no region fd with the reply".into()))
+            }
+            (r, _) => Err(ClientError::Protocol(format!("{r:?}"))),
+        }
     }
 
     /// Unregisters VM `name` (restoring its threads).

@@ -60,6 +60,12 @@ pub enum Region {
     Device,
     /// Guest region: the VMM's host address of each slot, in vCPU order.
     Guest(Vec<u64>),
+    /// Device region created beforehand by [`Request::Reserve`] for this
+    /// VM's name and served as BAR2 by its device process (QEMU:
+    /// `pvsched device --daemon-region NAME`, then `pvsched qemu-attach
+    /// --device-region`). No fd comes with the reply: the device process
+    /// holds the region already.
+    Reserved,
 }
 
 impl Region {
@@ -69,6 +75,7 @@ impl Region {
             Region::None => "none",
             Region::Device => "device",
             Region::Guest(_) => "guest",
+            Region::Reserved => "device",
         }
     }
 }
@@ -78,7 +85,7 @@ impl From<Region> for RegionSpec {
     fn from(r: Region) -> RegionSpec {
         match r {
             Region::None => RegionSpec::None,
-            Region::Device => RegionSpec::DeviceMap,
+            Region::Device | Region::Reserved => RegionSpec::DeviceMap,
             Region::Guest(a) => RegionSpec::GuestAddrs(a),
         }
     }
@@ -141,6 +148,16 @@ pub enum Request {
         name: String,
         /// Cap name → TOML value (`"2"`, `"true"`, `"rt"`).
         settings: BTreeMap<String, String>,
+    },
+    /// Create VM `name`'s device region before its VMM exists, for a
+    /// device process that serves it as BAR2 (root only). The reply,
+    /// [`Reply::Reserved`], carries the region map's fd. Asked again, the
+    /// same region is returned (a restarted device process gets the
+    /// bytes the guest wrote). The VMM's later registration with
+    /// [`Region::Reserved`] uses it; `unregister NAME` drops it.
+    Reserve {
+        /// The VM.
+        name: String,
     },
     /// Every VM's state and statistics.
     Status,
@@ -255,6 +272,12 @@ pub enum Reply {
         /// Where they came from.
         caps_source: String,
         /// Bytes of the region map (device region), else 0.
+        region_len: u64,
+    },
+    /// VM `name`'s reserved region: the message carries the region map's
+    /// fd (map it at offset 0, `region_len` bytes, MAP_SHARED).
+    Reserved {
+        /// Bytes of the region map.
         region_len: u64,
     },
     /// Done (unregister, set).
@@ -389,7 +412,7 @@ fn check(req: &Request) -> Result<(), ProtoError> {
             }
             Ok(())
         }
-        Request::Unregister { name } => name_ok(name),
+        Request::Unregister { name } | Request::Reserve { name } => name_ok(name),
         Request::Set { name, settings } => {
             name_ok(name)?;
             if settings.is_empty() || settings.len() > MAX_SETTINGS {

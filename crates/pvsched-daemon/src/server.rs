@@ -13,12 +13,14 @@
 //! that registered it is open.
 
 use crate::config::Config;
-use crate::proto::{self, DaemonStatus, RegisterVm, Reply, Request, ThreadStatus, VmStatus};
+use crate::proto::{
+    self, DaemonStatus, Region, RegisterVm, Reply, Request, ThreadStatus, VmStatus,
+};
 use crate::wire;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use pvsched_agent::{Agent, AgentConfig, VmHandle, VmSpec};
+use pvsched_agent::{Agent, AgentConfig, RegionMmap, VmHandle, VmSpec};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -78,6 +80,8 @@ pub struct State {
     cfg: Config,
     agent: Agent,
     vms: BTreeMap<String, Vm>,
+    /// Device regions created by `reserve` for VMs not registered yet.
+    reserved: BTreeMap<String, Arc<RegionMmap>>,
     started: Instant,
     clients: u32,
     registrations: u64,
@@ -192,6 +196,7 @@ impl Server {
             cfg,
             agent,
             vms: BTreeMap::new(),
+            reserved: BTreeMap::new(),
             started: Instant::now(),
             clients: 0,
             registrations: 0,
@@ -440,11 +445,11 @@ impl Server {
         match req {
             Request::Register(req) => {
                 let target = req.pid.unwrap_or(peer_pid);
-                if (target != peer_pid || req.detach) && !root {
+                if (target != peer_pid || req.detach || req.region == Region::Reserved) && !root {
                     return (
                         Reply::error(
                             "denied",
-                            "only root may register another process's VM or detach it",
+                            "only root may register another process's VM, detach it or give it a reserved region",
                         ),
                         None,
                     );
@@ -487,6 +492,10 @@ impl Server {
                 let state = self.state.clone();
                 let mut s = lock(&state);
                 let Some(vm) = s.vms.get(&name) else {
+                    if root && s.reserved.remove(&name).is_some() {
+                        tracing::info!(vm = %name, "reserved region dropped on request");
+                        return (Reply::Ok { caps: None }, None);
+                    }
                     return (unknown_vm(&name), None);
                 };
                 if !root && vm.pid != peer_pid {
@@ -509,6 +518,18 @@ impl Server {
                 let mut s = lock(&self.state);
                 (set_caps(&mut s, &name, &settings), None)
             }
+            Request::Reserve { name } => {
+                if !root {
+                    return (
+                        Reply::error("denied", "only root may reserve a VM's region"),
+                        None,
+                    );
+                }
+                match reserve(&mut lock(&self.state), &name) {
+                    Ok((reply, fd)) => (reply, Some(fd)),
+                    Err(r) => (r, None),
+                }
+            }
             Request::Status => (status(&lock(&self.state)), None),
             Request::Metrics => {
                 let text = crate::metrics::render(&lock(&self.state));
@@ -527,6 +548,49 @@ impl Server {
         drop(s);
         let _ = std::fs::remove_file(&self.socket);
     }
+}
+
+/// Most regions reserved at once (each is a 16 KiB BPF map).
+const MAX_RESERVED: usize = pvsched_agent::intf::MAX_VMS as usize;
+
+/// VM `name`'s device region for its device process: the registered VM's
+/// own region, the one reserved earlier, or a new one.
+fn reserve(s: &mut State, name: &str) -> Result<(Reply, OwnedFd), Reply> {
+    let region = match (s.vms.get(name), s.reserved.get(name)) {
+        (Some(vm), _) => vm.handle.region().ok_or_else(|| {
+            Reply::error(
+                "exists",
+                format!("VM {name} is registered without a device region"),
+            )
+        })?,
+        (None, Some(r)) => r.clone(),
+        (None, None) => {
+            if s.reserved.len() >= MAX_RESERVED {
+                return Err(Reply::error(
+                    "busy",
+                    format!(
+                        "{MAX_RESERVED} regions are reserved already; `pvsched vm unregister` unused ones"
+                    ),
+                ));
+            }
+            let r = s
+                .agent
+                .create_region()
+                .map_err(|e| Reply::error("internal", e.to_string()))?;
+            tracing::info!(vm = %name, "device region reserved");
+            s.reserved.insert(name.to_owned(), r.clone());
+            r
+        }
+    };
+    let fd = region
+        .fd()
+        .map_err(|e| Reply::error("internal", format!("dup of the region fd: {e}")))?;
+    Ok((
+        Reply::Reserved {
+            region_len: region.len() as u64,
+        },
+        fd,
+    ))
 }
 
 fn unknown_vm(name: &str) -> Reply {
@@ -594,21 +658,38 @@ fn register(
         return Err(Reply::error("invalid", format!("process {pid} exited")));
     }
     let region_name = r.region.name();
-    let handle = s
-        .agent
-        .register_vm(VmSpec {
-            vcpu_tids: r.vcpus.iter().map(|v| v.tid).collect(),
-            emulator_tids: r.emulator_tids.clone(),
-            apic_ids: r.vcpus.iter().map(|v| v.apic_id).collect(),
-            caps: caps.clone(),
-            region: r.region.into(),
-        })
-        .map_err(|e| match e {
-            pvsched_agent::AgentError::Full => Reply::error("busy", e.to_string()),
-            pvsched_agent::AgentError::Invalid(_) => Reply::error("invalid", e.to_string()),
-            e => Reply::error("internal", e.to_string()),
-        })?;
-    let (fd, region_len) = match handle.region() {
+    let reserved = match r.region {
+        Region::Reserved => Some(s.reserved.get(&r.name).cloned().ok_or_else(|| {
+            Reply::error(
+                "invalid",
+                format!(
+                    "no region is reserved for VM {}: start its device process with \
+                     `pvsched device --daemon-region {}` first",
+                    r.name, r.name
+                ),
+            )
+        })?),
+        _ => None,
+    };
+    let send_fd = r.region == Region::Device;
+    let spec = VmSpec {
+        vcpu_tids: r.vcpus.iter().map(|v| v.tid).collect(),
+        emulator_tids: r.emulator_tids.clone(),
+        apic_ids: r.vcpus.iter().map(|v| v.apic_id).collect(),
+        caps: caps.clone(),
+        region: r.region.into(),
+    };
+    let registered = match reserved {
+        Some(region) => s.agent.register_vm_with_region(spec, region),
+        None => s.agent.register_vm(spec),
+    };
+    let handle = registered.map_err(|e| match e {
+        pvsched_agent::AgentError::Full => Reply::error("busy", e.to_string()),
+        pvsched_agent::AgentError::Invalid(_) => Reply::error("invalid", e.to_string()),
+        e => Reply::error("internal", e.to_string()),
+    })?;
+    s.reserved.remove(&r.name);
+    let (fd, region_len) = match handle.region().filter(|_| send_fd) {
         Some(reg) => match reg.fd() {
             Ok(fd) => (Some(fd), reg.len() as u64),
             Err(e) => {

@@ -11,7 +11,7 @@ use common::{need_bpf, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr};
 use pvsched_daemon::proto::{Region, Vcpu};
-use pvsched_daemon::{Client, ClientError, RegisterVm};
+use pvsched_daemon::{Client, ClientError, RegionMap, RegisterVm};
 use pvsched_policy::Caps;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -103,7 +103,22 @@ struct FakeVmm {
 
 impl FakeVmm {
     fn start(socket: &Path, name: &str, vcpus: u32, caps: Option<&str>) -> FakeVmm {
+        Self::start_with(socket, name, vcpus, caps, false)
+    }
+
+    /// `reserved`: register with the region reserved for `name`
+    /// ([`Region::Reserved`]) instead of a new one.
+    fn start_with(
+        socket: &Path,
+        name: &str,
+        vcpus: u32,
+        caps: Option<&str>,
+        reserved: bool,
+    ) -> FakeVmm {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
+        if reserved {
+            cmd.env("FAKE_VMM_RESERVED", "1");
+        }
         cmd.args([
             "fake_vmm_child",
             "--exact",
@@ -202,13 +217,17 @@ fn fake_vmm_child() {
                 })
                 .collect(),
             emulator_tids: vec![],
-            region: Region::Device,
+            region: if std::env::var("FAKE_VMM_RESERVED").is_ok() {
+                Region::Reserved
+            } else {
+                Region::Device
+            },
             caps,
             pid: None,
             detach: false,
         })
         .unwrap();
-    let region = reg.region.unwrap();
+    let region = reg.region;
     let tids: Vec<String> = vcpus.iter().map(|v| v.tid.to_string()).collect();
     println!("FAKE REGISTERED {}", tids.join(" "));
     let stdin = std::io::stdin();
@@ -217,6 +236,7 @@ fn fake_vmm_child() {
         let mut words = line.split_whitespace();
         match words.next() {
             Some("boost") => {
+                let region = region.as_ref().expect("boost needs Region::Device");
                 for i in 0..nr {
                     region.write_guest(
                         nr,
@@ -664,4 +684,118 @@ fn sigkill_of_a_vmm_unregisters_only_its_vm() {
     }
     println!("SIGKILL of a VMM x20: worst unregistration {worst:?}");
     assert!(worst <= Duration::from_millis(100), "{worst:?}");
+}
+
+/// A device region reserved before the VMM exists (QEMU + `pvsched device
+/// --daemon-region`): the guest's requests written into it before the
+/// registration are the VM's slots once its threads register with
+/// `Region::Reserved` (nothing cleared), a second reservation returns the
+/// same bytes, and without a reservation `Region::Reserved` is refused.
+#[test]
+fn a_reserved_region_becomes_the_vms_region_without_losing_a_byte() {
+    if !need_bpf("a_reserved_region_becomes_the_vms_region_without_losing_a_byte") {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root()
+        && !pvsched_testkit::skip_or_fail(
+            "a_reserved_region_becomes_the_vms_region_without_losing_a_byte",
+            "reserving a region is root only",
+        )
+    {
+        return;
+    }
+    let d = Daemon::start("reserve", OPERATOR_MAX);
+    let mut admin = d.client();
+    // No reservation: refused, clearly.
+    match FakeVmm::try_reserved_without_reservation(&d.socket) {
+        Err(ClientError::Refused { kind, message }) => {
+            assert_eq!(kind, "invalid", "{message}");
+            assert!(message.contains("--daemon-region"), "{message}");
+        }
+        other => panic!("Region::Reserved without a reservation: {other:?}"),
+    }
+    let (fd, len) = admin.reserve("vm-r").unwrap();
+    let first = RegionMap::new(fd, len).unwrap();
+    // The "guest" asks for FIFO 99 on both vCPUs before the VMM registers.
+    let nr = 2;
+    for i in 0..nr {
+        assert!(first.write_guest(
+            nr,
+            i,
+            &SlotGuest {
+                policy: POLICY_FIFO,
+                rt_prio: 99,
+                ..Default::default()
+            },
+        ));
+    }
+    // Asked again (a restarted device process): the same bytes.
+    let (fd2, len2) = admin.reserve("vm-r").unwrap();
+    assert_eq!(len2, len);
+    let second = RegionMap::new(fd2, len2).unwrap();
+    // SAFETY: both mappings are `len` bytes, live for this scope.
+    let same = unsafe {
+        std::slice::from_raw_parts(first.as_ptr(), len as usize)
+            == std::slice::from_raw_parts(second.as_ptr(), len as usize)
+    };
+    assert!(same, "a second reservation returned other bytes");
+    // The VMM registers its threads with the reserved region: the policy
+    // reads the requests written before, and boosts within the caps.
+    let v = FakeVmm::start_with(&d.socket, "vm-r", nr, Some("max_rt_prio = 3\n"), true);
+    for &t in &v.tids {
+        wait_attr(
+            "vm-r at FIFO 3 from the slots written before it registered",
+            t,
+            |x| x.policy == POLICY_FIFO && x.priority == 3,
+        );
+    }
+    let (_, vms) = admin.status().unwrap();
+    assert_eq!(vms[0].region, "device");
+    // The region is the registered VM's now: reserving again returns it.
+    let (fd3, len3) = admin.reserve("vm-r").unwrap();
+    let third = RegionMap::new(fd3, len3).unwrap();
+    assert_eq!(third.read_host(nr, 0), first.read_host(nr, 0));
+    // Gone with its VM: restored, and a new reservation is a new region.
+    admin.unregister("vm-r").unwrap();
+    for &t in &v.tids {
+        wait_attr("vm-r restored", t, |x| x.policy == POLICY_NORMAL);
+    }
+    drop(v);
+    let (fd4, len4) = admin.reserve("vm-r").unwrap();
+    let fresh = RegionMap::new(fd4, len4).unwrap();
+    // SAFETY: `len4` bytes mapped, live for this scope.
+    let zero = unsafe { std::slice::from_raw_parts(fresh.as_ptr(), len4 as usize) }
+        .iter()
+        .all(|&b| b == 0);
+    assert!(
+        zero,
+        "a new reservation after the VM went is not a fresh region"
+    );
+    // Unregistering a reservation drops it.
+    admin.unregister("vm-r").unwrap();
+    assert!(matches!(
+        admin.unregister("vm-r"),
+        Err(ClientError::Refused { .. })
+    ));
+}
+
+impl FakeVmm {
+    /// Registers this test process's own thread as `vm-none` with
+    /// `Region::Reserved`, which no reservation backs.
+    fn try_reserved_without_reservation(socket: &Path) -> Result<(), ClientError> {
+        Client::connect(socket)?
+            .register(RegisterVm {
+                name: "vm-none".into(),
+                vcpus: vec![Vcpu {
+                    tid: sched::gettid(),
+                    apic_id: 0,
+                }],
+                emulator_tids: vec![],
+                region: Region::Reserved,
+                caps: None,
+                pid: None,
+                detach: false,
+            })
+            .map(|_| ())
+    }
 }

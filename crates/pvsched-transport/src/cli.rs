@@ -128,6 +128,13 @@ pub struct DeviceArgs {
     /// Test only: arm a trigger inside the device.
     #[arg(long, value_enum, hide = true)]
     pub test_trigger: Option<TestTriggerArg>,
+    /// Inherited fd that backs BAR2 instead of a memfd of the device's own
+    /// (vfio-user, device region): e.g. pvschedd's region map for this VM,
+    /// so the policy reads the slots where the guest writes them. A memfd
+    /// must be sealed against shrinking; `pvsched device --daemon-region`
+    /// fetches and passes pvschedd's.
+    #[arg(long)]
+    pub bar2_fd: Option<i32>,
 }
 
 impl DeviceArgs {
@@ -145,6 +152,7 @@ impl DeviceArgs {
             features: self.features,
             sandbox: !self.no_sandbox,
             test_trigger: self.test_trigger.map(TestTrigger::from),
+            bar2_fd: self.bar2_fd,
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::mpqemu::{MpqemuError, MpqemuPeer};
 use crate::sandbox::{DeviceSandbox, SandboxError};
 use crate::slot_dump::{DumpError, SlotDumper};
 use crate::vfio_user::{
-    MAX_DMA_RANGES, VfioUserDevice, VfioUserError, VfioUserServer, attach_bar2_backing,
+    MAX_DMA_RANGES, VfioUserDevice, VfioUserError, VfioUserServer, attach_given_bar2_backing,
 };
 use nix::sys::stat::{SFlag, fstat};
 use pvsched_abi as abi;
@@ -29,6 +29,14 @@ pub enum RunError {
         "fd {fd} is not an open socket ({why}); pass one end of a socketpair whose other end QEMU has"
     )]
     BadFd {
+        /// The fd number.
+        fd: RawFd,
+        /// Why it was rejected.
+        why: String,
+    },
+    /// The BAR2 backing fd given is not open, or BAR2 is not served here.
+    #[error("--bar2-fd {fd}: {why}")]
+    Bar2Fd {
         /// The fd number.
         fd: RawFd,
         /// Why it was rejected.
@@ -97,6 +105,9 @@ pub struct DeviceOptions {
     pub sandbox: bool,
     /// Test-only trigger armed in the device.
     pub test_trigger: Option<TestTrigger>,
+    /// Inherited fd backing BAR2 (vfio-user, device region), e.g. pvschedd's
+    /// region map for this VM; `None`: a memfd of the device's own.
+    pub bar2_fd: Option<RawFd>,
 }
 
 impl DeviceOptions {
@@ -114,6 +125,7 @@ impl DeviceOptions {
             features: None,
             sandbox: true,
             test_trigger: None,
+            bar2_fd: None,
         }
     }
 }
@@ -121,6 +133,12 @@ impl DeviceOptions {
 /// Serve a pvsched device to QEMU's multi-process proxy on `opts.fd` until
 /// QEMU closes the socket.
 pub fn run_mpqemu(opts: &DeviceOptions) -> Result<(), RunError> {
+    if let Some(fd) = opts.bar2_fd {
+        return Err(RunError::Bar2Fd {
+            fd,
+            why: "QEMU's proxy (mpqemu) cannot map BAR2; use --transport vfio-user".into(),
+        });
+    }
     let st = fstat(opts.fd).map_err(|e| RunError::BadFd {
         fd: opts.fd,
         why: e.to_string(),
@@ -190,6 +208,24 @@ fn device_config(opts: &DeviceOptions) -> Result<DeviceConfig, RunError> {
     Ok(cfg)
 }
 
+/// Takes ownership of the inherited fd `fd` (`--bar2-fd`) after checking
+/// that it is open.
+fn inherited_file(fd: RawFd) -> Result<std::fs::File, RunError> {
+    fstat(fd).map_err(|e| RunError::Bar2Fd {
+        fd,
+        why: format!("not an open fd ({e})"),
+    })?;
+    if fd <= 2 {
+        return Err(RunError::Bar2Fd {
+            fd,
+            why: "stdin/stdout/stderr cannot back BAR2".into(),
+        });
+    }
+    // SAFETY: the fd is open (fstat succeeded), was handed to this process
+    // to back BAR2, and nothing else in the process owns it.
+    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
 fn open_dumper(opts: &DeviceOptions) -> Result<Option<SlotDumper>, RunError> {
     Ok(match &opts.dump_slots {
         Some(p) => Some(SlotDumper::open(
@@ -211,7 +247,8 @@ pub fn run_vfio_user(socket: &Path, opts: &DeviceOptions) -> Result<(), RunError
     let cfg = device_config(opts)?;
     let mut dev = PvschedDevice::new(cfg, Arc::new(HostFlagsSink(opts.host_flags)))
         .map_err(RunError::Device)?;
-    let bar2 = attach_bar2_backing(&mut dev)?;
+    let given = opts.bar2_fd.map(inherited_file).transpose()?;
+    let bar2 = attach_given_bar2_backing(&mut dev, given)?;
     let dev = FaultyDevice::new(dev, opts.fault).with_test_trigger(opts.test_trigger);
     let monitor = Arc::new(Monitor::new());
     let mut backend = VfioUserDevice::with_backing(dev, bar2, monitor);

@@ -90,6 +90,15 @@ pub enum VfioUserError {
     /// The device refused the BAR2 backing.
     #[error("device refused the BAR2 backing: {0}")]
     Device(#[source] pvsched_device::Error),
+    /// A BAR2 backing was given but the device does not offer the device
+    /// region.
+    #[error(
+        "a BAR2 backing fd was given but the device region (F_DEVICE_REGION) is not offered; drop --bar2-fd/--daemon-region or offer the feature"
+    )]
+    BackingUnused,
+    /// The given BAR2 backing is a file that cannot back BAR2 for good.
+    #[error("the given BAR2 backing cannot be used: {0}")]
+    Backing(#[source] crate::guest_ram::GuestRamRefusal),
     /// The socket path exists already.
     #[error("socket path {0} exists; remove it or choose another path")]
     SocketExists(PathBuf),
@@ -173,11 +182,36 @@ fn einval(what: &str) -> io::Error {
 pub fn attach_bar2_backing(
     dev: &mut PvschedDevice,
 ) -> Result<Option<(Arc<File>, u64)>, VfioUserError> {
+    attach_given_bar2_backing(dev, None)
+}
+
+/// [`attach_bar2_backing`] with the backing given: `given` (if any) backs
+/// BAR2 instead of a new memfd, e.g. pvschedd's region map for this VM (a
+/// mmapable BPF array: the policy then reads the guest's slots where the
+/// guest writes them). A regular file (memfd) must be sealed against
+/// shrinking and hold the whole BAR; anything else must accept a shared
+/// mapping of the BAR's size (a BPF array map refuses one larger than its
+/// data). Called before the sandbox is entered.
+pub fn attach_given_bar2_backing(
+    dev: &mut PvschedDevice,
+    given: Option<File>,
+) -> Result<Option<(Arc<File>, u64)>, VfioUserError> {
     if dev.config().features & abi::F_DEVICE_REGION == 0 {
-        return Ok(None);
+        return match given {
+            Some(_) => Err(VfioUserError::BackingUnused),
+            None => Ok(None),
+        };
     }
     let size = PvschedDevice::region_bar_size(dev.config().nr_vcpus);
-    let file = Arc::new(memfd(size).map_err(|source| VfioUserError::Memfd { size, source })?);
+    let file = match given {
+        Some(f) => {
+            if f.metadata().is_ok_and(|m| m.file_type().is_file()) {
+                crate::guest_ram::check(&f, 0, size).map_err(VfioUserError::Backing)?;
+            }
+            Arc::new(f)
+        }
+        None => Arc::new(memfd(size).map_err(|source| VfioUserError::Memfd { size, source })?),
+    };
     // `size` is at most a few hundred KiB (bounded by MAX_VCPUS).
     let region = MmapRegion::from_file(FileOffset::from_arc(file.clone(), 0), size as usize)
         .map_err(VfioUserError::Mmap)?;

@@ -74,3 +74,106 @@ fn vfio_user_requires_a_socket_path() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--socket"), "{err}");
 }
+
+/// `file` without FD_CLOEXEC, so a child inherits it at the same number.
+fn inheritable(file: &std::fs::File) -> i32 {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl(F_SETFD) on an fd `file` owns; no pointers.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    assert_eq!(rc, 0, "F_SETFD: {}", std::io::Error::last_os_error());
+    fd
+}
+
+/// `--bar2-fd`: the given fd (pvschedd's region map in production; a
+/// sealed memfd here) is BAR2: the header the device writes at DRIVER_OK
+/// and the slot the client writes through the BAR2 fd it was sent are the
+/// bytes of the caller's own file.
+#[test]
+fn bar2_is_the_given_fd() {
+    let dir = std::env::temp_dir().join(format!("pvsched-bar2-fd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let sock = dir.join("sock");
+    let size = pvsched_device::PvschedDevice::region_bar_size(2);
+    let file = pvsched_testkit::sealed_memfd(c"bar2-given", size);
+    let fd = inheritable(&file);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pvsched-device"))
+        .args(["--transport", "vfio-user", "--vcpus", "2", "--socket"])
+        .arg(&sock)
+        .args(["--bar2-fd", &fd.to_string()])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn pvsched-device");
+    let mut c = connect(&sock, &mut child);
+    map_bars(&mut c);
+    negotiate(&mut c, abi::F_DEVICE_REGION);
+    driver_ok(&mut c);
+    let map = map_bar2(&c);
+    let at = abi::slot_offset(2, 1) as usize + 16;
+    // SAFETY: `at + 4` lies inside the live BAR2 mapping (two slots).
+    unsafe { std::ptr::write_volatile(map.as_ptr().add(at) as *mut u32, 0x5eed) };
+    let mut bytes = vec![0u8; size as usize];
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(&mut bytes, 0).expect("read our memfd");
+    let word = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+    assert_eq!(
+        word(0),
+        abi::REGION_MAGIC,
+        "the device's header is not in our file"
+    );
+    assert_eq!(word(at), 0x5eed, "the client's write is not in our file");
+    c.shutdown().expect("shutdown");
+    drop(c);
+    assert!(child.wait().expect("wait").success());
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// A BAR2 backing the device cannot keep (a memfd that could shrink, an fd
+/// that is not open, a transport without BAR2) is refused before serving,
+/// saying why, with exit code 1.
+#[test]
+fn a_bar2_fd_it_cannot_keep_is_refused() {
+    let size = pvsched_device::PvschedDevice::region_bar_size(1);
+    let unsealed = {
+        // SAFETY: memfd_create with a NUL-terminated name and valid flags.
+        let fd = unsafe { libc::memfd_create(c"bar2-unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        use std::os::fd::FromRawFd;
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let f = unsafe { std::fs::File::from_raw_fd(fd) };
+        f.set_len(size).expect("size");
+        f
+    };
+    let fd = inheritable(&unsealed);
+    let dir = std::env::temp_dir().join(format!("pvsched-bar2-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    for (args, want) in [
+        (
+            vec!["--transport", "vfio-user", "--bar2-fd", &*fd.to_string()],
+            "F_SEAL_SHRINK",
+        ),
+        (
+            vec!["--transport", "vfio-user", "--bar2-fd", "987"],
+            "not an open fd",
+        ),
+        (
+            vec!["--transport", "mpqemu", "--fd", "0", "--bar2-fd", "987"],
+            "cannot map BAR2",
+        ),
+    ] {
+        let sock = dir.join("sock");
+        let _ = std::fs::remove_file(&sock);
+        let out = Command::new(env!("CARGO_BIN_EXE_pvsched-device"))
+            .args(&args)
+            .args(["--vcpus", "1", "--socket"])
+            .arg(&sock)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run pvsched-device");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!sock.exists(), "{args:?}: listened anyway");
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -3,6 +3,7 @@
 
 mod bench;
 mod daemon_cli;
+mod device_cmd;
 mod exit;
 mod qemu_attach;
 mod run;
@@ -23,7 +24,8 @@ enum Command {
     #[command(after_help = exit::HELP)]
     Run(run::RunArgs),
     /// Serve the pvsched device to a VMM as its own (sandboxed) process.
-    Device(pvsched_transport::cli::DeviceArgs),
+    #[command(after_help = exit::HELP)]
+    Device(device_cmd::DeviceCmd),
     /// Benchmark vanilla vs pvsched (scenarios S1-S4 of docs/benchmarks.md).
     #[command(after_help = exit::HELP)]
     Bench(bench::BenchArgs),
@@ -60,10 +62,10 @@ fn main() -> std::process::ExitCode {
         Command::Vm(args) => daemon_cli::vm(&args),
         Command::Metrics(args) => daemon_cli::metrics(&args),
         Command::QemuAttach(args) => qemu_attach::main(&args),
-        Command::Device(args) => {
+        Command::Device(cmd) => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
                 .init();
-            return pvsched_transport::cli::main("pvsched device", &args);
+            return device_cmd::main(cmd);
         }
     };
     std::process::ExitCode::from(code as u8)

@@ -11,7 +11,11 @@
 //!
 //! Without a pvsched device in QEMU the VM is registered with no region:
 //! it gets the halt and directed-yield boosts (kvm_vcpu_wakeup,
-//! kvm_apic_ipi), not the guest's slot requests.
+//! kvm_apic_ipi), not the guest's slot requests. With `--device-region`,
+//! QEMU's pvsched device (`pvsched device --transport vfio-user
+//! --daemon-region NAME`, started before QEMU) serves pvschedd's region
+//! for NAME as BAR2, and the VM is registered with that region: the policy
+//! reads what the guest driver writes there.
 
 use crate::daemon_cli::SocketArg;
 use crate::exit::Exit;
@@ -41,6 +45,10 @@ pub struct QemuAttachArgs {
     /// Do not register QEMU's main-loop thread as the emulator thread.
     #[arg(long)]
     no_emulator: bool,
+    /// QEMU's pvsched device serves pvschedd's region for NAME as BAR2
+    /// (`pvsched device --daemon-region NAME`): register the VM with it.
+    #[arg(long)]
+    device_region: bool,
     #[command(flatten)]
     socket: SocketArg,
 }
@@ -222,7 +230,11 @@ fn registration(a: &QemuAttachArgs) -> Result<RegisterVm, String> {
         name: a.name.clone(),
         vcpus,
         emulator_tids: if a.no_emulator { vec![] } else { vec![pid] },
-        region: Region::None,
+        region: if a.device_region {
+            Region::Reserved
+        } else {
+            Region::None
+        },
         caps,
         pid: Some(pid),
         detach: true,
