@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from agent_loop import AgentLoop  # noqa: E402
+from daemon_loop import DaemonLoop  # noqa: E402
 
 KABI = os.environ.get("PVSCHED_GUEST_KABI", "6.1.0-56")
 STATUS_DRIVER_OK = 0x04
@@ -160,9 +161,11 @@ class Boot:
     """One QEMU boot with its pvsched-device peer."""
 
     def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None,
-                 transport="mpqemu"):
+                 transport="mpqemu", device_cmd=None):
         self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
         self.transport = transport
+        # The device program (default: --device-bin); its arguments follow.
+        self.device_cmd = device_cmd or [str(args.device_bin)]
         self.extra_append = extra_append
         # mark -> callable(boot), run when the guest prints that mark; with
         # hooks QEMU gets a QMP socket and a stdin pipe the hooks can answer on.
@@ -188,14 +191,13 @@ class Boot:
         if self.transport == "vfio-user":
             if vfio_sock.exists():
                 vfio_sock.unlink()
-            dev_cmd = [str(self.args.device_bin), "--transport", "vfio-user",
-                       "--socket", str(vfio_sock)]
+            dev_cmd = self.device_cmd + ["--transport", "vfio-user", "--socket", str(vfio_sock)]
             qemu_bin, machine = str(self.args.qemu11), "q35"
             vfio_dev = {"driver": "vfio-user-pci", "id": "pvs0",
                         "socket": {"path": str(vfio_sock), "type": "unix"}}
             device_arg = json.dumps(vfio_dev, separators=(",", ":"))
         else:
-            dev_cmd = [str(self.args.device_bin), "--transport", "mpqemu", "--fd", str(dfd)]
+            dev_cmd = self.device_cmd + ["--transport", "mpqemu", "--fd", str(dfd)]
             qemu_bin, machine = "qemu-system-x86_64", "pc"
             device_arg = f"x-pci-proxy-dev,id=pvs0,fd={qfd}"
         dev_cmd += ["--vcpus", str(self.smp), "--dump-slots", str(self.dump)]
@@ -466,7 +468,11 @@ def main():
     ap.add_argument("--skip-negative", action="store_true")
     ap.add_argument("--agent-bin", type=Path, default=None,
                     help="pvsched-agent-attach: also run the agent-in-the-loop boot")
-    ap.add_argument("--scenarios", default="main,negative,agent,vfio-device,vfio-guest",
+    ap.add_argument("--pvsched-bin", type=Path, default=None,
+                    help="pvsched (vfio-daemon; default: beside --device-bin)")
+    ap.add_argument("--pvschedd-bin", type=Path, default=None,
+                    help="pvschedd (vfio-daemon; default: beside --device-bin)")
+    ap.add_argument("--scenarios", default="main,negative,agent,vfio-device,vfio-guest,vfio-daemon",
                     help="main/negative/agent: QEMU 7.2 mpqemu; vfio-device/vfio-guest: QEMU 11 "
                          "vfio-user in device-/guest-region mode")
     ap.add_argument("--qemu11", type=Path, default=None,
@@ -478,6 +484,8 @@ def main():
     args = ap.parse_args()
     args.out = args.out or args.cache / "linux-guest" / "run"
     args.qemu11 = args.qemu11 or args.cache / "qemu11" / "qemu-system-x86_64"
+    args.pvsched_bin = args.pvsched_bin or args.device_bin.parent / "pvsched"
+    args.pvschedd_bin = args.pvschedd_bin or args.device_bin.parent / "pvschedd"
     args.out.mkdir(parents=True, exist_ok=True)
     t_all = time.monotonic()
 
@@ -531,6 +539,29 @@ def main():
         finally:
             loop.stop_agent()
         f, summary = loop.check(b)
+        failures += f
+        results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
+        log(results[-1])
+        log(f"{b.name}: attach {loop.info}")
+    if "vfio-daemon" in scenarios:
+        # Policy on a QEMU guest in device-region mode: BAR2 is pvschedd's
+        # region map (daemon_loop.py).
+        if not args.qemu11.exists():
+            raise FileNotFoundError(f"{args.qemu11} (QEMU >= 10.1: run scripts/setup)")
+        name = "vfio-daemon-smp2"
+        loop = DaemonLoop(args, args.out / name)
+        loop.start_daemon()
+        b = Boot(args, name, 2, "agent", hooks=loop.hooks(), transport="vfio-user",
+                 device_cmd=loop.device_cmd())
+        try:
+            b.run()
+        finally:
+            loop.stop_agent()
+            loop.stop_daemon()
+        f, summary = loop.check(b)
+        modes = {m.group(1) for m in (re.search(r"attached: (\w+) region", l) for l in b.serial) if m}
+        check(modes == {"device"}, f"{b.name}: driver attached in {modes or 'no'} region mode, "
+              f"expected device", f)
         failures += f
         results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
         log(results[-1])

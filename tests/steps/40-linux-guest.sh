@@ -4,7 +4,8 @@
 # proxy; issue 13: the same guest under QEMU 11 over vfio-user, in device-
 # and guest-region mode. Builds the module (cloud kernel; PREEMPT_RT build-test), boots
 # -smp 2 and -smp 4 plus three negative boots, asserts from the host side;
-# one more -smp 2 boot with pvsched-agent-attach on QEMU's vCPU threads.
+# one more -smp 2 boot with pvsched-agent-attach on QEMU's vCPU threads, and
+# one over vfio-user with pvschedd's region map as BAR2 (vfio-daemon).
 set -euo pipefail
 root="${PVSCHED_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}"
 cache="${PVSCHED_CACHE:-$root/.cache}"
@@ -29,20 +30,22 @@ fi
 
 cd "$root"
 cargo build --locked --release -p pvsched-transport --bin pvsched-device \
-	-p pvsched-agent --bin pvsched-agent-attach
+	-p pvsched-agent --bin pvsched-agent-attach -p pvsched --bin pvsched \
+	-p pvsched-daemon --bin pvschedd
 target="${CARGO_TARGET_DIR:-$root/target}"
 # The agent-in-the-loop boot loads BPF and changes QEMU's vCPU threads'
 # scheduling: it needs root.
-scenarios=main,negative,agent,vfio-device,vfio-guest
+scenarios=main,negative,agent,vfio-device,vfio-guest,vfio-daemon
 agent=(--agent-bin "$target/release/pvsched-agent-attach")
 if [ "$(id -u)" != 0 ]; then
 	need_real "root" "the agent-in-the-loop boot loads BPF (run as root)"
 	scenarios=${scenarios/,agent/}
+	scenarios=${scenarios/,vfio-daemon/}
 fi
 # QEMU >= 10.1 for the vfio-user boots (scripts/setup.d/41-qemu11.sh).
 if [ ! -x "$cache/qemu11/qemu-system-x86_64" ]; then
 	need_real "QEMU >= 10.1" "not in $cache/qemu11 (run scripts/setup)"
-	scenarios=${scenarios/,vfio-device,vfio-guest/}
+	scenarios=$(echo "$scenarios" | tr , '\n' | grep -v '^vfio-' | paste -sd, -)
 fi
 timeout 900 python3 tests/linux-guest/run.py \
 	--cache "$cache" --device-bin "$target/release/pvsched-device" "${agent[@]}" \

@@ -1,0 +1,156 @@
+"""Policy on a QEMU guest in device-region mode (issue 13, item 4).
+
+The operator's path, end to end: pvschedd runs; `pvsched device
+--transport vfio-user --daemon-region NAME` reserves VM NAME's region with
+pvschedd before QEMU starts and serves that BPF array map as BAR2 (QEMU
+11's vfio-user-pci mmaps it into the guest); the Linux guest driver binds
+in device-region mode and writes its slots there; once the vCPU threads
+exist, `pvsched qemu-attach --device-region` registers them with that
+region. The BPF policy then reads the slots where the guest writes them
+(no copy, no slot addresses, no bpf_probe_read_user), and the vCPU thread
+of the guest CPU running a SCHED_FIFO 8 loop is boosted to SCHED_FIFO 8
+and restored to its exact baseline, read back with sched_getscheduler /
+sched_getparam / getpriority every millisecond (the sampler and the
+checks of agent_loop.py). `pvsched vm unregister NAME` ends it; after it
+every vCPU thread is at its baseline.
+
+Host-side evidence that BAR2 is the BPF map: QEMU's own mapping of BAR2
+is `anon_inode:bpf-map` in /proc/QEMU_PID/maps.
+"""
+
+import json
+import os
+import subprocess
+import time
+
+from agent_loop import BASE_NICE, CAPS, AgentFailure, AgentLoop, Sampler, attrs, qmp
+
+VM_NAME = "linux-guest"
+DAEMON_READY_S = 20.0
+
+
+def bpf_map_mappings(pid):
+    """QEMU's mappings of BPF maps: [(start, end)]."""
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].strip() == "anon_inode:bpf-map":
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                out.append((start, end))
+    return out
+
+
+class DaemonLoop(AgentLoop):
+    """Hooks for a `pvtest=agent` boot whose device serves pvschedd's
+    region (see the module docstring). Start the daemon with start_daemon()
+    before the boot; device_cmd() is the device command line."""
+
+    def __init__(self, args, boot_dir):
+        super().__init__(args, boot_dir)
+        self.daemon = None
+        self.socket = self.dir / "pvschedd.sock"
+        self.bpf_maps = []
+
+    def pvsched(self, *argv, check=True):
+        r = subprocess.run([str(self.args.pvsched_bin), *argv],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=30, env={**os.environ, "PVSCHED_SOCKET": str(self.socket)})
+        if check and r.returncode != 0:
+            raise AgentFailure(f"pvsched {' '.join(argv)}: rc {r.returncode}: {r.stdout.strip()}")
+        return r
+
+    def start_daemon(self):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        vms = self.dir / "vms"
+        vms.mkdir(exist_ok=True)
+        (vms / f"{VM_NAME}.toml").write_text(CAPS)
+        cfg = self.dir / "pvschedd.toml"
+        cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
+                       f'metrics_listen = ""\nrequire_vm_file = true\n')
+        if self.socket.exists():
+            self.socket.unlink()
+        self.daemon_log = self.dir / "pvschedd.log"
+        with open(self.daemon_log, "w") as logf:
+            self.daemon = subprocess.Popen([str(self.args.pvschedd_bin), "--config", str(cfg)],
+                                           stdout=logf, stderr=logf,
+                                           env={**os.environ, "RUST_LOG": "info"})
+        deadline = time.monotonic() + DAEMON_READY_S
+        while self.pvsched("status", check=False).returncode != 0:
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise AgentFailure(f"pvschedd did not come up: {self.daemon_log.read_text()}")
+            time.sleep(0.1)
+
+    def stop_daemon(self):
+        if self.daemon is None or self.daemon.poll() is not None:
+            return
+        self.daemon.terminate()
+        try:
+            self.daemon.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.daemon.kill()
+            self.daemon.wait()
+            self.errors.append("pvschedd did not stop on SIGTERM")
+
+    def device_cmd(self):
+        """`pvsched device` with BAR2 = pvschedd's region for VM_NAME."""
+        return [str(self.args.pvsched_bin), "device", "--daemon-region", VM_NAME,
+                "--daemon-socket", str(self.socket)]
+
+    def _attach(self, boot):
+        pid = boot.qemu.pid
+        snap = boot.snapshots.get("agent-wait") or {}
+        if not snap.get("attached") or not snap.get("header"):
+            raise AgentFailure(f"no attached region at '@@ agent-wait': {snap.get('device')}")
+        self.bpf_maps = bpf_map_mappings(pid)
+        cpus = qmp(boot.qmp_path, "query-cpus-fast")
+        tids = [c["thread-id"] for c in sorted(cpus, key=lambda c: c["cpu-index"])]
+        for t in tids:
+            os.setpriority(os.PRIO_PROCESS, t, BASE_NICE)
+        self.baseline = {t: attrs(t) for t in tids}
+        r = self.pvsched("qemu-attach", "--qmp", str(boot.qmp_path), "--name", VM_NAME,
+                         "--device-region", "--no-emulator")
+        status = json.loads(self.pvsched("status", "--json").stdout)
+        vm = next((v for v in status["vms"] if v["name"] == VM_NAME), None)
+        if vm is None:
+            raise AgentFailure(f"qemu-attach succeeded but pvschedd has no VM {VM_NAME}: {status}")
+        got = [v["tid"] for v in vm["vcpus"]]
+        if got != tids:
+            raise AgentFailure(f"registered vCPU threads {got} != QMP's {tids}")
+        # pc/q35 with -smp N: the APIC ID of cpu-index N is N.
+        apic = list(range(len(tids)))
+        self.info = {"qemu_pid": pid, "tids": tids, "apic_ids": apic, "region": vm["region"],
+                     "bar2_bpf_maps": [hex(e - s) for s, e in self.bpf_maps],
+                     "qemu_attach": r.stdout.strip()}
+        self.rc = None
+        self.agent = self
+        self.sampler = Sampler(tids, boot.t0)
+        self.sampler.start()
+
+    # AgentLoop calls these on self.agent: the daemon registration stands in
+    # for the pvsched-agent-attach process.
+    def poll(self):
+        return self.rc
+
+    def stop_agent(self):
+        if self.agent is None or self.rc is not None:
+            return
+        try:
+            status = json.loads(self.pvsched("status", "--json").stdout)
+            vm = next(v for v in status["vms"] if v["name"] == VM_NAME)
+            self.stats = {"vcpus": vm["vcpus"], "decisions": vm["decisions"]}
+            self.rc = self.pvsched("vm", "unregister", VM_NAME, check=False).returncode
+        except (AgentFailure, StopIteration, ValueError, KeyError) as e:
+            self.errors.append(f"reading or ending the registration: {e}")
+            self.rc = -1
+
+    def check(self, boot):
+        f, summary = super().check(boot)
+        f = [x.replace("pvsched-agent-attach exited with", "`pvsched vm unregister` exited with")
+             for x in f]
+        if not self.bpf_maps:
+            f.append("daemon: QEMU has no anon_inode:bpf-map mapping: BAR2 is not pvschedd's region")
+        if self.info.get("region") != "device":
+            f.append(f"daemon: VM registered with region {self.info.get('region')}, not device")
+        summary = summary.replace("agent:", "daemon:", 1).replace("agent rc", "unregister rc")
+        return f, summary
