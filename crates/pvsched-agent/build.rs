@@ -1,7 +1,7 @@
 //! Builds the BPF policy object from `bpf-policy/` with clang (CO-RE): first
 //! `vmlinux.h` from the running kernel's BTF (`bpf-policy/gen-vmlinux.sh`,
 //! bpftool), then `clang -target bpf -O2 -g`. The object is embedded by
-//! `src/loader.rs`. Fails with a clear message when the toolchain is missing
+//! `src/object.rs` (`OBJECT`). Fails with a clear message when the toolchain is missing
 //! (`scripts/setup` installs clang-19, llvm-19, libbpf-dev and bpftool).
 
 use std::path::PathBuf;

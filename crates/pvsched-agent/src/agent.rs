@@ -45,7 +45,7 @@ pub enum AgentError {
     Trace {
         /// The file.
         path: String,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },
@@ -54,7 +54,7 @@ pub enum AgentError {
     Sys {
         /// What.
         what: &'static str,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },

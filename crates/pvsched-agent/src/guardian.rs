@@ -38,7 +38,7 @@ pub enum GuardianError {
     Setup {
         /// What.
         what: &'static str,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },

@@ -1,4 +1,4 @@
-//! pvsched host agent (DESIGN §2, §4): loads the CO-RE BPF policy from
+//! pvsched host agent (docs/architecture.md): loads the CO-RE BPF policy from
 //! `bpf-policy/` (compiled by build.rs, embedded) with aya, attaches it to
 //! `sched_switch`, `sched_wakeup`, `kvm_vcpu_wakeup`, `kvm_apic_ipi` and
 //! `kvm_userspace_exit` (tp_btf), fills its maps when a VM registers, and

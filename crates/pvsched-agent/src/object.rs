@@ -67,7 +67,7 @@ pub enum ObjectError {
     Map {
         /// Map.
         name: &'static str,
-        /// Cause.
+        /// The BPF map operation's error, from aya.
         #[source]
         source: aya::maps::MapError,
     },
@@ -76,7 +76,7 @@ pub enum ObjectError {
     Sys {
         /// What.
         what: &'static str,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },

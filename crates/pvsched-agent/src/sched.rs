@@ -14,7 +14,7 @@ pub enum SchedError {
     Get {
         /// Thread.
         tid: u32,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },
@@ -27,7 +27,7 @@ pub enum SchedError {
         tid: u32,
         /// What was asked.
         attr: SchedAttr,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },

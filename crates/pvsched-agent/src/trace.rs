@@ -26,7 +26,7 @@ pub enum TraceError {
     Io {
         /// The file.
         path: String,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },

@@ -15,7 +15,7 @@ pub enum WatchError {
     Open {
         /// Pid.
         pid: u32,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },

@@ -20,7 +20,7 @@ pub enum ClientError {
     Connect {
         /// The socket.
         path: PathBuf,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },

@@ -37,7 +37,7 @@ pub enum ConfigError {
     Read {
         /// The file.
         path: PathBuf,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: std::io::Error,
     },
@@ -46,7 +46,7 @@ pub enum ConfigError {
     Toml {
         /// The file.
         path: PathBuf,
-        /// Cause.
+        /// The TOML parser's error, with line and column.
         #[source]
         source: toml::de::Error,
     },
@@ -55,7 +55,7 @@ pub enum ConfigError {
     Caps {
         /// The file.
         path: PathBuf,
-        /// Cause.
+        /// Which cap is wrong and why.
         #[source]
         source: CapsError,
     },

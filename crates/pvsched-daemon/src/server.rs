@@ -39,7 +39,7 @@ pub enum ServerError {
     Socket {
         /// The socket path.
         path: PathBuf,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },
@@ -51,7 +51,7 @@ pub enum ServerError {
     Sys {
         /// What.
         what: &'static str,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },

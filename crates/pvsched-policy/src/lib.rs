@@ -1,5 +1,5 @@
 //! pvsched host policy: the pure, deterministic Rust reference model of the
-//! BPF policy in `bpf-policy/` (DESIGN §4).
+//! BPF policy in `bpf-policy/` (docs/operating.md, "What the policy does").
 //!
 //! - [`caps`]: per-VM admin caps and policy knobs, parsed from TOML
 //!   (`caps.toml`), converted to the BPF map record by the agent.

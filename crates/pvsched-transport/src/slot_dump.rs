@@ -40,7 +40,7 @@ pub enum DumpError {
     Create {
         /// Target path.
         path: PathBuf,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: std::io::Error,
     },
@@ -49,7 +49,7 @@ pub enum DumpError {
     Write {
         /// Target path.
         path: PathBuf,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: std::io::Error,
     },

@@ -63,7 +63,7 @@ pub enum QemuAttachError {
         path: PathBuf,
         /// What failed.
         what: &'static str,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: std::io::Error,
     },

@@ -52,7 +52,7 @@ enum AttachError {
     Io {
         /// What failed.
         what: String,
-        /// Cause.
+        /// The error the system call returned (errno).
         #[source]
         source: io::Error,
     },
