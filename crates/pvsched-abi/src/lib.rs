@@ -383,6 +383,8 @@ const _: () = {
     assert!(STATUS_FAILED == 0x80);
 };
 
+pub mod seq;
+
 #[cfg(feature = "vm-memory")]
 mod byte_valued {
     use super::{RegionHeader, Slot, SlotGuest, SlotHost};

@@ -3,15 +3,15 @@
 //! `BPF_PROG_TEST_RUN` (raw `bpf(2)`; aya 0.14 has no test-run call), read
 //! decisions and statistics. Used by the agent and by the differential test.
 
-use crate::intf::{
-    MAX_VCPUS_PER_VM, MAX_VMS, PvsDecision, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS,
-};
+use crate::intf::{MAX_VMS, PvsDecision, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS};
 use aya::maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
+use pvsched_abi::seq::{RawWords, SharedWords};
 use pvsched_abi::{SlotGuest, SlotHost};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use vm_memory::{FileOffset, MmapRegion};
 
 /// The compiled policy (built by build.rs from bpf-policy/).
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pvsched.bpf.o"));
@@ -511,51 +511,40 @@ pub fn reevaluate(fd: &OwnedFd, event: u32, gid: u32, now: u64, a: u64, b: u64) 
 }
 
 /// A VM's region: its own one-element `REGION_STRIDE`-byte BPF array
-/// (element vm_id of `regions`), mmapped MAP_SHARED. The VMM registers
+/// (element vm_id of `regions`), mapped shared with vm-memory's
+/// [`MmapRegion`] over the map's fd. The VMM registers
 /// [`RegionMmap::as_ptr`]/[`RegionMmap::len`] as BAR2's KVM memslot, or, in
 /// another process, maps [`RegionMmap::fd`] at offset 0; BPF, the guest and
 /// the host see the same bytes.
 pub struct RegionMmap {
-    ptr: *mut u8,
-    len: usize,
+    mmap: MmapRegion<()>,
     map: MapData,
 }
-
-// SAFETY: the mapping is plain shared memory owned by this value until
-// drop; all accesses through it are volatile byte/word copies.
-unsafe impl Send for RegionMmap {}
-// SAFETY: as above; concurrent volatile accesses are the protocol.
-unsafe impl Sync for RegionMmap {}
 
 /// `BPF_F_MMAPABLE` (include/uapi/linux/bpf.h).
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 impl RegionMmap {
     fn new(map: MapData) -> Result<RegionMmap> {
-        let len = REGION_STRIDE as usize;
-        // SAFETY: a fresh shared mapping of a one-element mmapable BPF
-        // array whose value is `len` bytes (page aligned), at offset 0.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(ObjectError::Sys {
-                what: "mmap of a VM's region map (needs BPF_F_MMAPABLE)",
-                source: io::Error::last_os_error(),
-            });
-        }
-        Ok(RegionMmap {
-            ptr: p.cast(),
-            len,
-            map,
-        })
+        let sys = |what| move |source| ObjectError::Sys { what, source };
+        let fd = map
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(sys("dup of a VM's region map fd"))?;
+        // A shared mapping of the one-element mmapable array whose value is
+        // REGION_STRIDE bytes (page aligned), at offset 0.
+        let mmap = MmapRegion::build(
+            Some(FileOffset::new(std::fs::File::from(fd), 0)),
+            REGION_STRIDE as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+        )
+        .map_err(|e| ObjectError::Sys {
+            what: "mmap of a VM's region map (needs BPF_F_MMAPABLE)",
+            source: io::Error::other(e.to_string()),
+        })?;
+        Ok(RegionMmap { mmap, map })
     }
 
     /// A new fd of the region's BPF map, for the VMM (or device process)
@@ -567,12 +556,12 @@ impl RegionMmap {
 
     /// Start of the mapping.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.mmap.as_ptr()
     }
 
     /// Length in bytes (a power of two, page aligned).
     pub fn len(&self) -> usize {
-        self.len
+        self.mmap.size()
     }
 
     /// Always false.
@@ -580,89 +569,31 @@ impl RegionMmap {
         false
     }
 
+    /// The mapping as shared words, for the slot protocol
+    /// ([`pvsched_abi::seq`]).
+    pub fn words(&self) -> RawWords {
+        // SAFETY: the mapping is live, read-write and page aligned for
+        // `len()` bytes while self exists; RawWords accesses are atomic.
+        unsafe { RawWords::new(self.as_ptr(), self.len()) }
+    }
+
     /// Zeroes the whole region.
     pub fn clear(&self) {
-        for i in 0..self.len {
-            // SAFETY: i < len, inside our mapping.
-            unsafe { self.ptr.add(i).write_volatile(0) };
+        let w = self.words();
+        for off in (0..self.len()).step_by(4) {
+            w.store(off, 0, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
     /// Writes a guest half with the seq protocol (tests and embedders that
     /// play the guest).
     pub fn write_guest(&self, nr: u32, index: u32, g: &SlotGuest) -> bool {
-        // SAFETY: ptr..ptr+len is our live shared mapping.
-        unsafe { write_guest_at(self.ptr, self.len, nr, index, g) }
+        pvsched_abi::seq::write_guest(&self.words(), nr, index, g)
     }
 
-    /// Reads a host half (as the guest would).
+    /// Reads a host half (as the guest would): a consistent copy, or None
+    /// if the slot is outside the region or its writer stayed busy.
     pub fn read_host(&self, nr: u32, index: u32) -> Option<SlotHost> {
-        // SAFETY: ptr..ptr+len is our live shared mapping.
-        unsafe { read_host_at(self.ptr, self.len, nr, index) }
-    }
-}
-
-/// Offset of slot `index` of an `nr`-vCPU region whose mapping is `len`
-/// bytes, if the whole slot is inside it.
-fn slot_off(len: usize, nr: u32, index: u32) -> Option<usize> {
-    if index >= nr || nr > MAX_VCPUS_PER_VM {
-        return None;
-    }
-    let off = pvsched_abi::slot_offset(nr, index) as usize;
-    (off.checked_add(pvsched_abi::SLOT_SIZE as usize)? <= len).then_some(off)
-}
-
-/// Writes slot `index`'s guest half in the region mapped at `base` (`len`
-/// bytes) with the seq protocol: seq made odd, the fields, seq made even.
-/// False if the slot is outside the mapping. For tests and programs that
-/// play the guest on a region mapping ([`RegionMmap`], or a VMM's mapping
-/// of a region map fd received from pvschedd).
-///
-/// # Safety
-/// `base..base + len` must be a live mapping, readable and writable, that
-/// stays mapped for the call; `base` must be 64-byte aligned.
-pub unsafe fn write_guest_at(
-    base: *mut u8,
-    len: usize,
-    nr: u32,
-    index: u32,
-    g: &SlotGuest,
-) -> bool {
-    let Some(off) = slot_off(len, nr, index) else {
-        return false;
-    };
-    // SAFETY: off + SLOT_SIZE <= len (slot_off), inside the caller's live
-    // mapping; the slot is 64-byte aligned (base aligned, slots at 64-byte
-    // multiples).
-    unsafe {
-        let p = base.add(off).cast::<SlotGuest>();
-        let seq = std::ptr::addr_of!((*p).seq).read_volatile();
-        let odd = seq.wrapping_add(1) | 1;
-        std::ptr::addr_of_mut!((*p).seq).write_volatile(odd);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        let v = SlotGuest { seq: odd, ..*g };
-        p.write_volatile(v);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        std::ptr::addr_of_mut!((*p).seq).write_volatile(odd.wrapping_add(1));
-    }
-    true
-}
-
-/// Reads slot `index`'s host half in the region mapped at `base` (`len`
-/// bytes), as the guest would; None if the slot is outside the mapping.
-///
-/// # Safety
-/// As [`write_guest_at`].
-pub unsafe fn read_host_at(base: *mut u8, len: usize, nr: u32, index: u32) -> Option<SlotHost> {
-    let off = slot_off(len, nr, index)?;
-    // SAFETY: the host half is the second 64 bytes of a slot inside the
-    // caller's live mapping (slot_off).
-    Some(unsafe { base.add(off + 64).cast::<SlotHost>().read_volatile() })
-}
-
-impl Drop for RegionMmap {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len are the mapping created in new(), unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        pvsched_abi::seq::read_host(&self.words(), nr, index)
     }
 }

@@ -83,18 +83,24 @@ impl RegionMap {
         false
     }
 
+    /// The mapping as shared words, for the slot protocol
+    /// ([`pvsched_abi::seq`]).
+    pub fn words(&self) -> pvsched_abi::seq::RawWords {
+        // SAFETY: the mapping is live and read-write for `len()` bytes
+        // while self exists, and page aligned; RawWords accesses are atomic.
+        unsafe { pvsched_abi::seq::RawWords::new(self.as_ptr(), self.len()) }
+    }
+
     /// Writes slot `index`'s guest half (`nr` vCPUs) with the seq
     /// protocol, as a guest would (tests, and VMMs that play the guest).
     pub fn write_guest(&self, nr: u32, index: u32, g: &pvsched_abi::SlotGuest) -> bool {
-        // SAFETY: the mapping is live and read-write for `len()` bytes
-        // while self exists, and page aligned.
-        unsafe { pvsched_agent::object::write_guest_at(self.as_ptr(), self.len(), nr, index, g) }
+        pvsched_abi::seq::write_guest(&self.words(), nr, index, g)
     }
 
-    /// Reads slot `index`'s host half, as the guest would.
+    /// Reads slot `index`'s host half, as the guest would: a consistent
+    /// copy, or None if outside the region or its writer stayed busy.
     pub fn read_host(&self, nr: u32, index: u32) -> Option<pvsched_abi::SlotHost> {
-        // SAFETY: as in write_guest.
-        unsafe { pvsched_agent::object::read_host_at(self.as_ptr(), self.len(), nr, index) }
+        pvsched_abi::seq::read_host(&self.words(), nr, index)
     }
 }
 

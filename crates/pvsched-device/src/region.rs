@@ -28,20 +28,34 @@ use pvsched_abi::{
     SlotHost, WAIT_NONE,
 };
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use vm_memory::{
     Address, ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
     MmapRegion,
 };
 
-/// How many times a slot read retries while the writer is mid-update.
-pub const SEQ_RETRIES: u32 = 256;
+pub use pvsched_abi::seq::SEQ_RETRIES;
+use pvsched_abi::seq::{HALF_WORDS, SharedWords};
 
 /// Bytes in one half of a slot (one cache line).
-const HALF: usize = 64;
-/// 32-bit words in one half of a slot.
-const HALF_WORDS: usize = HALF / 4;
+const HALF: usize = pvsched_abi::seq::HOST_HALF;
+
+impl SharedWords for Mapping {
+    fn load(&self, off: usize, order: Ordering) -> u32 {
+        self.word(off).map_or(0, |w| u32::from_le(w.load(order)))
+    }
+
+    fn store(&self, off: usize, v: u32, order: Ordering) {
+        if let Some(w) = self.word(off) {
+            w.store(v.to_le(), order);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
 
 /// Where the region lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -217,16 +231,6 @@ impl Mapping {
         Some(unsafe { AtomicU32::from_ptr(p.cast::<u32>()) })
     }
 
-    fn load(&self, off: usize, order: Ordering) -> u32 {
-        self.word(off).map_or(0, |w| u32::from_le(w.load(order)))
-    }
-
-    fn store(&self, off: usize, v: u32, order: Ordering) {
-        if let Some(w) = self.word(off) {
-            w.store(v.to_le(), order);
-        }
-    }
-
     /// Copy `data.len()` bytes at `off` out of the mapping. Returns false
     /// (and leaves `data` untouched) if the range is out of bounds.
     pub(crate) fn read_bytes(&self, off: u64, data: &mut [u8]) -> bool {
@@ -305,22 +309,7 @@ impl Mapping {
 
     /// Read a 64-byte half at `off` with the sequence protocol.
     fn read_half(&self, off: usize, index: u32) -> Result<[u32; HALF_WORDS], SlotError> {
-        let mut words = [0u32; HALF_WORDS];
-        for _ in 0..SEQ_RETRIES {
-            let s1 = self.load(off, Ordering::Acquire);
-            if s1 & 1 == 0 {
-                words[0] = s1;
-                for (i, w) in words.iter_mut().enumerate().skip(1) {
-                    *w = self.load(off + 4 * i, Ordering::Relaxed);
-                }
-                fence(Ordering::Acquire);
-                if self.load(off, Ordering::Relaxed) == s1 {
-                    return Ok(words);
-                }
-            }
-            std::hint::spin_loop();
-        }
-        Err(SlotError::Busy {
+        pvsched_abi::seq::read_half(self, off).ok_or(SlotError::Busy {
             index,
             attempts: SEQ_RETRIES,
         })
@@ -329,13 +318,7 @@ impl Mapping {
     /// Write a 64-byte half at `off` with the sequence protocol as its
     /// writer; `words[0]` (the seq slot) is ignored.
     fn write_half(&self, off: usize, words: &[u32; HALF_WORDS]) {
-        let odd = self.load(off, Ordering::Relaxed) | 1;
-        self.store(off, odd, Ordering::Relaxed);
-        fence(Ordering::Release);
-        for (i, w) in words.iter().enumerate().skip(1) {
-            self.store(off + 4 * i, *w, Ordering::Relaxed);
-        }
-        self.store(off, odd.wrapping_add(1), Ordering::Release);
+        pvsched_abi::seq::write_half(self, off, words)
     }
 
     /// Write the header, the APIC table and zeroed host halves.
@@ -521,7 +504,7 @@ impl RegionView {
     pub fn read_guest_slot(&self, index: u32) -> Result<GuestSlotState, SlotError> {
         let off = self.slot_off(index)?;
         let words = self.with(|m| m.read_half(off, index))??;
-        let raw: SlotGuest = from_words(&words);
+        let raw = SlotGuest::from_words(&words);
         Ok(GuestSlotState::from_raw(&raw, self.info.nr_vcpus))
     }
 
@@ -529,15 +512,14 @@ impl RegionView {
     pub fn read_host_slot(&self, index: u32) -> Result<SlotHost, SlotError> {
         let off = self.slot_off(index)? + HALF;
         let words = self.with(|m| m.read_half(off, index))??;
-        Ok(from_words(&words))
+        Ok(SlotHost::from_words(&words))
     }
 
     /// Write slot `index`'s host half with the sequence protocol (the host is
     /// its only writer; `host.seq` is ignored and advanced by 2).
     pub fn write_host_slot(&self, index: u32, host: &SlotHost) -> Result<(), SlotError> {
         let off = self.slot_off(index)? + HALF;
-        let words: [u32; HALF_WORDS] = from_words_array(host.as_slice());
-        self.with(|m| m.write_half(off, &words))
+        self.with(|m| m.write_half(off, &host.to_words()))
     }
 
     /// Write slot `index`'s guest half with the sequence protocol, as the
@@ -545,8 +527,7 @@ impl RegionView {
     /// tests and simulated guests: a real guest writes its half itself.
     pub fn write_guest_slot(&self, index: u32, guest: &SlotGuest) -> Result<(), SlotError> {
         let off = self.slot_off(index)?;
-        let words: [u32; HALF_WORDS] = from_words_array(guest.as_slice());
-        self.with(|m| m.write_half(off, &words))
+        self.with(|m| m.write_half(off, &guest.to_words()))
     }
 
     /// The header as it is in memory now (zeros once detached). The guest
@@ -578,14 +559,6 @@ impl RegionView {
     pub fn write_bytes(&self, offset: u64, data: &[u8]) -> bool {
         self.with(|m| m.write_bytes(offset, data)).unwrap_or(false)
     }
-}
-
-fn from_words_array(bytes: &[u8]) -> [u32; HALF_WORDS] {
-    let mut out = [0u32; HALF_WORDS];
-    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-        *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-    }
-    out
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 use pvsched_abi as abi;
 use std::path::Path;
 use std::process::Child;
-use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::{Duration, Instant};
 use vfio_bindings::bindings::vfio::VFIO_PCI_CONFIG_REGION_INDEX;
 use vfio_user::Client;
@@ -20,34 +19,23 @@ pub const BAR0_ADDR: u32 = 0xfebf_0000;
 pub const BAR2_ADDR: u32 = 0xc000_0000;
 
 /// Write slot `index`'s guest half (of a region for `nr_vcpus` vCPUs at
-/// `base`) with the sequence protocol, as the guest driver does.
+/// `base`) with the sequence protocol ([`abi::seq`]), as the guest driver
+/// does.
 ///
 /// # Safety
-/// `base` must point to a mapped, writable region of at least
-/// `region_size(nr_vcpus)` bytes that stays mapped during the call, and
-/// `index < nr_vcpus`.
+/// `base` must point to a mapped, writable, 4-byte aligned region of at
+/// least `region_size(nr_vcpus)` bytes that stays mapped during the call.
 pub unsafe fn write_guest_slot(base: *mut u8, nr_vcpus: u32, index: u32, nice: i32, updates: u64) {
-    let off = abi::slot_offset(nr_vcpus, index) as usize;
-    // SAFETY: the caller guarantees the mapping; slot offsets are 64-byte
-    // aligned, so the u32 at the start of the slot is aligned for AtomicU32.
-    let seq = unsafe { &*(base.add(off) as *const AtomicU32) };
-    let s = seq.load(Ordering::Relaxed);
-    seq.store(s.wrapping_add(1), Ordering::Relaxed);
-    fence(Ordering::Release);
+    let len = abi::region_size(nr_vcpus) as usize;
+    // SAFETY: the caller guarantees the mapping for `len` bytes.
+    let words = unsafe { abi::seq::RawWords::new(base, len) };
     let g = abi::SlotGuest {
-        seq: s.wrapping_add(1),
         nice,
         policy: abi::POLICY_NORMAL,
         updates,
         ..Default::default()
     };
-    let bytes = vm_memory::ByteValued::as_slice(&g);
-    // SAFETY: the caller guarantees the mapping; the fields after `seq` fit
-    // in the slot's 64-byte guest half.
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr().add(4), base.add(off + 4), bytes.len() - 4);
-    }
-    seq.store(s.wrapping_add(2), Ordering::Release);
+    assert!(abi::seq::write_guest(&words, nr_vcpus, index, &g));
 }
 
 /// Round-trip times of `n` (> 0) BAR0 reads of MAGIC, in µs.
