@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -178,9 +178,7 @@ impl Inner {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use pvsched_util::lock;
 
 impl Restore for Inner {
     /// The signal and panic path: the guardian's ledger names every boosted
@@ -623,10 +621,8 @@ impl VmHandle {
             let mut l = vm.latencies.clone();
             l.sort_unstable();
             out.apply_samples = l.len();
-            if !l.is_empty() {
-                out.apply_p50_ns = l[l.len() / 2];
-                out.apply_p99_ns = l[(l.len() * 99 / 100).min(l.len() - 1)];
-            }
+            out.apply_p50_ns = pvsched_util::percentile(&l, 50.0).unwrap_or(0);
+            out.apply_p99_ns = pvsched_util::percentile(&l, 99.0).unwrap_or(0);
         }
         out
     }

@@ -19,7 +19,7 @@ static PANIC: Once = Once::new();
 
 /// Registers `r` for restore on signal and panic.
 pub fn register(r: Weak<dyn Restore>) {
-    let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut l = pvsched_util::lock(&LIVE);
     l.retain(|w| w.strong_count() > 0);
     l.push(r);
 }
@@ -28,9 +28,7 @@ pub fn register(r: Weak<dyn Restore>) {
 pub fn restore_everything() {
     // LIVE is only held to push or upgrade a Weak (nothing there panics),
     // so waiting for it cannot deadlock.
-    let list: Vec<_> = LIVE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    let list: Vec<_> = pvsched_util::lock(&LIVE)
         .iter()
         .filter_map(|w| w.upgrade())
         .collect();

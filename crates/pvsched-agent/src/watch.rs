@@ -4,7 +4,7 @@
 //! [`crate::sched::restore_baselines`] if the agent dies.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::thread::JoinHandle;
 
 /// Errors of this module.
@@ -26,16 +26,7 @@ pub enum WatchError {
 
 /// Opens a pidfd for `pid`.
 pub fn pidfd_open(pid: u32) -> Result<OwnedFd, WatchError> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
-    if fd < 0 {
-        return Err(WatchError::Open {
-            pid,
-            source: io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: fd is a fresh descriptor we own exclusively.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    pvsched_util::pidfd_open(pid).map_err(|source| WatchError::Open { pid, source })
 }
 
 /// Blocks until the process behind `pidfd` exits.

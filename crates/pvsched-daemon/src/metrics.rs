@@ -229,7 +229,7 @@ fn answer(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     let line = req.split(|&b| b == b'\n').next().unwrap_or_default();
     let (status, body) = if line.starts_with(b"GET /metrics ") || line.starts_with(b"GET / ") {
-        let s = state.lock().unwrap_or_else(|p| p.into_inner());
+        let s = pvsched_util::lock(state);
         ("200 OK", render(&s))
     } else {
         ("404 Not Found", "try GET /metrics\n".into())

@@ -89,7 +89,7 @@ pub struct State {
 }
 
 fn lock(s: &Mutex<State>) -> MutexGuard<'_, State> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
+    pvsched_util::lock(s)
 }
 
 /// A connected client.

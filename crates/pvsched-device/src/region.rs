@@ -458,20 +458,19 @@ impl RegionView {
     /// Revoke every clone of this view. When this returns no access through
     /// any clone is in flight.
     pub(crate) fn revoke(&self) {
-        let mut g = self.shared.write().unwrap_or_else(|e| e.into_inner());
-        *g = None;
+        *pvsched_util::write(&self.shared) = None;
     }
 
     /// Point every clone at `mapping` (same host address, new owner).
     pub(crate) fn replace_mapping(&self, mapping: Mapping) {
-        let mut g = self.shared.write().unwrap_or_else(|e| e.into_inner());
+        let mut g = pvsched_util::write(&self.shared);
         if g.is_some() {
             *g = Some(mapping);
         }
     }
 
     fn guard(&self) -> RwLockReadGuard<'_, Option<Mapping>> {
-        self.shared.read().unwrap_or_else(|e| e.into_inner())
+        pvsched_util::read(&self.shared)
     }
 
     fn with<R>(&self, f: impl FnOnce(&Mapping) -> R) -> Result<R, SlotError> {

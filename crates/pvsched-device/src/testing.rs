@@ -112,7 +112,7 @@ impl PolicySink for RecordingSink {
     fn region_attached(&self, region: &RegionInfo) {
         self.balance.fetch_add(1, Ordering::SeqCst);
         self.attaches.fetch_add(1, Ordering::SeqCst);
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(region.clone());
+        *pvsched_util::lock(&self.last) = Some(region.clone());
     }
     fn region_detached(&self) {
         self.balance.fetch_sub(1, Ordering::SeqCst);

@@ -51,7 +51,7 @@ impl Monitor {
 
     fn lock(&self) -> MutexGuard<'_, MonitorState> {
         // A panicking observer must not take the transport down with it.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        pvsched_util::lock(&self.state)
     }
 
     /// Copy of the current state.

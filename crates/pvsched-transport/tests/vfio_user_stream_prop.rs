@@ -301,7 +301,7 @@ fn exchange(c: &mut UnixStream, id: u16, ping: u16, m: &Msg) -> Option<Vec<Reply
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn check_sequence(msgs: &[Msg], tail: &[u8]) {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = pvsched_util::lock(&SERIAL);
     let fds_before = (3..256).filter(|&fd| is_open(fd)).count();
     let (mut c, handle, dir) = serve();
     LARGEST.store(0, Ordering::SeqCst);

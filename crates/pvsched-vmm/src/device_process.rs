@@ -15,8 +15,9 @@
 //!   hit a recycled PID; [`DeviceProcess::stop`] closes nothing itself: the
 //!   caller shuts the socket, then `stop` waits a grace period and kills.
 
+use pvsched_util::{lock, pidfd_open};
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -188,12 +189,12 @@ struct ExitSlot {
 
 impl ExitSlot {
     fn get(&self) -> Option<ExitInfo> {
-        *self.info.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.info)
     }
 
     fn wait(&self, limit: Duration) -> Option<ExitInfo> {
         let deadline = Instant::now() + limit;
-        let mut g = self.info.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.info);
         while g.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -273,16 +274,6 @@ fn peer_socket(pid: u32) -> Option<i32> {
         }
     }
     None
-}
-
-fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a PID and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this fd; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 impl DeviceProcess {
@@ -370,7 +361,7 @@ impl DeviceProcess {
                     }
                 };
                 {
-                    let mut g = exit2.info.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut g = lock(&exit2.info);
                     *g = Some(info);
                     exit2.cv.notify_all();
                 }
@@ -536,11 +527,7 @@ impl DeviceProcess {
             );
             self.kill();
         }
-        let handle = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let handle = lock(&self.watcher).take();
         if let Some(h) = handle
             && h.join().is_err()
         {

@@ -8,6 +8,7 @@
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
+use pvsched_util::lock;
 use std::sync::{Arc, Mutex};
 use vm_memory::MmapRegion;
 
@@ -50,10 +51,7 @@ impl BarMemslot {
 
     /// The backing mapping.
     pub fn backing(&self) -> Arc<MmapRegion> {
-        self.backing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.backing).clone()
     }
 
     /// Replaces the backing; a registered slot is re-registered at the same
@@ -61,13 +59,13 @@ impl BarMemslot {
     pub fn set_backing(&self, backing: Arc<MmapRegion>) -> Result<(), Error> {
         let at = self.mapped_at();
         self.move_to(None)?;
-        *self.backing.lock().unwrap_or_else(|e| e.into_inner()) = backing;
+        *lock(&self.backing) = backing;
         self.move_to(at)
     }
 
     /// Guest address the slot is registered at, if any.
     pub fn mapped_at(&self) -> Option<u64> {
-        *self.mapped_at.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.mapped_at)
     }
 
     fn set(&self, gpa: u64, size: u64) -> Result<(), Error> {
@@ -93,7 +91,7 @@ impl BarMemslot {
     ///
     /// On error the slot stays deleted (the BAR then reads through MMIO exits).
     pub fn move_to(&self, new: Option<u64>) -> Result<(), Error> {
-        let mut at = self.mapped_at.lock().unwrap_or_else(|e| e.into_inner());
+        let mut at = lock(&self.mapped_at);
         if *at == new {
             return Ok(());
         }

@@ -8,7 +8,7 @@
 
 use crate::guest::GuestEvent;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// Per-vCPU record of what the guest reported.
@@ -83,9 +83,7 @@ const CONSOLE_MAX: usize = 64 * 1024;
 /// MMIO service-time samples kept (the first ones: handshake, hostile steps).
 const MMIO_SAMPLES_MAX: usize = 1 << 16;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use pvsched_util::lock;
 
 impl Monitor {
     /// A monitor for `nr_vcpus` vCPUs.

@@ -43,9 +43,7 @@ pub struct PciRoot {
     decoded: RwLock<Vec<Decoded>>,
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use pvsched_util::lock;
 
 impl Default for PciRoot {
     fn default() -> Self {
@@ -98,7 +96,7 @@ impl PciRoot {
                 }
             }
         }
-        *self.decoded.write().unwrap_or_else(|e| e.into_inner()) = table;
+        *pvsched_util::write(&self.decoded) = table;
     }
 
     /// Read config dword `reg` of `00:<device_number>.0` (all-ones if absent).
@@ -186,7 +184,7 @@ impl PciRoot {
     }
 
     fn find_bar(&self, addr: u64, len: usize) -> Option<(Decoded, u64)> {
-        let table = self.decoded.read().unwrap_or_else(|e| e.into_inner());
+        let table = pvsched_util::read(&self.decoded);
         table.iter().find_map(|d| {
             let off = addr.checked_sub(d.base)?;
             let end = off.checked_add(len as u64)?;

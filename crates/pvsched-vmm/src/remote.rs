@@ -39,7 +39,7 @@ use pvsched_device::{
     BarIndex, BarInfo, ConfigWriteResult, PciDevice, PvschedDevice, registers::RegisterState,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use vm_memory::{FileOffset, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
 
@@ -143,9 +143,7 @@ impl Link {
     }
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use pvsched_util::lock;
 
 /// Called (from the watcher thread) once the device process is lost.
 pub type OnLoss = Arc<dyn Fn(&DeviceLoss) + Send + Sync>;

@@ -15,17 +15,9 @@ pub struct Summary {
     pub max_us: Option<f64>,
 }
 
-/// Nearest-rank percentile `p` (0..=100) of sorted `sorted`; `None` if
-/// empty. Shared by `pvsched run`'s summary and `pvsched bench`.
-pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    // The epsilon keeps e.g. 0.999 × 1000 (= 999.000…1 in floating
-    // point) at rank 999.
-    let rank = ((p / 100.0) * sorted.len() as f64 - 1e-9).ceil() as usize;
-    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
-}
+/// Nearest-rank percentile, shared by `pvsched run`'s summary, `pvsched
+/// bench` and the agent's statistics.
+pub use pvsched_util::percentile;
 
 fn us(ns: Option<u64>) -> Option<f64> {
     ns.map(|n| (n as f64 / 1000.0 * 10.0).round() / 10.0)

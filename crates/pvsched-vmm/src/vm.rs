@@ -753,9 +753,7 @@ impl Injector {
     }
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use pvsched_util::lock;
 
 /// Firmware: place every BAR of pvsched in the 32-bit MMIO hole (naturally
 /// aligned) and enable memory decoding.

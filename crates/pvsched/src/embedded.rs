@@ -45,7 +45,7 @@ use pvsched_daemon::{Client, ClientError, RegisterVm};
 use pvsched_device::{PolicySink, PvschedDevice};
 use pvsched_policy::Caps;
 use pvsched_vmm::{DeviceLoss, DeviceMode, Vm};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock};
 use vm_memory::MmapRegion;
 
 /// Errors of the embedded policy.
@@ -147,17 +147,9 @@ pub struct KickSink {
     last_stats: Mutex<Option<VmStats>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use pvsched_util::lock;
 
-fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(|e| e.into_inner())
-}
+use pvsched_util::{read, write};
 
 impl KickSink {
     fn set(&self, vm: Option<Arc<Registration>>) {

@@ -1,0 +1,89 @@
+//! Small helpers written once for the whole workspace.
+//!
+//! - [`lock`], [`read`], [`write`]: take a lock even if a thread panicked
+//!   while holding it. pvsched's shared state stays consistent across a
+//!   panic (every update is a plain store), and the paths that take these
+//!   locks are the ones that must still run then: restoring boosted
+//!   threads, reporting statistics, shutting down.
+//! - [`percentile`]: the nearest-rank percentile every report uses.
+//! - [`pidfd_open`]: a pidfd, to watch a process without pid reuse races.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Locks `m`, ignoring poisoning (see the crate docs).
+pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Read-locks `l`, ignoring poisoning.
+pub fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Write-locks `l`, ignoring poisoning.
+pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Nearest-rank percentile `p` (0..=100) of `sorted` (ascending); `None` if
+/// empty.
+pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    // The epsilon keeps e.g. 0.999 × 1000 (= 999.000…1 in floating
+    // point) at rank 999.
+    let rank = ((p / 100.0) * sorted.len() as f64 - 1e-9).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+}
+
+/// Opens a pidfd for `pid` (`pidfd_open(2)`, Linux 5.3+).
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| io::Error::other("pidfd out of range"))?;
+    // SAFETY: the kernel just returned this fd; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let v: Vec<u64> = (1..=1000).collect();
+        assert_eq!(percentile(&v, 50.0), Some(500));
+        assert_eq!(percentile(&v, 99.0), Some(990));
+        assert_eq!(percentile(&v, 99.9), Some(999));
+        assert_eq!(percentile(&v, 100.0), Some(1000));
+        assert_eq!(percentile(&v, 0.0), Some(1));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn a_poisoned_lock_is_still_taken() {
+        let m = std::sync::Arc::new(Mutex::new(1));
+        let m2 = m.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = m2.lock().unwrap();
+            panic!("poison it");
+        })
+        .join();
+        assert!(m.is_poisoned());
+        assert_eq!(*lock(&m), 1);
+    }
+
+    #[test]
+    fn pidfd_of_self_and_of_nothing() {
+        assert!(pidfd_open(std::process::id()).is_ok());
+        assert!(pidfd_open(u32::MAX).is_err());
+    }
+}
