@@ -101,6 +101,8 @@ static __always_inline void force_throttle(struct pvs_vcpu *v, const struct pvs_
 		v->throttled_until = until;
 	v->throttled = 1;
 	v->cont_ns = 0;
+	/* v may be re-evaluated on another CPU right now: see apply_boost(). */
+	full_fence(v->fence);
 	if (v->boost != PVSCHED_BOOST_NONE) {
 		v->throttles++;
 		v->boost = PVSCHED_BOOST_NONE;
@@ -134,6 +136,7 @@ static long unboost_sender_cb(__u32 s, void *data)
 	struct pvs_vcpu *v;
 	struct pvs_vm *vm;
 	__u32 vm_id;
+	__u64 ts;
 
 	if (s >= 64)
 		return 1;
@@ -148,7 +151,12 @@ static long unboost_sender_cb(__u32 s, void *data)
 	v->boost = PVSCHED_BOOST_NONE;
 	v->boost_prio = 0;
 	v->boost_reason = PVS_R_THROTTLED;
-	emit(v, u->event, u->now, 0);
+	/* The sender may have been boosted on another CPU by a program that
+	 * started after this one (its charge moved acct_ns past u->now): stamp
+	 * the unboost no earlier than that boost, so the trace keeps them in
+	 * the order they happened. */
+	ts = READ_ONCE(v->acct_ns);
+	emit(v, u->event, ts > u->now ? ts : u->now, 0);
 	vm_id = u->vm_id;
 	vm = bpf_map_lookup_elem(&vms, &vm_id);
 	if (vm)
@@ -179,6 +187,10 @@ static __always_inline void unit_throttle(struct pvs_vcpu *v, const struct pvs_v
 		}
 	}
 	u.mask |= v->yield_mask;
+	/* Pairs with the re-check in apply_boost(): a sender boosted on
+	 * another CPU at this moment either sees the throttle there or is
+	 * seen boosted here. */
+	full_fence(v->fence);
 	if (u.mask)
 		bpf_loop(nr > 64 ? 64 : nr, unboost_sender_cb, &u, 0);
 	end_lend(v);
@@ -210,9 +222,9 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 	__u32 kind = PVSCHED_BOOST_NONE, reason = PVS_R_NONE, why = 0;
 	__s32 prio = 0;
 	__u64 until = 0;
-	struct pvs_vcpu *t;
-	__u32 hk, yk;
-	__s32 hp, yp;
+	struct pvs_vcpu *t = NULL;
+	__u32 hk, yk, old_kind;
+	__s32 hp, yp, old_prio;
 
 	charge(v, now);
 	/* Budget window roll-over. */
@@ -278,28 +290,42 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 			prio = yp;
 		}
 		t = vcpu_by_index(v->vm_id, v->yield_boosting - 1);
-		if (t && now < t->throttled_until) {
+	}
+	old_kind = v->boost;
+	old_prio = v->boost_prio;
+	WRITE_ONCE(v->boost, kind);
+	WRITE_ONCE(v->boost_prio, prio);
+	/* Another CPU may be throttling v (a sender waiting on v ran out) or
+	 * v's target right now. The boost is stored first, then a fence, then
+	 * both throttles are read again; the throttling CPU stores the
+	 * throttle, fences, then reads (and drops) the boost (force_throttle(),
+	 * unit_throttle()). So either that CPU sees this boost or this one
+	 * sees that throttle. The boost is never stored again after the fence
+	 * (that could undo the other CPU's unboost). */
+	if (kind != PVSCHED_BOOST_NONE) {
+		full_fence(v->fence);
+		if (now < READ_ONCE(v->throttled_until) ||
+		    (t && now < READ_ONCE(t->throttled_until))) {
 			kind = PVSCHED_BOOST_NONE;
 			prio = 0;
+			WRITE_ONCE(v->boost, kind);
+			WRITE_ONCE(v->boost_prio, prio);
 		}
 	}
 	if (kind == PVSCHED_BOOST_NONE)
 		reason = PVS_R_NONE;
-	if (kind == v->boost && prio == v->boost_prio) {
-		v->boost_reason = reason;
+	v->boost_reason = reason;
+	if (kind == old_kind && prio == old_prio) {
 		if (waits_changed && kind != PVSCHED_BOOST_NONE)
 			emit(v, event, now, BPF_RB_NO_WAKEUP);
 		return;
 	}
 	if (kind == PVSCHED_BOOST_NONE) {
 		STAT_INC(unboosts);
-	} else if (v->boost == PVSCHED_BOOST_NONE) {
+	} else if (old_kind == PVSCHED_BOOST_NONE) {
 		v->boosts++;
 		STAT_INC(boosts);
 	}
-	v->boost = kind;
-	v->boost_prio = prio;
-	v->boost_reason = reason;
 	emit(v, event, now, 0);
 }
 

@@ -119,7 +119,7 @@ struct pvs_vcpu {
 	__u32 yield_slot;      /* slot index + 1, or 0 */
 	__u64 last_ipi_ns;
 	__u32 yield_boosting;  /* target boosted on our behalf (we wait on it), + 1 */
-	__u32 pad0;
+	__u32 fence;	       /* target of the no-op atomic add full_fence() uses */
 	__u64 yield_mask;      /* senders waiting on us (bit = sender index) */
 	/* counters */
 	__u64 boosts;
@@ -158,6 +158,7 @@ struct pvs_stats {
 	__u64 slot_hits;
 	__u64 torn_reads;    /* guest half read while the guest wrote it */
 	__u64 read_errors;   /* guest-region reads that failed */
+	__u64 publish_busy;  /* host half left to a publish running on another CPU */
 };
 
 #endif /* PVSCHED_BPF_INTF_H */

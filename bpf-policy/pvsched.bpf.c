@@ -11,7 +11,7 @@
  *   kvm.bpf.c     kvm_vcpu_wakeup, kvm_userspace_exit
  *   ipi.bpf.c     kvm_apic_ipi
  *   reeval.bpf.c  timer, KICK and synthetic events (BPF_PROG_TEST_RUN)
- * Built by crates/pvsched-agent/build.rs with clang -target bpf -O2 -g.
+ * Built by crates/pvsched-agent/build.rs with clang -target bpf -O2 -g -mcpu=v3.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -34,6 +34,12 @@
 #ifndef WRITE_ONCE
 #define WRITE_ONCE(x, val) ((*(volatile typeof(x) *)&(x)) = (val))
 #endif
+/* A full memory barrier, store-to-load included: BPF's value-returning
+ * atomics are fully ordered (a locked instruction on x86), and a
+ * compare-and-swap of 0 with 0 changes nothing. `word` is a __u32 in a map
+ * value. Two CPUs that each store, fence, then load the other's store
+ * cannot both miss it. */
+#define full_fence(word) ((void)__sync_val_compare_and_swap(&(word), 0, 0))
 
 char LICENSE[] SEC("license") = "GPL";
 

@@ -163,20 +163,37 @@ static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *v
 	set_request(v, vm, now, g.kern_cs, g.policy, g.nice, g.rt_prio, g.wait_on);
 }
 
-/* Publish v's host-visible state into the host half of its device slot. */
-static __always_inline void publish(const struct pvs_vcpu *v, const struct pvs_vm *vm)
+/* Publish v's host-visible state into the host half of its device slot.
+ * A global function, so the verifier checks it once rather than at every
+ * inlined call site (its claim loop would multiply the states of each). */
+__noinline int pvs_publish(const struct pvs_vcpu *v, const struct pvs_vm *vm)
 {
 	struct pvsched_slot *s;
-	__u32 st;
+	__u32 st, seq = 1;
+	int i;
 
-	if (vm->mode != PVS_MODE_DEVICE)
-		return;
+	if (!v || !vm || vm->mode != PVS_MODE_DEVICE)
+		return 0;
 	s = device_slot(v->vm_id, vm->nr_vcpus, v->index);
 	if (!s)
-		return;
+		return 0;
+	/* Two CPUs may publish one vCPU at once (two of its events), and two
+	 * plain increments can interleave into an odd seq that no reader ever
+	 * gets past. So a writer claims the half by moving seq from even to
+	 * odd with a compare-and-swap, waiting briefly while another holds it
+	 * (a BPF program runs to completion). If it never gets it, the other
+	 * writer's copy stands until v's next publish. */
+	for (i = 0; i < 64; i++) {
+		seq = READ_ONCE(s->host.seq);
+		if (!(seq & 1) && __sync_val_compare_and_swap(&s->host.seq, seq, seq + 1) == seq)
+			break;
+		seq = 1;
+	}
+	if (seq & 1) {
+		STAT_INC(publish_busy);
+		return 0;
+	}
 	st = v->state == PVS_ST_WOKEN ? PVSCHED_VCPU_PREEMPTED : v->state;
-	WRITE_ONCE(s->host.seq, s->host.seq + 1);
-	barrier();
 	WRITE_ONCE(s->host.vcpu_state, st);
 	WRITE_ONCE(s->host.boost, v->boost);
 	WRITE_ONCE(s->host.boost_prio, v->boost_prio);
@@ -186,7 +203,13 @@ static __always_inline void publish(const struct pvs_vcpu *v, const struct pvs_v
 	WRITE_ONCE(s->host.throttles, v->throttles);
 	WRITE_ONCE(s->host.boosted_ns, v->boosted_ns);
 	barrier();
-	WRITE_ONCE(s->host.seq, s->host.seq + 1);
+	WRITE_ONCE(s->host.seq, seq + 2);
+	return 1;
+}
+
+static __always_inline void publish(const struct pvs_vcpu *v, const struct pvs_vm *vm)
+{
+	pvs_publish(v, vm);
 }
 
 #endif

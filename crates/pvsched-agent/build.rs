@@ -1,6 +1,6 @@
 //! Builds the BPF policy object from `bpf-policy/` with clang (CO-RE): first
 //! `vmlinux.h` from the running kernel's BTF (`bpf-policy/gen-vmlinux.sh`,
-//! bpftool), then `clang -target bpf -O2 -g`. The object is embedded by
+//! bpftool), then `clang -target bpf -O2 -g -mcpu=v3`. The object is embedded by
 //! `src/object.rs` (`OBJECT`). Fails with a clear message when the toolchain is missing
 //! (`scripts/setup` installs clang-19, llvm-19, libbpf-dev and bpftool).
 
@@ -73,6 +73,10 @@ fn main() {
             "bpf",
             "-O2",
             "-g",
+            // v3: 32-bit atomics (the host half's seq claim and the pair
+            // fence need compare-and-swap on __u32); kernels >= 5.12, below
+            // the 5.17 bpf_loop already needs.
+            "-mcpu=v3",
             "-D__TARGET_ARCH_x86",
             "-Wall",
             "-Wno-unused-function",

@@ -139,7 +139,7 @@ pub struct PvsVcpu {
     pub yield_slot: u32,
     pub last_ipi_ns: u64,
     pub yield_boosting: u32,
-    pub pad0: u32,
+    pub fence: u32,
     pub yield_mask: u64,
     pub boosts: u64,
     pub throttles: u64,
@@ -189,6 +189,7 @@ pub struct PvsStats {
     pub slot_hits: u64,
     pub torn_reads: u64,
     pub read_errors: u64,
+    pub publish_busy: u64,
 }
 
 // SAFETY: each type is #[repr(C)], made only of integers (and arrays and
@@ -210,7 +211,7 @@ const _: () = {
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 16);
     assert!(size_of::<PvsVcpu>() == 176);
     assert!(size_of::<PvsDecision>() == 48);
-    assert!(size_of::<PvsStats>() == (EV_MAX as usize + 9) * 8);
+    assert!(size_of::<PvsStats>() == (EV_MAX as usize + 10) * 8);
 };
 
 impl PvsDecision {

@@ -349,6 +349,7 @@ impl PolicyObject {
             s.slot_hits += c.slot_hits;
             s.torn_reads += c.torn_reads;
             s.read_errors += c.read_errors;
+            s.publish_busy += c.publish_busy;
         }
         Ok(s)
     }

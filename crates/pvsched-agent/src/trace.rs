@@ -131,6 +131,21 @@ pub struct Split {
     pub to_ns: Option<u64>,
 }
 
+impl Split {
+    /// How long the pair was split; `None` if it still was at the end.
+    ///
+    /// A record carries the time its BPF program started, and two programs
+    /// can run at once on two CPUs (the sender's event on one, the
+    /// target's on the other): their records then interleave in time by up
+    /// to one program's run, and a pair can look split for that long while
+    /// the policy's state never left it split once both programs finished
+    /// (each re-reads the other's throttle after a fence). A split that
+    /// lasts longer is the policy's.
+    pub fn duration_ns(&self) -> Option<u64> {
+        self.to_ns.map(|t| t.saturating_sub(self.from_ns))
+    }
+}
+
 #[derive(Clone, Copy, Default)]
 struct Seen {
     kind: u32,

@@ -91,7 +91,7 @@ fn intf_h_matches_rust() {
             yield_slot,
             last_ipi_ns,
             yield_boosting,
-            pad0,
+            fence,
             yield_mask,
             boosts,
             throttles,
@@ -131,7 +131,8 @@ fn intf_h_matches_rust() {
             ipi_pairs,
             slot_hits,
             torn_reads,
-            read_errors
+            read_errors,
+            publish_busy
         ]
     );
     consts!(e, [

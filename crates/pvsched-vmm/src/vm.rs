@@ -159,6 +159,8 @@ pub struct VmConfig {
     pub slot_burst: u32,
     /// Seed for the hostile workload.
     pub seed: u32,
+    /// rt_prio the greedy workload's vCPUs ask for (FIFO, for good).
+    pub greedy_rt_prio: u32,
     /// Ask vCPU 0 to move BAR2 to this address before the handshake.
     pub bar2_move: Option<u32>,
     /// BAR2 backing from the embedder (e.g. an mmapped BPF array map);
@@ -187,6 +189,7 @@ impl VmConfig {
             workload,
             slot_burst: 16,
             seed: 0x5eed_1234,
+            greedy_rt_prio: 1,
             bar2_move: None,
             device_region: None,
             policy_sink: None,
@@ -401,6 +404,7 @@ impl Vm {
                 pci_id,
                 slot_burst: cfg.slot_burst,
                 seed: cfg.seed,
+                greedy_rt_prio: cfg.greedy_rt_prio,
                 bar2_move: cfg.bar2_move,
                 guest_region_gpa: layout::GUEST_REGION_GPA as u32,
             },

@@ -79,6 +79,8 @@ pub const PARAM_SEED: u64 = 0x30;
 pub const PARAM_BAR2_MOVE: u64 = 0x34;
 /// GPA the guest uses for a guest-mode region.
 pub const PARAM_GUEST_REGION_GPA: u64 = 0x38;
+/// Greedy workload: the rt_prio its vCPUs ask for.
+pub const PARAM_GREEDY_RT_PRIO: u64 = 0x3c;
 /// Firmware table: x2APIC ID of vCPU i (like ACPI's MADT), u32 each.
 pub const PARAM_APIC_IDS: u64 = 0x100;
 /// Slot index each vCPU found (written by the guest), u32 each.

@@ -55,6 +55,8 @@ pub struct GuestParams {
     pub bar2_move: Option<u32>,
     /// GPA the guest hands to the device in guest-region mode.
     pub guest_region_gpa: u32,
+    /// rt_prio the greedy workload asks for.
+    pub greedy_rt_prio: u32,
 }
 
 /// Load the GDT, the IDT, the program and the parameter block into `mem`.
@@ -98,6 +100,7 @@ pub fn load(mem: &GuestMemoryMmap, program: &GuestProgram, p: &GuestParams) -> R
     w32(PARAM_SEED, p.seed)?;
     w32(PARAM_BAR2_MOVE, p.bar2_move.unwrap_or(0))?;
     w32(PARAM_GUEST_REGION_GPA, p.guest_region_gpa)?;
+    w32(PARAM_GREEDY_RT_PRIO, p.greedy_rt_prio)?;
     for (i, id) in p.apic_ids.iter().enumerate() {
         w32(PARAM_APIC_IDS + 4 * i as u64, *id)?;
         w32(PARAM_SLOT_OF + 4 * i as u64, u32::MAX)?;

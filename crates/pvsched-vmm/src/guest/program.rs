@@ -15,7 +15,8 @@
 //! asks for FIFO 1 with `kern_cs = HARDIRQ` before it reports `WAKE_ACK`,
 //! the exit at which the host policy reads the slot, and clears the slot
 //! after its EOI); `spin` sets `PREEMPT_OFF` and `wait_on` around each wait;
-//! `greedy` asks for FIFO 1 once and spins forever.
+//! `greedy` asks for FIFO (`PARAM_GREEDY_RT_PRIO`, 1 by default) once and
+//! spins forever.
 //!
 //! Register conventions: ESI = vCPU index and EBP = stack top (both set by
 //! the VMM), EDI = this vCPU's slot address (0 if none). Interrupt handlers
@@ -336,10 +337,11 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     let mut not_greedy = m.a.create_label();
     m.a.cmp(eax, Workload::Greedy.code())?;
     m.a.jne(not_greedy)?;
-    // greedy: ask for RT (FIFO 1, no critical section) for good, then spin.
+    // greedy: ask for RT (FIFO at PARAM_GREEDY_RT_PRIO, no critical
+    // section) for good, then spin.
     m.a.xor(eax, eax)?;
     m.a.xor(ebx, ebx)?;
-    m.a.mov(ecx, 1u32)?;
+    m.a.mov(ecx, param(PARAM_GREEDY_RT_PRIO))?;
     m.a.call(l.slot_write)?;
     m.a.mov(param_mine(PARAM_RESUME), t.greedy)?;
     m.a.jmp(l.greedy)?;
