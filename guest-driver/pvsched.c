@@ -35,6 +35,7 @@
 #include <linux/string.h>
 #include <linux/tracepoint.h>
 #include <linux/version.h>
+#include <linux/workqueue.h>
 #include <asm/smp.h>
 
 #include "pvsched_abi.h"
@@ -53,6 +54,11 @@ static bool report_irq = true;
 module_param(report_irq, bool, 0444);
 MODULE_PARM_DESC(report_irq,
 		 "Report hardirq and softirq sections (default: 1)");
+
+static uint health_ms = 1000;
+module_param(health_ms, uint, 0444);
+MODULE_PARM_DESC(health_ms,
+		 "Read the device's STATUS every this many ms and stop reporting once the device is lost (0: never; default: 1000)");
 
 static ushort vendor_id = PVSCHED_PCI_VENDOR_ID;
 module_param(vendor_id, ushort, 0444);
@@ -97,6 +103,9 @@ struct pvsched_dev {
 	 */
 	u32 slots_off;
 	u32 *apic_ids; /* nr_vcpus entries, a copy of the APIC table */
+	struct delayed_work health; /* STATUS check, every health_ms */
+	bool lost;		    /* the device went away; reporting stopped */
+	bool gone;		    /* ...and its registers read all ones */
 };
 
 /* One device per guest: the hooks are global. */
@@ -386,9 +395,9 @@ static int pvsched_stats_show(struct seq_file *m, void *v)
 	struct pvsched_dev *pd = m->private;
 	unsigned int cpu;
 
-	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\n",
+	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\nlost %d\n",
 		   pd->device_region ? "device" : "guest", pd->nr_vcpus,
-		   pd->generation, pd->features);
+		   pd->generation, pd->features, READ_ONCE(pd->lost));
 	seq_puts(m, "cpu slot updates switches irqs softirqs\n");
 	for_each_possible_cpu(cpu) {
 		const struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
@@ -642,6 +651,40 @@ static void pvsched_detach(struct pvsched_dev *pd)
 	pd->cpuhp_state = 0;
 }
 
+/*
+ * The device is lost when STATUS reads all ones (it vanished: a dead
+ * vfio-user server, a surprise removal) or says DEVICE_NEEDS_RESET or
+ * FAILED (its back end died and the VMM says so).
+ */
+static bool pvsched_status_lost(u32 status)
+{
+	return status == ~0u ||
+	       (status & (PVSCHED_STATUS_DEVICE_NEEDS_RESET | PVSCHED_STATUS_FAILED));
+}
+
+/*
+ * Nothing on the hot path touches a register, so this is how the driver
+ * learns the device is gone: it then stops reporting (nobody reads the slots
+ * any more) and says once what to do. The region stays mapped until remove.
+ */
+static void pvsched_health(struct work_struct *work)
+{
+	struct pvsched_dev *pd = container_of(to_delayed_work(work),
+					      struct pvsched_dev, health);
+	u32 status = pvsched_rd(pd, PVSCHED_REG_STATUS);
+
+	if (!pvsched_status_lost(status)) {
+		schedule_delayed_work(&pd->health, msecs_to_jiffies(health_ms));
+		return;
+	}
+	WRITE_ONCE(pd->lost, true);
+	pd->gone = status == ~0u;
+	pvsched_detach(pd);
+	dev_err(&pd->pdev->dev,
+		"device lost (status 0x%x): stopped reporting; once the host has restarted the device, unbind and bind the driver (or rmmod and insmod pvsched)\n",
+		status);
+}
+
 static int pvsched_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
 	struct device *dev = &pdev->dev;
@@ -689,6 +732,10 @@ static int pvsched_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	pd->debugfs = debugfs_create_dir(KBUILD_MODNAME, NULL);
 	debugfs_create_file("stats", 0444, pd->debugfs, pd, &pvsched_stats_fops);
 
+	INIT_DELAYED_WORK(&pd->health, pvsched_health);
+	if (health_ms)
+		schedule_delayed_work(&pd->health, msecs_to_jiffies(health_ms));
+
 	dev_info(dev, "attached: %s region, %u vCPU slots, generation %u, features 0x%llx\n",
 		 pd->device_region ? "device" : "guest", pd->nr_vcpus,
 		 pd->generation, pd->features);
@@ -708,9 +755,14 @@ static void pvsched_remove(struct pci_dev *pdev)
 {
 	struct pvsched_dev *pd = pci_get_drvdata(pdev);
 
+	cancel_delayed_work_sync(&pd->health);
 	debugfs_remove_recursive(pd->debugfs);
 	pvsched_detach(pd);
 	WRITE_ONCE(pvsched_active, NULL);
+	if (pd->gone) {
+		dev_info(&pdev->dev, "detached from a lost device\n");
+		return;
+	}
 	pvsched_reset(pd);
 	dev_info(&pdev->dev, "detached, device reset\n");
 }

@@ -49,7 +49,7 @@ class AgentFailure(Exception):
     pass
 
 
-def qmp(path, command):
+def qmp(path, command, arguments=None):
     """One QMP command on a fresh connection; returns its "return" value."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
@@ -57,7 +57,10 @@ def qmp(path, command):
         f = s.makefile("rwb")
         json.loads(f.readline())  # greeting
         for cmd in ("qmp_capabilities", command):
-            f.write(json.dumps({"execute": cmd}).encode() + b"\n")
+            req = {"execute": cmd}
+            if cmd == command and arguments:
+                req["arguments"] = arguments
+            f.write(json.dumps(req).encode() + b"\n")
             f.flush()
             while True:
                 msg = json.loads(f.readline())

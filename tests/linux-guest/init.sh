@@ -7,6 +7,8 @@
 #   pvtest=negative  probe must fail (the device misbehaves on purpose)
 #   pvtest=agent     FIFO 8 loop on CPU 1 with the host policy agent attached
 #   pvtest=bench     sources /bench.sh (added by bench/s4.py), then finishes
+#   pvtest=loss      the host takes the device away while the driver is bound
+#                    (kills the device process, or device_del), then checks
 # and: pvregion=guest loads the module with use_device_region=0; pvchurn=N
 # runs N pipe round trips (2N context switches, so about 2N slot updates)
 # between "@@ churn-start" and "@@ churn-end" right after the first probe.
@@ -75,6 +77,31 @@ fi
 
 if [ "$mode" = bench ] && [ -f /bench.sh ]; then
 	. /bench.sh
+	finish
+fi
+
+if [ "$mode" = loss ]; then
+	# After "@@ loss-wait" the host kills the device process or unplugs the
+	# device (QMP device_del) and answers "go". The guest must keep
+	# running: the driver notices within health_ms (1 s) or is unbound.
+	insmod /pvsched.ko $modargs
+	echo "@@ probe bound=$(bound)"
+	/pvsched-helper pingpong 500 0 >/dev/null
+	echo "@@ loss-wait"
+	read -t 120 -r answer
+	echo "@@ loss-go answer=$answer"
+	i=0
+	while [ $i -lt 40 ]; do
+		dmesg | grep -qE 'pvsched.*(device lost|detached)' && break
+		sleep 0.5
+		i=$((i + 1))
+	done
+	/pvsched-helper pingpong 2000 0 >/dev/null
+	lost=$(awk '$1 == "lost" { print $2 }' /sys/kernel/debug/pvsched/stats 2>/dev/null)
+	echo "@@ loss-after bound=$(bound) lost=${lost:-none} waited_ms=$((i * 500))"
+	dmesg | grep -E 'pvsched' | tail -n 5
+	rmmod pvsched
+	echo "@@ loss-rmmod rc=$? bound=$(bound)"
 	finish
 fi
 

@@ -30,11 +30,12 @@ import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-from agent_loop import AgentLoop  # noqa: E402
+from agent_loop import AgentLoop, qmp  # noqa: E402
 from daemon_loop import DaemonLoop  # noqa: E402
 
 KABI = os.environ.get("PVSCHED_GUEST_KABI", "6.1.0-56")
 STATUS_DRIVER_OK = 0x04
+STATUS_NEEDS_RESET = 0x40
 STATUS_FAILED = 0x80
 ERR_REGION_OUTSIDE_RAM = 8
 POLICY_FIFO = 1
@@ -161,9 +162,15 @@ class Boot:
     """One QEMU boot with its pvsched-device peer."""
 
     def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None,
-                 transport="mpqemu", device_cmd=None):
+                 transport="mpqemu", device_cmd=None, hotplug=False):
         self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
         self.transport = transport
+        # vfio-user: put the device behind a PCIe root port (hot-pluggable).
+        self.hotplug = hotplug
+        self.dev = None
+        # False once a hook took the device away: no fresh dump will come,
+        # so marks after that get no snapshot (rather than a 10 s wait each).
+        self.dump_live = True
         # The device program (default: --device-bin); its arguments follow.
         self.device_cmd = device_cmd or [str(args.device_bin)]
         self.extra_append = extra_append
@@ -195,6 +202,8 @@ class Boot:
             qemu_bin, machine = str(self.args.qemu11), "q35"
             vfio_dev = {"driver": "vfio-user-pci", "id": "pvs0",
                         "socket": {"path": str(vfio_sock), "type": "unix"}}
+            if self.hotplug:
+                vfio_dev["bus"] = "rp0"
             device_arg = json.dumps(vfio_dev, separators=(",", ":"))
         else:
             dev_cmd = self.device_cmd + ["--transport", "mpqemu", "--fd", str(dfd)]
@@ -214,6 +223,8 @@ class Boot:
             "-append", append, "-serial", "stdio", "-no-reboot",
             "-device", device_arg,
         ]
+        if self.hotplug:
+            qemu_cmd[-2:-2] = ["-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1"]
         if self.hooks:
             self.qmp_path = self.dir / "qmp.sock"
             if self.qmp_path.exists():
@@ -226,6 +237,7 @@ class Boot:
             dev = subprocess.Popen(dev_cmd, pass_fds=[dfd], stdout=devlog, stderr=devlog,
                                    preexec_fn=_die_with_parent,
                                    env={**os.environ, "RUST_LOG": "warn"})
+            self.dev = dev
             if self.transport == "vfio-user":
                 # The path appears once the device listens (bind + rename).
                 deadline = time.monotonic() + 10
@@ -242,10 +254,12 @@ class Boot:
             dsock.close()
             with open(self.dir / "serial.log", "w") as self.serial_file:
                 self._read_serial(qemu, t0)
+            t_done = time.monotonic()
             try:
                 qemu.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                pass
+                log(f"{self.name}: QEMU still running 30 s after the guest's poweroff; killed")
+            self.exit_s = time.monotonic() - t_done
             kill(qemu)
             try:
                 dev.wait(timeout=10)
@@ -303,7 +317,8 @@ class Boot:
                         # The guest holds this state for a second; let the
                         # device's dump (rewritten every 100 ms) catch up.
                         time.sleep(0.3)
-                    self.snapshots[key] = read_dump(self.dump, newer_than=seen_at)
+                    if self.dump_live:
+                        self.snapshots[key] = read_dump(self.dump, newer_than=seen_at)
                     if key in self.hooks:
                         self.hooks[key](self)
                     if key == "done":
@@ -395,16 +410,25 @@ def assert_main(b, cycles):
 
 
 def assert_no_messages_during_churn(b):
-    """Device-region mode: the guest's slot updates cross no socket."""
+    """Device-region mode: the guest's slot updates cross no socket. The
+    only messages are the driver's health check, one STATUS read per
+    second (health_ms), whatever the update rate."""
     f = []
     start, end = b.snapshots.get("churn-start"), b.snapshots.get("churn-end")
     if not check(start and end, f"{b.name}: no device view at churn-start/churn-end", f):
         return f, "no churn view"
-    msgs = sum(end["device"]["messages"].values()) - sum(start["device"]["messages"].values())
+    before, after = start["device"]["messages"], end["device"]["messages"]
+    msgs = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    msgs = {k: v for k, v in msgs.items() if v}
+    reads = msgs.pop("region_read", 0)
+    seconds = b.marks["churn-end"][0] - b.marks["churn-start"][0]
     updates = sum(s["updates"] for s in end["slots"]) - sum(s["updates"] for s in start["slots"])
-    check(msgs == 0, f"{b.name}: {msgs} vfio-user messages during the churn", f)
+    check(not msgs, f"{b.name}: vfio-user messages during the churn: {msgs}", f)
+    check(reads <= seconds + 2, f"{b.name}: {reads} register reads in a {seconds:.1f}s churn "
+          f"(the health check makes one a second)", f)
     check(updates >= 100_000, f"{b.name}: only {updates} slot updates during the churn", f)
-    return f, f"{updates} slot updates during the churn, {msgs} vfio-user messages"
+    return f, (f"{updates} slot updates during the {seconds:.1f}s churn, {reads} vfio-user "
+               f"messages (the driver's 1/s STATUS health check), none per update")
 
 
 def assert_negative(b, fault):
@@ -429,6 +453,61 @@ def assert_negative(b, fault):
     check(any(want in l for l in b.serial), f"{b.name}: guest log does not name '{want}'", f)
     check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
     return f
+
+
+def loss_boot(args, how):
+    """The device goes away while the driver is bound, over vfio-user:
+    `kill` SIGKILLs the device process mid-run, `unplug` asks QEMU to
+    device_del it (PCIe root port, the guest's hotplug driver unbinds)."""
+    acted = {}
+
+    def act(b):
+        b.dump_live = False
+        if how == "kill":
+            b.dev.kill()
+            acted["exit"] = b.dev.wait(timeout=10)
+        else:
+            acted["qmp"] = qmp(b.qmp_path, "device_del", {"id": "pvs0"})
+        acted["at"] = time.monotonic() - b.t0
+        b.answer("go")
+
+    b = Boot(args, f"vfio-{how}-smp2", 2, "loss", hooks={"loss-wait": act},
+             transport="vfio-user", hotplug=(how == "unplug"))
+    b.run()
+    f = []
+    b.mark("done")
+    check(b.mark("probe").get("bound") == "1", f"{b.name}: driver did not bind", f)
+    after = b.mark("loss-after")
+    lost_lines = [l for l in b.serial if "device lost (status" in l]
+    status = None
+    if lost_lines:
+        m = re.search(r"device lost \(status (0x[0-9a-f]+)\)", lost_lines[0])
+        status = int(m.group(1), 16) if m else None
+    if how == "kill":
+        check(acted.get("exit") == -signal.SIGKILL, f"{b.name}: device exit {acted.get('exit')}", f)
+        check(after.get("bound") == "1" and after.get("lost") == "1",
+              f"{b.name}: after the kill the driver is bound={after.get('bound')} "
+              f"lost={after.get('lost')}, expected bound and lost", f)
+        # QEMU answers reads of a dead vfio-user server with all ones (which
+        # include DEVICE_NEEDS_RESET); a VMM that knows may set the bit alone.
+        check(status is not None and (status == 0xFFFFFFFF or status & STATUS_NEEDS_RESET),
+              f"{b.name}: driver log names no lost STATUS (lines: {lost_lines})", f)
+        check(any("detached from a lost device" in l for l in b.serial),
+              f"{b.name}: rmmod did not detach from the lost device", f)
+    else:
+        check(after.get("bound") == "0", f"{b.name}: still bound after device_del", f)
+        check(any("detached, device reset" in l for l in b.serial),
+              f"{b.name}: no clean detach in the guest log", f)
+        check(not lost_lines, f"{b.name}: an unplug was reported as a lost device", f)
+    rm = b.mark("loss-rmmod")
+    check(rm.get("rc") == "0" and rm.get("bound") == "0", f"{b.name}: rmmod {rm}", f)
+    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    what = (f"device SIGKILLed at {acted.get('at', 0):.1f}s, driver saw STATUS "
+            f"{status:#x}" if how == "kill" and status is not None else
+            f"device_del at {acted.get('at', 0):.1f}s")
+    return b, f, (f"{what}; guest done at {b.marks['done'][0]:.1f}s, QEMU exited "
+                  f"{b.exit_s:.1f}s later; guest went on {after.get('waited_ms')} ms later with "
+                  f"bound={after.get('bound')}, rmmod rc={rm.get('rc')}, no oops")
 
 
 def bench(b, key):
@@ -472,9 +551,13 @@ def main():
                     help="pvsched (vfio-daemon; default: beside --device-bin)")
     ap.add_argument("--pvschedd-bin", type=Path, default=None,
                     help="pvschedd (vfio-daemon; default: beside --device-bin)")
-    ap.add_argument("--scenarios", default="main,negative,agent,vfio-device,vfio-guest,vfio-daemon",
+    ap.add_argument("--scenarios",
+                    default="main,negative,agent,vfio-device,vfio-guest,vfio-daemon,vfio-kill,"
+                            "vfio-unplug",
                     help="main/negative/agent: QEMU 7.2 mpqemu; vfio-device/vfio-guest: QEMU 11 "
-                         "vfio-user in device-/guest-region mode")
+                         "vfio-user in device-/guest-region mode; vfio-daemon: pvschedd's region "
+                         "as BAR2; vfio-kill/vfio-unplug: the device SIGKILLed / device_del'd "
+                         "while the driver is bound")
     ap.add_argument("--qemu11", type=Path, default=None,
                     help="QEMU >= 10.1 (default: CACHE/qemu11/qemu-system-x86_64)")
     ap.add_argument("--churn", type=int, default=60000,
@@ -566,6 +649,15 @@ def main():
         results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
         log(results[-1])
         log(f"{b.name}: attach {loop.info}")
+    for how in ("kill", "unplug"):
+        if f"vfio-{how}" not in scenarios:
+            continue
+        if not args.qemu11.exists():
+            raise FileNotFoundError(f"{args.qemu11} (QEMU >= 10.1: run scripts/setup)")
+        b, f, summary = loss_boot(args, how)
+        failures += f
+        results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
+        log(results[-1])
     if not args.skip_negative and "negative" in scenarios:
         for fault in ("wrong-magic", "wrong-version", "refuse-region"):
             b = run_once_more_on_lockup(

@@ -5,7 +5,9 @@
 # and guest-region mode. Builds the module (cloud kernel; PREEMPT_RT build-test), boots
 # -smp 2 and -smp 4 plus three negative boots, asserts from the host side;
 # one more -smp 2 boot with pvsched-agent-attach on QEMU's vCPU threads, and
-# one over vfio-user with pvschedd's region map as BAR2 (vfio-daemon).
+# one over vfio-user with pvschedd's region map as BAR2 (vfio-daemon), and
+# two where the device goes away while the driver is bound: SIGKILLed
+# (vfio-kill) and device_del'd over QMP (vfio-unplug).
 set -euo pipefail
 root="${PVSCHED_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}"
 cache="${PVSCHED_CACHE:-$root/.cache}"
@@ -35,7 +37,7 @@ cargo build --locked --release -p pvsched-transport --bin pvsched-device \
 target="${CARGO_TARGET_DIR:-$root/target}"
 # The agent-in-the-loop boot loads BPF and changes QEMU's vCPU threads'
 # scheduling: it needs root.
-scenarios=main,negative,agent,vfio-device,vfio-guest,vfio-daemon
+scenarios=main,negative,agent,vfio-device,vfio-guest,vfio-daemon,vfio-kill,vfio-unplug
 agent=(--agent-bin "$target/release/pvsched-agent-attach")
 if [ "$(id -u)" != 0 ]; then
 	need_real "root" "the agent-in-the-loop boot loads BPF (run as root)"

@@ -9,8 +9,8 @@
 
 use crate::applier::ThreadState;
 use crate::intf::{
-    GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE,
-    PvsDecision, PvsVcpu, PvsVm, gid,
+    MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE, PvsDecision,
+    PvsVcpu, PvsVm, gid, gid_vm,
 };
 use crate::object::{ObjectError, PolicyObject, RegionMmap, reevaluate};
 use crate::safety::{self, Restore};
@@ -724,7 +724,7 @@ impl Drop for VmHandle {
 fn handle(inner: &Inner, d: &PvsDecision) {
     let mut guard = lock(&inner.reg);
     let reg = &mut *guard;
-    let vm_id = d.gid >> GID_SHIFT;
+    let vm_id = gid_vm(d.gid);
     let Some(vm) = reg.vms.get_mut(&vm_id) else {
         reg.foreign += 1;
         return;
@@ -902,7 +902,7 @@ fn reconcile(inner: &Inner) {
     let mut guard = lock(&inner.reg);
     let reg = &mut *guard;
     for (gid, kind, prio, policy_tid) in states {
-        let Some(vm) = reg.vms.get_mut(&(gid >> GID_SHIFT)) else {
+        let Some(vm) = reg.vms.get_mut(&gid_vm(gid)) else {
             continue;
         };
         let Some(t) = reg.threads.get_mut(&gid) else {

@@ -6,7 +6,7 @@ use pvsched_policy::Caps;
 
 pub use pvsched_policy::event::{
     EV_MAX, GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, R_BUDGET, R_MAX_BOOST,
-    REGION_STRIDE, TID_HINTS, gid,
+    REGION_STRIDE, TID_HINTS, gid, gid_vm,
 };
 
 /// `PVS_MODE_NONE`: no region.

@@ -11,7 +11,7 @@
 //! {"ts":81234567890,"tid":4242,"gid":1,"kind":1,"prio":2,"reason":5,"event":3,"throttled_until":0,"waits_on":0}
 //! ```
 
-use crate::intf::{GID_SHIFT, PvsDecision, gid};
+use crate::intf::{PvsDecision, gid, gid_vm};
 use pvsched_abi::BOOST_NONE;
 use pvsched_policy::Decision;
 use std::collections::HashMap;
@@ -181,7 +181,7 @@ pub fn split_pairs(records: &[Decision]) -> Vec<Split> {
             .iter()
             .filter(|(_, s)| s.kind != BOOST_NONE && s.waits_on != 0)
             .filter_map(|(&sender, s)| {
-                let target = gid(sender >> GID_SHIFT, s.waits_on - 1);
+                let target = gid(gid_vm(sender), s.waits_on - 1);
                 let t = state.get(&target)?;
                 (ts < t.throttled_until).then_some((sender, target))
             })
@@ -257,7 +257,7 @@ mod tests {
             rec(10, 1, BOOST_NONE, 200, 0),
             rec(20, 0, BOOST_RT, 0, 2),
             rec(30, 0, BOOST_RT, 0, 0),
-            rec(40, (1 << GID_SHIFT) | 3, BOOST_RT, 0, 2),
+            rec(40, gid(1, 3), BOOST_RT, 0, 2),
         ];
         let s = split_pairs(&t);
         assert_eq!(

@@ -61,6 +61,11 @@ pub const GID_SHIFT: u32 = 10;
 pub const fn gid(vm_id: u32, index: u32) -> u32 {
     (vm_id << GID_SHIFT) | index
 }
+
+/// The VM id of `gid` (the inverse of [`gid`]'s first argument).
+pub const fn gid_vm(gid: u32) -> u32 {
+    gid >> GID_SHIFT
+}
 /// Most vCPUs per VM the BPF maps and the 16 KiB region element hold.
 pub const MAX_VCPUS_PER_VM: u32 = 64;
 /// Most emulator threads (QEMU's main loop, I/O threads) per VM.

@@ -6,22 +6,16 @@ fn pvsched() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pvsched"))
 }
 
-fn kvm_available() -> bool {
+fn kvm_available(test: &str) -> bool {
     match pvsched_vmm::open_kvm() {
         Ok(_) => true,
-        Err(e) => {
-            if std::env::var("PVSCHED_REQUIRE_REAL").as_deref() == Ok("1") {
-                panic!("PVSCHED_REQUIRE_REAL=1 but KVM is unusable: {e}");
-            }
-            eprintln!("SKIP: KVM is unusable: {e}");
-            false
-        }
+        Err(e) => pvsched_testkit::skip_or_fail(test, &format!("KVM is unusable: {e}")),
     }
 }
 
 #[test]
 fn run_wakeup_json() {
-    if !kvm_available() {
+    if !kvm_available("run_wakeup_json") {
         return;
     }
     let out = pvsched()
@@ -62,7 +56,7 @@ fn run_wakeup_json() {
 
 #[test]
 fn run_guest_region_table() {
-    if !kvm_available() {
+    if !kvm_available("run_guest_region_table") {
         return;
     }
     let out = pvsched()
