@@ -3,83 +3,21 @@
 //! the value of every constant, and compares each line with the Rust side.
 //!
 //! The list below is the one place that names the items; both the C program
-//! and the Rust expectations are generated from it, so an item cannot be
-//! checked on one side only. A field missing from the list is caught by the
-//! per-struct "fields cover the struct" check (sum of listed field sizes ==
-//! struct size, and the struct has no padding).
+//! and the Rust expectations are generated from it (`pvsched_testkit::layout`,
+//! shared with the BPF records' check), so an item cannot be checked on one
+//! side only. A field missing from the list is caught by the per-struct
+//! "fields cover the struct" check (sum of listed field sizes == struct
+//! size, and the struct has no padding).
 
 use pvsched_abi as abi;
-use std::collections::BTreeMap;
-use std::mem::{offset_of, size_of};
+use pvsched_testkit::layout::{Coverage, Expect, check_coverage, compare_with_c};
+use pvsched_testkit::{layout_consts, layout_struct};
 use std::path::PathBuf;
-use std::process::Command;
 
-/// One line of expected output: `name value`.
-struct Expect {
-    name: String,
-    c_expr: String,
-    rust: i128,
-}
-
-/// Size of a field given a value-less pointer projection.
-macro_rules! field_size {
-    ($t:ty, $f:ident) => {{
-        let u = std::mem::MaybeUninit::<$t>::uninit();
-        let p = u.as_ptr();
-        // SAFETY: addr_of! on a field of a MaybeUninit pointer creates no
-        // reference and reads nothing; only the pointee type's size is used.
-        let fp = unsafe { std::ptr::addr_of!((*p).$f) };
-        size_of_pointee(fp)
-    }};
-}
-
-fn size_of_pointee<T>(_: *const T) -> usize {
-    size_of::<T>()
-}
-
-/// Fields of a struct: emits sizeof/offsetof lines and records coverage.
-macro_rules! strukt {
-    ($out:ident, $cov:ident, $cname:literal, $t:ty, [$($f:ident),* $(,)?]) => {{
-        $out.push(Expect {
-            name: format!("sizeof:{}", $cname),
-            c_expr: format!("sizeof(struct {})", $cname),
-            rust: size_of::<$t>() as i128,
-        });
-        let mut covered = 0usize;
-        $(
-            $out.push(Expect {
-                name: format!("offsetof:{}.{}", $cname, stringify!($f)),
-                c_expr: format!("offsetof(struct {}, {})", $cname, stringify!($f)),
-                rust: offset_of!($t, $f) as i128,
-            });
-            $out.push(Expect {
-                name: format!("sizeof:{}.{}", $cname, stringify!($f)),
-                c_expr: format!("sizeof(((struct {} *)0)->{})", $cname, stringify!($f)),
-                rust: field_size!($t, $f) as i128,
-            });
-            covered += field_size!($t, $f);
-        )*
-        $cov.push(($cname, covered, size_of::<$t>()));
-    }};
-}
-
-/// Constants: `C_NAME => rust value`.
-macro_rules! consts {
-    ($out:ident, [$($c:ident => $r:expr),* $(,)?]) => {{
-        $(
-            $out.push(Expect {
-                name: format!("const:{}", stringify!($c)),
-                c_expr: format!("(long long)({})", stringify!($c)),
-                rust: ($r) as i128,
-            });
-        )*
-    }};
-}
-
-fn expectations() -> (Vec<Expect>, Vec<(&'static str, usize, usize)>) {
+fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
     let mut out = Vec::new();
     let mut cov = Vec::new();
-    strukt!(
+    layout_struct!(
         out,
         cov,
         "pvsched_region_header",
@@ -97,7 +35,7 @@ fn expectations() -> (Vec<Expect>, Vec<(&'static str, usize, usize)>) {
             reserved
         ]
     );
-    strukt!(
+    layout_struct!(
         out,
         cov,
         "pvsched_slot_guest",
@@ -106,7 +44,7 @@ fn expectations() -> (Vec<Expect>, Vec<(&'static str, usize, usize)>) {
             seq, kern_cs, policy, nice, rt_prio, wait_on, flags, reserved0, updates, reserved
         ]
     );
-    strukt!(
+    layout_struct!(
         out,
         cov,
         "pvsched_slot_host",
@@ -124,8 +62,8 @@ fn expectations() -> (Vec<Expect>, Vec<(&'static str, usize, usize)>) {
             reserved
         ]
     );
-    strukt!(out, cov, "pvsched_slot", abi::Slot, [guest, host]);
-    consts!(out, [
+    layout_struct!(out, cov, "pvsched_slot", abi::Slot, [guest, host]);
+    layout_consts!(out, [
         PVSCHED_ABI_MAJOR => abi::ABI_MAJOR,
         PVSCHED_ABI_MINOR => abi::ABI_MINOR,
         PVSCHED_ABI_VERSION => abi::ABI_VERSION,
@@ -236,78 +174,20 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn c_program(items: &[Expect]) -> String {
-    let mut s = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include \"pvsched_abi.h\"\nint main(void)\n{\n",
-    );
-    for e in items {
-        s.push_str(&format!(
-            "\tprintf(\"%s %lld\\n\", \"{}\", (long long)({}));\n",
-            e.name, e.c_expr
-        ));
-    }
-    s.push_str("\treturn 0;\n}\n");
-    s
-}
-
 #[test]
 fn listed_fields_cover_every_struct() {
-    let (_, cov) = expectations();
-    for (name, covered, size) in cov {
-        assert_eq!(
-            covered, size,
-            "struct {name}: listed fields cover {covered} of {size} bytes; a field is missing from the layout list or the struct has padding"
-        );
-    }
+    check_coverage(&expectations().1);
 }
 
 #[test]
 fn c_header_matches_rust_mirror() {
     let (items, _) = expectations();
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pvsched-abi-c-layout");
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    let src = dir.join("layout.c");
-    let bin = dir.join("layout");
-    std::fs::write(&src, c_program(&items)).expect("write C program");
-
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let status = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(repo_root().join("include"))
-        .arg(&src)
-        .arg("-o")
-        .arg(&bin)
-        .status()
-        .unwrap_or_else(|e| {
-            panic!("cannot run the C compiler `{cc}`: {e}; install build-essential")
-        });
-    assert!(status.success(), "the C layout program failed to compile");
-
-    let out = Command::new(&bin)
-        .output()
-        .expect("run the C layout program");
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).expect("utf8");
-    let c: BTreeMap<&str, i128> = text
-        .lines()
-        .map(|l| {
-            let (k, v) = l.rsplit_once(' ').expect("`name value` line");
-            (k, v.parse().expect("integer"))
-        })
-        .collect();
-
-    let mut mismatches = Vec::new();
-    for e in &items {
-        match c.get(e.name.as_str()) {
-            Some(&v) if v == e.rust => {}
-            Some(&v) => mismatches.push(format!("{}: C {} != Rust {}", e.name, v, e.rust)),
-            None => mismatches.push(format!("{}: missing from C output", e.name)),
-        }
-    }
-    assert!(
-        mismatches.is_empty(),
-        "ABI mismatches:\n{}",
-        mismatches.join("\n")
+    let include = repo_root().join("include");
+    compare_with_c(
+        &items,
+        &["pvsched_abi.h"],
+        &[&include],
+        &["-std=c11", "-Wall", "-Wextra", "-Werror"],
+        &PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pvsched-abi-c-layout"),
     );
-    assert_eq!(c.len(), items.len(), "duplicate names in the layout list");
 }

@@ -1,32 +1,21 @@
 //! `bpf-policy/intf.h` ↔ `src/intf.rs`: compiles a C program against the
-//! header that prints the size and offset of every field of every record
-//! and the value of every shared constant, and compares each with Rust.
+//! header that prints the size, and each field's offset and size, of every
+//! record and the value of every shared constant, and compares each with
+//! Rust; the listed fields must cover each record (the ABI's machinery,
+//! `pvsched_testkit::layout`).
 
 use pvsched_agent::intf::*;
 use pvsched_policy::event as ev;
-use std::mem::{offset_of, size_of};
-use std::process::Command;
+use pvsched_testkit::layout::{Coverage, Expect, check_coverage, compare_with_c};
+use pvsched_testkit::{layout_consts, layout_struct};
+use std::path::PathBuf;
 
-macro_rules! fields {
-    ($out:ident, $c:literal, $t:ty, [$($f:ident),* $(,)?]) => {{
-        $out.push((format!("sizeof(struct {})", $c), size_of::<$t>() as i64));
-        $(
-            $out.push((format!("offsetof(struct {}, {})", $c, stringify!($f)), offset_of!($t, $f) as i64));
-        )*
-    }};
-}
-
-macro_rules! consts {
-    ($out:ident, [$($c:ident => $r:expr),* $(,)?]) => {{
-        $( $out.push((stringify!($c).to_string(), ($r) as i64)); )*
-    }};
-}
-
-#[test]
-fn intf_h_matches_rust() {
-    let mut e: Vec<(String, i64)> = Vec::new();
-    fields!(
+fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
+    let mut e = Vec::new();
+    let mut cov = Vec::new();
+    layout_struct!(
         e,
+        cov,
         "pvs_caps",
         PvsCaps,
         [
@@ -48,8 +37,9 @@ fn intf_h_matches_rust() {
             pad0
         ]
     );
-    fields!(
+    layout_struct!(
         e,
+        cov,
         "pvs_vm",
         PvsVm,
         [
@@ -63,8 +53,9 @@ fn intf_h_matches_rust() {
             ls_until
         ]
     );
-    fields!(
+    layout_struct!(
         e,
+        cov,
         "pvs_vcpu",
         PvsVcpu,
         [
@@ -100,8 +91,9 @@ fn intf_h_matches_rust() {
             slot_hits
         ]
     );
-    fields!(
+    layout_struct!(
         e,
+        cov,
         "pvs_decision",
         PvsDecision,
         [
@@ -117,8 +109,9 @@ fn intf_h_matches_rust() {
             pad0
         ]
     );
-    fields!(
+    layout_struct!(
         e,
+        cov,
         "pvs_stats",
         PvsStats,
         [
@@ -135,7 +128,7 @@ fn intf_h_matches_rust() {
             publish_busy
         ]
     );
-    consts!(e, [
+    layout_consts!(e, [
         PVS_MAX_VMS => MAX_VMS, PVS_MAX_VCPUS_PER_VM => MAX_VCPUS_PER_VM,
         PVS_MAX_EMULATORS => MAX_EMULATORS, PVS_TID_HINTS => TID_HINTS,
         PVS_REGION_STRIDE => REGION_STRIDE, PVS_GID_SHIFT => GID_SHIFT,
@@ -150,38 +143,24 @@ fn intf_h_matches_rust() {
         PVS_R_NICE_TASK => ev::R_NICE_TASK, PVS_R_HALT => ev::R_HALT, PVS_R_YIELD => ev::R_YIELD,
         PVS_R_MAX_BOOST => ev::R_MAX_BOOST, PVS_R_BUDGET => ev::R_BUDGET, PVS_R_THROTTLED => ev::R_THROTTLED, PVS_R_EXITED => ev::R_EXITED,
     ]);
+    (e, cov)
+}
+
+#[test]
+fn listed_fields_cover_every_record() {
+    check_coverage(&expectations().1);
+}
+
+#[test]
+fn intf_h_matches_rust() {
     // The region element must hold the largest region of a VM we accept.
     assert!(pvsched_abi::region_size(MAX_VCPUS_PER_VM) <= REGION_STRIDE);
-
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let dir = std::env::temp_dir().join(format!("pvsched-intf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut c = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include \"pvsched_abi.h\"\n#include \"intf.h\"\nint main(void){\n",
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    compare_with_c(
+        &expectations().0,
+        &["pvsched_abi.h", "intf.h"],
+        &[&root.join("include"), &root.join("bpf-policy")],
+        &["-Wall", "-Werror"],
+        &PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pvsched-intf-layout"),
     );
-    for (expr, _) in &e {
-        c.push_str(&format!("printf(\"%lld\\n\", (long long)({expr}));\n"));
-    }
-    c.push_str("return 0;}\n");
-    std::fs::write(dir.join("t.c"), c).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = Command::new(&cc)
-        .args(["-o", "t", "t.c"])
-        .arg(format!("-I{root}/include"))
-        .arg(format!("-I{root}/bpf-policy"))
-        .current_dir(&dir)
-        .status()
-        .expect("a C compiler (cc) is needed: scripts/setup installs build-essential");
-    assert!(st.success(), "compiling the layout probe failed");
-    let out = Command::new(dir.join("t")).output().unwrap();
-    let vals: Vec<i64> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(vals.len(), e.len());
-    for ((expr, rust), c) in e.iter().zip(vals) {
-        assert_eq!(*rust, c, "{expr}: Rust {rust} vs C {c}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }

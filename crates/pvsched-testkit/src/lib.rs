@@ -6,9 +6,12 @@
 //!   prints `SKIP: <test>: <why>` and returns;
 //! - [`root`]: that rule applied to "runs as root";
 //! - [`wait_for`]: bounded polling (a liveness bound, never a timing
-//!   assertion).
+//!   assertion);
+//! - [`layout`]: the C ↔ Rust layout check of a header and its mirror.
 
 use std::time::{Duration, Instant};
+
+pub mod layout;
 
 /// The variable that turns a missing capability from a skip into a
 /// failure.
