@@ -475,9 +475,9 @@ impl Drop for Agent {
     }
 }
 
-/// Per-vCPU statistics.
+/// Statistics of one registered thread (a vCPU or an emulator thread).
 #[derive(Clone, Debug, Default)]
-pub struct VcpuStats {
+pub struct ThreadStats {
     /// Thread.
     pub tid: u32,
     /// Boosts decided by BPF.
@@ -517,10 +517,10 @@ pub struct VcpuStats {
 #[derive(Clone, Debug, Default)]
 pub struct VmStats {
     /// By slot index.
-    pub vcpus: Vec<VcpuStats>,
+    pub vcpus: Vec<ThreadStats>,
     /// The emulator threads, in [`VmSpec::emulator_tids`] order (no IPI
     /// or yield figures).
-    pub emulators: Vec<VcpuStats>,
+    pub emulators: Vec<ThreadStats>,
     /// Decisions the applier handled for this VM.
     pub decisions: u64,
     /// Decisions the ring buffer dropped (all VMs); reconciliation corrects
@@ -586,7 +586,7 @@ impl VmHandle {
         let nr = self.spec.vcpu_tids.len();
         for (i, &tid) in self.threads().enumerate() {
             let gid = gid(self.vm_id, i as u32);
-            let mut vs = VcpuStats {
+            let mut vs = ThreadStats {
                 tid,
                 ..Default::default()
             };

@@ -751,7 +751,7 @@ fn set_caps(s: &mut State, name: &str, settings: &BTreeMap<String, String>) -> R
     Reply::Ok { caps: Some(new) }
 }
 
-fn thread_status(t: &pvsched_agent::agent::VcpuStats) -> ThreadStatus {
+fn thread_status(t: &pvsched_agent::agent::ThreadStats) -> ThreadStatus {
     ThreadStatus {
         tid: t.tid,
         boosts: t.boosts,

@@ -8,7 +8,7 @@
 //!
 //! Around them: [`backend::TransportDevice`] (what a transport needs from a
 //! device), [`fault::FaultyDevice`] (injected misbehaviour for the guest
-//! driver's negative tests), [`monitor::Monitor`] (what the transport saw)
+//! driver's negative tests), [`monitor::TransportMonitor`] (what the transport saw)
 //! and [`slot_dump`] (a host-side JSON view of the region for tests).
 //!
 //! [`run_mpqemu`] and [`run_vfio_user`] are the whole device process

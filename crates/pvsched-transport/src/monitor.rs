@@ -39,11 +39,11 @@ pub struct MonitorState {
 
 /// Shared monitor; cheap to lock (the transport holds it briefly per message).
 #[derive(Debug, Default)]
-pub struct Monitor {
+pub struct TransportMonitor {
     state: Mutex<MonitorState>,
 }
 
-impl Monitor {
+impl TransportMonitor {
     /// A monitor with nothing observed.
     pub fn new() -> Self {
         Self::default()
@@ -132,7 +132,7 @@ mod tests {
     #[test]
     fn records_statuses_and_resets() {
         let mut d = PvschedDevice::new(DeviceConfig::new(1), Arc::new(NullSink)).expect("device");
-        let m = Monitor::new();
+        let m = TransportMonitor::new();
         m.after_message("bar_write", &d);
         d.write_bar(
             BarIndex(0),

@@ -16,7 +16,7 @@
 pub mod message;
 
 use crate::backend::TransportDevice;
-use crate::monitor::Monitor;
+use crate::monitor::TransportMonitor;
 use crate::slot_dump::SlotDumper;
 use message::{HEADER_LEN, Header, MAX_FDS, MessageError, Request, encode_ret};
 use nix::poll::{PollFd, PollFlags, ppoll};
@@ -65,14 +65,14 @@ struct Frame {
 pub struct MpqemuPeer<D> {
     sock: UnixStream,
     dev: D,
-    monitor: Arc<Monitor>,
+    monitor: Arc<TransportMonitor>,
     irqfds: Vec<OwnedFd>,
     dumper: Option<SlotDumper>,
 }
 
 impl<D: TransportDevice> MpqemuPeer<D> {
     /// Serve `dev` on `sock`, reporting to `monitor`.
-    pub fn new(sock: UnixStream, dev: D, monitor: Arc<Monitor>) -> Self {
+    pub fn new(sock: UnixStream, dev: D, monitor: Arc<TransportMonitor>) -> Self {
         MpqemuPeer {
             sock,
             dev,

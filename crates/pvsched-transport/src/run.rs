@@ -3,7 +3,7 @@
 //! region for the host.
 
 use crate::fault::{Fault, FaultyDevice, TestTrigger};
-use crate::monitor::Monitor;
+use crate::monitor::TransportMonitor;
 use crate::mpqemu::{MpqemuError, MpqemuPeer};
 use crate::sandbox::{DeviceSandbox, SandboxError};
 use crate::slot_dump::{DumpError, SlotDumper};
@@ -165,7 +165,7 @@ pub fn run_mpqemu(opts: &DeviceOptions) -> Result<(), RunError> {
         .map_err(RunError::Device)?;
     let dev = FaultyDevice::new(dev, opts.fault).with_test_trigger(opts.test_trigger);
 
-    let monitor = Arc::new(Monitor::new());
+    let monitor = Arc::new(TransportMonitor::new());
     let dumper = open_dumper(opts)?;
     let mut keep = vec![opts.fd];
     keep.extend(dumper.as_ref().map(SlotDumper::fd));
@@ -250,7 +250,7 @@ pub fn run_vfio_user(socket: &Path, opts: &DeviceOptions) -> Result<(), RunError
     let given = opts.bar2_fd.map(inherited_file).transpose()?;
     let bar2 = attach_given_bar2_backing(&mut dev, given)?;
     let dev = FaultyDevice::new(dev, opts.fault).with_test_trigger(opts.test_trigger);
-    let monitor = Arc::new(Monitor::new());
+    let monitor = Arc::new(TransportMonitor::new());
     let mut backend = VfioUserDevice::with_backing(dev, bar2, monitor);
     if let Some(d) = open_dumper(opts)? {
         backend.set_dumper(d);

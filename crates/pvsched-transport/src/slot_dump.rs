@@ -22,7 +22,7 @@
 //! in a single snapshot (a hard-IRQ bit that is set for microseconds, an RT
 //! task that ran for a second).
 
-use crate::monitor::{Monitor, MonitorState};
+use crate::monitor::{MonitorState, TransportMonitor};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -149,7 +149,7 @@ impl SlotDumper {
 
     /// Sample if a sample is due, rewrite the file if a write is due.
     /// Write errors are logged, not fatal.
-    pub fn tick(&mut self, monitor: &Monitor) {
+    pub fn tick(&mut self, monitor: &TransportMonitor) {
         if self.until_next_sample().is_zero() {
             sample(monitor, &mut self.dump);
             self.last_sample = Some(Instant::now());
@@ -160,7 +160,7 @@ impl SlotDumper {
     }
 
     /// A last sample and write (at disconnect).
-    pub fn finish(&mut self, monitor: &Monitor) {
+    pub fn finish(&mut self, monitor: &TransportMonitor) {
         sample(monitor, &mut self.dump);
         self.last_sample = Some(Instant::now());
         self.write_now();
@@ -201,7 +201,7 @@ pub fn write_padded(dump: &Dump, file: &File, prev_len: usize) -> std::io::Resul
 }
 
 /// Take one sample of every slot into `dump`.
-pub fn sample(monitor: &Monitor, dump: &mut Dump) {
+pub fn sample(monitor: &TransportMonitor, dump: &mut Dump) {
     let state = monitor.snapshot();
     dump.attached = state.view.is_some();
     if let Some(view) = &state.view {
@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn detached_device_dumps_no_slots() {
-        let m = Monitor::new();
+        let m = TransportMonitor::new();
         let mut d = Dump::default();
         sample(&m, &mut d);
         assert!(!d.attached);

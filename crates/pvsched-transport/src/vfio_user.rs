@@ -42,7 +42,7 @@
 
 use crate::backend::TransportDevice;
 use crate::guest_ram::GuestRamRefusal;
-use crate::monitor::Monitor;
+use crate::monitor::TransportMonitor;
 use crate::slot_dump::SlotDumper;
 use pvsched_abi as abi;
 use pvsched_device::{BarIndex, PvschedDevice};
@@ -166,7 +166,7 @@ pub struct VfioUserDevice<D: TransportDevice> {
     bar2: Option<(Arc<File>, u64)>,
     dma: BTreeMap<u64, DmaRange>,
     stats: Arc<VfioUserStats>,
-    monitor: Arc<Monitor>,
+    monitor: Arc<TransportMonitor>,
     dumper: Option<SlotDumper>,
 }
 
@@ -222,7 +222,10 @@ pub fn attach_given_bar2_backing(
 
 impl VfioUserDevice<PvschedDevice> {
     /// Wrap `dev`, creating its BAR2 backing ([`attach_bar2_backing`]).
-    pub fn new(mut dev: PvschedDevice, monitor: Arc<Monitor>) -> Result<Self, VfioUserError> {
+    pub fn new(
+        mut dev: PvschedDevice,
+        monitor: Arc<TransportMonitor>,
+    ) -> Result<Self, VfioUserError> {
         let bar2 = attach_bar2_backing(&mut dev)?;
         Ok(Self::with_backing(dev, bar2, monitor))
     }
@@ -244,7 +247,11 @@ enum Target {
 impl<D: TransportDevice> VfioUserDevice<D> {
     /// Wrap `dev` whose BAR2 (if any) is already backed by `bar2` = (memfd,
     /// size).
-    pub fn with_backing(dev: D, bar2: Option<(Arc<File>, u64)>, monitor: Arc<Monitor>) -> Self {
+    pub fn with_backing(
+        dev: D,
+        bar2: Option<(Arc<File>, u64)>,
+        monitor: Arc<TransportMonitor>,
+    ) -> Self {
         let bar0_size = dev
             .bars()
             .iter()
@@ -787,7 +794,7 @@ mod tests {
 
     fn dev() -> VfioUserDevice<PvschedDevice> {
         let d = PvschedDevice::new(DeviceConfig::new(2), Arc::new(NullSink)).expect("device");
-        VfioUserDevice::new(d, Arc::new(Monitor::new())).expect("backend")
+        VfioUserDevice::new(d, Arc::new(TransportMonitor::new())).expect("backend")
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use pvsched_abi as abi;
 use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
-use pvsched_transport::monitor::Monitor;
+use pvsched_transport::monitor::TransportMonitor;
 use pvsched_transport::mpqemu::MpqemuPeer;
 use pvsched_transport::mpqemu::message::*;
 use std::io::{Read, Write};
@@ -35,7 +35,7 @@ fn session(msgs: &[(i32, Vec<u8>)]) {
     cfg.features = abi::F_ALL & !abi::F_DEVICE_REGION;
     let dev = PvschedDevice::new(cfg, Arc::new(NullSink)).expect("device");
     let peer = std::thread::spawn(move || {
-        MpqemuPeer::new(d, dev, Arc::new(Monitor::new()))
+        MpqemuPeer::new(d, dev, Arc::new(TransportMonitor::new()))
             .serve()
             .is_ok()
     });

@@ -9,7 +9,7 @@ mod vfio_client;
 use pvsched_abi as abi;
 use pvsched_device::testing::guest_handshake;
 use pvsched_device::{DeviceConfig, NullSink, PciDevice, PvschedDevice};
-use pvsched_transport::monitor::Monitor;
+use pvsched_transport::monitor::TransportMonitor;
 use pvsched_transport::vfio_user::{VfioUserDevice, VfioUserError, VfioUserServer, VfioUserStats};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -38,7 +38,7 @@ type ServeResult = Result<(), VfioUserError>;
 
 struct Harness {
     path: PathBuf,
-    monitor: Arc<Monitor>,
+    monitor: Arc<TransportMonitor>,
     stats: Arc<VfioUserStats>,
     server: Option<JoinHandle<ServeResult>>,
     _dir: TempDir,
@@ -72,7 +72,7 @@ impl Harness {
     fn start(tag: &str) -> Harness {
         let dir = temp_dir(tag);
         let path = dir.0.join("sock");
-        let monitor = Arc::new(Monitor::new());
+        let monitor = Arc::new(TransportMonitor::new());
         let backend = VfioUserDevice::new(model(), monitor.clone()).expect("backend");
         let mut server = VfioUserServer::bind(&path, backend).expect("bind");
         let stats = server.stats();

@@ -22,7 +22,7 @@ mod vfio_raw;
 
 use proptest::prelude::*;
 use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
-use pvsched_transport::monitor::Monitor;
+use pvsched_transport::monitor::TransportMonitor;
 use pvsched_transport::vfio_user::{VfioUserDevice, VfioUserError, VfioUserServer};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
@@ -256,7 +256,7 @@ fn serve() -> (
     ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let dev = PvschedDevice::new(DeviceConfig::new(2), Arc::new(NullSink)).expect("device");
-    let backend = VfioUserDevice::new(dev, Arc::new(Monitor::new())).expect("backend");
+    let backend = VfioUserDevice::new(dev, Arc::new(TransportMonitor::new())).expect("backend");
     let mut server = VfioUserServer::bind(&dir.join("sock"), backend).expect("bind");
     let (client, theirs) = UnixStream::pair().expect("socketpair");
     let handle = std::thread::spawn(move || server.serve_connection(theirs));

@@ -7,7 +7,7 @@
 //! Anything else reads as all-ones and is ignored on write.
 
 use crate::guest::events::{DEBUG_PORT, EVENT_PORT, SERIAL_PORT};
-use crate::monitor::Monitor;
+use crate::monitor::GuestMonitor;
 use crate::pci_root::{CONFIG_ADDRESS, PciRoot};
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,7 +21,7 @@ pub struct IoHub {
     /// PCI bus 0.
     pub pci: Arc<PciRoot>,
     /// Event and exit accounting.
-    pub monitor: Arc<Monitor>,
+    pub monitor: Arc<GuestMonitor>,
 }
 
 impl IoHub {

@@ -1,9 +1,9 @@
 //! What the VMM observes of the guest: events, exits, latency samples.
 //!
-//! vCPU threads feed [`Monitor::on_event`] with each value the guest writes
+//! vCPU threads feed [`GuestMonitor::on_event`] with each value the guest writes
 //! to the event port, timestamped with the host monotonic clock on arrival,
 //! and count their MMIO and port exits. Host-side injectors record when
-//! they injected ([`Monitor::note_injection`]), so a latency is host clock
+//! they injected ([`GuestMonitor::note_injection`]), so a latency is host clock
 //! on both ends.
 
 use crate::guest::GuestEvent;
@@ -13,7 +13,7 @@ use std::time::Instant;
 
 /// Per-vCPU record of what the guest reported.
 #[derive(Clone, Debug, Default)]
-pub struct VcpuStats {
+pub struct GuestVcpuReport {
     /// x2APIC ID the vCPU reported at boot.
     pub apic_id: Option<u32>,
     /// Slot the vCPU found in the region's APIC table.
@@ -63,7 +63,7 @@ pub struct VcpuStats {
 }
 
 struct VcpuRecord {
-    stats: Mutex<VcpuStats>,
+    stats: Mutex<GuestVcpuReport>,
     mmio_exits: AtomicU64,
     pio_exits: AtomicU64,
     injected_at: AtomicU64,
@@ -71,7 +71,7 @@ struct VcpuRecord {
 }
 
 /// Shared observation state of one VM.
-pub struct Monitor {
+pub struct GuestMonitor {
     start: Instant,
     vcpus: Vec<VcpuRecord>,
     console: Mutex<Vec<u8>>,
@@ -85,14 +85,14 @@ const MMIO_SAMPLES_MAX: usize = 1 << 16;
 
 use pvsched_util::lock;
 
-impl Monitor {
+impl GuestMonitor {
     /// A monitor for `nr_vcpus` vCPUs.
     pub fn new(nr_vcpus: u32) -> Self {
         Self {
             start: Instant::now(),
             vcpus: (0..nr_vcpus)
                 .map(|_| VcpuRecord {
-                    stats: Mutex::new(VcpuStats::default()),
+                    stats: Mutex::new(GuestVcpuReport::default()),
                     mmio_exits: AtomicU64::new(0),
                     pio_exits: AtomicU64::new(0),
                     injected_at: AtomicU64::new(0),
@@ -205,7 +205,7 @@ impl Monitor {
     }
 
     /// A copy of `vcpu`'s record.
-    pub fn stats(&self, vcpu: u32) -> VcpuStats {
+    pub fn stats(&self, vcpu: u32) -> GuestVcpuReport {
         self.vcpus
             .get(vcpu as usize)
             .map(|r| lock(&r.stats).clone())
@@ -327,7 +327,7 @@ mod tests {
 
     #[test]
     fn wake_latency_is_ack_minus_injection() {
-        let m = Monitor::new(2);
+        let m = GuestMonitor::new(2);
         assert!(m.note_injection(1));
         assert!(!m.note_injection(1), "one outstanding injection per vCPU");
         m.on_event(1, code::WAKE_ACK << 24);
@@ -343,7 +343,7 @@ mod tests {
 
     #[test]
     fn ipi_counts_and_bad_indices_are_ignored() {
-        let m = Monitor::new(2);
+        let m = GuestMonitor::new(2);
         m.on_event(0, code::IPI_SENT << 24 | 1);
         m.on_event(1, code::IPI_RECV << 24);
         m.on_event(0, code::PONG_RECV << 24 | 1);

@@ -10,7 +10,7 @@
 
 use crate::guest::Workload;
 use crate::guest::events::{VEC_STOP, VEC_WAKE};
-use crate::monitor::Monitor;
+use crate::monitor::GuestMonitor;
 use crate::stats::{self, Summary};
 use crate::vcpu::VcpuEnd;
 use crate::vm::{self, Vm, VmConfig};
@@ -503,7 +503,7 @@ fn secs_between(from: Instant, to: Instant) -> f64 {
 
 fn inject_loop(
     inj: &vm::Injector,
-    monitor: &Monitor,
+    monitor: &GuestMonitor,
     stop: &AtomicBool,
     lost: &AtomicU64,
     interval: Duration,

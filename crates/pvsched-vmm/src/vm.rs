@@ -23,7 +23,7 @@ use crate::io::IoHub;
 use crate::kick;
 use crate::memory;
 use crate::memslot::BarMemslot;
-use crate::monitor::Monitor;
+use crate::monitor::GuestMonitor;
 use crate::pci_root::{PciRoot, SharedDevice};
 use crate::remote::{self, DeviceLoss, Link, OnLoss, RemoteDevice};
 use crate::vcpu::{self, VcpuEnd};
@@ -228,7 +228,7 @@ pub struct Vm {
     link: Option<Arc<Link>>,
     pci: Arc<PciRoot>,
     bar2: Option<Arc<BarMemslot>>,
-    monitor: Arc<Monitor>,
+    monitor: Arc<GuestMonitor>,
     apic_ids: Vec<u32>,
     pending: Vec<VcpuFd>,
     threads: Vec<VcpuThread>,
@@ -337,7 +337,7 @@ impl Vm {
             .policy_sink
             .clone()
             .unwrap_or_else(|| Arc::new(NullSink));
-        let monitor = Arc::new(Monitor::new(cfg.vcpus));
+        let monitor = Arc::new(GuestMonitor::new(cfg.vcpus));
         let mut remote = None;
         let mut link = None;
         let (device, shared, bar2_backing) = match &cfg.device_mode {
@@ -592,7 +592,7 @@ impl Vm {
     }
 
     /// Events, exits and samples seen so far.
-    pub fn monitor(&self) -> &Arc<Monitor> {
+    pub fn monitor(&self) -> &Arc<GuestMonitor> {
         &self.monitor
     }
 
@@ -695,7 +695,7 @@ fn spawn_remote(
     program: &DeviceProgram,
     args: Vec<OsString>,
     mirror: &Arc<Mutex<PvschedDevice>>,
-    monitor: &Arc<Monitor>,
+    monitor: &Arc<GuestMonitor>,
     cfg: &VmConfig,
     ram: &GuestMemoryMmap,
 ) -> Result<RemoteDevice> {

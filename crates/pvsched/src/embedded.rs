@@ -77,7 +77,7 @@ impl Remote {
     fn stats(&self) -> Option<VmStats> {
         let (_, vms) = lock(&self.client).status().ok()?;
         let vm = vms.into_iter().find(|v| v.name == self.name)?;
-        let conv = |t: &pvsched_daemon::proto::ThreadStatus| pvsched_agent::agent::VcpuStats {
+        let conv = |t: &pvsched_daemon::proto::ThreadStatus| pvsched_agent::agent::ThreadStats {
             tid: t.tid,
             boosts: t.boosts,
             throttles: t.throttles,

@@ -125,12 +125,12 @@ pub fn print_table(out: &mut impl Write, name: &str, s: &VmStats) -> std::io::Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pvsched_agent::agent::VcpuStats;
+    use pvsched_agent::agent::ThreadStats;
 
     fn stats() -> VmStats {
         VmStats {
             vcpus: vec![
-                VcpuStats {
+                ThreadStats {
                     tid: 7,
                     boosts: 3,
                     last_ipi_target: 2,
@@ -138,7 +138,7 @@ mod tests {
                     ipis: 5,
                     ..Default::default()
                 },
-                VcpuStats::default(),
+                ThreadStats::default(),
             ],
             emulators: vec![],
             decisions: 9,

@@ -129,7 +129,7 @@ fn check_tids(pid: u32, tids: &[u32]) -> Result<(), AttachError> {
 fn stats_json(pid: u32, stats: &VmStats, why: &str) -> serde_json::Value {
     // One shape for vCPU and emulator threads (an emulator thread's IPI
     // and slot counters stay 0).
-    let threads = |list: &[pvsched_agent::agent::VcpuStats]| -> Vec<serde_json::Value> {
+    let threads = |list: &[pvsched_agent::agent::ThreadStats]| -> Vec<serde_json::Value> {
         list.iter()
             .map(|v| {
                 serde_json::json!({

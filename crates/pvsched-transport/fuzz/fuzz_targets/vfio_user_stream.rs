@@ -16,7 +16,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
-use pvsched_transport::monitor::Monitor;
+use pvsched_transport::monitor::TransportMonitor;
 use pvsched_transport::vfio_user::{VfioUserDevice, VfioUserError, VfioUserServer};
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -88,7 +88,7 @@ fuzz_target!(|data: &[u8]| {
         N.fetch_add(1, Ordering::Relaxed)
     ));
     let dev = PvschedDevice::new(DeviceConfig::new(2), Arc::new(NullSink)).expect("device");
-    let backend = VfioUserDevice::new(dev, Arc::new(Monitor::new())).expect("backend");
+    let backend = VfioUserDevice::new(dev, Arc::new(TransportMonitor::new())).expect("backend");
     let mut server = VfioUserServer::bind(&path, backend).expect("bind");
     let (mut client, theirs) = UnixStream::pair().expect("socketpair");
     let handle = std::thread::spawn(move || server.serve_connection(theirs));

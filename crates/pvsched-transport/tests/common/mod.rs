@@ -8,7 +8,7 @@ use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use pvsched_abi as abi;
 use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
 use pvsched_transport::fault::{Fault, FaultyDevice};
-use pvsched_transport::monitor::Monitor;
+use pvsched_transport::monitor::TransportMonitor;
 use pvsched_transport::mpqemu::MpqemuPeer;
 use pvsched_transport::mpqemu::message::*;
 use std::fs::File;
@@ -28,7 +28,7 @@ pub struct Qemu {
     pub sock: UnixStream,
     pub ram: File,
     pub peer: Option<JoinHandle<bool>>,
-    pub monitor: Arc<Monitor>,
+    pub monitor: Arc<TransportMonitor>,
 }
 
 impl Qemu {
@@ -38,7 +38,7 @@ impl Qemu {
             sock,
             ram: guest_ram(),
             peer: None,
-            monitor: Arc::new(Monitor::new()),
+            monitor: Arc::new(TransportMonitor::new()),
         }
     }
 
@@ -48,7 +48,7 @@ impl Qemu {
         let mut cfg = DeviceConfig::new(2);
         cfg.features = abi::F_ALL & !abi::F_DEVICE_REGION;
         let dev = PvschedDevice::new(cfg, Arc::new(NullSink)).expect("device");
-        let monitor = Arc::new(Monitor::new());
+        let monitor = Arc::new(TransportMonitor::new());
         let m2 = monitor.clone();
         let peer = std::thread::spawn(move || {
             let mut p = MpqemuPeer::new(d, FaultyDevice::new(dev, fault), m2);
@@ -190,7 +190,7 @@ impl Qemu {
         u32::from_le_bytes(b)
     }
 
-    pub fn close(mut self) -> Arc<Monitor> {
+    pub fn close(mut self) -> Arc<TransportMonitor> {
         drop(self.sock);
         if let Some(p) = self.peer.take() {
             assert!(p.join().expect("peer thread"), "serve() failed");

@@ -491,7 +491,7 @@ fn s5(runs: &[Runs], out: &mut Map<String, Value>) {
             "reps": reps,
             "worst_of_budget": worst,
             "hog_ratio": hog,
-            "what": "pvsched runs: per vCPU boosted_ns (agent VcpuStats) over the time the VM was registered (policy_s, boot + workload), per budget window (window_us), against the caps' budget_us; hog_ratio = hog iterations per second, pvsched / vanilla",
+            "what": "pvsched runs: per vCPU boosted_ns (agent ThreadStats) over the time the VM was registered (policy_s, boot + workload), per budget window (window_us), against the caps' budget_us; hog_ratio = hog iterations per second, pvsched / vanilla",
         }),
     );
     let mut targets = vec![target(
