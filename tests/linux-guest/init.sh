@@ -44,7 +44,9 @@ ncpu=$(nproc)
 # enabling their trace events with tracing_on=0 (nothing is recorded), so
 # the module's probe (un)registration only swaps probe arrays and never
 # patches code. pvpin=0 turns this off. Not needed on hardware or KVM.
-if [ "$pin" = 1 ] && [ "$mode" = main ]; then
+# Every mode that unloads the module needs it (an agent boot locked up in
+# its one rmmod without it).
+if [ "$pin" = 1 ] && [ "$mode" != bench ]; then
 	mount -t tracefs tracefs /sys/kernel/tracing
 	echo 0 > /sys/kernel/tracing/tracing_on
 	for e in sched/sched_switch irq/irq_handler_entry irq/irq_handler_exit \

@@ -22,12 +22,21 @@ pub const SEQ_RETRIES: u32 = 256;
 /// Shared memory a half lives in, as 32-bit words at byte offsets. Loads
 /// and stores out of bounds read 0 and do nothing.
 pub trait SharedWords {
-    /// The word at byte offset `off` (4-byte aligned).
-    fn load(&self, off: usize, order: Ordering) -> u32;
-    /// Stores `v` at byte offset `off` (4-byte aligned).
-    fn store(&self, off: usize, v: u32, order: Ordering);
+    /// The little-endian word at byte offset `off`, or None if `off` is
+    /// not 4-byte aligned or the word is not inside the memory.
+    fn word(&self, off: usize) -> Option<&AtomicU32>;
     /// Bytes of the memory.
     fn len(&self) -> usize;
+    /// The word at byte offset `off` (0 outside the memory).
+    fn load(&self, off: usize, order: Ordering) -> u32 {
+        self.word(off).map_or(0, |w| u32::from_le(w.load(order)))
+    }
+    /// Stores `v` at byte offset `off` (nothing outside the memory).
+    fn store(&self, off: usize, v: u32, order: Ordering) {
+        if let Some(w) = self.word(off) {
+            w.store(v.to_le(), order);
+        }
+    }
     /// Whether it has no bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -49,7 +58,9 @@ impl RawWords {
     pub unsafe fn new(base: *mut u8, len: usize) -> RawWords {
         RawWords { base, len }
     }
+}
 
+impl SharedWords for RawWords {
     fn word(&self, off: usize) -> Option<&AtomicU32> {
         if !off.is_multiple_of(4) || off.checked_add(4)? > self.len {
             return None;
@@ -58,18 +69,6 @@ impl RawWords {
         // inside the live mapping `new`'s caller vouched for; only atomic
         // accesses are made through it.
         Some(unsafe { AtomicU32::from_ptr(self.base.add(off).cast::<u32>()) })
-    }
-}
-
-impl SharedWords for RawWords {
-    fn load(&self, off: usize, order: Ordering) -> u32 {
-        self.word(off).map_or(0, |w| u32::from_le(w.load(order)))
-    }
-
-    fn store(&self, off: usize, v: u32, order: Ordering) {
-        if let Some(w) = self.word(off) {
-            w.store(v.to_le(), order);
-        }
     }
 
     fn len(&self) -> usize {

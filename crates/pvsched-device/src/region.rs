@@ -42,14 +42,8 @@ use pvsched_abi::seq::{HALF_WORDS, SharedWords};
 const HALF: usize = pvsched_abi::seq::HOST_HALF;
 
 impl SharedWords for Mapping {
-    fn load(&self, off: usize, order: Ordering) -> u32 {
-        self.word(off).map_or(0, |w| u32::from_le(w.load(order)))
-    }
-
-    fn store(&self, off: usize, v: u32, order: Ordering) {
-        if let Some(w) = self.word(off) {
-            w.store(v.to_le(), order);
-        }
+    fn word(&self, off: usize) -> Option<&AtomicU32> {
+        Mapping::word(self, off)
     }
 
     fn len(&self) -> usize {
