@@ -6,16 +6,27 @@
 //! Seam for the embedded mode and a later multi-VM daemon: [`Agent::load`]
 //! once per host, [`Agent::register_vm`] per VM, the returned [`VmHandle`]
 //! owns the registration (drop = unregister + restore baselines).
+//!
+//! By concern: this file holds the public types, the registry and
+//! registration; `stats` the statistics a VM handle reports; `consumer`
+//! the thread that applies decisions and reconciles every tick.
+
+mod consumer;
+mod stats;
+
+pub use stats::{ThreadStats, VmStats};
 
 use crate::applier::ThreadState;
 use crate::intf::{
-    MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE, PvsDecision,
-    PvsVcpu, PvsVm, gid, gid_vm,
+    MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE, PvsVcpu, PvsVm,
+    gid,
 };
-use crate::object::{ObjectError, PolicyObject, RegionMmap, reevaluate};
+use crate::object::{ObjectError, PolicyObject, RegionMmap};
 use crate::safety::{self, Restore};
-use crate::sched::{self, SchedAttr};
+use crate::sched::SchedAttr;
+use consumer::{consumer, now_mono};
 use pvsched_policy::Caps;
+use pvsched_util::lock;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -142,8 +153,6 @@ struct VmEntry {
     corrections: u64,
 }
 
-const LAT_SAMPLES: usize = 8192;
-
 #[derive(Default)]
 struct Registry {
     threads: HashMap<u32, ThreadState>,
@@ -178,8 +187,6 @@ impl Inner {
     }
 }
 
-use pvsched_util::lock;
-
 impl Restore for Inner {
     /// The signal and panic path: the guardian's ledger names every boosted
     /// thread and its baseline, lock-free, so nothing is skipped whatever
@@ -202,16 +209,6 @@ pub struct Agent {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
     wake: OwnedFd,
-}
-
-fn now_mono() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the valid timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn eventfd() -> io::Result<OwnedFd> {
@@ -475,67 +472,6 @@ impl Drop for Agent {
     }
 }
 
-/// Statistics of one registered thread (a vCPU or an emulator thread).
-#[derive(Clone, Debug, Default)]
-pub struct ThreadStats {
-    /// Thread.
-    pub tid: u32,
-    /// Boosts decided by BPF.
-    pub boosts: u64,
-    /// Throttles decided by BPF.
-    pub throttles: u64,
-    /// Boosted on-CPU nanoseconds (charged at the vCPU's events).
-    pub boosted_ns: u64,
-    /// Boosted on-CPU nanoseconds charged to the current budget window.
-    pub budget_used_ns: u64,
-    /// Boosted on-CPU nanoseconds since the vCPU last blocked or halted.
-    pub cont_ns: u64,
-    /// Unicast IPIs recorded from this vCPU.
-    pub ipis: u64,
-    /// Times this vCPU's directed-yield slot target was boosted.
-    pub slot_hits: u64,
-    /// Current directed-yield slot (+1, 0 = none).
-    pub yield_slot: u32,
-    /// Last confirmed IPI receiver (+1).
-    pub last_ipi_target: u32,
-    /// Currently decided boost.
-    pub boost: u32,
-    /// Its priority.
-    pub boost_prio: i32,
-    /// 1 while throttled.
-    pub throttled: u32,
-    /// sched_setattr boosts the agent applied.
-    pub boosts_applied: u64,
-    /// Times reconciliation corrected the thread (lost decision record,
-    /// failed syscall, outside change while boosted).
-    pub corrections: u64,
-    /// Failed syscalls.
-    pub errors: u64,
-}
-
-/// Per-VM statistics.
-#[derive(Clone, Debug, Default)]
-pub struct VmStats {
-    /// By slot index.
-    pub vcpus: Vec<ThreadStats>,
-    /// The emulator threads, in [`VmSpec::emulator_tids`] order (no IPI
-    /// or yield figures).
-    pub emulators: Vec<ThreadStats>,
-    /// Decisions the applier handled for this VM.
-    pub decisions: u64,
-    /// Decisions the ring buffer dropped (all VMs); reconciliation corrects
-    /// the threads they concerned at the next tick.
-    pub dropped: u64,
-    /// Corrections made by reconciliation in this VM.
-    pub corrections: u64,
-    /// Decision → applied latency samples.
-    pub apply_samples: usize,
-    /// p50, ns.
-    pub apply_p50_ns: u64,
-    /// p99, ns.
-    pub apply_p99_ns: u64,
-}
-
 /// A registered VM; drop unregisters it and restores its threads.
 pub struct VmHandle {
     inner: Arc<Inner>,
@@ -573,58 +509,6 @@ impl VmHandle {
             .collect();
         v.sort_by_key(|x| x.0);
         v.into_iter().map(|(_, t, b)| (t, b)).collect()
-    }
-
-    /// Statistics.
-    pub fn stats(&self) -> VmStats {
-        let obj = lock(&self.inner.obj);
-        let reg = lock(&self.inner.reg);
-        let mut out = VmStats::default();
-        if let Ok(s) = obj.stats() {
-            out.dropped = s.dropped;
-        }
-        let nr = self.spec.vcpu_tids.len();
-        for (i, &tid) in self.threads().enumerate() {
-            let gid = gid(self.vm_id, i as u32);
-            let mut vs = ThreadStats {
-                tid,
-                ..Default::default()
-            };
-            if let Ok(v) = obj.vcpu(gid) {
-                vs.boosts = v.boosts;
-                vs.throttles = v.throttles;
-                vs.boosted_ns = v.boosted_ns;
-                vs.budget_used_ns = v.budget_used;
-                vs.cont_ns = v.cont_ns;
-                vs.ipis = v.ipis;
-                vs.slot_hits = v.slot_hits;
-                vs.yield_slot = v.yield_slot;
-                vs.last_ipi_target = v.last_ipi_target;
-                vs.boost = v.boost;
-                vs.boost_prio = v.boost_prio;
-                vs.throttled = v.throttled;
-            }
-            if let Some(t) = reg.threads.get(&gid) {
-                vs.boosts_applied = t.boosts_applied;
-                vs.corrections = t.corrections;
-                vs.errors = t.errors;
-            }
-            if i < nr {
-                out.vcpus.push(vs);
-            } else {
-                out.emulators.push(vs);
-            }
-        }
-        if let Some(vm) = reg.vms.get(&self.vm_id) {
-            out.decisions = vm.decisions;
-            out.corrections = vm.corrections;
-            let mut l = vm.latencies.clone();
-            l.sort_unstable();
-            out.apply_samples = l.len();
-            out.apply_p50_ns = pvsched_util::percentile(&l, 50.0).unwrap_or(0);
-            out.apply_p99_ns = pvsched_util::percentile(&l, 99.0).unwrap_or(0);
-        }
-        out
     }
 
     /// Re-evaluates vCPU `index` now (the device's KICK doorbell: the guest
@@ -718,206 +602,5 @@ impl Drop for VmHandle {
         }
         reg.threads.retain(|_, t| t.vm_id != vm_id);
         reg.vms.remove(&vm_id);
-    }
-}
-
-fn handle(inner: &Inner, d: &PvsDecision) {
-    let mut guard = lock(&inner.reg);
-    let reg = &mut *guard;
-    let vm_id = gid_vm(d.gid);
-    let Some(vm) = reg.vms.get_mut(&vm_id) else {
-        reg.foreign += 1;
-        return;
-    };
-    if d.reason == pvsched_policy::event::R_EXITED {
-        if let Some(t) = reg.threads.get_mut(&d.gid).filter(|t| t.tid == d.tid) {
-            log::debug!("pvsched: registered thread {} exited", d.tid);
-            t.exit();
-        }
-        return;
-    }
-    // Registered TIDs only: the thread must be the one registered at gid.
-    let Some(t) = reg
-        .threads
-        .get_mut(&d.gid)
-        .filter(|t| t.tid == d.tid && t.index < vm.threads)
-    else {
-        reg.foreign += 1;
-        return;
-    };
-    vm.decisions += 1;
-    if t.apply(d.kind, d.prio, d.reason, &vm.caps) {
-        let lat = now_mono().saturating_sub(d.ts);
-        if vm.latencies.len() < LAT_SAMPLES {
-            vm.latencies.push(lat);
-        } else {
-            vm.latencies[vm.lat_next] = lat;
-            vm.lat_next = (vm.lat_next + 1) % LAT_SAMPLES;
-        }
-    }
-}
-
-/// The decision trace being written, if any; a write error ends it (logged
-/// once), never the agent.
-struct TraceOut(Option<std::io::BufWriter<std::fs::File>>);
-
-impl TraceOut {
-    fn record(&mut self, d: &PvsDecision) {
-        if let Some(w) = &mut self.0
-            && let Err(e) = crate::trace::write_record(w, d)
-        {
-            log::warn!("pvsched agent: writing the decision trace failed, tracing stops: {e}");
-            self.0 = None;
-        }
-    }
-
-    fn flush(&mut self) {
-        if let Some(w) = &mut self.0
-            && let Err(e) = std::io::Write::flush(w)
-        {
-            log::warn!("pvsched agent: writing the decision trace failed, tracing stops: {e}");
-            self.0 = None;
-        }
-    }
-}
-
-/// Handles every record waiting in the ring.
-fn drain(inner: &Inner, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, trace: &mut TraceOut) {
-    while let Some(item) = ring.next() {
-        if let Some(d) = PvsDecision::from_bytes(&item) {
-            handle(inner, &d);
-            trace.record(&d);
-        }
-    }
-}
-
-fn consumer(
-    inner: Arc<Inner>,
-    mut ring: aya::maps::RingBuf<aya::maps::MapData>,
-    reeval_fd: OwnedFd,
-    wake: OwnedFd,
-    cfg: AgentConfig,
-    trace: Option<std::io::BufWriter<std::fs::File>>,
-) {
-    let mut trace = TraceOut(trace);
-    if cfg.consumer_rt_prio > 0 {
-        let attr = SchedAttr {
-            policy: pvsched_abi::POLICY_FIFO,
-            priority: cfg.consumer_rt_prio.min(99),
-            nice: 0,
-            flags: 0,
-        };
-        if let Err(e) = sched::set(sched::gettid(), &attr) {
-            log::warn!("pvsched consumer stays SCHED_OTHER: {e}");
-        }
-    }
-    // SAFETY: epoll_create1 returns a new fd or -1.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        log::error!(
-            "pvsched consumer: epoll_create1 failed: {}",
-            io::Error::last_os_error()
-        );
-        return;
-    }
-    // SAFETY: fresh fd we own.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-    for (fd, tag) in [
-        (std::os::fd::AsRawFd::as_raw_fd(&ring), 1u64),
-        (wake.as_raw_fd(), 2u64),
-    ] {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: tag,
-        };
-        // SAFETY: valid epoll fd, valid target fd, valid event struct.
-        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
-            log::error!(
-                "pvsched consumer: epoll_ctl failed: {}",
-                io::Error::last_os_error()
-            );
-            return;
-        }
-    }
-    let tick_ns = cfg.tick.as_nanos().max(1_000_000) as u64;
-    let mut next_tick = now_mono() + tick_ns;
-    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
-    while !inner.stop.load(Ordering::SeqCst) {
-        let wait_ms = (next_tick.saturating_sub(now_mono()) / 1_000_000).max(1) as i32;
-        // SAFETY: evs is a valid buffer of 4 events.
-        unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, wait_ms) };
-        if inner.stop.load(Ordering::SeqCst) {
-            break;
-        }
-        drain(&inner, &mut ring, &mut trace);
-        let now = now_mono();
-        if now >= next_tick {
-            next_tick = now + tick_ns;
-            let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
-            for gid in gids {
-                if let Err(e) = reevaluate(
-                    &reeval_fd,
-                    pvsched_policy::event::EV_TICK,
-                    gid,
-                    now_mono(),
-                    0,
-                    0,
-                ) {
-                    log::warn!("pvsched timer: BPF_PROG_TEST_RUN failed: {e}");
-                    break;
-                }
-            }
-            drain(&inner, &mut ring, &mut trace);
-            reconcile(&inner);
-            trace.flush();
-        }
-    }
-    // What is left of the trace (unregistration sends no records).
-    drain(&inner, &mut ring, &mut trace);
-    trace.flush();
-}
-
-/// Level-triggered application: every tick, after the ring is drained,
-/// brings each registered thread to the policy's current boost in the
-/// `vcpus` map, so a decision record lost to a full ring (or a failed
-/// syscall) can never leave a thread boosted past what the policy decided.
-fn reconcile(inner: &Inner) {
-    let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
-    let (states, dropped): (Vec<(u32, u32, i32, u32)>, u64) = {
-        let obj = lock(&inner.obj);
-        let states = gids
-            .iter()
-            .filter_map(|&g| obj.vcpu(g).ok().map(|v| (g, v.boost, v.boost_prio, v.tid)))
-            .collect();
-        (states, obj.stats().map(|s| s.dropped).unwrap_or(0))
-    };
-    let seen = inner.dropped_seen.swap(dropped, Ordering::Relaxed);
-    if dropped > seen {
-        log::warn!(
-            "pvsched agent: the decision ring overflowed ({} records dropped, {dropped} in all); \
-             reconciling every thread with the policy's state",
-            dropped - seen
-        );
-    }
-    let mut guard = lock(&inner.reg);
-    let reg = &mut *guard;
-    for (gid, kind, prio, policy_tid) in states {
-        let Some(vm) = reg.vms.get_mut(&gid_vm(gid)) else {
-            continue;
-        };
-        let Some(t) = reg.threads.get_mut(&gid) else {
-            continue;
-        };
-        if policy_tid != t.tid {
-            // The policy forgot the thread (it exited; its record may
-            // have been dropped): never touch its TID again.
-            if !t.exited {
-                t.exit();
-            }
-            continue;
-        }
-        if t.reconcile(kind, prio, &vm.caps) {
-            vm.corrections += 1;
-        }
     }
 }

@@ -1,0 +1,228 @@
+//! The consumer thread: drains the decision ring (blocking in epoll, never
+//! spinning), applies each decision to its registered thread, writes the
+//! trace, drives the policy timer and, every tick, reconciles every thread
+//! with the policy's state.
+
+use super::{AgentConfig, Inner};
+use crate::intf::{PvsDecision, gid_vm};
+use crate::object::reevaluate;
+use crate::sched::{self, SchedAttr};
+use pvsched_util::lock;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// Decision → applied latency samples kept per VM (a ring).
+pub(super) const LAT_SAMPLES: usize = 8192;
+
+pub(super) fn now_mono() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the valid timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn handle(inner: &Inner, d: &PvsDecision) {
+    let mut guard = lock(&inner.reg);
+    let reg = &mut *guard;
+    let vm_id = gid_vm(d.gid);
+    let Some(vm) = reg.vms.get_mut(&vm_id) else {
+        reg.foreign += 1;
+        return;
+    };
+    if d.reason == pvsched_policy::event::R_EXITED {
+        if let Some(t) = reg.threads.get_mut(&d.gid).filter(|t| t.tid == d.tid) {
+            log::debug!("pvsched: registered thread {} exited", d.tid);
+            t.exit();
+        }
+        return;
+    }
+    // Registered TIDs only: the thread must be the one registered at gid.
+    let Some(t) = reg
+        .threads
+        .get_mut(&d.gid)
+        .filter(|t| t.tid == d.tid && t.index < vm.threads)
+    else {
+        reg.foreign += 1;
+        return;
+    };
+    vm.decisions += 1;
+    if t.apply(d.kind, d.prio, d.reason, &vm.caps) {
+        let lat = now_mono().saturating_sub(d.ts);
+        if vm.latencies.len() < LAT_SAMPLES {
+            vm.latencies.push(lat);
+        } else {
+            vm.latencies[vm.lat_next] = lat;
+            vm.lat_next = (vm.lat_next + 1) % LAT_SAMPLES;
+        }
+    }
+}
+
+/// The decision trace being written, if any; a write error ends it (logged
+/// once), never the agent.
+struct TraceOut(Option<std::io::BufWriter<std::fs::File>>);
+
+impl TraceOut {
+    fn record(&mut self, d: &PvsDecision) {
+        if let Some(w) = &mut self.0
+            && let Err(e) = crate::trace::write_record(w, d)
+        {
+            log::warn!("pvsched agent: writing the decision trace failed, tracing stops: {e}");
+            self.0 = None;
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(w) = &mut self.0
+            && let Err(e) = std::io::Write::flush(w)
+        {
+            log::warn!("pvsched agent: writing the decision trace failed, tracing stops: {e}");
+            self.0 = None;
+        }
+    }
+}
+
+/// Handles every record waiting in the ring.
+fn drain(inner: &Inner, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, trace: &mut TraceOut) {
+    while let Some(item) = ring.next() {
+        if let Some(d) = PvsDecision::from_bytes(&item) {
+            handle(inner, &d);
+            trace.record(&d);
+        }
+    }
+}
+
+pub(super) fn consumer(
+    inner: Arc<Inner>,
+    mut ring: aya::maps::RingBuf<aya::maps::MapData>,
+    reeval_fd: OwnedFd,
+    wake: OwnedFd,
+    cfg: AgentConfig,
+    trace: Option<std::io::BufWriter<std::fs::File>>,
+) {
+    let mut trace = TraceOut(trace);
+    if cfg.consumer_rt_prio > 0 {
+        let attr = SchedAttr {
+            policy: pvsched_abi::POLICY_FIFO,
+            priority: cfg.consumer_rt_prio.min(99),
+            nice: 0,
+            flags: 0,
+        };
+        if let Err(e) = sched::set(sched::gettid(), &attr) {
+            log::warn!("pvsched consumer stays SCHED_OTHER: {e}");
+        }
+    }
+    // SAFETY: epoll_create1 returns a new fd or -1.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        log::error!(
+            "pvsched consumer: epoll_create1 failed: {}",
+            io::Error::last_os_error()
+        );
+        return;
+    }
+    // SAFETY: fresh fd we own.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    for (fd, tag) in [
+        (std::os::fd::AsRawFd::as_raw_fd(&ring), 1u64),
+        (wake.as_raw_fd(), 2u64),
+    ] {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: tag,
+        };
+        // SAFETY: valid epoll fd, valid target fd, valid event struct.
+        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            log::error!(
+                "pvsched consumer: epoll_ctl failed: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+    }
+    let tick_ns = cfg.tick.as_nanos().max(1_000_000) as u64;
+    let mut next_tick = now_mono() + tick_ns;
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    while !inner.stop.load(Ordering::SeqCst) {
+        let wait_ms = (next_tick.saturating_sub(now_mono()) / 1_000_000).max(1) as i32;
+        // SAFETY: evs is a valid buffer of 4 events.
+        unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, wait_ms) };
+        if inner.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        drain(&inner, &mut ring, &mut trace);
+        let now = now_mono();
+        if now >= next_tick {
+            next_tick = now + tick_ns;
+            let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
+            for gid in gids {
+                if let Err(e) = reevaluate(
+                    &reeval_fd,
+                    pvsched_policy::event::EV_TICK,
+                    gid,
+                    now_mono(),
+                    0,
+                    0,
+                ) {
+                    log::warn!("pvsched timer: BPF_PROG_TEST_RUN failed: {e}");
+                    break;
+                }
+            }
+            drain(&inner, &mut ring, &mut trace);
+            reconcile(&inner);
+            trace.flush();
+        }
+    }
+    // What is left of the trace (unregistration sends no records).
+    drain(&inner, &mut ring, &mut trace);
+    trace.flush();
+}
+
+/// Level-triggered application: every tick, after the ring is drained,
+/// brings each registered thread to the policy's current boost in the
+/// `vcpus` map, so a decision record lost to a full ring (or a failed
+/// syscall) can never leave a thread boosted past what the policy decided.
+fn reconcile(inner: &Inner) {
+    let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
+    let (states, dropped): (Vec<(u32, u32, i32, u32)>, u64) = {
+        let obj = lock(&inner.obj);
+        let states = gids
+            .iter()
+            .filter_map(|&g| obj.vcpu(g).ok().map(|v| (g, v.boost, v.boost_prio, v.tid)))
+            .collect();
+        (states, obj.stats().map(|s| s.dropped).unwrap_or(0))
+    };
+    let seen = inner.dropped_seen.swap(dropped, Ordering::Relaxed);
+    if dropped > seen {
+        log::warn!(
+            "pvsched agent: the decision ring overflowed ({} records dropped, {dropped} in all); \
+             reconciling every thread with the policy's state",
+            dropped - seen
+        );
+    }
+    let mut guard = lock(&inner.reg);
+    let reg = &mut *guard;
+    for (gid, kind, prio, policy_tid) in states {
+        let Some(vm) = reg.vms.get_mut(&gid_vm(gid)) else {
+            continue;
+        };
+        let Some(t) = reg.threads.get_mut(&gid) else {
+            continue;
+        };
+        if policy_tid != t.tid {
+            // The policy forgot the thread (it exited; its record may
+            // have been dropped): never touch its TID again.
+            if !t.exited {
+                t.exit();
+            }
+            continue;
+        }
+        if t.reconcile(kind, prio, &vm.caps) {
+            vm.corrections += 1;
+        }
+    }
+}
