@@ -6,7 +6,10 @@
 //!   locks are the ones that must still run then: restoring boosted
 //!   threads, reporting statistics, shutting down.
 //! - [`percentile`]: the nearest-rank percentile every report uses.
-//! - [`pidfd_open`]: a pidfd, to watch a process without pid reuse races.
+//! - [`pidfd_open`]: a pidfd, to watch a process without pid reuse races;
+//! - [`exit`]: the exit-code table every pvsched binary shares.
+
+pub mod exit;
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -22,13 +22,15 @@
 //! (`pvsched-guard`, see `pvsched_agent::guardian`) puts every thread it
 //! boosted back to its baseline; QEMU needs to do nothing.
 //!
-//! Exit codes: 0 stopped (signal or VMM exit) and restored; 1 writing the
-//! statistics failed; 2 bad arguments (clap) or a TID not in the VMM;
-//! 3 BPF unusable (the agent refuses to start); 4 the VM was refused.
+//! Exit codes (the workspace's one table, `pvsched_util::exit`): 0 stopped
+//! (signal or VMM exit) and restored; 1 writing the statistics failed; 2 bad
+//! arguments (clap) or a TID not in the VMM; 6 BPF unusable (the agent
+//! refuses to start); 11 the VM was refused.
 
 use clap::Parser;
 use pvsched_agent::watch::pidfd_open;
 use pvsched_agent::{Agent, AgentConfig, Caps, RegionSpec, VmSpec, VmStats};
+use pvsched_util::exit::Exit;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -59,12 +61,13 @@ enum AttachError {
 }
 
 impl AttachError {
-    fn code(&self) -> u8 {
+    /// Its code in the workspace's exit table (`pvsched_util::exit`).
+    fn code(&self) -> Exit {
         match self {
-            AttachError::Io { .. } => 1,
-            AttachError::Usage(_) => 2,
-            AttachError::Load(_) => 3,
-            AttachError::Register(_) => 4,
+            AttachError::Io { .. } => Exit::Failure,
+            AttachError::Usage(_) => Exit::Usage,
+            AttachError::Load(_) => Exit::PolicyLoad,
+            AttachError::Register(_) => Exit::Refused,
         }
     }
 }
@@ -275,7 +278,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pvsched-agent-attach: {e}");
-            ExitCode::from(e.code())
+            e.code().into()
         }
     }
 }
@@ -297,7 +300,7 @@ mod tests {
         assert!(check_tids(me, &[me]).is_ok());
         // pid 1's main thread is not one of our threads.
         let e = check_tids(me, &[1]).unwrap_err();
-        assert_eq!(e.code(), 2);
+        assert_eq!(e.code(), Exit::Usage);
         assert!(e.to_string().contains("not a thread of process"));
     }
 }

@@ -3,11 +3,13 @@
 
 use clap::Parser;
 use pvsched_daemon::{Config, Server, config::DEFAULT_CONFIG};
+use pvsched_util::exit::Exit;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The codes of the workspace's table (`pvsched_util::exit`) pvschedd uses.
 const EXIT_HELP: &str = "\
-Exit codes:
+Exit codes (the same table as pvsched's):
   0  stopped by SIGINT/SIGTERM after unregistering every VM
   1  other failure (the message says what failed)
   2  bad command line
@@ -52,7 +54,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}");
-            return ExitCode::from(7);
+            return Exit::PolicyFile.into();
         }
     };
     if let Some(s) = args.socket {
@@ -80,7 +82,7 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e @ pvsched_daemon::server::ServerError::Agent(_)) => {
             tracing::error!("{e}");
-            return ExitCode::from(6);
+            return Exit::PolicyLoad.into();
         }
         Err(e) => {
             tracing::error!("{e}");
