@@ -119,7 +119,7 @@ struct pvs_vcpu {
 	__u32 yield_slot;      /* slot index + 1, or 0 */
 	__u64 last_ipi_ns;
 	__u32 yield_boosting;  /* target boosted on our behalf (we wait on it), + 1 */
-	__u32 fence;	       /* target of the no-op atomic add full_fence() uses */
+	__u32 fence;	       /* word of full_fence()'s no-op compare-and-swap */
 	__u64 yield_mask;      /* senders waiting on us (bit = sender index) */
 	/* counters */
 	__u64 boosts;

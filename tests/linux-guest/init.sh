@@ -8,7 +8,8 @@
 #   pvtest=agent     FIFO 8 loop on CPU 1 with the host policy agent attached
 #   pvtest=bench     sources /bench.sh (added by bench/s4.py), then finishes
 #   pvtest=loss      the host takes the device away while the driver is bound
-#                    (kills the device process, or device_del), then checks
+#                    (kills the device process, or device_del), then reports
+#                    whether the driver noticed, goes on, and rmmod works
 # and: pvregion=guest loads the module with use_device_region=0; pvchurn=N
 # runs N pipe round trips (2N context switches, so about 2N slot updates)
 # between "@@ churn-start" and "@@ churn-end" right after the first probe.

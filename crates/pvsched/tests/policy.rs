@@ -88,9 +88,8 @@ impl Guest {
         Guest::boot_vm(VmConfig::new(vcpus, workload), caps, cfg)
     }
 
-    fn boot_vm(vm_cfg: VmConfig, caps: Caps, cfg: AgentConfig) -> Guest {
-        let policy = Embedded::load(caps, cfg).expect("the embedded policy loads");
-        let mut cfg = vm_cfg;
+    fn boot_vm(mut cfg: VmConfig, caps: Caps, agent: AgentConfig) -> Guest {
+        let policy = Embedded::load(caps, agent).expect("the embedded policy loads");
         cfg.policy_sink = Some(policy.sink());
         let mut vm = Vm::new(cfg).expect("VM builds");
         vm.start_held().expect("vCPU threads start");
