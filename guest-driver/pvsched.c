@@ -9,15 +9,25 @@
  *   sched_switch                 policy, nice and rt_prio of the next task
  *   irq_handler_entry/exit       PVSCHED_CS_HARDIRQ
  *   softirq_entry/exit           PVSCHED_CS_SOFTIRQ
+ *   csd_queue_cpu                wait_on: this CPU queued a synchronous
+ *                                cross-CPU call and spins until it is done
+ *   csd_function_exit            ...and that call is done (Linux >= 6.3)
  *
  * Slot writes follow the ABI's sequence protocol (seq odd, fields, seq even),
  * are per CPU, take no lock and never touch a device register, so the hot
  * path causes no VM exit. The tracepoints are not exported to modules; they
  * are found with for_each_kernel_tracepoint() (GPL-only).
  *
- * Not reported: PVSCHED_CS_NMI (no NMI tracepoint), PVSCHED_CS_PREEMPT_OFF
- * (CONFIG_PREEMPTIRQ_TRACEPOINTS is off in distribution kernels) and wait_on
- * (no tracepoint marks "waiting for an IPI answer"); see docs/guest-driver.md.
+ * wait_on is the one field another CPU writes: the CPU that runs a
+ * synchronous call clears the waiter's wait_on when the call is done (the
+ * waiter itself spins with no tracepoint to mark the end). With wait_on
+ * reporting on, every slot write therefore claims the slot's seq with a
+ * compare-and-swap; without it (kernels before 6.3 have no csd tracepoints,
+ * or report_wait=0) the owner CPU is the only writer and plain stores do.
+ *
+ * Not reported: PVSCHED_CS_NMI (no NMI tracepoint) and PVSCHED_CS_PREEMPT_OFF
+ * (CONFIG_PREEMPTIRQ_TRACEPOINTS is off in distribution kernels); see
+ * docs/guest-driver.md.
  */
 
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
@@ -32,11 +42,15 @@
 #include <linux/percpu.h>
 #include <linux/sched.h>
 #include <linux/seq_file.h>
+#include <linux/smp.h>
 #include <linux/string.h>
 #include <linux/tracepoint.h>
 #include <linux/version.h>
 #include <linux/workqueue.h>
 #include <asm/smp.h>
+#ifdef CONFIG_X86
+#include <asm/apicdef.h>
+#endif
 
 #include "pvsched_abi.h"
 
@@ -54,6 +68,11 @@ static bool report_irq = true;
 module_param(report_irq, bool, 0444);
 MODULE_PARM_DESC(report_irq,
 		 "Report hardirq and softirq sections (default: 1)");
+
+static bool report_wait = true;
+module_param(report_wait, bool, 0444);
+MODULE_PARM_DESC(report_wait,
+		 "Report wait_on, the CPU a synchronous cross-CPU call waits for, when the kernel has csd tracepoints (Linux >= 6.3) and the device honours it (default: 1)");
 
 static uint health_ms = 1000;
 module_param(health_ms, uint, 0444);
@@ -77,11 +96,19 @@ struct pvsched_cpu {
 	s32 nice;
 	u32 rt_prio;
 	u32 hardirq_depth;
+	/*
+	 * The synchronous call this CPU waits for: set by this CPU when it
+	 * queues the call, cleared by the CPU that runs it.
+	 */
+	u32 wait_on; /* slot index + 1, or PVSCHED_WAIT_NONE */
+	call_single_data_t *wait_csd;
 	/* Counters, shown in debugfs. Written by this CPU only. */
 	u64 updates;
 	u64 switches;
 	u64 irqs;
 	u64 softirqs;
+	u64 waits;     /* synchronous calls queued to a CPU with a slot */
+	u64 wait_ends; /* waits of other CPUs this CPU ended */
 };
 
 static DEFINE_PER_CPU(struct pvsched_cpu, pvsched_pcpu);
@@ -96,6 +123,7 @@ struct pvsched_dev {
 	u32 generation;
 	u64 features;
 	int cpuhp_state;
+	bool wait_on; /* PVSCHED_F_WAIT_ON negotiated */
 	struct dentry *debugfs;
 	/*
 	 * Validated at DRIVER_OK and never read from the region again: the
@@ -110,6 +138,12 @@ struct pvsched_dev {
 
 /* One device per guest: the hooks are global. */
 static struct pvsched_dev *pvsched_active;
+
+/* Slot writers claim seq with a compare-and-swap (wait_on reporting on). */
+static bool pvsched_claiming;
+
+/* How long a slot writer waits for another writer to finish its update. */
+#define PVSCHED_CLAIM_SPINS 4096
 
 struct pvsched_tp {
 	const char *name;
@@ -147,6 +181,33 @@ static const char *pvsched_err_name(u32 err)
 /* ---------------------------------------------------------------------- */
 
 /*
+ * Make @slot's seq odd for an update and return the odd value, or 0 when
+ * another CPU's update held it for PVSCHED_CLAIM_SPINS tries. Only used
+ * while pvsched_claiming: then a CPU ending another CPU's wait writes that
+ * CPU's slot too. The compare-and-swap orders like a full barrier.
+ */
+static u32 notrace pvsched_claim(struct pvsched_slot_guest *slot)
+{
+	unsigned int spins = 0;
+	u32 seq = READ_ONCE(slot->seq);
+	u32 old;
+
+	for (;;) {
+		if (!(seq & 1)) {
+			old = cmpxchg(&slot->seq, seq, seq + 1);
+			if (old == seq)
+				return seq + 1;
+			seq = old;
+			continue;
+		}
+		if (++spins > PVSCHED_CLAIM_SPINS)
+			return 0;
+		cpu_relax();
+		seq = READ_ONCE(slot->seq);
+	}
+}
+
+/*
  * Publish this CPU's state into its slot. Interrupts are disabled so that an
  * interrupt hook cannot start a nested update while seq is odd.
  */
@@ -154,19 +215,29 @@ static void notrace pvsched_publish(struct pvsched_cpu *pc)
 {
 	struct pvsched_slot_guest *slot;
 	unsigned long flags;
-	u32 seq;
+	u32 seq = 0;
 
 	local_irq_save(flags);
 	slot = READ_ONCE(pc->slot);
 	if (slot) {
-		seq = READ_ONCE(slot->seq) | 1;
-		WRITE_ONCE(slot->seq, seq);
+		if (READ_ONCE(pvsched_claiming))
+			seq = pvsched_claim(slot);
+		if (!seq) {
+			/*
+			 * The owner's update goes ahead even if the seq
+			 * stayed odd (a host wrote it, or a remote clear
+			 * stalled): the slot is a hint, the host retries
+			 * torn reads, and wait_on is re-read below.
+			 */
+			seq = READ_ONCE(slot->seq) | 1;
+			WRITE_ONCE(slot->seq, seq);
+		}
 		smp_wmb();
 		WRITE_ONCE(slot->kern_cs, pc->kern_cs);
 		WRITE_ONCE(slot->policy, pc->policy);
 		WRITE_ONCE(slot->nice, pc->nice);
 		WRITE_ONCE(slot->rt_prio, pc->rt_prio);
-		WRITE_ONCE(slot->wait_on, PVSCHED_WAIT_NONE);
+		WRITE_ONCE(slot->wait_on, READ_ONCE(pc->wait_on));
 		WRITE_ONCE(slot->updates, slot->updates + 1);
 		smp_wmb();
 		WRITE_ONCE(slot->seq, seq + 1);
@@ -251,18 +322,108 @@ static void notrace pvsched_softirq_exit(void *data, unsigned int vec_nr)
 	pvsched_publish(pc);
 }
 
+static bool pvsched_csd_sync(const call_single_data_t *csd)
+{
+	return csd && (READ_ONCE(csd->node.u_flags) & CSD_FLAG_TYPE_MASK) ==
+			      CSD_TYPE_SYNC;
+}
+
+/*
+ * csd_queue_cpu runs on the CPU that queues a call for @cpu, before the
+ * call is visible to @cpu. A synchronous call means this CPU now spins
+ * until @cpu has run it: say so in wait_on.
+ */
+static void notrace pvsched_csd_queue(void *data, unsigned int cpu,
+				      unsigned long callsite,
+				      smp_call_func_t func,
+				      call_single_data_t *csd)
+{
+	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
+	const struct pvsched_cpu *target;
+
+	if (!pvsched_csd_sync(csd) || cpu >= nr_cpu_ids)
+		return;
+	target = per_cpu_ptr(&pvsched_pcpu, cpu);
+	if (!READ_ONCE(target->slot))
+		return;
+	pc->waits++;
+	WRITE_ONCE(pc->wait_csd, csd);
+	WRITE_ONCE(pc->wait_on, READ_ONCE(target->slot_index) + 1);
+	pvsched_publish(pc);
+}
+
+/*
+ * Clear @pc's wait_on in its slot from another CPU. @pc->wait_on is
+ * already NONE: if the owner claims the slot first it writes NONE itself,
+ * and if the claim fails the owner's next update writes it.
+ */
+static void notrace pvsched_end_wait(struct pvsched_cpu *pc)
+{
+	struct pvsched_slot_guest *slot;
+	unsigned long flags;
+	u32 seq;
+
+	local_irq_save(flags);
+	slot = READ_ONCE(pc->slot);
+	if (slot) {
+		seq = pvsched_claim(slot);
+		if (seq) {
+			WRITE_ONCE(slot->wait_on, PVSCHED_WAIT_NONE);
+			WRITE_ONCE(slot->updates, slot->updates + 1);
+			smp_wmb();
+			WRITE_ONCE(slot->seq, seq + 1);
+		}
+	}
+	local_irq_restore(flags);
+}
+
+/*
+ * csd_function_exit runs on the CPU that ran the call; a synchronous
+ * caller is released right after it (csd_unlock). Find the CPU waiting
+ * for this csd and end its wait.
+ */
+static void notrace pvsched_csd_exit(void *data, smp_call_func_t func,
+				     call_single_data_t *csd)
+{
+	unsigned int cpu;
+
+	if (!pvsched_csd_sync(csd))
+		return;
+	for_each_online_cpu(cpu) {
+		struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
+
+		if (READ_ONCE(pc->wait_csd) != csd)
+			continue;
+		WRITE_ONCE(pc->wait_csd, NULL);
+		WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_NONE);
+		this_cpu_inc(pvsched_pcpu.wait_ends);
+		pvsched_end_wait(pc);
+		return;
+	}
+}
+
 static struct pvsched_tp pvsched_tps[] = {
 	{ .name = "sched_switch", .probe = pvsched_sched_switch },
 	{ .name = "irq_handler_entry", .probe = pvsched_irq_entry },
 	{ .name = "irq_handler_exit", .probe = pvsched_irq_exit },
 	{ .name = "softirq_entry", .probe = pvsched_softirq_entry },
 	{ .name = "softirq_exit", .probe = pvsched_softirq_exit },
+	{ .name = "csd_queue_cpu", .probe = pvsched_csd_queue },
+	{ .name = "csd_function_exit", .probe = pvsched_csd_exit },
 };
 
-static bool pvsched_tp_wanted(const struct pvsched_tp *t)
+static bool pvsched_is_csd(const struct pvsched_tp *t)
+{
+	return !strncmp(t->name, "csd_", 4);
+}
+
+static bool pvsched_tp_wanted(const struct pvsched_tp *t,
+			      const struct pvsched_dev *pd)
 {
 	if (!strcmp(t->name, "sched_switch"))
 		return report_sched;
+	if (pvsched_is_csd(t))
+		return pd->wait_on;
 	return report_irq;
 }
 
@@ -290,19 +451,37 @@ static void pvsched_tp_unregister(void)
 	tracepoint_synchronize_unregister();
 }
 
-static int pvsched_tp_register(struct device *dev)
+/* Find the tracepoints this kernel has (before the feature negotiation). */
+static void pvsched_tp_find(void)
 {
 	size_t i;
-	int ret;
 
 	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
 		pvsched_tps[i].tp = NULL;
 	for_each_kernel_tracepoint(pvsched_tp_lookup, NULL);
+}
+
+/* Both csd tracepoints exist (Linux >= 6.3): wait_on can be reported. */
+static bool pvsched_have_csd(void)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
+		if (pvsched_is_csd(&pvsched_tps[i]) && !pvsched_tps[i].tp)
+			return false;
+	return true;
+}
+
+static int pvsched_tp_register(struct pvsched_dev *pd)
+{
+	struct device *dev = &pd->pdev->dev;
+	size_t i;
+	int ret;
 
 	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++) {
 		struct pvsched_tp *t = &pvsched_tps[i];
 
-		if (!pvsched_tp_wanted(t))
+		if (!pvsched_tp_wanted(t, pd))
 			continue;
 		if (!t->tp) {
 			dev_warn(dev, "tracepoint %s not found, not reported\n",
@@ -364,6 +543,8 @@ static int pvsched_cpu_online(unsigned int cpu)
 	pc->slot_index = index;
 	pc->kern_cs = 0;
 	pc->hardirq_depth = 0;
+	WRITE_ONCE(pc->wait_csd, NULL);
+	WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_NONE);
 	pvsched_task_state(pc, current);
 	WRITE_ONCE(pc->slot, pd->region + pd->slots_off +
 				     (size_t)index * PVSCHED_SLOT_SIZE);
@@ -381,6 +562,8 @@ static int pvsched_cpu_offline(unsigned int cpu)
 	pc->policy = PVSCHED_POLICY_NORMAL;
 	pc->nice = 0;
 	pc->rt_prio = 0;
+	WRITE_ONCE(pc->wait_csd, NULL);
+	WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_NONE);
 	pvsched_publish(pc);
 	WRITE_ONCE(pc->slot, NULL);
 	return 0;
@@ -395,18 +578,20 @@ static int pvsched_stats_show(struct seq_file *m, void *v)
 	struct pvsched_dev *pd = m->private;
 	unsigned int cpu;
 
-	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\nlost %d\n",
+	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\nlost %d\nwait_on %d\n",
 		   pd->device_region ? "device" : "guest", pd->nr_vcpus,
-		   pd->generation, pd->features, READ_ONCE(pd->lost));
-	seq_puts(m, "cpu slot updates switches irqs softirqs\n");
+		   pd->generation, pd->features, READ_ONCE(pd->lost),
+		   pd->wait_on);
+	seq_puts(m, "cpu slot updates switches irqs softirqs waits wait_ends\n");
 	for_each_possible_cpu(cpu) {
 		const struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
 		bool attached = READ_ONCE(pc->slot);
 
-		seq_printf(m, "%u %d %llu %llu %llu %llu\n", cpu,
+		seq_printf(m, "%u %d %llu %llu %llu %llu %llu %llu\n", cpu,
 			   attached ? (int)pc->slot_index : -1,
 			   READ_ONCE(pc->updates), READ_ONCE(pc->switches),
-			   READ_ONCE(pc->irqs), READ_ONCE(pc->softirqs));
+			   READ_ONCE(pc->irqs), READ_ONCE(pc->softirqs),
+			   READ_ONCE(pc->waits), READ_ONCE(pc->wait_ends));
 	}
 	return 0;
 }
@@ -462,18 +647,20 @@ static int pvsched_map_device_region(struct pvsched_dev *pd, u32 need)
 	struct pci_dev *pdev = pd->pdev;
 	resource_size_t start = pci_resource_start(pdev, PVSCHED_REGION_BAR);
 	resource_size_t len = pci_resource_len(pdev, PVSCHED_REGION_BAR);
+	/* Map what the layout needs, however large the host made the BAR. */
+	size_t map = PAGE_ALIGN(need);
 	void *va;
 
-	if (!start || len < need ||
+	if (!start || len < map ||
 	    !(pci_resource_flags(pdev, PVSCHED_REGION_BAR) & IORESOURCE_MEM))
 		return -ENODEV;
-	if (!devm_request_mem_region(&pdev->dev, start, len, KBUILD_MODNAME))
+	if (!devm_request_mem_region(&pdev->dev, start, map, KBUILD_MODNAME))
 		return -EBUSY;
-	va = devm_memremap(&pdev->dev, start, len, MEMREMAP_WB);
+	va = devm_memremap(&pdev->dev, start, map, MEMREMAP_WB);
 	if (IS_ERR(va))
 		return PTR_ERR(va);
 	pd->region = va;
-	pd->region_size = len;
+	pd->region_size = map;
 	return 0;
 }
 
@@ -540,6 +727,13 @@ static int pvsched_check_header(struct pvsched_dev *pd)
 	table = pd->region + apic_off;
 	for (i = 0; i < pd->nr_vcpus; i++) {
 		pd->apic_ids[i] = READ_ONCE(table[i]);
+#ifdef CONFIG_X86
+		if (pd->apic_ids[i] >= MAX_LOCAL_APIC) {
+			dev_err(dev, "region header: APIC ID %u in slot %u is out of range (max %u)\n",
+				pd->apic_ids[i], i, MAX_LOCAL_APIC - 1);
+			return -EINVAL;
+		}
+#endif
 		for (j = 0; j < i; j++) {
 			if (pd->apic_ids[j] == pd->apic_ids[i]) {
 				dev_err(dev, "region header: APIC ID %u in slots %u and %u\n",
@@ -589,9 +783,15 @@ static int pvsched_handshake(struct pvsched_dev *pd)
 	slot_size = pvsched_rd(pd, PVSCHED_REG_SLOT_SIZE);
 	pd->nr_vcpus = pvsched_rd(pd, PVSCHED_REG_NR_VCPUS);
 	need = pvsched_rd(pd, PVSCHED_REG_REGION_SIZE);
+	/*
+	 * All three come from the host: the region size is bounded by the
+	 * largest layout the ABI allows, so a hostile REGION_SIZE cannot make
+	 * the driver allocate (guest region) or map (device region) more.
+	 */
 	if (slot_size != PVSCHED_SLOT_SIZE || !pd->nr_vcpus ||
 	    pd->nr_vcpus > PVSCHED_MAX_VCPUS ||
-	    need < pvsched_region_size(pd->nr_vcpus)) {
+	    need < pvsched_region_size(pd->nr_vcpus) ||
+	    need > PAGE_ALIGN(pvsched_region_size(PVSCHED_MAX_VCPUS))) {
 		dev_err(dev, "bad geometry: slot size %u, %u vCPUs, region %u bytes\n",
 			slot_size, pd->nr_vcpus, need);
 		return -ENODEV;
@@ -604,9 +804,16 @@ static int pvsched_handshake(struct pvsched_dev *pd)
 			offered);
 		return -ENODEV;
 	}
-	/* wait_on is never written (see header comment), so not asked for. */
 	wanted = dev_region ? PVSCHED_F_DEVICE_REGION : PVSCHED_F_GUEST_REGION;
 	wanted |= offered & PVSCHED_F_KICK;
+	pvsched_tp_find();
+	if (report_wait && (offered & PVSCHED_F_WAIT_ON)) {
+		if (pvsched_have_csd())
+			wanted |= PVSCHED_F_WAIT_ON;
+		else
+			dev_info(dev, "wait_on not reported: this kernel has no csd tracepoints (Linux < 6.3)\n");
+	}
+	pd->wait_on = wanted & PVSCHED_F_WAIT_ON;
 	pd->features = wanted;
 	pvsched_wr(pd, PVSCHED_REG_DRV_FEATURES_LO, lower_32_bits(wanted));
 	pvsched_wr(pd, PVSCHED_REG_DRV_FEATURES_HI, upper_32_bits(wanted));
@@ -646,6 +853,7 @@ static int pvsched_handshake(struct pvsched_dev *pd)
 static void pvsched_detach(struct pvsched_dev *pd)
 {
 	pvsched_tp_unregister();
+	WRITE_ONCE(pvsched_claiming, false);
 	if (pd->cpuhp_state > 0)
 		cpuhp_remove_state(pd->cpuhp_state);
 	pd->cpuhp_state = 0;
@@ -725,7 +933,8 @@ static int pvsched_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		goto err_active;
 	pd->cpuhp_state = ret;
 
-	ret = pvsched_tp_register(dev);
+	WRITE_ONCE(pvsched_claiming, pd->wait_on);
+	ret = pvsched_tp_register(pd);
 	if (ret)
 		goto err_detach;
 

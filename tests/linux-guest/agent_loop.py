@@ -158,6 +158,8 @@ class Sampler(threading.Thread):
 class AgentLoop:
     """Hooks for a `pvtest=agent` boot (see init.sh)."""
 
+    caps = CAPS
+
     def __init__(self, args, boot_dir):
         self.args, self.dir = args, boot_dir
         self.agent = None
@@ -199,15 +201,18 @@ class AgentLoop:
             os.setpriority(os.PRIO_PROCESS, t, BASE_NICE)
         self.baseline = {t: attrs(t) for t in tids}
         caps = self.dir / "caps.toml"
-        caps.write_text(CAPS)
+        caps.write_text(self.caps)
         self.stats_path = self.dir / "agent-stats.json"
-        if self.stats_path.exists():
-            self.stats_path.unlink()
+        self.trace_path = self.dir / "agent-trace.jsonl"
+        for p in (self.stats_path, self.trace_path):
+            if p.exists():
+                p.unlink()
         self.agent_log = self.dir / "agent.log"
         cmd = [str(self.args.agent_bin), "--pid", str(pid),
                "--tids", ",".join(map(str, tids)), "--apic-ids", ",".join(map(str, apic)),
                "--slot-addrs", ",".join(hex(a) for a in addrs),
-               "--caps", str(caps), "--stats-json", str(self.stats_path)]
+               "--caps", str(caps), "--stats-json", str(self.stats_path),
+               "--trace", str(self.trace_path)]
         self.info = {"qemu_pid": pid, "region_gpa": hex(gpa), "region_hva": hex(hva),
                      "tids": tids, "apic_ids": apic, "slot_addrs": [hex(a) for a in addrs],
                      "cmd": " ".join(cmd)}

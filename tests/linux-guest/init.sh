@@ -10,9 +10,16 @@
 #   pvtest=loss      the host takes the device away while the driver is bound
 #                    (kills the device process, or device_del), then reports
 #                    whether the driver noticed, goes on, and rmmod works
+#   pvtest=wait      like agent, but CPU 0 makes synchronous cross-CPU calls
+#                    to CPU 1 (membarrier) instead of the FIFO loop: wait_on
+#   pvtest=hostile   the device corrupts the region header (--fault
+#                    hostile-header): four probes refused, the fifth binds and
+#                    has its header overwritten after validation
 # and: pvregion=guest loads the module with use_device_region=0; pvchurn=N
 # runs N pipe round trips (2N context switches, so about 2N slot updates)
-# between "@@ churn-start" and "@@ churn-end" right after the first probe.
+# between "@@ churn-start" and "@@ churn-end" right after the first probe;
+# pvload=modprobe loads the module with kmod's modprobe from
+# /lib/modules/$(uname -r) (a DKMS-installed tree) instead of insmod.
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -26,6 +33,7 @@ cycles=20
 rounds=20000
 modargs=
 churn=0
+loader=insmod
 for w in $(cat /proc/cmdline); do
 	case "$w" in
 	pvtest=*) mode=${w#pvtest=} ;;
@@ -34,6 +42,7 @@ for w in $(cat /proc/cmdline); do
 	pvpin=*) pin=${w#pvpin=} ;;
 	pvregion=guest) modargs=use_device_region=0 ;;
 	pvchurn=*) churn=${w#pvchurn=} ;;
+	pvload=*) loader=${w#pvload=} ;;
 	esac
 done
 ncpu=$(nproc)
@@ -51,11 +60,28 @@ if [ "$pin" = 1 ] && [ "$mode" != bench ]; then
 	mount -t tracefs tracefs /sys/kernel/tracing
 	echo 0 > /sys/kernel/tracing/tracing_on
 	for e in sched/sched_switch irq/irq_handler_entry irq/irq_handler_exit \
-		irq/softirq_entry irq/softirq_exit; do
+		irq/softirq_entry irq/softirq_exit csd/csd_queue_cpu \
+		csd/csd_function_exit; do
+		[ -e "/sys/kernel/tracing/events/$e/enable" ] || continue
 		echo 1 > "/sys/kernel/tracing/events/$e/enable"
 	done
 fi
-echo "@@ boot mode=$mode cpus=$ncpu pin=$pin"
+echo "@@ boot mode=$mode cpus=$ncpu pin=$pin kernel=$(uname -r) loader=$loader"
+
+# load: the module, by insmod of /pvsched.ko or, with pvload=modprobe, by
+# modprobe from the module tree (the harness packs /lib/modules/VERSION with
+# the DKMS-built pvsched and kmod's modprobe).
+load() {
+	if [ "$loader" = modprobe ]; then
+		/usr/sbin/modprobe pvsched $modargs
+	else
+		insmod /pvsched.ko $modargs
+	fi
+}
+
+stat_of() {
+	awk -v k="$1" '$1 == k { print $2 }' /sys/kernel/debug/pvsched/stats 2>/dev/null
+}
 
 bound() {
 	ls /sys/bus/pci/drivers/pvsched/ 2>/dev/null | grep -c '^0000:'
@@ -70,7 +96,7 @@ finish() {
 }
 
 if [ "$mode" = negative ]; then
-	insmod /pvsched.ko $modargs
+	load
 	echo "@@ neg-insmod rc=$? bound=$(bound)"
 	dmesg | grep pvsched
 	rmmod pvsched
@@ -87,7 +113,7 @@ if [ "$mode" = loss ]; then
 	# After "@@ loss-wait" the host kills the device process or unplugs the
 	# device (QMP device_del) and answers "go". The guest must keep
 	# running: the driver notices within health_ms (1 s) or is unbound.
-	insmod /pvsched.ko $modargs
+	load
 	echo "@@ probe bound=$(bound)"
 	/pvsched-helper pingpong 500 0 >/dev/null
 	echo "@@ loss-wait"
@@ -100,11 +126,56 @@ if [ "$mode" = loss ]; then
 		i=$((i + 1))
 	done
 	/pvsched-helper pingpong 2000 0 >/dev/null
-	lost=$(awk '$1 == "lost" { print $2 }' /sys/kernel/debug/pvsched/stats 2>/dev/null)
+	lost=$(stat_of lost)
 	echo "@@ loss-after bound=$(bound) lost=${lost:-none} waited_ms=$((i * 500))"
 	dmesg | grep -E 'pvsched' | tail -n 5
 	rmmod pvsched
 	echo "@@ loss-rmmod rc=$? bound=$(bound)"
+	finish
+fi
+
+if [ "$mode" = hostile ]; then
+	# The device overwrites the header it wrote at each DRIVER_OK: offsets
+	# outside the region, an APIC ID twice, an APIC ID out of range, a
+	# vCPU count unlike NR_VCPUS; each probe must be refused, naming it.
+	for what in slots-outside apic-duplicate apic-range nr-vcpus; do
+		load
+		echo "@@ hostile-$what rc=$? bound=$(bound)"
+		rmmod pvsched
+	done
+	# The fifth header is valid while the driver checks it and garbage
+	# right after: the driver must go on with what it validated.
+	load
+	echo "@@ hostile-rewrite rc=$? bound=$(bound)"
+	/pvsched-helper pingpong 500 0 >/dev/null
+	last=$((ncpu - 1))
+	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
+	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
+	/pvsched-helper pingpong 500 "$last" >/dev/null
+	echo "@@ hostile-after bound=$(bound) slot=$(awk -v c="$last" '$1 == c && NF >= 6 { print $2 }' /sys/kernel/debug/pvsched/stats)"
+	cat /sys/kernel/debug/pvsched/stats
+	rmmod pvsched
+	echo "@@ rmmod rc=$? bound=$(bound)"
+	finish
+fi
+
+if [ "$mode" = wait ]; then
+	# The host attaches the policy after DRIVER_OK and answers "go"; then
+	# CPU 0 makes synchronous calls to CPU 1 (membarrier) for 3 s.
+	load
+	echo "@@ probe bound=$(bound) wait_on=$(stat_of wait_on)"
+	echo "@@ agent-wait"
+	read -t 120 -r answer
+	echo "@@ agent-go answer=$answer"
+	sleep 1
+	echo "@@ wait-start from=0 to=1"
+	out=$(/pvsched-helper membarrier 3 0 1)
+	echo "@@ wait-end $out"
+	cat /sys/kernel/debug/pvsched/stats
+	sleep 2
+	echo "@@ idle-end"
+	rmmod pvsched
+	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
 fi
 
@@ -113,7 +184,7 @@ if [ "$mode" = agent ]; then
 	# DRIVER_OK and answers "go" on the console; then a FIFO 8 busy loop on
 	# CPU 1, then idle while the host checks the vCPU thread went back to
 	# its baseline.
-	insmod /pvsched.ko $modargs
+	load
 	echo "@@ probe bound=$(bound)"
 	echo "@@ agent-wait"
 	read -t 120 -r answer
@@ -129,7 +200,7 @@ if [ "$mode" = agent ]; then
 	finish
 fi
 
-insmod /pvsched.ko $modargs
+load
 echo "@@ probe bound=$(bound)"
 cat /sys/kernel/debug/pvsched/stats
 if [ "$churn" -gt 0 ]; then
@@ -159,7 +230,7 @@ cat /sys/kernel/debug/pvsched/stats
 # CPU hotplug with the module loaded: the CPU's slot is left neutral while
 # it is offline and re-attached when it comes back.
 slot_of() {
-	awk -v c="$1" '$1 == c && NF == 6 { print $2 }' /sys/kernel/debug/pvsched/stats
+	awk -v c="$1" '$1 == c && NF >= 6 { print $2 }' /sys/kernel/debug/pvsched/stats
 }
 echo 0 > "/sys/devices/system/cpu/cpu$last/online"
 echo "@@ cpu-offline cpu=$last slot=$(slot_of "$last")"
@@ -171,14 +242,14 @@ echo "@@ cpu-online cpu=$last slot=$(slot_of "$last")"
 rmmod pvsched
 echo "@@ rmmod rc=$? bound=$(bound)"
 sleep 1
-insmod /pvsched.ko $modargs
+load
 echo "@@ reinsmod rc=$? bound=$(bound)"
 
 i=0
 ok=0
 while [ $i -lt "$cycles" ]; do
 	rmmod pvsched || break
-	insmod /pvsched.ko $modargs || break
+	load || break
 	[ "$(bound)" = 1 ] && ok=$((ok + 1))
 	i=$((i + 1))
 done
@@ -189,7 +260,7 @@ echo "@@ cycles done=$i bound_ok=$ok"
 for r in 1 2 3; do
 	rmmod pvsched
 	echo "@@ bench-off-$r $(/pvsched-helper pingpong "$rounds" 0)"
-	insmod /pvsched.ko $modargs
+	load
 	echo "@@ bench-on-$r $(/pvsched-helper pingpong "$rounds" 0)"
 done
 rmmod pvsched

@@ -5,13 +5,22 @@
  *   pvsched-helper spin SECONDS PRIO CPU   SCHED_FIFO PRIO busy loop on CPU
  *   pvsched-helper pingpong ROUNDS CPU     two processes on CPU bounce a byte
  *                                          through pipes; prints ns/round trip
+ *   pvsched-helper membarrier SECONDS FROM TO
+ *                                          a thread spins on CPU TO while the
+ *                                          caller, on CPU FROM, issues private
+ *                                          expedited membarriers: each one is a
+ *                                          synchronous cross-CPU call FROM -> TO
+ *                                          (the guest driver's wait_on)
  */
 #define _GNU_SOURCE
+#include <linux/membarrier.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,6 +103,56 @@ static int pingpong(long rounds, int cpu)
 	return 0;
 }
 
+static volatile int spinner_stop;
+static volatile int spinner_ready;
+
+static void *spinner(void *arg)
+{
+	if (pin(*(int *)arg))
+		return NULL;
+	spinner_ready = 1;
+	while (!spinner_stop)
+		;
+	return NULL;
+}
+
+static long membarrier(int cmd)
+{
+	return syscall(__NR_membarrier, cmd, 0, 0);
+}
+
+static int membarrier_loop(double secs, int from, int to)
+{
+	pthread_t t;
+	double end;
+	long n = 0;
+
+	if (pin(from))
+		return 1;
+	if (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED)) {
+		perror("membarrier register");
+		return 1;
+	}
+	if (pthread_create(&t, NULL, spinner, &to)) {
+		perror("pthread_create");
+		return 1;
+	}
+	while (!spinner_ready)
+		sched_yield();
+	end = now() + secs;
+	while (now() < end) {
+		if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)) {
+			perror("membarrier");
+			break;
+		}
+		n++;
+	}
+	spinner_stop = 1;
+	pthread_join(t, NULL);
+	printf("membarriers=%ld from=%d to=%d\n", n, from, to);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
@@ -101,7 +160,11 @@ int main(int argc, char **argv)
 		return spin(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	if (argc == 4 && !strcmp(argv[1], "pingpong"))
 		return pingpong(atol(argv[2]), atoi(argv[3]));
-	fprintf(stderr, "usage: %s spin SECONDS PRIO CPU | pingpong ROUNDS CPU\n",
+	if (argc == 5 && !strcmp(argv[1], "membarrier"))
+		return membarrier_loop(atof(argv[2]), atoi(argv[3]),
+				       atoi(argv[4]));
+	fprintf(stderr,
+		"usage: %s spin SECONDS PRIO CPU | pingpong ROUNDS CPU | membarrier SECONDS FROM TO\n",
 		argv[0]);
 	return 2;
 }

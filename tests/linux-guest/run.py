@@ -12,6 +12,11 @@ guest-region mode. The assertions are made on the host,
 from the device's own JSON view of the region (`--dump-slots`), not from
 guest log lines alone.
 
+With `--kernel NAME` (tests/linux-guest/kernels.conf) the guest boots that
+kernel instead, and the module is the one DKMS installed in the kernel's
+suite chroot (tests/steps/41-guest-matrix.sh): the initramfs carries its
+/lib/modules tree and kmod, and the guest loads it with `modprobe`.
+
 Every QEMU and device process is killed at the end, whatever happens, and
 every boot has a timeout.
 """
@@ -32,6 +37,7 @@ from pathlib import Path
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from agent_loop import AgentLoop, qmp  # noqa: E402
 from daemon_loop import DaemonLoop  # noqa: E402
+from wait_loop import WaitLoop  # noqa: E402
 
 KABI = os.environ.get("PVSCHED_GUEST_KABI", "6.1.0-56")
 STATUS_DRIVER_OK = 0x04
@@ -92,9 +98,68 @@ def build_module(repo, kdir, out):
     return out / "pvsched.ko", time.monotonic() - t0
 
 
+def matrix_kernel(cache, name):
+    """(release, chroot, vmlinuz) of kernels.conf's NAME, as scripts/setup
+    fetched it (scripts/setup.d/42-guest-matrix.sh)."""
+    d = cache / "guest-matrix" / name
+    try:
+        release = (d / "release").read_text().strip()
+        suite = (d / "suite").read_text().strip()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"kernel {name} not in {d} (run scripts/setup, with "
+                                f"PVSCHED_GUEST_MATRIX=all for the on-demand kernels)")
+    return release, cache / "guest-matrix" / f"chroot-{suite}", d / "vmlinuz"
+
+
+def elf_needed(path):
+    """DT_NEEDED of an ELF file, and its interpreter (readelf)."""
+    text = run(["readelf", "-d", "-l", str(path)])
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", text)
+    interp = re.search(r"Requesting program interpreter: ([^\]]+)\]", text)
+    return needed, interp.group(1) if interp else None
+
+
+def chroot_binary(chroot, binary, dest):
+    """{initramfs path: host file} for `binary` (a path inside `chroot`) at
+    `dest` with its libraries (resolved in the chroot) and loader."""
+    libdirs = [chroot / "usr/lib/x86_64-linux-gnu", chroot / "lib/x86_64-linux-gnu"]
+    files = {dest: chroot / binary.lstrip("/")}
+    todo, seen = [chroot / binary.lstrip("/")], set()
+    while todo:
+        needed, interp = elf_needed(todo.pop())
+        if interp:
+            files[interp] = chroot / interp.lstrip("/")
+        for lib in needed:
+            if lib in seen:
+                continue
+            seen.add(lib)
+            hit = next((d / lib for d in libdirs if (d / lib).exists()), None)
+            if hit is None:
+                raise Failure(f"{lib} (needed by {binary}) not in the chroot {chroot}")
+            files[f"/usr/lib/x86_64-linux-gnu/{lib}"] = hit
+            todo.append(hit)
+    return files
+
+
+def modprobe_files(chroot, release):
+    """Initramfs files for `modprobe pvsched`: the DKMS-installed module and
+    depmod's indexes from the chroot's /lib/modules/RELEASE, and kmod (as
+    /usr/sbin/modprobe) with its libraries."""
+    mdir = chroot / "lib" / "modules" / release
+    kos = sorted(mdir.glob("updates/dkms/pvsched.ko*"))
+    if not kos:
+        raise Failure(f"no DKMS-installed pvsched in {mdir}/updates/dkms "
+                      f"(tests/steps/41-guest-matrix.sh installs it)")
+    files = {f"/lib/modules/{release}/{p.relative_to(mdir)}": p for p in kos}
+    files.update({f"/lib/modules/{release}/{p.name}": p for p in mdir.glob("modules.*")})
+    files.update(chroot_binary(chroot, "/usr/bin/kmod", "/usr/sbin/modprobe"))
+    return files
+
+
 def build_initramfs(here, ko, out, extra_files=None):
     """`extra_files` ({path in the initramfs: host file}) adds files, e.g.
-    bench/s4.py's cyclictest with its shared libraries and /bench.sh."""
+    bench/s4.py's cyclictest with its shared libraries and /bench.sh. `ko`
+    None: no /pvsched.ko (the guest modprobes a packed module tree)."""
     root = out / "initramfs"
     if root.exists():
         shutil.rmtree(root)
@@ -104,7 +169,8 @@ def build_initramfs(here, ko, out, extra_files=None):
     shutil.copy(bb, root / "bin" / "busybox")
     shutil.copy(here / "init.sh", root / "init")
     os.chmod(root / "init", 0o755)
-    shutil.copy(ko, root / "pvsched.ko")
+    if ko is not None:
+        shutil.copy(ko, root / "pvsched.ko")
     run(["gcc", "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o",
          str(root / "pvsched-helper"), str(here / "pvsched-helper.c")])
     for dest, src in (extra_files or {}).items():
@@ -163,6 +229,8 @@ class Boot:
 
     def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None,
                  transport="mpqemu", device_cmd=None, hotplug=False):
+        # A matrix kernel's boots are told apart by its name: main-smp2@7.3-cloud.
+        name += getattr(args, "tag", "")
         self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
         self.transport = transport
         # vfio-user: put the device behind a PCIe root port (hot-pluggable).
@@ -213,7 +281,8 @@ class Boot:
         if self.fault:
             dev_cmd += ["--fault", self.fault]
         verbosity = "loglevel=7" if self.args.kernel_log else "quiet"
-        append = f"console=ttyS0 panic=-1 {verbosity} pvtest={self.mode} {self.extra_append}".strip()
+        append = (f"console=ttyS0 panic=-1 {verbosity} pvtest={self.mode} {getattr(self.args, 'load_append', '')} "
+                  f"{self.extra_append}").strip()
         qemu_cmd = [
             qemu_bin, "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
             "-display", "none", "-machine", f"{machine},memory-backend=mem",
@@ -510,6 +579,75 @@ def loss_boot(args, how):
                   f"bound={after.get('bound')}, rmmod rc={rm.get('rc')}, no oops")
 
 
+HOSTILE_REFUSALS = {
+    # init.sh mark -> what the driver's refusal must name
+    "slots-outside": "outside the",
+    "apic-duplicate": "in slots 0 and 1",
+    "apic-range": "is out of range",
+    "nr-vcpus": "vCPUs of 128 bytes (NR_VCPUS 2)",
+}
+
+
+def hostile_boot(args):
+    """The device corrupts the region header after DRIVER_OK (--fault
+    hostile-header): the first four probes are refused, each naming what is
+    wrong; the fifth header is rewritten with garbage after the driver
+    validated it, and the driver goes on with what it validated."""
+    b = run_once_more_on_lockup(lambda: Boot(args, "hostile-smp2", 2, "hostile",
+                                             fault="hostile-header"))
+    f = []
+    b.mark("done")
+    for what, text in HOSTILE_REFUSALS.items():
+        m = b.mark(f"hostile-{what}")
+        # The module loads (rc 0) whether or not a device binds.
+        check(m.get("bound") == "0",
+              f"{b.name}: probe with a hostile header ({what}) not refused: {m}", f)
+        check(any("pvsched" in l and text in l for l in b.serial),
+              f"{b.name}: guest log does not name the {what} refusal ('{text}')", f)
+    # Each kernel line shows twice (console, and finish's dmesg dump); its
+    # timestamp makes each refusal distinct.
+    refused = len({l for l in b.serial if "device wrote an invalid region header" in l})
+    check(refused == len(HOSTILE_REFUSALS),
+          f"{b.name}: {refused} probes refused for the header, expected {len(HOSTILE_REFUSALS)}", f)
+    check(b.mark("hostile-rewrite").get("bound") == "1", f"{b.name}: fifth probe did not bind", f)
+    after = b.mark("hostile-after")
+    check(after.get("bound") == "1" and after.get("slot") == "1",
+          f"{b.name}: after the header rewrite and a CPU hotplug: {after}", f)
+    s0, s1 = b.snapshots.get("hostile-rewrite"), b.snapshots.get("hostile-after")
+    if check(s0 and s1, f"{b.name}: no device view at hostile-rewrite/hostile-after", f):
+        check(s1["header"] and s1["header"][2] == 0xFFFFFFFF,
+              f"{b.name}: the device did not rewrite the header (header now {s1['header']})", f)
+        for i in range(2):
+            u0, u1 = s0["slots"][i]["updates"], s1["slots"][i]["updates"]
+            check(u1 > u0, f"{b.name}: slot {i} not written after the rewrite ({u0} -> {u1})", f)
+    dev = b.final["device"]
+    check(dev["generation"] == 5, f"{b.name}: GENERATION {dev['generation']}, expected 5 "
+          f"(five DRIVER_OKs)", f)
+    check(dev["status"] == 0, f"{b.name}: device left in STATUS {dev['status']:#x}", f)
+    rm = b.mark("rmmod")
+    check(rm.get("rc") == "0" and rm.get("bound") == "0", f"{b.name}: rmmod {rm}", f)
+    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    nr = f"{s1['header'][2]:#x}" if s1 and s1.get("header") else "?"
+    return b, f, (f"{refused} hostile headers refused ({', '.join(HOSTILE_REFUSALS)}), each "
+                  f"named in the guest log; the 5th rewritten with garbage after validation "
+                  f"(device header now nr_vcpus {nr}), the driver still writes both slots at "
+                  f"the validated offsets through a CPU hotplug, rmmod rc={rm.get('rc')}, no oops")
+
+
+def wait_boot(args):
+    """wait_on from the guest and the policy's directed yield (wait_loop.py)."""
+    name = "wait-smp2"
+    loop = WaitLoop(args, args.out / (name + args.tag))
+    b = Boot(args, name, 2, "wait", hooks=loop.hooks())
+    try:
+        b.run()
+    finally:
+        loop.stop_agent()
+    f, summary = loop.check(b)
+    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    return b, f, summary
+
+
 def bench(b, key):
     """Median ns per pipe round trip over the interleaved runs `key-1..3`."""
     vals = sorted(float(m[1]["ns_per_round_trip"]) for k, m in b.marks.items()
@@ -553,15 +691,20 @@ def main():
                     help="pvschedd (vfio-daemon; default: beside --device-bin)")
     ap.add_argument("--scenarios",
                     default="main,negative,agent,vfio-device,vfio-guest,vfio-daemon,vfio-kill,"
-                            "vfio-unplug",
+                            "vfio-unplug,wait,hostile",
                     help="main/negative/agent: QEMU 7.2 mpqemu; vfio-device/vfio-guest: QEMU 11 "
                          "vfio-user in device-/guest-region mode; vfio-daemon: pvschedd's region "
                          "as BAR2; vfio-kill/vfio-unplug: the device SIGKILLed / device_del'd "
-                         "while the driver is bound")
+                         "while the driver is bound; wait: wait_on and the policy's directed "
+                         "yield; hostile: hostile region headers")
     ap.add_argument("--qemu11", type=Path, default=None,
                     help="QEMU >= 10.1 (default: CACHE/qemu11/qemu-system-x86_64)")
     ap.add_argument("--churn", type=int, default=60000,
                     help="pipe round trips of the device-region no-message check")
+    ap.add_argument("--kernel", default=None,
+                    help="boot this kernel of tests/linux-guest/kernels.conf with its "
+                         "DKMS-installed module (default: the host-built module on "
+                         "$PVSCHED_GUEST_KABI's cloud kernel)")
     ap.add_argument("--kernel-log", action="store_true", help="boot without 'quiet'")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
@@ -572,12 +715,23 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     t_all = time.monotonic()
 
-    args.vmlinuz, trees = kernel_tree(args.cache)
-    ko, secs = build_module(repo, trees["cloud"], args.out / "build-cloud")
-    log(f"module built against {KABI}-cloud-amd64 in {secs:.1f}s")
-    _, secs = build_module(repo, trees["rt"], args.out / "build-rt")
-    log(f"module build-tested against {KABI}-rt-amd64 (PREEMPT_RT) in {secs:.1f}s")
-    args.initrd = build_initramfs(here, ko, args.out)
+    if args.kernel:
+        release, chroot, args.vmlinuz = matrix_kernel(args.cache, args.kernel)
+        args.out = args.out / args.kernel
+        args.out.mkdir(parents=True, exist_ok=True)
+        args.initrd = build_initramfs(here, None, args.out,
+                                      extra_files=modprobe_files(chroot, release))
+        args.tag, args.load_append = f"@{args.kernel}", "pvload=modprobe"
+        log(f"kernel {args.kernel}: {release}, the module DKMS installed in {chroot}, "
+            f"loaded with modprobe")
+    else:
+        args.vmlinuz, trees = kernel_tree(args.cache)
+        ko, secs = build_module(repo, trees["cloud"], args.out / "build-cloud")
+        log(f"module built against {KABI}-cloud-amd64 in {secs:.1f}s")
+        _, secs = build_module(repo, trees["rt"], args.out / "build-rt")
+        log(f"module build-tested against {KABI}-rt-amd64 (PREEMPT_RT) in {secs:.1f}s")
+        args.initrd = build_initramfs(here, ko, args.out)
+        args.tag, args.load_append = "", ""
 
     failures, results = [], []
     scenarios = set(args.scenarios.split(","))
@@ -655,6 +809,13 @@ def main():
         if not args.qemu11.exists():
             raise FileNotFoundError(f"{args.qemu11} (QEMU >= 10.1: run scripts/setup)")
         b, f, summary = loss_boot(args, how)
+        failures += f
+        results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
+        log(results[-1])
+    for scenario, fn in (("wait", wait_boot), ("hostile", hostile_boot)):
+        if scenario not in scenarios or (scenario == "wait" and not args.agent_bin):
+            continue
+        b, f, summary = fn(args)
         failures += f
         results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
         log(results[-1])

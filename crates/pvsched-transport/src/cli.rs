@@ -5,7 +5,7 @@
 //! pvsched device --transport mpqemu --fd 3 --vcpus 2 [--apic-ids 0,1]
 //! pvsched device --transport vfio-user --socket PATH --vcpus 2 [--apic-ids 0,1]
 //!                [--host-flags N] [--features N|0xN] [--no-sandbox]
-//!                [--fault wrong-magic|wrong-version|refuse-region]
+//!                [--fault wrong-magic|wrong-version|refuse-region|hostile-header]
 //!                [--dump-slots PATH]
 //! ```
 //!
@@ -38,6 +38,9 @@ pub enum FaultArg {
     WrongVersion,
     /// Refuse the guest region at DRIVER_OK.
     RefuseRegion,
+    /// Corrupt the region header after each DRIVER_OK (a different way
+    /// each time; from the fifth on, after the driver validated it).
+    HostileHeader,
 }
 
 impl From<FaultArg> for Fault {
@@ -46,6 +49,7 @@ impl From<FaultArg> for Fault {
             FaultArg::WrongMagic => Fault::WrongMagic,
             FaultArg::WrongVersion => Fault::WrongVersion,
             FaultArg::RefuseRegion => Fault::RefuseRegion,
+            FaultArg::HostileHeader => Fault::HostileHeader,
         }
     }
 }
