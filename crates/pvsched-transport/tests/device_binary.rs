@@ -3,10 +3,13 @@
 //! Linux-guest harness asserts on.
 
 mod common;
+#[path = "support/slot_dump_check.rs"]
+mod slot_dump_check;
 
 use common::{Qemu, REGION_GPA};
 use nix::fcntl::{FcntlArg, FdFlag, fcntl};
 use pvsched_abi as abi;
+use slot_dump_check::{FIFO8_WRITES, assert_fifo8_seen_in_slot1};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
@@ -51,27 +54,14 @@ fn serves_qemu_and_dumps_slots() {
     );
     // The guest reports FIFO 8 in slot 1 (APIC ID 2).
     let slot1 = REGION_GPA + u64::from(abi::slots_offset(2)) + u64::from(abi::SLOT_SIZE);
-    for (off, v) in [(8u64, abi::POLICY_FIFO), (16, 8), (0, 2)] {
+    for (off, v) in FIFO8_WRITES {
         qemu.ram
             .write_all_at(&v.to_le_bytes(), slot1 + off)
             .expect("pwrite");
     }
     std::thread::sleep(std::time::Duration::from_millis(100));
     drop(qemu);
-    let status = child.wait().expect("wait");
-    assert!(status.success(), "pvsched-device exited with {status}");
-
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&dump).expect("dump written")).expect("json");
-    assert_eq!(v["device"]["generation"], 1);
-    assert_eq!(v["device"]["disconnected"], true);
-    assert_eq!(v["header"][0], abi::REGION_MAGIC);
-    assert_eq!(v["slots"][1]["apic_id"], 2);
-    assert!(
-        v["slots"][1]["seen"]["1/8/0"].as_u64().unwrap_or(0) > 0,
-        "{v}"
-    );
-    std::fs::remove_dir_all(&dir).expect("cleanup");
+    assert_fifo8_seen_in_slot1(&mut child, &dump, &dir);
 }
 
 #[test]

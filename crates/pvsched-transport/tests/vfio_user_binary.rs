@@ -4,10 +4,13 @@
 //! process's JSON slot dump shows what the guest wrote, with no socket
 //! message per update.
 
+#[path = "support/slot_dump_check.rs"]
+mod slot_dump_check;
 #[path = "support/vfio_client.rs"]
 mod vfio_client;
 
 use pvsched_abi as abi;
+use slot_dump_check::{FIFO8_WRITES, assert_fifo8_seen_in_slot1};
 use std::process::{Command, Stdio};
 use vfio_client::{connect, driver_ok, map_bar2, map_bars, negotiate};
 
@@ -37,7 +40,7 @@ fn serves_vfio_user_client_in_device_region_mode() {
     // The guest reports FIFO 8 in slot 1 (APIC ID 2) through the mapping.
     let map = map_bar2(&c);
     let slot1 = u64::from(abi::slot_offset(2, 1));
-    for (off, v) in [(8u64, abi::POLICY_FIFO), (16, 8), (0, 2)] {
+    for (off, v) in FIFO8_WRITES {
         let at = usize::try_from(slot1 + off).expect("offset");
         assert!(at + 4 <= map.size());
         // SAFETY: `at + 4` lies inside the live mapping `map`; a 4-byte
@@ -47,20 +50,7 @@ fn serves_vfio_user_client_in_device_region_mode() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     c.shutdown().expect("shutdown");
     drop(c);
-    let status = child.wait().expect("wait");
-    assert!(status.success(), "pvsched-device exited with {status}");
-
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&dump).expect("dump written")).expect("json");
-    assert_eq!(v["device"]["generation"], 1);
-    assert_eq!(v["device"]["disconnected"], true);
-    assert_eq!(v["header"][0], abi::REGION_MAGIC);
-    assert_eq!(v["slots"][1]["apic_id"], 2);
-    assert!(
-        v["slots"][1]["seen"]["1/8/0"].as_u64().unwrap_or(0) > 0,
-        "{v}"
-    );
-    std::fs::remove_dir_all(&dir).expect("cleanup");
+    assert_fifo8_seen_in_slot1(&mut child, &dump, &dir);
 }
 
 #[test]

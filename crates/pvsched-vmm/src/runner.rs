@@ -15,7 +15,7 @@ use crate::stats::{self, Summary};
 use crate::vcpu::VcpuEnd;
 use crate::vm::{self, Vm, VmConfig};
 use pvsched_abi as abi;
-use pvsched_device::RegionMode;
+use pvsched_device::{RegionMode, RegionView};
 use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -339,49 +339,9 @@ impl Run {
         let mut per_vcpu = Vec::new();
         let mut all_samples = Vec::new();
         for v in 0..n {
-            let s = monitor.stats(v);
-            let sum = stats::summarize(&s.samples_ns);
-            all_samples.extend_from_slice(&s.samples_ns);
-            let guest_slot = match (&view, s.slot) {
-                (Some(view), Some(slot)) => view.read_guest_slot(slot).ok().map(|g| SlotReading {
-                    seq: g.seq,
-                    kern_cs: g.kern_cs,
-                    policy: g.policy,
-                    rt_prio: g.rt_prio,
-                    wait_on: g.wait_on,
-                    updates: g.updates,
-                }),
-                _ => None,
-            };
-            per_vcpu.push(VcpuReport {
-                index: v,
-                tid: tids.get(v as usize).copied().unwrap_or(0),
-                apic_id: s.apic_id,
-                slot: s.slot,
-                events: s.events,
-                samples: sum.samples,
-                p50_us: sum.p50_us,
-                p99_us: sum.p99_us,
-                max_us: sum.max_us,
-                mmio_exits: monitor.mmio_exits(v),
-                pio_exits: monitor.pio_exits(v),
-                burst_updates: s.burst_updates,
-                burst_mmio_exits: s.burst_mmio_exits,
-                burst_device_messages: s.burst_device_messages,
-                ipi_sent: s.ipi_sent,
-                ipi_received: s.ipi_received,
-                spins: s.spins,
-                pause_iterations: s.pause_iterations,
-                hostile: s.hostile.clone(),
-                greedy_loops: if self.workload == Workload::Greedy {
-                    self.vm.greedy_loops(v)
-                } else {
-                    0
-                },
-                fault: s.fault,
-                guest_slot,
-                end: None,
-            });
+            let (report, samples) = self.vcpu_report(v, &monitor, view.as_ref(), &tids);
+            all_samples.extend_from_slice(&samples);
+            per_vcpu.push(report);
         }
         let hs = monitor.stats(0).handshake;
         let workload = self.workload;
@@ -414,11 +374,7 @@ impl Run {
             p99_us,
             max_us,
         } = stats::summarize(&all_samples);
-        let handshake = match hs {
-            Some((st, _)) if st & abi::STATUS_DRIVER_OK != 0 => "DRIVER_OK".to_owned(),
-            Some((_, err)) => format!("FAILED: {}", error_name(err)),
-            None => "NOT_REACHED".to_owned(),
-        };
+        let handshake = handshake_text(hs);
         RunReport {
             vcpus: n,
             workload,
@@ -445,6 +401,60 @@ impl Run {
             per_vcpu,
             console: monitor.console(),
         }
+    }
+
+    /// vCPU `v`'s row of the report (without its end state, known only
+    /// after shutdown) and its latency samples.
+    fn vcpu_report(
+        &self,
+        v: u32,
+        monitor: &GuestMonitor,
+        view: Option<&RegionView>,
+        tids: &[i32],
+    ) -> (VcpuReport, Vec<u64>) {
+        let s = monitor.stats(v);
+        let sum = stats::summarize(&s.samples_ns);
+        let guest_slot = match (view, s.slot) {
+            (Some(view), Some(slot)) => view.read_guest_slot(slot).ok().map(|g| SlotReading {
+                seq: g.seq,
+                kern_cs: g.kern_cs,
+                policy: g.policy,
+                rt_prio: g.rt_prio,
+                wait_on: g.wait_on,
+                updates: g.updates,
+            }),
+            _ => None,
+        };
+        let report = VcpuReport {
+            index: v,
+            tid: tids.get(v as usize).copied().unwrap_or(0),
+            apic_id: s.apic_id,
+            slot: s.slot,
+            events: s.events,
+            samples: sum.samples,
+            p50_us: sum.p50_us,
+            p99_us: sum.p99_us,
+            max_us: sum.max_us,
+            mmio_exits: monitor.mmio_exits(v),
+            pio_exits: monitor.pio_exits(v),
+            burst_updates: s.burst_updates,
+            burst_mmio_exits: s.burst_mmio_exits,
+            burst_device_messages: s.burst_device_messages,
+            ipi_sent: s.ipi_sent,
+            ipi_received: s.ipi_received,
+            spins: s.spins,
+            pause_iterations: s.pause_iterations,
+            hostile: s.hostile.clone(),
+            greedy_loops: if self.workload == Workload::Greedy {
+                self.vm.greedy_loops(v)
+            } else {
+                0
+            },
+            fault: s.fault,
+            guest_slot,
+            end: None,
+        };
+        (report, s.samples_ns)
     }
 
     /// Wait up to `grace` for `group` to report done by itself, then wake
@@ -529,5 +539,15 @@ fn inject_loop(
             }
         }
         std::thread::sleep(interval);
+    }
+}
+
+/// The handshake as the report shows it: `DRIVER_OK`, `FAILED: <error>` or
+/// `NOT_REACHED`.
+fn handshake_text(hs: Option<(u32, u32)>) -> String {
+    match hs {
+        Some((st, _)) if st & abi::STATUS_DRIVER_OK != 0 => "DRIVER_OK".to_owned(),
+        Some((_, err)) => format!("FAILED: {}", error_name(err)),
+        None => "NOT_REACHED".to_owned(),
     }
 }

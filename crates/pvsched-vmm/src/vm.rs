@@ -288,21 +288,7 @@ fn check_device(path: &str) -> Result<()> {
 impl Vm {
     /// Build the VM: memory, irqchip, PCI bus, device, test guest, vCPUs.
     pub fn new(cfg: VmConfig) -> Result<Self> {
-        if cfg.vcpus == 0 || cfg.vcpus > layout::MAX_GUEST_VCPUS {
-            return Err(Error::Config(format!(
-                "vcpus must be 1..={}, got {}",
-                layout::MAX_GUEST_VCPUS,
-                cfg.vcpus
-            )));
-        }
-        if cfg.ram_size < layout::min_ram_size(cfg.vcpus) || cfg.ram_size > MMIO_HOLE_BASE {
-            return Err(Error::Config(format!(
-                "ram_size {:#x} must be between {:#x} and {:#x}",
-                cfg.ram_size,
-                layout::min_ram_size(cfg.vcpus),
-                MMIO_HOLE_BASE
-            )));
-        }
+        check_config(&cfg)?;
         kick::install()?;
         let kvm = open_kvm()?;
         let vm = Arc::new(kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?);
@@ -310,74 +296,18 @@ impl Vm {
             .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
         vm.create_irq_chip()
             .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
-
-        let ram = memory::guest_ram(cfg.ram_size)?;
-        for region in ram.iter() {
-            let mr = kvm_userspace_memory_region {
-                slot: RAM_SLOT,
-                flags: 0,
-                guest_phys_addr: 0,
-                memory_size: cfg.ram_size,
-                userspace_addr: region.as_ptr() as u64,
-            };
-            // SAFETY: the range is `ram`'s own mapping, which the Vm owns.
-            // Every vCPU thread is joined (Drop) before `ram` is unmapped, so
-            // no guest code runs on the slot afterwards; KVM itself only
-            // reports EFAULT for a slot whose memory is gone.
-            unsafe { vm.set_user_memory_region(mr) }
-                .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION (RAM)"))?;
-        }
+        let ram = map_ram(&vm, cfg.ram_size)?;
 
         let apic_ids: Vec<u32> = (0..cfg.vcpus).collect();
         let mut dcfg = DeviceConfig::new(cfg.vcpus);
         dcfg.apic_ids = apic_ids.clone();
         dcfg.features = cfg.device_features;
         let pci_id = (u32::from(dcfg.ids.device) << 16) | u32::from(dcfg.ids.vendor);
-        let sink = cfg
-            .policy_sink
-            .clone()
-            .unwrap_or_else(|| Arc::new(NullSink));
         let monitor = Arc::new(GuestMonitor::new(cfg.vcpus));
-        let mut remote = None;
-        let mut link = None;
-        let (device, shared, bar2_backing) = match &cfg.device_mode {
-            DeviceMode::InProcess => {
-                let mut dev = PvschedDevice::new(dcfg, sink)?;
-                dev.set_guest_memory(ram.clone());
-                let mut backing = None;
-                if cfg.device_features & abi::F_DEVICE_REGION != 0 {
-                    let b = match &cfg.device_region {
-                        Some(r) => r.clone(),
-                        None => memory::memfd_region(
-                            c"pvsched-region",
-                            PvschedDevice::region_bar_size(cfg.vcpus),
-                        )?,
-                    };
-                    dev.set_device_region(b.clone())?;
-                    backing = Some(b);
-                }
-                let device = Arc::new(Mutex::new(dev));
-                let shared = device.clone() as SharedDevice;
-                (device, shared, backing)
-            }
-            DeviceMode::Sandboxed(program) => {
-                if cfg.device_region.is_some() {
-                    return Err(Error::Config(
-                        "a sandboxed device owns BAR2's memory; device_region needs DeviceMode::InProcess (register the slot addresses of Vm::bar2_backing with the policy instead)".into(),
-                    ));
-                }
-                let args = device_args(&dcfg, sink.host_flags());
-                let mirror = Arc::new(Mutex::new(PvschedDevice::new(dcfg, sink)?));
-                let r = spawn_remote(program, args, &mirror, &monitor, &cfg, &ram)?;
-                let backing = r.bar2();
-                link = Some(r.shared_link().clone());
-                monitor.set_device_messages(r.shared_link().message_counter());
-                let r = Arc::new(Mutex::new(r));
-                remote = Some(r.clone());
-                (mirror, r as SharedDevice, backing)
-            }
-        };
-        let bar2 = bar2_backing.map(|b| Arc::new(BarMemslot::new(vm.clone(), BAR2_SLOT, b)));
+        let parts = device_parts(&cfg, dcfg, &ram, &monitor)?;
+        let bar2 = parts
+            .bar2_backing
+            .map(|b| Arc::new(BarMemslot::new(vm.clone(), BAR2_SLOT, b)));
 
         let mut pci = PciRoot::new();
         pci.add(
@@ -389,9 +319,9 @@ impl Vm {
             .iter()
             .map(|s| (BarIndex(abi::REGION_BAR), s.clone()))
             .collect();
-        pci.add(PVSCHED_DEVICE, shared, slots);
+        pci.add(PVSCHED_DEVICE, parts.shared, slots);
         let pci = Arc::new(pci);
-        assign_bars(&pci, &device)?;
+        assign_bars(&pci, &parts.device)?;
 
         let program = guest::program::build().map_err(guest::Error::from)?;
         guest::load(
@@ -409,26 +339,15 @@ impl Vm {
                 guest_region_gpa: layout::GUEST_REGION_GPA as u32,
             },
         )?;
-
-        let supported = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
-        let mut pending = Vec::new();
-        for (i, id) in apic_ids.iter().enumerate() {
-            let v = vm
-                .create_vcpu(i as u64)
-                .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-            vcpu::setup(&v, i as u32, *id, &supported)?;
-            pending.push(v);
-        }
+        let pending = create_vcpus(&kvm, &vm, &apic_ids)?;
         Ok(Self {
             monitor,
             cfg,
             vm,
             ram,
-            device,
-            remote,
-            link,
+            device: parts.device,
+            remote: parts.remote,
+            link: parts.link,
             pci,
             bar2,
             apic_ids,
@@ -439,7 +358,141 @@ impl Vm {
             gate: Arc::new(Gate::default()),
         })
     }
+}
 
+/// The VM's vCPU count and RAM size are in range.
+fn check_config(cfg: &VmConfig) -> Result<()> {
+    if cfg.vcpus == 0 || cfg.vcpus > layout::MAX_GUEST_VCPUS {
+        return Err(Error::Config(format!(
+            "vcpus must be 1..={}, got {}",
+            layout::MAX_GUEST_VCPUS,
+            cfg.vcpus
+        )));
+    }
+    if cfg.ram_size < layout::min_ram_size(cfg.vcpus) || cfg.ram_size > MMIO_HOLE_BASE {
+        return Err(Error::Config(format!(
+            "ram_size {:#x} must be between {:#x} and {:#x}",
+            cfg.ram_size,
+            layout::min_ram_size(cfg.vcpus),
+            MMIO_HOLE_BASE
+        )));
+    }
+    Ok(())
+}
+
+/// Guest RAM, registered with KVM as slot RAM_SLOT at GPA 0.
+fn map_ram(vm: &VmFd, ram_size: u64) -> Result<GuestMemoryMmap> {
+    let ram = memory::guest_ram(ram_size)?;
+    for region in ram.iter() {
+        let mr = kvm_userspace_memory_region {
+            slot: RAM_SLOT,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: ram_size,
+            userspace_addr: region.as_ptr() as u64,
+        };
+        // SAFETY: the range is `ram`'s own mapping, which the Vm owns.
+        // Every vCPU thread is joined (Drop) before `ram` is unmapped, so
+        // no guest code runs on the slot afterwards; KVM itself only
+        // reports EFAULT for a slot whose memory is gone.
+        unsafe { vm.set_user_memory_region(mr) }
+            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION (RAM)"))?;
+    }
+    Ok(ram)
+}
+
+/// The device and what the VM keeps of it.
+struct DeviceParts {
+    /// The device model: the device itself in process, else the mirror the
+    /// VMM keeps of the sandboxed device's registers.
+    device: Arc<Mutex<PvschedDevice>>,
+    /// What the PCI bus dispatches to.
+    shared: SharedDevice,
+    /// BAR2's memory, if the device offers a device region.
+    bar2_backing: Option<Arc<MmapRegion>>,
+    /// The sandboxed device process.
+    remote: Option<Arc<Mutex<RemoteDevice>>>,
+    /// Its link.
+    link: Option<Arc<Link>>,
+}
+
+/// The device, in process or as a sandboxed device process
+/// (`cfg.device_mode`).
+fn device_parts(
+    cfg: &VmConfig,
+    dcfg: DeviceConfig,
+    ram: &GuestMemoryMmap,
+    monitor: &Arc<GuestMonitor>,
+) -> Result<DeviceParts> {
+    let sink = cfg
+        .policy_sink
+        .clone()
+        .unwrap_or_else(|| Arc::new(NullSink));
+    let mut remote = None;
+    let mut link = None;
+    let (device, shared, bar2_backing) = match &cfg.device_mode {
+        DeviceMode::InProcess => {
+            let mut dev = PvschedDevice::new(dcfg, sink)?;
+            dev.set_guest_memory(ram.clone());
+            let mut backing = None;
+            if cfg.device_features & abi::F_DEVICE_REGION != 0 {
+                let b = match &cfg.device_region {
+                    Some(r) => r.clone(),
+                    None => memory::memfd_region(
+                        c"pvsched-region",
+                        PvschedDevice::region_bar_size(cfg.vcpus),
+                    )?,
+                };
+                dev.set_device_region(b.clone())?;
+                backing = Some(b);
+            }
+            let device = Arc::new(Mutex::new(dev));
+            let shared = device.clone() as SharedDevice;
+            (device, shared, backing)
+        }
+        DeviceMode::Sandboxed(program) => {
+            if cfg.device_region.is_some() {
+                return Err(Error::Config(
+                        "a sandboxed device owns BAR2's memory; device_region needs DeviceMode::InProcess (register the slot addresses of Vm::bar2_backing with the policy instead)".into(),
+                    ));
+            }
+            let args = device_args(&dcfg, sink.host_flags());
+            let mirror = Arc::new(Mutex::new(PvschedDevice::new(dcfg, sink)?));
+            let r = spawn_remote(program, args, &mirror, monitor, cfg, ram)?;
+            let backing = r.bar2();
+            link = Some(r.shared_link().clone());
+            monitor.set_device_messages(r.shared_link().message_counter());
+            let r = Arc::new(Mutex::new(r));
+            remote = Some(r.clone());
+            (mirror, r as SharedDevice, backing)
+        }
+    };
+    Ok(DeviceParts {
+        device,
+        shared,
+        bar2_backing,
+        remote,
+        link,
+    })
+}
+
+/// One vCPU per APIC ID, set up with KVM's supported CPUID.
+fn create_vcpus(kvm: &Kvm, vm: &VmFd, apic_ids: &[u32]) -> Result<Vec<VcpuFd>> {
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let mut pending = Vec::new();
+    for (i, id) in apic_ids.iter().enumerate() {
+        let v = vm
+            .create_vcpu(i as u64)
+            .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+        vcpu::setup(&v, i as u32, *id, &supported)?;
+        pending.push(v);
+    }
+    Ok(pending)
+}
+
+impl Vm {
     /// Start one thread per vCPU, named `vcpu N`. Returns once every thread
     /// has recorded its TID.
     pub fn start(&mut self) -> Result<()> {

@@ -127,18 +127,6 @@ impl RunArgs {
     }
 }
 
-/// Why the VM (with its policy) did not start.
-enum StartError {
-    Vm(pvsched_vmm::Error),
-    Policy(EmbeddedError),
-}
-
-impl From<pvsched_vmm::Error> for StartError {
-    fn from(e: pvsched_vmm::Error) -> Self {
-        StartError::Vm(e)
-    }
-}
-
 /// The admin caps from `--policy-file`, or the defaults.
 fn load_caps(path: Option<&PathBuf>) -> Result<Caps, String> {
     path.map_or(Ok(Caps::default()), |p| read_policy_file(p))
@@ -161,73 +149,80 @@ fn policy_exit(e: &EmbeddedError) -> Exit {
     }
 }
 
+/// Why `pvsched run` stopped before its verdict; each maps to one exit code
+/// ([`RunError::exit`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `--policy-file` with `--policy none`.
+    #[error("--policy-file needs --policy embedded")]
+    PolicyFileWithoutPolicy,
+    /// `--trace` without the embedded policy.
+    #[error("--trace needs --policy embedded (pvschedd has no trace option yet)")]
+    TraceWithoutEmbedded,
+    /// The sandboxed device process is this binary, which could not be found.
+    #[error(
+        "cannot find this program to start the device process: {0}; use --device-mode in-process"
+    )]
+    CurrentExe(#[source] std::io::Error),
+    /// `--policy-file` unreadable or invalid (the message names the file).
+    #[error("{0}")]
+    PolicyFile(String),
+    /// The policy could not be loaded, registered or attached.
+    #[error("{0}")]
+    Policy(#[source] EmbeddedError),
+    /// The VM could not start.
+    #[error("{0}")]
+    Vm(#[from] pvsched_vmm::Error),
+    /// `--json`: the report could not be encoded.
+    #[error("encoding JSON failed: {0}")]
+    Json(#[source] serde_json::Error),
+    /// The summary could not be written to stdout.
+    #[error("writing the summary failed: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+impl RunError {
+    /// The exit code `pvsched run` returns for this error.
+    pub fn exit(&self) -> Exit {
+        match self {
+            RunError::PolicyFileWithoutPolicy | RunError::PolicyFile(_) => Exit::PolicyFile,
+            RunError::TraceWithoutEmbedded => Exit::Usage,
+            RunError::Policy(e) => policy_exit(e),
+            RunError::Vm(e) => exit_for(e),
+            RunError::CurrentExe(_) | RunError::Json(_) | RunError::Write(_) => Exit::Failure,
+        }
+    }
+}
+
 /// Run the subcommand; returns the exit code.
 pub fn main(args: &RunArgs) -> Exit {
     // Warnings and errors (e.g. the device process dying) on stderr.
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
         .try_init();
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("pvsched run: {e}");
+            e.exit()
+        }
+    }
+}
+
+/// Checks the flags, loads the policy, runs the VM, prints the summary;
+/// the verdict ([`verdict`]) or why it stopped.
+fn run(args: &RunArgs) -> Result<Exit, RunError> {
     let policy_kind = args.policy();
     if policy_kind == Policy::None && args.policy_file.is_some() {
-        eprintln!("pvsched run: --policy-file needs --policy embedded");
-        return Exit::PolicyFile;
+        return Err(RunError::PolicyFileWithoutPolicy);
     }
     if policy_kind != Policy::Embedded && args.trace.is_some() {
-        eprintln!(
-            "pvsched run: --trace needs --policy embedded (pvschedd has no trace option yet)"
-        );
-        return Exit::Usage;
+        return Err(RunError::TraceWithoutEmbedded);
     }
-    let mut vm = VmConfig::new(args.vcpus, args.workload.into());
-    vm.region = match args.region {
-        Region::Device => RegionMode::Device,
-        Region::Guest => RegionMode::Guest,
-    };
-    if args.device_mode == DeviceModeArg::Sandboxed {
-        // The device program is this binary's `device` subcommand.
-        match std::env::current_exe() {
-            Ok(exe) => vm.device_mode = DeviceMode::Sandboxed(DeviceProgram::new(exe, ["device"])),
-            Err(e) => {
-                eprintln!(
-                    "pvsched run: cannot find this program to start the device process: {e}; use --device-mode in-process"
-                );
-                return Exit::Failure;
-            }
-        }
-    }
+    let mut vm = vm_config(args)?;
     // Declared before the run: dropped (unregistered, baselines restored)
     // only after the VM is shut down.
-    let mut policy = if policy_kind == Policy::None {
-        None
-    } else {
-        let caps = match load_caps(args.policy_file.as_ref()) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("pvsched run: {e}");
-                return Exit::PolicyFile;
-            }
-        };
-        let loaded = if policy_kind == Policy::Embedded {
-            let cfg = AgentConfig {
-                trace: args.trace.clone(),
-                ..AgentConfig::default()
-            };
-            Embedded::load(caps, cfg)
-        } else {
-            let name = args
-                .vm_name
-                .clone()
-                .unwrap_or_else(|| format!("pvsched-run-{}", std::process::id()));
-            Embedded::daemon(caps, &args.daemon_socket, &name)
-        };
-        match loaded {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!("pvsched run: {e}");
-                return policy_exit(&e);
-            }
-        }
-    };
+    let mut policy = load_policy(args)?;
     vm.policy_sink = policy.as_ref().map(Embedded::sink);
     vm.on_device_lost = policy.as_ref().map(Embedded::device_lost_hook);
     let cfg = RunConfig::new(vm, args.duration);
@@ -241,51 +236,73 @@ pub fn main(args: &RunArgs) -> Exit {
         policy_name(args.policy())
     );
     let device_region = args.region == Region::Device;
-    let started = Run::start_with(&cfg, |vm| match policy.as_mut() {
-        Some(p) if device_region => p.attach_device(vm).map_err(StartError::Policy),
+    let run = Run::start_with(&cfg, |vm| match policy.as_mut() {
+        Some(p) if device_region => p.attach_device(vm).map_err(RunError::Policy),
         _ => Ok(()),
-    });
-    let run = match started {
-        Ok(r) => r,
-        Err(StartError::Vm(e)) => {
-            eprintln!("pvsched run: {e}");
-            return exit_for(&e);
-        }
-        Err(StartError::Policy(e)) => {
-            eprintln!("pvsched run: {e}");
-            return policy_exit(&e);
-        }
-    };
+    })?;
     if let Some(p) = policy.as_mut()
         && !device_region
         && let Err(e) = p.attach_guest(run.vm())
     {
-        eprintln!("pvsched run: {e}");
         let _ = run.finish();
-        return policy_exit(&e);
+        return Err(RunError::Policy(e));
     }
     let report = wait_with_progress(run, args.duration);
     let stats = policy.as_ref().and_then(Embedded::stats);
     // Unregister (restores every vCPU thread) before printing.
     drop(policy);
-    let code = print_report(args, &report, stats.as_ref());
-    if code != Exit::Ok {
-        return code;
+    print_report(args, &report, stats.as_ref())?;
+    Ok(verdict(&report))
+}
+
+/// The VM's configuration from the flags (the device program is this
+/// binary's `device` subcommand when sandboxed).
+fn vm_config(args: &RunArgs) -> Result<VmConfig, RunError> {
+    let mut vm = VmConfig::new(args.vcpus, args.workload.into());
+    vm.region = match args.region {
+        Region::Device => RegionMode::Device,
+        Region::Guest => RegionMode::Guest,
+    };
+    if args.device_mode == DeviceModeArg::Sandboxed {
+        let exe = std::env::current_exe().map_err(RunError::CurrentExe)?;
+        vm.device_mode = DeviceMode::Sandboxed(DeviceProgram::new(exe, ["device"]));
     }
-    verdict(&report)
+    Ok(vm)
+}
+
+/// The embedded policy or the pvschedd registration `--policy` asks for,
+/// with the caps of `--policy-file`; `None` for `--policy none`.
+fn load_policy(args: &RunArgs) -> Result<Option<Embedded>, RunError> {
+    let kind = args.policy();
+    if kind == Policy::None {
+        return Ok(None);
+    }
+    let caps = load_caps(args.policy_file.as_ref()).map_err(RunError::PolicyFile)?;
+    let loaded = if kind == Policy::Embedded {
+        let cfg = AgentConfig {
+            trace: args.trace.clone(),
+            ..AgentConfig::default()
+        };
+        Embedded::load(caps, cfg)
+    } else {
+        let name = args
+            .vm_name
+            .clone()
+            .unwrap_or_else(|| format!("pvsched-run-{}", std::process::id()));
+        Embedded::daemon(caps, &args.daemon_socket, &name)
+    };
+    loaded.map(Some).map_err(RunError::Policy)
 }
 
 /// Prints the summary (table or JSON) with the policy section, if any.
-fn print_report(args: &RunArgs, report: &RunReport, stats: Option<&VmStats>) -> Exit {
+fn print_report(
+    args: &RunArgs,
+    report: &RunReport,
+    stats: Option<&VmStats>,
+) -> Result<(), RunError> {
     let name = policy_name(args.policy());
     if args.json {
-        let mut v = match serde_json::to_value(report) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("pvsched run: encoding JSON failed: {e}");
-                return Exit::Failure;
-            }
-        };
+        let mut v = serde_json::to_value(report).map_err(RunError::Json)?;
         if let Some(obj) = v.as_object_mut() {
             obj.insert(
                 "policy".into(),
@@ -298,14 +315,11 @@ fn print_report(args: &RunArgs, report: &RunReport, stats: Option<&VmStats>) -> 
         println!("{v}");
     } else {
         let mut out = std::io::stdout().lock();
-        let r = print_table(&mut out, report)
-            .and_then(|()| stats.map_or(Ok(()), |s| summary::print_table(&mut out, name, s)));
-        if let Err(e) = r {
-            eprintln!("pvsched run: writing the summary failed: {e}");
-            return Exit::Failure;
-        }
+        print_table(&mut out, report)
+            .and_then(|()| stats.map_or(Ok(()), |s| summary::print_table(&mut out, name, s)))
+            .map_err(RunError::Write)?;
     }
-    Exit::Ok
+    Ok(())
 }
 
 fn policy_name(p: Policy) -> &'static str {
@@ -614,6 +628,47 @@ mod tests {
             exit_for(&pvsched_vmm::Error::Config("x".into())),
             Exit::Failure
         );
+    }
+
+    #[test]
+    fn run_errors_say_what_failed_and_map_to_their_exit_code() {
+        let cases = [
+            (
+                RunError::PolicyFileWithoutPolicy,
+                "--policy-file needs --policy embedded",
+                Exit::PolicyFile,
+            ),
+            (
+                RunError::TraceWithoutEmbedded,
+                "--trace needs --policy embedded (pvschedd has no trace option yet)",
+                Exit::Usage,
+            ),
+            (
+                RunError::PolicyFile("--policy-file /x: bad".into()),
+                "--policy-file /x: bad",
+                Exit::PolicyFile,
+            ),
+            (
+                RunError::Vm(pvsched_vmm::Error::KvmMissing),
+                &pvsched_vmm::Error::KvmMissing.to_string(),
+                Exit::NoKvm,
+            ),
+            (
+                RunError::Write(std::io::Error::other("full")),
+                "writing the summary failed: full",
+                Exit::Failure,
+            ),
+        ];
+        for (e, text, code) in cases {
+            assert_eq!(e.to_string(), text);
+            assert_eq!(e.exit(), code, "{e}");
+        }
+        let e = RunError::CurrentExe(std::io::Error::other("gone"));
+        assert!(
+            e.to_string().ends_with("use --device-mode in-process"),
+            "{e}"
+        );
+        assert_eq!(e.exit(), Exit::Failure);
     }
 
     #[test]

@@ -246,6 +246,19 @@ impl Asm {
     }
 }
 
+/// Subroutine and jump-target labels shared between the emitters.
+struct Subroutines {
+    pci_find: CodeLabel,
+    handshake: CodeLabel,
+    find_slot: CodeLabel,
+    burst: CodeLabel,
+    hostile: CodeLabel,
+    hostile_ap: CodeLabel,
+    done: CodeLabel,
+}
+
+/// The whole program, in emission order; `t` holds the addresses of the
+/// resume targets (zero on the first pass).
 fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     let mut m = Asm {
         a: CodeAssembler::new(32)?,
@@ -259,19 +272,46 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
         greedy: m.a.create_label(),
         handlers: Vec::new(),
     };
+    let mut s = Subroutines {
+        pci_find: m.a.create_label(),
+        handshake: m.a.create_label(),
+        find_slot: m.a.create_label(),
+        burst: m.a.create_label(),
+        hostile: m.a.create_label(),
+        hostile_ap: m.a.create_label(),
+        done: m.a.create_label(),
+    };
+    emit_entry(&mut m, &l, &s, t)?;
+    emit_workloads(&mut m, &mut l, &mut s.done)?;
+    emit_pci_find(&mut m, &mut s.pci_find)?;
+    emit_handshake(&mut m, &mut s.handshake)?;
+    emit_find_slot(&mut m, &mut s.find_slot)?;
+    emit_slot_write(&mut m, &mut l.slot_write)?;
+    emit_burst(&mut m, &mut s.burst, l.slot_write)?;
+    emit_hostile(&mut m, &mut s.hostile, t)?;
+    emit_hostile_ap(&mut m, &mut s.hostile_ap, l.passive)?;
+    emit_handlers(&mut m, &mut l, &s.done)?;
+
+    let result = m.a.assemble_options(
+        CODE_ADDR,
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )?;
+    Ok((result, l))
+}
+
+/// Entry of every vCPU: x2APIC on; vCPU 0 finds the device and shakes
+/// hands while the others wait; then every vCPU finds its slot, meets the
+/// others at a barrier, runs the slot burst and jumps to its workload.
+fn emit_entry(
+    m: &mut Asm,
+    l: &Labels,
+    s: &Subroutines,
+    t: Targets,
+) -> std::result::Result<(), IcedError> {
     let mut ap_wait = m.a.create_label();
     let mut common = m.a.create_label();
     let mut barrier = m.a.create_label();
-    let mut done = m.a.create_label();
-    let mut halt_forever = m.a.create_label();
-    let mut pci_find = m.a.create_label();
-    let mut handshake = m.a.create_label();
-    let mut find_slot = m.a.create_label();
-    let mut burst = m.a.create_label();
-    let mut hostile = m.a.create_label();
-    let mut hostile_ap = m.a.create_label();
     let mut fail_handshake = m.a.create_label();
-
     // ---- entry: every vCPU ----
     m.a.mov(ecx, MSR_APIC_BASE)?;
     m.a.rdmsr()?;
@@ -291,10 +331,10 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
 
     // ---- vCPU 0: find the device and shake hands ----
     m.print(BANNER)?;
-    m.a.call(pci_find)?;
+    m.a.call(s.pci_find)?;
     m.a.test(ebx, ebx)?;
     m.a.jz(fail_handshake)?;
-    m.a.call(handshake)?;
+    m.a.call(s.handshake)?;
     m.a.mov(param(PARAM_GO), 1u32)?;
     m.a.jmp(common)?;
     m.a.set_label(&mut fail_handshake)?;
@@ -307,22 +347,22 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.set_label(&mut ap_wait)?;
     m.a.pause()?;
     m.a.cmp(param(PARAM_STOP), 0u32)?;
-    m.a.jne(done)?;
+    m.a.jne(s.done)?;
     m.a.cmp(param(PARAM_GO), 0u32)?;
     m.a.je(ap_wait)?;
 
     // ---- every vCPU: slot, barrier, burst, workload ----
     m.a.set_label(&mut common)?;
-    m.a.call(find_slot)?;
+    m.a.call(s.find_slot)?;
     m.a.lock().inc(param(PARAM_READY))?;
     m.a.set_label(&mut barrier)?;
     m.a.pause()?;
     m.a.cmp(param(PARAM_STOP), 0u32)?;
-    m.a.jne(done)?;
+    m.a.jne(s.done)?;
     m.a.mov(eax, param(PARAM_READY))?;
     m.a.cmp(eax, param(PARAM_NR_VCPUS))?;
     m.a.jb(barrier)?;
-    m.a.call(burst)?;
+    m.a.call(s.burst)?;
     m.event(code::READY, 0)?;
     let mut not_wakeup = m.a.create_label();
     let mut not_ipi = m.a.create_label();
@@ -350,8 +390,8 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.jne(not_ipi)?;
     m.a.mov(param_mine(PARAM_RESUME), t.passive)?;
     m.a.test(esi, esi)?;
-    m.a.jz(hostile)?;
-    m.a.jmp(hostile_ap)?;
+    m.a.jz(s.hostile)?;
+    m.a.jmp(s.hostile_ap)?;
     m.a.set_label(&mut not_ipi)?;
     // ipi and spin: pairs (0,1), (2,3)...; the even vCPU drives, an unpaired one idles.
     m.a.mov(param_mine(PARAM_RESUME), t.passive)?;
@@ -371,7 +411,16 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.jne(l.passive)?;
     m.a.mov(param_mine(PARAM_RESUME), t.spin)?;
     m.a.jmp(l.spin)?;
+    Ok(())
+}
 
+/// The workload loops (idle, passive, ping, spin, greedy) and `done`.
+fn emit_workloads(
+    m: &mut Asm,
+    l: &mut Labels,
+    done: &mut CodeLabel,
+) -> std::result::Result<(), IcedError> {
+    let mut halt_forever = m.a.create_label();
     // ---- idle: halt with interrupts off until kicked out ----
     m.a.set_label(&mut l.idle)?;
     m.a.cli()?;
@@ -391,7 +440,7 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.set_label(&mut l.ping)?;
     m.a.cli()?;
     m.a.cmp(param(PARAM_STOP), 0u32)?;
-    m.a.jne(done)?;
+    m.a.jne(*done)?;
     m.partner_ebx()?;
     m.a.mov(eax, ebx)?;
     m.event_eax(code::IPI_SENT)?;
@@ -405,7 +454,7 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.set_label(&mut l.spin)?;
     m.a.cli()?;
     m.a.cmp(param(PARAM_STOP), 0u32)?;
-    m.a.jne(done)?;
+    m.a.jne(*done)?;
     m.a.mov(param_mine(PARAM_ANSWERED), 0u32)?;
     m.partner_ebx()?;
     m.a.mov(eax, ebx)?;
@@ -452,20 +501,24 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     )?;
     m.a.cmp(param(PARAM_STOP), 0u32)?;
     m.a.je(greedy_loop)?;
-    m.a.jmp(done)?;
+    m.a.jmp(*done)?;
 
     // ---- done: report and halt for good ----
-    m.a.set_label(&mut done)?;
+    m.a.set_label(done)?;
     m.a.cli()?;
     m.event(code::DONE, 0)?;
     m.a.set_label(&mut halt_forever)?;
     m.a.hlt()?;
     m.a.jmp(halt_forever)?;
+    Ok(())
+}
 
+/// `pci_find`: EBX = config address of the pvsched function, or 0.
+fn emit_pci_find(m: &mut Asm, entry: &mut CodeLabel) -> std::result::Result<(), IcedError> {
     // ---- pci_find: EBX = config address of the function, or 0 ----
     let mut pci_loop = m.a.create_label();
     let mut pci_found = m.a.create_label();
-    m.a.set_label(&mut pci_find)?;
+    m.a.set_label(entry)?;
     m.a.mov(ebx, PCI_ENABLE)?;
     m.a.set_label(&mut pci_loop)?;
     m.cfg_read(0)?;
@@ -482,14 +535,19 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.and(eax, 0xffu32)?;
     m.event_eax(code::PCI_FOUND)?;
     m.a.ret()?;
+    Ok(())
+}
 
+/// `handshake` (EBX = config address): the ABI handshake in the chosen
+/// region mode; reports STATUS and ERROR as a HANDSHAKE event.
+fn emit_handshake(m: &mut Asm, entry: &mut CodeLabel) -> std::result::Result<(), IcedError> {
     // ---- handshake (EBX = config address); EDI = BAR0 base meanwhile ----
     let mut no_move = m.a.create_label();
     let mut bad_magic = m.a.create_label();
     let mut guest_mode = m.a.create_label();
     let mut mode_done = m.a.create_label();
     let mut hs_report = m.a.create_label();
-    m.a.set_label(&mut handshake)?;
+    m.a.set_label(entry)?;
     m.cfg_read(PCI_COMMAND)?;
     m.a.or(eax, PCI_COMMAND_MEMORY)?;
     m.a.and(eax, 0xffffu32)?;
@@ -565,12 +623,16 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.event_eax(code::HANDSHAKE)?;
     m.a.xor(edi, edi)?;
     m.a.ret()?;
+    Ok(())
+}
 
+/// `find_slot`: EDI = this vCPU's slot address (0 if none).
+fn emit_find_slot(m: &mut Asm, entry: &mut CodeLabel) -> std::result::Result<(), IcedError> {
     // ---- find_slot: EDI = slot address of this vCPU (0 if none) ----
     let mut fs_loop = m.a.create_label();
     let mut fs_found = m.a.create_label();
     let mut fs_none = m.a.create_label();
-    m.a.set_label(&mut find_slot)?;
+    m.a.set_label(entry)?;
     m.a.xor(edi, edi)?;
     m.a.mov(ebx, param(PARAM_REGION_BASE))?;
     m.a.test(ebx, ebx)?;
@@ -603,10 +665,15 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.mov(param_mine(PARAM_SLOT_OF), u32::MAX)?;
     m.event(code::SLOT, events::ARG_NONE)?;
     m.a.ret()?;
+    Ok(())
+}
 
+/// `slot_write(EAX = kern_cs, EBX = wait_on, ECX = rt_prio)`: one slot
+/// update with the sequence protocol. Clobbers EDX.
+fn emit_slot_write(m: &mut Asm, entry: &mut CodeLabel) -> std::result::Result<(), IcedError> {
     // ---- slot_write(EAX = kern_cs, EBX = wait_on, ECX = rt_prio); clobbers EDX ----
     let mut sw_out = m.a.create_label();
-    m.a.set_label(&mut l.slot_write)?;
+    m.a.set_label(entry)?;
     m.a.test(edi, edi)?;
     m.a.jz(sw_out)?;
     m.a.inc(dword_ptr(edi + SLOT_SEQ))?; // odd: writing
@@ -623,11 +690,19 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.inc(dword_ptr(edi + SLOT_SEQ))?; // even: published
     m.a.set_label(&mut sw_out)?;
     m.a.ret()?;
+    Ok(())
+}
 
+/// `burst`: PARAM_SLOT_BURST slot updates, bracketed by events.
+fn emit_burst(
+    m: &mut Asm,
+    entry: &mut CodeLabel,
+    slot_write: CodeLabel,
+) -> std::result::Result<(), IcedError> {
     // ---- burst: PARAM_SLOT_BURST slot updates, bracketed by events ----
     let mut b_loop = m.a.create_label();
     let mut b_end = m.a.create_label();
-    m.a.set_label(&mut burst)?;
+    m.a.set_label(entry)?;
     m.a.mov(eax, param(PARAM_SLOT_BURST))?;
     m.event_eax(code::BURST_BEGIN)?;
     m.a.push(param(PARAM_SLOT_BURST))?;
@@ -638,7 +713,7 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.and(ecx, 63u32)?; // rt_prio 0..63: alternates NORMAL and FIFO
     m.a.mov(eax, abi::CS_PREEMPT_OFF)?;
     m.a.mov(ebx, abi::WAIT_NONE)?;
-    m.a.call(l.slot_write)?;
+    m.a.call(slot_write)?;
     m.a.dec(dword_ptr(esp))?;
     m.a.jmp(b_loop)?;
     m.a.set_label(&mut b_end)?;
@@ -650,17 +725,22 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.xor(eax, eax)?;
     m.a.xor(ebx, ebx)?;
     m.a.xor(ecx, ecx)?;
-    m.a.call(l.slot_write)?;
+    m.a.call(slot_write)?;
     m.a.ret()?;
+    Ok(())
+}
 
-    // ---- hostile (vCPU 0): garbage and refused handshakes ----
-    emit_hostile(&mut m, &mut hostile, t)?;
-
+/// Hostile workload, vCPUs other than 0: garbage over their own slot.
+fn emit_hostile_ap(
+    m: &mut Asm,
+    entry: &mut CodeLabel,
+    passive: CodeLabel,
+) -> std::result::Result<(), IcedError> {
     // ---- hostile (other vCPUs): garbage over their own slot ----
     let mut ha_loop = m.a.create_label();
-    m.a.set_label(&mut hostile_ap)?;
+    m.a.set_label(entry)?;
     m.a.test(edi, edi)?;
-    m.a.jz(l.passive)?;
+    m.a.jz(passive)?;
     m.a.mov(eax, param(PARAM_SEED))?;
     m.a.add(eax, esi)?;
     m.a.or(eax, 1u32)?;
@@ -671,16 +751,8 @@ fn assemble(t: Targets) -> Result<(CodeAssemblerResult, Labels)> {
     m.a.inc(ecx)?;
     m.a.cmp(ecx, abi::SLOT_SIZE / 8)?; // the guest half only
     m.a.jb(ha_loop)?;
-    m.a.jmp(l.passive)?;
-
-    // ---- interrupt and exception handlers ----
-    emit_handlers(&mut m, &mut l, &done)?;
-
-    let result = m.a.assemble_options(
-        CODE_ADDR,
-        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-    )?;
-    Ok((result, l))
+    m.a.jmp(passive)?;
+    Ok(())
 }
 
 /// Hostile steps, each reported as `HostileError { step, error }`:

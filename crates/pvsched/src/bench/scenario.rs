@@ -541,55 +541,14 @@ fn s3(
     guest_hook: Option<&Value>,
     out: &mut Map<String, Value>,
 ) -> Result<(), BenchError> {
-    let mut apply50 = Vec::new();
-    let mut apply99 = Vec::new();
-    let mut by_workload = Map::new();
-    let mut totals: Vec<(String, u64, u64)> = Vec::new();
-    for r in runs {
-        let mut progs: Vec<(String, u64, u64)> = Vec::new();
-        let (mut a50, mut a99, mut dec) = (Vec::new(), Vec::new(), Vec::new());
-        for o in &r.outcomes {
-            let p = &o.json["policy"];
-            a50.push(p["apply_p50_us"].as_f64());
-            a99.push(p["apply_p99_us"].as_f64());
-            dec.push(p["decisions"].clone());
-            for s in o.json["prog_stats"].as_array().into_iter().flatten() {
-                let name = s["name"].as_str().unwrap_or("?").to_owned();
-                let (c, ns) = (
-                    s["run_cnt"].as_u64().unwrap_or(0),
-                    s["run_time_ns"].as_u64().unwrap_or(0),
-                );
-                for list in [&mut progs, &mut totals] {
-                    match list.iter_mut().find(|x| x.0 == name) {
-                        Some(x) => {
-                            x.1 = x.1.saturating_add(c);
-                            x.2 = x.2.saturating_add(ns);
-                        }
-                        None => list.push((name.clone(), c, ns)),
-                    }
-                }
-            }
-        }
-        apply50.extend(a50.iter().copied());
-        apply99.extend(a99.iter().copied());
-        let mut w = variant_json(r);
-        if let Some(o) = w.as_object_mut() {
-            o.insert("apply_p50_us_reps".into(), json!(a50));
-            o.insert("apply_p99_us_reps".into(), json!(a99));
-            o.insert("decisions_reps".into(), json!(dec));
-            o.insert("bpf".into(), progs_json(&progs));
-        }
-        by_workload.insert(r.variant.name.into(), w);
-    }
+    let S3Runs {
+        apply50,
+        apply99,
+        by_workload,
+        totals,
+    } = s3_runs(runs);
     let bpf = progs_json(&totals);
     let worst = bpf["worst_ns_per_event"].as_f64();
-    let hs = costs::device_handshake_ns(1000).map_err(BenchError::Costs)?;
-    let mut hs = hs;
-    let hsl = stats::latency(&mut hs);
-    let starts: Vec<Option<f64>> = runs
-        .iter()
-        .flat_map(|r| r.outcomes.iter().map(|o| o.json["start_ms"].as_f64()))
-        .collect();
     out.insert(
         "vanilla".into(),
         json!({
@@ -619,16 +578,7 @@ fn s3(
     }
     out.insert("bpf".into(), bpf);
     out.insert("workloads".into(), Value::Object(by_workload));
-    out.insert(
-        "handshake".into(),
-        json!({
-            "device_in_process_us": { "p50": hsl.p50_us, "p99": hsl.p99_us, "max": hsl.max_us, "iterations": hsl.samples },
-            "device_in_process_what": "host CPU time of a full device-region handshake (BAR2 programming, features, DRIVER_OK) against an in-process PvschedDevice, no guest",
-            "vm_start_ms": median(&starts),
-            "vm_start_ms_reps": starts,
-            "vm_start_what": "VM build + guest boot + PCI scan + handshake + slot burst until every vCPU is in its loop (test guest under KVM's instruction emulator here)",
-        }),
-    );
+    out.insert("handshake".into(), s3_handshake(runs)?);
     out.insert("bytes_per_vcpu".into(), costs::bytes_per_vcpu());
     let hook = guest_hook
         .and_then(|j| j.get("guest_hook_ns"))
@@ -657,6 +607,86 @@ fn s3(
         ]),
     );
     Ok(())
+}
+
+/// What S3 gathers from its runs.
+struct S3Runs {
+    /// Decision→applied p50 of every rep of every workload, µs.
+    apply50: Vec<Option<f64>>,
+    /// ... and p99.
+    apply99: Vec<Option<f64>>,
+    /// Per workload: its reps and its BPF programs' costs.
+    by_workload: Map<String, Value>,
+    /// BPF run count and time per program over all runs.
+    totals: Vec<(String, u64, u64)>,
+}
+
+fn s3_runs(runs: &[Runs]) -> S3Runs {
+    let mut all = S3Runs {
+        apply50: Vec::new(),
+        apply99: Vec::new(),
+        by_workload: Map::new(),
+        totals: Vec::new(),
+    };
+    for r in runs {
+        let mut progs: Vec<(String, u64, u64)> = Vec::new();
+        let (mut a50, mut a99, mut dec) = (Vec::new(), Vec::new(), Vec::new());
+        for o in &r.outcomes {
+            let p = &o.json["policy"];
+            a50.push(p["apply_p50_us"].as_f64());
+            a99.push(p["apply_p99_us"].as_f64());
+            dec.push(p["decisions"].clone());
+            for s in o.json["prog_stats"].as_array().into_iter().flatten() {
+                let name = s["name"].as_str().unwrap_or("?");
+                let (c, ns) = (
+                    s["run_cnt"].as_u64().unwrap_or(0),
+                    s["run_time_ns"].as_u64().unwrap_or(0),
+                );
+                add_prog(&mut progs, name, c, ns);
+                add_prog(&mut all.totals, name, c, ns);
+            }
+        }
+        all.apply50.extend(a50.iter().copied());
+        all.apply99.extend(a99.iter().copied());
+        let mut w = variant_json(r);
+        if let Some(o) = w.as_object_mut() {
+            o.insert("apply_p50_us_reps".into(), json!(a50));
+            o.insert("apply_p99_us_reps".into(), json!(a99));
+            o.insert("decisions_reps".into(), json!(dec));
+            o.insert("bpf".into(), progs_json(&progs));
+        }
+        all.by_workload.insert(r.variant.name.into(), w);
+    }
+    all
+}
+
+/// Add `count` runs taking `ns` to program `name` in `list`.
+fn add_prog(list: &mut Vec<(String, u64, u64)>, name: &str, count: u64, ns: u64) {
+    match list.iter_mut().find(|x| x.0 == name) {
+        Some(x) => {
+            x.1 = x.1.saturating_add(count);
+            x.2 = x.2.saturating_add(ns);
+        }
+        None => list.push((name.to_owned(), count, ns)),
+    }
+}
+
+/// S3's handshake section: an in-process device handshake's host CPU time,
+/// and the VM start times of the runs.
+fn s3_handshake(runs: &[Runs]) -> Result<Value, BenchError> {
+    let mut hs = costs::device_handshake_ns(1000).map_err(BenchError::Costs)?;
+    let hsl = stats::latency(&mut hs);
+    let starts: Vec<Option<f64>> = runs
+        .iter()
+        .flat_map(|r| r.outcomes.iter().map(|o| o.json["start_ms"].as_f64()))
+        .collect();
+    Ok(json!({
+        "device_in_process_us": { "p50": hsl.p50_us, "p99": hsl.p99_us, "max": hsl.max_us, "iterations": hsl.samples },
+        "device_in_process_what": "host CPU time of a full device-region handshake (BAR2 programming, features, DRIVER_OK) against an in-process PvschedDevice, no guest",
+        "vm_start_ms": median(&starts),
+        "vm_start_ms_reps": starts,
+        "vm_start_what": "VM build + guest boot + PCI scan + handshake + slot burst until every vCPU is in its loop (test guest under KVM's instruction emulator here)",
+    }))
 }
 
 /// Per-program BPF costs plus the worst and the overall mean.
