@@ -380,7 +380,8 @@ static void notrace pvsched_end_wait(struct pvsched_cpu *pc)
 /*
  * csd_function_exit runs on the CPU that ran the call; a synchronous
  * caller is released right after it (csd_unlock). Find the CPU waiting
- * for this csd and end its wait.
+ * for this csd (one pointer compare per online CPU, for synchronous calls
+ * only) and end its wait.
  */
 static void notrace pvsched_csd_exit(void *data, smp_call_func_t func,
 				     call_single_data_t *csd)
@@ -408,8 +409,13 @@ static struct pvsched_tp pvsched_tps[] = {
 	{ .name = "irq_handler_exit", .probe = pvsched_irq_exit },
 	{ .name = "softirq_entry", .probe = pvsched_softirq_entry },
 	{ .name = "softirq_exit", .probe = pvsched_softirq_exit },
-	{ .name = "csd_queue_cpu", .probe = pvsched_csd_queue },
+	/*
+	 * The exit probe goes in first: a wait set once csd_queue_cpu's probe
+	 * is in is always ended by it (and the CPU hotplug teardown clears
+	 * every wait_on at unload).
+	 */
 	{ .name = "csd_function_exit", .probe = pvsched_csd_exit },
+	{ .name = "csd_queue_cpu", .probe = pvsched_csd_queue },
 };
 
 static bool pvsched_is_csd(const struct pvsched_tp *t)

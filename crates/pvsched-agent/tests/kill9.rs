@@ -15,7 +15,7 @@ use pvsched_agent::sched::{capture_baselines, restore_baselines};
 use pvsched_agent::watch::PidfdWatcher;
 use pvsched_agent::{Agent, AgentConfig};
 use pvsched_policy::{BoostKind, Caps};
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -77,14 +77,7 @@ fn boosting_agent(vcpu: &FakeVcpu, guardian: bool) -> Child {
 /// Waits for the agent child's "AGENT-READY" and for its boost.
 fn wait_ready(child: &mut Child, vcpu: &FakeVcpu) {
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("AGENT-READY") {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "agent child exited early"
-        );
-    }
+    pvsched_testkit::wait_for_line(&mut out, "AGENT-READY");
     wait_for(
         "boost by the agent process",
         Duration::from_secs(10),

@@ -225,16 +225,21 @@ impl Mapping {
         Some(unsafe { AtomicU32::from_ptr(p.cast::<u32>()) })
     }
 
+    /// `off` as an index if `size` bytes from it lie inside the mapping.
+    fn in_bounds(&self, off: u64, size: usize) -> Option<usize> {
+        let off = usize::try_from(off).ok()?;
+        off.checked_add(size)
+            .is_some_and(|end| end <= self.len)
+            .then_some(off)
+    }
+
     /// Copy `data.len()` bytes at `off` out of the mapping. Returns false
     /// (and leaves `data` untouched) if the range is out of bounds.
     pub(crate) fn read_bytes(&self, off: u64, data: &mut [u8]) -> bool {
-        let Some(off) = usize::try_from(off).ok() else {
+        let size = data.len();
+        let Some(off) = self.in_bounds(off, size) else {
             return false;
         };
-        let size = data.len();
-        if off.checked_add(size).is_none_or(|end| end > self.len) {
-            return false;
-        }
         match (size, self.ptr(off, size)) {
             (8, Some(p)) => {
                 // SAFETY: 8-byte aligned, in bounds of the live mapping; atomic access only.
@@ -266,13 +271,10 @@ impl Mapping {
     /// Copy `data` into the mapping at `off`. Returns false (and writes
     /// nothing) if the range is out of bounds.
     pub(crate) fn write_bytes(&self, off: u64, data: &[u8]) -> bool {
-        let Some(off) = usize::try_from(off).ok() else {
+        let size = data.len();
+        let Some(off) = self.in_bounds(off, size) else {
             return false;
         };
-        let size = data.len();
-        if off.checked_add(size).is_none_or(|end| end > self.len) {
-            return false;
-        }
         match (size, self.ptr(off, size)) {
             (8, Some(p)) => {
                 let v = u64::from_ne_bytes(data.try_into().unwrap_or([0; 8]));

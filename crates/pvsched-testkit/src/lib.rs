@@ -60,6 +60,19 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
     }
 }
 
+/// Reads `out` (a child's stdout) line by line until a line contains
+/// `marker`; panics if the child closes its output first.
+pub fn wait_for_line(out: &mut impl std::io::BufRead, marker: &str) {
+    let mut line = String::new();
+    while !line.contains(marker) {
+        line.clear();
+        let n = out
+            .read_line(&mut line)
+            .expect("reading the child's output");
+        assert!(n > 0, "the child exited before printing {marker}");
+    }
+}
+
 /// A close-on-exec memfd of `size` bytes named `name`, sealed against any
 /// change of size: guest RAM as QEMU's `memory-backend-memfd` (and the
 /// reference VMM) share it, the only kind a device process maps.

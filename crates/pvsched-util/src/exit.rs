@@ -3,7 +3,8 @@
 //! same thing whichever binary returns it; each binary returns the subset
 //! that can happen to it.
 
-/// Exit codes, as documented in `--help`.
+/// Exit codes; what each tells the user is [`Exit::meaning`], the text
+/// `--help` shows ([`help`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Exit {
@@ -40,30 +41,88 @@ pub enum Exit {
     Refused = 11,
 }
 
-/// The exit-code table shown at the end of `--help`.
-pub const HELP: &str = "\
-Exit codes:
-  0  success
-  1  other failure (the message says what failed)
-  2  bad command line
-  3  /dev/kvm does not exist (load kvm_intel/kvm_amd, enable virtualization)
-  4  permission denied on /dev/kvm (join the 'kvm' group or run as root)
-  5  the guest did not reach DRIVER_OK, or a vCPU crashed
-  6  the BPF policy could not load or attach (run as root; the message says
-     why); nothing was started
-  7  the policy or configuration file could not be read or is invalid
-  8  the sandboxed device process died during the run; the VM ran to the
-     end without it (guest saw DEVICE_NEEDS_RESET, policy boosts dropped)
-     and the summary reports device_lost
-  9  pvsched bench: the benchmark could not run (the message says what
-     failed; a measured run's own code 3-8 is passed through)
- 10  pvschedd's socket could not be reached (is it running? are you in
-     the socket's group?)
- 11  the policy refused the request or registration (the message says
-     why); nothing changed";
+impl Exit {
+    /// Every code, in order.
+    pub const ALL: [Exit; 12] = [
+        Exit::Ok,
+        Exit::Failure,
+        Exit::Usage,
+        Exit::NoKvm,
+        Exit::KvmPermission,
+        Exit::Guest,
+        Exit::PolicyLoad,
+        Exit::PolicyFile,
+        Exit::DeviceLost,
+        Exit::Bench,
+        Exit::NoDaemon,
+        Exit::Refused,
+    ];
+
+    /// What the code tells a user, and what to do: the one text `--help`
+    /// shows (lines after the first indented to the table's text column).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Exit::Ok => "success",
+            Exit::Failure => "other failure (the message says what failed)",
+            Exit::Usage => "bad command line",
+            Exit::NoKvm => {
+                "/dev/kvm does not exist (load kvm_intel/kvm_amd, enable virtualization)"
+            }
+            Exit::KvmPermission => {
+                "permission denied on /dev/kvm (join the 'kvm' group or run as root)"
+            }
+            Exit::Guest => "the guest did not reach DRIVER_OK, or a vCPU crashed",
+            Exit::PolicyLoad => {
+                "the BPF policy could not load or attach (run as root; the message says\n     why); nothing was started"
+            }
+            Exit::PolicyFile => "the policy or configuration file could not be read or is invalid",
+            Exit::DeviceLost => {
+                "the sandboxed device process died during the run; the VM ran to the\n     end without it (guest saw DEVICE_NEEDS_RESET, policy boosts dropped)\n     and the summary reports device_lost"
+            }
+            Exit::Bench => {
+                "pvsched bench: the benchmark could not run (the message says what\n     failed; a measured run's own code 3-8 is passed through)"
+            }
+            Exit::NoDaemon => {
+                "pvschedd's socket could not be reached (is it running? are you in\n     the socket's group?)"
+            }
+            Exit::Refused => {
+                "the policy refused the request or registration (the message says\n     why); nothing changed"
+            }
+        }
+    }
+}
+
+/// The exit-code table shown at the end of `--help`, for `codes` (a
+/// binary lists the ones it can return; `pvsched` all of [`Exit::ALL`]).
+pub fn help(codes: &[Exit]) -> String {
+    let mut out = String::from("Exit codes:");
+    for c in codes {
+        out.push_str(&format!("\n{:>3}  {}", *c as u8, c.meaning()));
+    }
+    out
+}
 
 impl From<Exit> for std::process::ExitCode {
     fn from(e: Exit) -> Self {
         std::process::ExitCode::from(e as u8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_lists_every_code_once_in_order() {
+        for (i, c) in Exit::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+        let h = help(&Exit::ALL);
+        assert!(
+            h.starts_with("Exit codes:\n  0  success\n  1  other failure"),
+            "{h}"
+        );
+        assert!(h.contains("\n 11  the policy refused"), "{h}");
+        assert_eq!(help(&[Exit::Ok, Exit::PolicyFile]).lines().count(), 3);
     }
 }

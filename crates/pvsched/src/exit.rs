@@ -1,3 +1,3 @@
 //! Process exit codes: the workspace's one table (`pvsched_util::exit`).
 
-pub use pvsched_util::exit::{Exit, HELP};
+pub use pvsched_util::exit::{Exit, help};

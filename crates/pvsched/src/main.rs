@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 /// pvsched: paravirtualized scheduling hints between guest and host.
 #[derive(Parser)]
-#[command(name = "pvsched", version, about, after_help = exit::HELP)]
+#[command(name = "pvsched", version, about, after_help = exit::help(&exit::Exit::ALL))]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -21,33 +21,33 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Boot the reference VMM with the test guest and measure a workload.
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
     Run(run::RunArgs),
     /// Serve the pvsched device to a VMM as its own (sandboxed) process.
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
     Device(device_cmd::DeviceCmd),
     /// Benchmark vanilla vs pvsched (scenarios S1-S4 of docs/benchmarks.md).
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
     Bench(bench::BenchArgs),
     /// One measured run of `pvsched bench` (internal; prints JSON with
     /// the raw samples).
     #[command(name = "bench-run", hide = true)]
     BenchRun(bench::worker::WorkerArgs),
     /// pvschedd and every VM it serves: boosts, throttles, errors.
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
     Status(daemon_cli::StatusArgs),
     /// `status`, refreshed live, with boost rates.
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
     Top(daemon_cli::TopArgs),
     /// Change or end a VM's registration with pvschedd.
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
     Vm(daemon_cli::VmArgs),
     /// Register a running QEMU (vCPU threads from QMP) with pvschedd, e.g.
     /// from a libvirt hook.
-    #[command(name = "qemu-attach", after_help = exit::HELP)]
+    #[command(name = "qemu-attach", after_help = exit::help(&exit::Exit::ALL))]
     QemuAttach(qemu_attach::QemuAttachArgs),
     /// pvschedd's Prometheus metrics (text exposition).
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
     Metrics(daemon_cli::MetricsArgs),
 }
 

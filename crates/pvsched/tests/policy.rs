@@ -33,7 +33,7 @@ use pvsched_policy::{BoostKind, Caps};
 use pvsched_vmm::guest::events::VEC_WAKE;
 
 use pvsched_vmm::{Vm, VmConfig, Workload};
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -549,14 +549,7 @@ fn kill9_of_the_agent_restores_every_vcpu_within_100ms() {
             .unwrap(),
     );
     let mut out = BufReader::new(child.0.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("AGENT-READY") {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "agent child exited early"
-        );
-    }
+    pvsched_testkit::wait_for_line(&mut out, "AGENT-READY");
     let (tx, rx) = std::sync::mpsc::channel();
     let b2 = baselines.clone();
     let watcher = PidfdWatcher::spawn(child.0.id(), move || {

@@ -7,19 +7,20 @@ use pvsched_util::exit::Exit;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// The codes of the workspace's table (`pvsched_util::exit`) pvschedd uses.
-const EXIT_HELP: &str = "\
-Exit codes (the same table as pvsched's):
-  0  stopped by SIGINT/SIGTERM after unregistering every VM
-  1  other failure (the message says what failed)
-  2  bad command line
-  6  the BPF policy could not load or attach (run as root; the message says why)
-  7  the configuration file could not be read or is invalid";
+/// The codes of the workspace's table (`pvsched_util::exit`) pvschedd
+/// returns: 0 after SIGINT/SIGTERM with every VM unregistered.
+const EXIT_CODES: [Exit; 5] = [
+    Exit::Ok,
+    Exit::Failure,
+    Exit::Usage,
+    Exit::PolicyLoad,
+    Exit::PolicyFile,
+];
 
 /// pvschedd: loads the pvsched BPF policy once and serves VMMs on a UNIX
 /// socket.
 #[derive(Parser)]
-#[command(name = "pvschedd", version, about, after_help = EXIT_HELP)]
+#[command(name = "pvschedd", version, about, after_help = pvsched_util::exit::help(&EXIT_CODES))]
 struct Args {
     /// Configuration file.
     #[arg(long, default_value = DEFAULT_CONFIG)]
