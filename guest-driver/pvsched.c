@@ -182,17 +182,19 @@ static const char *pvsched_err_name(u32 err)
 
 /*
  * Make @slot's seq odd for an update and return the odd value, or 0 when
- * another CPU's update held it for PVSCHED_CLAIM_SPINS tries. Only used
- * while pvsched_claiming: then a CPU ending another CPU's wait writes that
- * CPU's slot too. The compare-and-swap orders like a full barrier.
+ * it could not within PVSCHED_CLAIM_SPINS tries (another CPU's update held
+ * it, or the host keeps rewriting seq: the bound keeps a hostile host from
+ * holding this CPU here with interrupts off). Only used while
+ * pvsched_claiming: then a CPU ending another CPU's wait writes that CPU's
+ * slot too. The compare-and-swap orders like a full barrier.
  */
 static u32 notrace pvsched_claim(struct pvsched_slot_guest *slot)
 {
-	unsigned int spins = 0;
+	unsigned int tries;
 	u32 seq = READ_ONCE(slot->seq);
 	u32 old;
 
-	for (;;) {
+	for (tries = 0; tries < PVSCHED_CLAIM_SPINS; tries++) {
 		if (!(seq & 1)) {
 			old = cmpxchg(&slot->seq, seq, seq + 1);
 			if (old == seq)
@@ -200,11 +202,10 @@ static u32 notrace pvsched_claim(struct pvsched_slot_guest *slot)
 			seq = old;
 			continue;
 		}
-		if (++spins > PVSCHED_CLAIM_SPINS)
-			return 0;
 		cpu_relax();
 		seq = READ_ONCE(slot->seq);
 	}
+	return 0;
 }
 
 /*

@@ -11,7 +11,7 @@ mod vfio_client;
 
 use pvsched_abi as abi;
 use slot_dump_check::{FIFO8_WRITES, assert_fifo8_seen_in_slot1};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use vfio_client::{connect, driver_ok, map_bar2, map_bars, negotiate};
 
 #[test]
@@ -20,14 +20,11 @@ fn serves_vfio_user_client_in_device_region_mode() {
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let sock = dir.join("sock");
     let dump = dir.join("slots.json");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pvsched-device"))
-        .args(["--transport", "vfio-user", "--vcpus", "2", "--socket"])
-        .arg(&sock)
-        .args(["--apic-ids", "0,2", "--dump-ms", "10", "--dump-slots"])
-        .arg(&dump)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn pvsched-device");
+    let mut child = serve(
+        &sock,
+        &["--apic-ids", "0,2", "--dump-ms", "10", "--dump-slots"],
+        Some(&dump),
+    );
     let mut c = connect(&sock, &mut child);
 
     // Firmware: place BAR0 and BAR2, enable memory decoding; then the
@@ -65,6 +62,21 @@ fn vfio_user_requires_a_socket_path() {
     assert!(err.contains("--socket"), "{err}");
 }
 
+/// `pvsched-device` serving 2 vCPUs over vfio-user on `sock`, with `args`
+/// and then `last` (a path argument) if any.
+fn serve(sock: &std::path::Path, args: &[&str], last: Option<&std::path::Path>) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pvsched-device"));
+    cmd.args(["--transport", "vfio-user", "--vcpus", "2", "--socket"])
+        .arg(sock)
+        .args(args);
+    if let Some(p) = last {
+        cmd.arg(p);
+    }
+    cmd.stdin(Stdio::null())
+        .spawn()
+        .expect("spawn pvsched-device")
+}
+
 /// `file` without FD_CLOEXEC, so a child inherits it at the same number.
 fn inheritable(file: &std::fs::File) -> i32 {
     use std::os::fd::AsRawFd;
@@ -87,13 +99,7 @@ fn bar2_is_the_given_fd() {
     let size = pvsched_device::PvschedDevice::region_bar_size(2);
     let file = pvsched_testkit::sealed_memfd(c"bar2-given", size);
     let fd = inheritable(&file);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pvsched-device"))
-        .args(["--transport", "vfio-user", "--vcpus", "2", "--socket"])
-        .arg(&sock)
-        .args(["--bar2-fd", &fd.to_string()])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn pvsched-device");
+    let mut child = serve(&sock, &["--bar2-fd", &fd.to_string()], None);
     let mut c = connect(&sock, &mut child);
     map_bars(&mut c);
     negotiate(&mut c, abi::F_DEVICE_REGION);
