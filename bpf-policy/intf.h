@@ -3,8 +3,9 @@
  * pvsched BPF policy <-> userspace interface: the one C definition of the
  * records the BPF program and the agent exchange (per-VM configuration,
  * per-vCPU state, decision records, statistics, synthetic test events).
- * crates/pvsched-agent/src/intf.rs mirrors it and tests/intf_layout.rs
- * compares every size and offset with this file compiled by the C compiler.
+ * crates/pvsched-policy/src/intf.rs (and event.rs's Decision) mirrors it
+ * and crates/pvsched-policy/tests/intf_layout.rs compares every size and
+ * offset with this file compiled by the C compiler.
  *
  * Include after the ABI header (pvsched_abi.h) which provides __u32 etc.
  */

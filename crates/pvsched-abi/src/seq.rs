@@ -1,6 +1,7 @@
 //! The slot sequence protocol (docs/abi.md), host side, written once: the
-//! device (`RegionView`), the agent and pvschedd's client (`RegionMmap`,
-//! `RegionMap`) and every test that plays the guest use these functions.
+//! device (`RegionView`), the agent and pvschedd's client (both through
+//! [`SharedRegion`], the fd-shared mapping) and every test that plays the
+//! guest use these functions.
 //!
 //! Each 64-byte half of a slot has one writer. The writer makes `seq` odd,
 //! writes the other fifteen words, then makes `seq` even again (release);
@@ -176,6 +177,11 @@ pub fn read_host<W: SharedWords + ?Sized>(m: &W, nr: u32, index: u32) -> Option<
     let off = slot_in(m, nr, index)?;
     read_half(m, off + HOST_HALF).map(|w| SlotHost::from_words(&w))
 }
+
+#[cfg(feature = "vm-memory")]
+mod mapped;
+#[cfg(feature = "vm-memory")]
+pub use mapped::SharedRegion;
 
 #[cfg(test)]
 mod tests {

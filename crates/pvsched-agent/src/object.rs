@@ -3,15 +3,13 @@
 //! `BPF_PROG_TEST_RUN` (raw `bpf(2)`; aya 0.14 has no test-run call), read
 //! decisions and statistics. Used by the agent and by the differential test.
 
-use crate::intf::{MAX_VMS, PvsDecision, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS};
+use crate::intf::{Decision, MAX_VMS, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS};
 use aya::maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
-use pvsched_abi::seq::{RawWords, SharedWords};
-use pvsched_abi::{SlotGuest, SlotHost};
+use pvsched_abi::seq::SharedRegion;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use vm_memory::{FileOffset, MmapRegion};
 
 /// The compiled policy (built by build.rs from bpf-policy/).
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pvsched.bpf.o"));
@@ -215,11 +213,11 @@ impl PolicyObject {
     }
 
     /// Drains the decisions ring buffer (if not taken).
-    pub fn drain_decisions(&mut self) -> Vec<PvsDecision> {
+    pub fn drain_decisions(&mut self) -> Vec<Decision> {
         let mut out = Vec::new();
         if let Some(r) = self.ring.as_mut() {
             while let Some(item) = r.next() {
-                if let Some(d) = PvsDecision::from_bytes(&item) {
+                if let Some(d) = Decision::from_bytes(&item) {
                     out.push(d);
                 }
             }
@@ -512,13 +510,13 @@ pub fn reevaluate(fd: &OwnedFd, event: u32, gid: u32, now: u64, a: u64, b: u64) 
 }
 
 /// A VM's region: its own one-element `REGION_STRIDE`-byte BPF array
-/// (element vm_id of `regions`), mapped shared with vm-memory's
-/// [`MmapRegion`] over the map's fd. The VMM registers
-/// [`RegionMmap::as_ptr`]/[`RegionMmap::len`] as BAR2's KVM memslot, or, in
-/// another process, maps [`RegionMmap::fd`] at offset 0; BPF, the guest and
-/// the host see the same bytes.
+/// (element vm_id of `regions`), mapped shared over the map's fd as a
+/// [`SharedRegion`] (which it derefs to: `as_ptr`, `len`, `words`,
+/// `write_guest`, `read_host`, `clear`). The VMM registers `as_ptr()`/`len()`
+/// as BAR2's KVM memslot, or, in another process, maps [`RegionMmap::fd`] at
+/// offset 0; BPF, the guest and the host see the same bytes.
 pub struct RegionMmap {
-    mmap: MmapRegion<()>,
+    region: SharedRegion,
     map: MapData,
 }
 
@@ -527,25 +525,24 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 impl RegionMmap {
     fn new(map: MapData) -> Result<RegionMmap> {
-        let sys = |what| move |source| ObjectError::Sys { what, source };
         let fd = map
             .fd()
             .as_fd()
             .try_clone_to_owned()
-            .map_err(sys("dup of a VM's region map fd"))?;
+            .map_err(|source| ObjectError::Sys {
+                what: "dup of a VM's region map fd",
+                source,
+            })?;
         // A shared mapping of the one-element mmapable array whose value is
         // REGION_STRIDE bytes (page aligned), at offset 0.
-        let mmap = MmapRegion::build(
-            Some(FileOffset::new(std::fs::File::from(fd), 0)),
-            REGION_STRIDE as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-        )
-        .map_err(|e| ObjectError::Sys {
-            what: "mmap of a VM's region map (needs BPF_F_MMAPABLE)",
-            source: io::Error::other(e.to_string()),
-        })?;
-        Ok(RegionMmap { mmap, map })
+        let region =
+            SharedRegion::map(std::fs::File::from(fd), REGION_STRIDE as usize).map_err(|e| {
+                ObjectError::Sys {
+                    what: "mmap of a VM's region map (needs BPF_F_MMAPABLE)",
+                    source: io::Error::other(e.to_string()),
+                }
+            })?;
+        Ok(RegionMmap { region, map })
     }
 
     /// A new fd of the region's BPF map, for the VMM (or device process)
@@ -554,47 +551,12 @@ impl RegionMmap {
     pub fn fd(&self) -> io::Result<OwnedFd> {
         self.map.fd().as_fd().try_clone_to_owned()
     }
+}
 
-    /// Start of the mapping.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.mmap.as_ptr()
-    }
+impl std::ops::Deref for RegionMmap {
+    type Target = SharedRegion;
 
-    /// Length in bytes (a power of two, page aligned).
-    pub fn len(&self) -> usize {
-        self.mmap.size()
-    }
-
-    /// Always false.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// The mapping as shared words, for the slot protocol
-    /// ([`pvsched_abi::seq`]).
-    pub fn words(&self) -> RawWords {
-        // SAFETY: the mapping is live, read-write and page aligned for
-        // `len()` bytes while self exists; RawWords accesses are atomic.
-        unsafe { RawWords::new(self.as_ptr(), self.len()) }
-    }
-
-    /// Zeroes the whole region.
-    pub fn clear(&self) {
-        let w = self.words();
-        for off in (0..self.len()).step_by(4) {
-            w.store(off, 0, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Writes a guest half with the seq protocol (tests and embedders that
-    /// play the guest).
-    pub fn write_guest(&self, nr: u32, index: u32, g: &SlotGuest) -> bool {
-        pvsched_abi::seq::write_guest(&self.words(), nr, index, g)
-    }
-
-    /// Reads a host half (as the guest would): a consistent copy, or None
-    /// if the slot is outside the region or its writer stayed busy.
-    pub fn read_host(&self, nr: u32, index: u32) -> Option<SlotHost> {
-        pvsched_abi::seq::read_host(&self.words(), nr, index)
+    fn deref(&self) -> &SharedRegion {
+        &self.region
     }
 }

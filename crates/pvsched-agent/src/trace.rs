@@ -11,9 +11,8 @@
 //! {"ts":81234567890,"tid":4242,"gid":1,"kind":1,"prio":2,"reason":5,"event":3,"throttled_until":0,"waits_on":0}
 //! ```
 
-use crate::intf::{PvsDecision, gid, gid_vm};
+use crate::intf::{Decision, gid, gid_vm};
 use pvsched_abi::BOOST_NONE;
-use pvsched_policy::Decision;
 use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 use std::path::Path;
@@ -43,7 +42,7 @@ pub enum TraceError {
 }
 
 /// Writes one record as a JSON line.
-pub fn write_record(w: &mut impl Write, d: &PvsDecision) -> io::Result<()> {
+pub fn write_record(w: &mut impl Write, d: &Decision) -> io::Result<()> {
     writeln!(
         w,
         "{}",
@@ -88,6 +87,7 @@ fn parse(line: &str) -> Result<Decision, String> {
         event: small(&v, "event")?,
         throttled_until: field(&v, "throttled_until")?,
         waits_on: small(&v, "waits_on")?,
+        pad0: 0,
     })
 }
 
@@ -233,6 +233,7 @@ mod tests {
             event: 0,
             throttled_until,
             waits_on,
+            pad0: 0,
         }
     }
 
@@ -273,7 +274,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_garbage_is_reported() {
-        let d = PvsDecision {
+        let d = Decision {
             ts: 5,
             tid: 7,
             gid: 1025,
@@ -288,7 +289,7 @@ mod tests {
         let mut buf = Vec::new();
         write_record(&mut buf, &d).unwrap();
         let line = String::from_utf8(buf).unwrap();
-        assert_eq!(parse(line.trim()).unwrap(), d.to_model());
+        assert_eq!(parse(line.trim()).unwrap(), d);
         assert!(parse("{\"ts\":1}").unwrap_err().contains("prio"));
         assert!(parse("not json").is_err());
     }

@@ -287,15 +287,7 @@ fn wait_on_hint_boosts_the_directed_yield_target() {
         yield_prio: -8,
         ..caps()
     };
-    let vm = agent
-        .register_vm(VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![sender.tid, target.tid],
-            apic_ids: vec![0, 1],
-            caps: c,
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::device_vm(&agent, &[sender.tid, target.tid], &[], c);
     let region = vm.region().unwrap();
     // vCPU 0 waits on vCPU 1 (slot index + 1 = 2).
     region.write_guest(
@@ -340,15 +332,7 @@ fn emulator_thread_follows_the_latency_sensitive_vcpu() {
         halt_hold_us: 200_000,
         ..caps()
     };
-    let vm = agent
-        .register_vm(VmSpec {
-            vcpu_tids: vec![vcpu.tid],
-            emulator_tids: vec![emu.tid],
-            apic_ids: vec![0],
-            caps: c,
-            region: RegionSpec::DeviceMap,
-        })
-        .unwrap();
+    let vm = common::device_vm(&agent, &[vcpu.tid], &[emu.tid], c);
     // Nobody asks yet: the emulator thread stays at its baseline.
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(emu.attr(), baseline, "no boost before a vCPU asks");

@@ -3,6 +3,7 @@
 
 use crate::proto::{DaemonStatus, Region, RegisterVm, Reply, Request, VmStatus};
 use crate::wire;
+use pvsched_abi::seq::SharedRegion;
 use pvsched_policy::Caps;
 use std::collections::BTreeMap;
 use std::io;
@@ -44,9 +45,10 @@ pub enum ClientError {
 pub type Result<T> = std::result::Result<T, ClientError>;
 
 /// A device region received from the daemon: the VM's own region map,
-/// mapped shared (register it as BAR2's memslot).
+/// mapped shared as a [`SharedRegion`] (which it derefs to: `as_ptr`, `len`,
+/// `words`, `write_guest`, `read_host`); register it as BAR2's memslot.
 pub struct RegionMap {
-    mmap: vm_memory::mmap::MmapRegion<()>,
+    region: SharedRegion,
 }
 
 impl RegionMap {
@@ -57,50 +59,18 @@ impl RegionMap {
             .ok()
             .filter(|&l| l > 0 && l <= 1 << 20)
             .ok_or_else(|| ClientError::Protocol(format!("region of {len} bytes")))?;
-        let file = std::fs::File::from(fd);
-        let mmap = vm_memory::mmap::MmapRegion::build(
-            Some(vm_memory::FileOffset::new(file, 0)),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-        )
-        .map_err(|e| ClientError::Io(io::Error::other(format!("mmap of the region map: {e}"))))?;
-        Ok(RegionMap { mmap })
+        let region = SharedRegion::map(std::fs::File::from(fd), len).map_err(|e| {
+            ClientError::Io(io::Error::other(format!("mmap of the region map: {e}")))
+        })?;
+        Ok(RegionMap { region })
     }
+}
 
-    /// Start of the mapping.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.mmap.as_ptr()
-    }
+impl std::ops::Deref for RegionMap {
+    type Target = SharedRegion;
 
-    /// Its length, bytes.
-    pub fn len(&self) -> usize {
-        self.mmap.size()
-    }
-
-    /// Always false (a region is never empty).
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// The mapping as shared words, for the slot protocol
-    /// ([`pvsched_abi::seq`]).
-    pub fn words(&self) -> pvsched_abi::seq::RawWords {
-        // SAFETY: the mapping is live and read-write for `len()` bytes
-        // while self exists, and page aligned; RawWords accesses are atomic.
-        unsafe { pvsched_abi::seq::RawWords::new(self.as_ptr(), self.len()) }
-    }
-
-    /// Writes slot `index`'s guest half (`nr` vCPUs) with the seq
-    /// protocol, as a guest would (tests, and VMMs that play the guest).
-    pub fn write_guest(&self, nr: u32, index: u32, g: &pvsched_abi::SlotGuest) -> bool {
-        pvsched_abi::seq::write_guest(&self.words(), nr, index, g)
-    }
-
-    /// Reads slot `index`'s host half, as the guest would: a consistent
-    /// copy, or None if outside the region or its writer stayed busy.
-    pub fn read_host(&self, nr: u32, index: u32) -> Option<pvsched_abi::SlotHost> {
-        pvsched_abi::seq::read_host(&self.words(), nr, index)
+    fn deref(&self) -> &SharedRegion {
+        &self.region
     }
 }
 

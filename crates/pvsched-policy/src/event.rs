@@ -171,6 +171,8 @@ impl Event {
 /// A decision: the boost a registered thread must have from now on, with
 /// its throttle and waiting target (a record whose boost did not change is
 /// trace-only: a throttle was extended or the waiting target changed).
+/// The same record as BPF's `struct pvs_decision` (the agent's ring buffer).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
     /// Event time (ns).
@@ -192,4 +194,19 @@ pub struct Decision {
     /// Slot + 1 of the target this vCPU waits on (boosted on its behalf),
     /// 0 = none.
     pub waits_on: u32,
+    /// Zero (the C record's padding).
+    pub pad0: u32,
+}
+
+impl Decision {
+    /// Parses a `pvs_decision` ring-buffer record (None if it is too short).
+    pub fn from_bytes(b: &[u8]) -> Option<Decision> {
+        if b.len() < size_of::<Decision>() {
+            return None;
+        }
+        // SAFETY: the slice holds at least size_of::<Decision>() bytes,
+        // read_unaligned copes with any alignment, and every bit pattern is
+        // a valid Decision (#[repr(C)], integers only, no implicit padding).
+        Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<Decision>()) })
+    }
 }

@@ -5,6 +5,8 @@
 //!   (`caps.toml`), converted to the BPF map record by the agent.
 //! - [`event`]: trace events, decisions and the shared constants
 //!   (`PVS_EV_*`, `PVS_R_*`, `PVS_ST_*` of `bpf-policy/intf.h`).
+//! - [`intf`]: the BPF ↔ userspace records (`struct pvs_*` of
+//!   `bpf-policy/intf.h`), the agent's map values and the model's state.
 //! - [`model`]: the state machine, step for step the same as the BPF code,
 //!   driven by event traces. The agent's differential test runs the same
 //!   generated traces through the BPF program (`BPF_PROG_TEST_RUN`) and this
@@ -21,8 +23,10 @@
 
 pub mod caps;
 pub mod event;
+pub mod intf;
 pub mod model;
 
 pub use caps::{BoostKind, Caps, CapsError, CapsLimit};
 pub use event::{Decision, Event, GuestFields};
-pub use model::{VcpuModel, VmModel};
+pub use intf::PvsVcpu;
+pub use model::VmModel;

@@ -11,69 +11,11 @@
 
 use crate::caps::Caps;
 use crate::event::*;
+use crate::intf::PvsVcpu;
 use pvsched_abi::{
     BOOST_NICE, BOOST_NONE, BOOST_RT, CS_ALL, NICE_MIN, POLICY_BATCH, POLICY_DEADLINE, POLICY_FIFO,
     POLICY_NORMAL, POLICY_RR, WAIT_NONE,
 };
-
-/// Model of one vCPU (`struct pvs_vcpu`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VcpuModel {
-    /// Thread id.
-    pub tid: u32,
-    /// Slot index.
-    pub index: u32,
-    /// `ST_*`.
-    pub state: u32,
-    /// Capped guest request: kind.
-    pub req_kind: u32,
-    /// Capped guest request: priority.
-    pub req_prio: i32,
-    /// Capped guest request: reason.
-    pub req_reason: u32,
-    /// Valid wait_on.
-    pub wait_on: u32,
-    /// Applied boost.
-    pub boost: u32,
-    /// Its priority.
-    pub boost_prio: i32,
-    /// Its reason.
-    pub boost_reason: u32,
-    /// 1 while throttled.
-    pub throttled: u32,
-    /// On-CPU boosted time is charged up to this time.
-    pub acct_ns: u64,
-    /// Boosted on-CPU ns since the vCPU last blocked or halted.
-    pub cont_ns: u64,
-    /// Budget window start.
-    pub window_start: u64,
-    /// Boosted on-CPU ns in this window.
-    pub budget_used: u64,
-    /// No boost before this.
-    pub throttled_until: u64,
-    /// Latency-sensitive (holds the halt boost) until this time.
-    pub ls_until: u64,
-    /// Last unicast IPI receiver + 1.
-    pub last_ipi_target: u32,
-    /// Directed-yield slot (+1).
-    pub yield_slot: u32,
-    /// Time of the last IPI.
-    pub last_ipi_ns: u64,
-    /// Target boosted on our behalf (+1): we are a waiting sender.
-    pub yield_boosting: u32,
-    /// Senders waiting on us.
-    pub yield_mask: u64,
-    /// Boosts started.
-    pub boosts: u64,
-    /// Throttles.
-    pub throttles: u64,
-    /// Total boosted on-CPU ns.
-    pub boosted_ns: u64,
-    /// IPIs recorded.
-    pub ipis: u64,
-    /// Times this vCPU's slot target was boosted.
-    pub slot_hits: u64,
-}
 
 /// Model of one VM: caps, vCPUs, the guest halves of the slots, APIC IDs.
 #[derive(Clone, Debug)]
@@ -83,7 +25,7 @@ pub struct VmModel {
     /// Caps.
     pub caps: Caps,
     /// vCPUs by slot index, then the emulator threads (index `nr_vcpus..`).
-    pub vcpus: Vec<VcpuModel>,
+    pub vcpus: Vec<PvsVcpu>,
     /// Number of vCPUs (slots); the rest of `vcpus` are emulator threads.
     pub nr_vcpus: u32,
     /// Some vCPU is latency-sensitive until this time (`pvs_vm.ls_until`).
@@ -187,7 +129,7 @@ impl VmModel {
             .iter()
             .chain(emulator_tids)
             .enumerate()
-            .map(|(i, &tid)| VcpuModel {
+            .map(|(i, &tid)| PvsVcpu {
                 tid,
                 index: i as u32,
                 ..Default::default()
@@ -423,6 +365,7 @@ impl VmModel {
             event,
             throttled_until: v.throttled_until,
             waits_on: v.yield_boosting,
+            pad0: 0,
         });
     }
 
@@ -655,6 +598,14 @@ mod tests {
         GuestFields {
             policy: POLICY_FIFO,
             rt_prio: prio,
+            ..Default::default()
+        }
+    }
+
+    /// The guest waits on slot `on - 1` (`wait_on` is slot + 1).
+    fn waits(on: u32) -> GuestFields {
+        GuestFields {
+            wait_on: on,
             ..Default::default()
         }
     }
@@ -904,14 +855,7 @@ mod tests {
         );
         // Throttled the receiver first: the waiting sender goes with it.
         let mut vm = vm2();
-        write(
-            &mut vm,
-            0,
-            GuestFields {
-                wait_on: 2,
-                ..Default::default()
-            },
-        );
+        write(&mut vm, 0, waits(2));
         write(&mut vm, 1, rt(1));
         vm.step(0, Event::SwitchIn { vcpu: 1 });
         write(
@@ -935,35 +879,14 @@ mod tests {
     #[test]
     fn wait_on_hint_and_window_expiry() {
         let mut vm = vm2();
-        write(
-            &mut vm,
-            0,
-            GuestFields {
-                wait_on: 2,
-                ..Default::default()
-            },
-        );
+        write(&mut vm, 0, waits(2));
         let d = vm.step(1, Event::SwitchIn { vcpu: 0 });
         assert!(d.iter().any(|d| d.tid == 11 && d.reason == R_YIELD));
         // wait_on of itself or out of range is ignored.
-        write(
-            &mut vm,
-            1,
-            GuestFields {
-                wait_on: 2,
-                ..Default::default()
-            },
-        );
+        write(&mut vm, 1, waits(2));
         vm.step(2, Event::SwitchIn { vcpu: 1 });
         assert_eq!(vm.vcpus[1].wait_on, 0);
-        write(
-            &mut vm,
-            1,
-            GuestFields {
-                wait_on: 9,
-                ..Default::default()
-            },
-        );
+        write(&mut vm, 1, waits(9));
         vm.step(3, Event::SwitchIn { vcpu: 1 });
         assert_eq!(vm.vcpus[1].wait_on, 0);
     }

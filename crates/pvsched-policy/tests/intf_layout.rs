@@ -1,11 +1,15 @@
-//! `bpf-policy/intf.h` ↔ `src/intf.rs`: compiles a C program against the
+//! `bpf-policy/intf.h` ↔ `src/intf.rs` and `src/event.rs`: compiles a C program against the
 //! header that prints the size, and each field's offset and size, of every
 //! record and the value of every shared constant, and compares each with
 //! Rust; the listed fields must cover each record (the ABI's machinery,
 //! `pvsched_testkit::layout`).
 
-use pvsched_agent::intf::*;
+use pvsched_policy::Decision;
 use pvsched_policy::event as ev;
+use pvsched_policy::event::{
+    GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, REGION_STRIDE, TID_HINTS,
+};
+use pvsched_policy::intf::*;
 use pvsched_testkit::layout::{Coverage, Expect, check_coverage, compare_with_c};
 use pvsched_testkit::{layout_consts, layout_struct};
 use std::path::PathBuf;
@@ -95,7 +99,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         e,
         cov,
         "pvs_decision",
-        PvsDecision,
+        Decision,
         [
             ts,
             tid,

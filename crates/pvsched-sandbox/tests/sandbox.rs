@@ -167,6 +167,19 @@ fn echo_and_memfd_work(p: &mut Probe) {
     assert_eq!(&ram, b"ping", "child's write through its mapping");
 }
 
+/// Asks the sandboxed probe to open a file and checks the seccomp filter
+/// killed it with SIGSYS; returns its stdout (the isolation it reported).
+fn open_kills_with_sigsys(mut p: Probe) -> String {
+    p.sock.write_all(b"open").expect("send");
+    let (status, stdout, stderr) = p.finish();
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGSYS),
+        "status {status:?}, stderr: {stderr}"
+    );
+    stdout
+}
+
 #[test]
 fn sandboxed_child_has_no_caps_nnp_seccomp_and_only_kept_fds() {
     let mut p = spawn(&["--profile", "vfio-user"]);
@@ -193,13 +206,7 @@ fn forbidden_open_kills_with_sigsys() {
     let mut p = spawn(&["--profile", "mpqemu"]);
     p.ready();
     assert_sandboxed(p.child.id());
-    p.sock.write_all(b"open").expect("send");
-    let (status, _, stderr) = p.finish();
-    assert_eq!(
-        status.signal(),
-        Some(libc::SIGSYS),
-        "status {status:?}, stderr: {stderr}"
-    );
+    open_kills_with_sigsys(p);
 }
 
 #[test]
@@ -208,13 +215,7 @@ fn landlock_fallback_still_sandboxes_and_kills_on_open() {
     p.ready();
     assert_sandboxed(p.child.id());
     echo_and_memfd_work(&mut p);
-    p.sock.write_all(b"open").expect("send");
-    let (status, stdout, stderr) = p.finish();
-    assert_eq!(
-        status.signal(),
-        Some(libc::SIGSYS),
-        "status {status:?}, stderr: {stderr}"
-    );
+    let stdout = open_kills_with_sigsys(p);
     assert!(
         stdout.contains("Landlock") || stdout.contains("None"),
         "isolation reported: {stdout}"
@@ -279,13 +280,7 @@ fn unprivileged_child_uses_a_user_namespace_or_landlock() {
     p.ready();
     assert_sandboxed(p.child.id());
     echo_and_memfd_work(&mut p);
-    p.sock.write_all(b"open").expect("send");
-    let (status, stdout, stderr) = p.finish();
-    assert_eq!(
-        status.signal(),
-        Some(libc::SIGSYS),
-        "status {status:?}, stderr: {stderr}"
-    );
+    let stdout = open_kills_with_sigsys(p);
     assert!(
         stdout.contains("Namespaces { user: true }") || stdout.contains("Landlock"),
         "isolation reported: {stdout}"

@@ -3,29 +3,19 @@
 //! lose framing: every command QEMU waits on gets exactly one RET, and the
 //! device still answers a normal configuration read afterwards.
 
+mod common;
+
+use common::read_ret;
 use proptest::prelude::*;
 use pvsched_abi as abi;
 use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
 use pvsched_transport::monitor::TransportMonitor;
 use pvsched_transport::mpqemu::MpqemuPeer;
 use pvsched_transport::mpqemu::message::*;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
-
-fn read_ret(s: &mut UnixStream) -> u64 {
-    let mut b = [0u8; HEADER_LEN + 8];
-    s.read_exact(&mut b).expect("a RET within the timeout");
-    assert_eq!(
-        Header::parse(&b),
-        Ok(Header {
-            cmd: CMD_RET,
-            size: 8
-        })
-    );
-    u64::from_le_bytes(b[HEADER_LEN..].try_into().expect("8 bytes"))
-}
 
 fn session(msgs: &[(i32, Vec<u8>)]) {
     let (mut q, d) = UnixStream::pair().expect("socketpair");

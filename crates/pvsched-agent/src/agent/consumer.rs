@@ -4,7 +4,7 @@
 //! with the policy's state.
 
 use super::{AgentConfig, Inner};
-use crate::intf::{PvsDecision, gid_vm};
+use crate::intf::{Decision, gid_vm};
 use crate::object::reevaluate;
 use crate::sched::{self, SchedAttr};
 use pvsched_util::lock;
@@ -26,7 +26,7 @@ pub(super) fn now_mono() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn handle(inner: &Inner, d: &PvsDecision) {
+fn handle(inner: &Inner, d: &Decision) {
     let mut guard = lock(&inner.reg);
     let reg = &mut *guard;
     let vm_id = gid_vm(d.gid);
@@ -67,7 +67,7 @@ fn handle(inner: &Inner, d: &PvsDecision) {
 struct TraceOut(Option<std::io::BufWriter<std::fs::File>>);
 
 impl TraceOut {
-    fn record(&mut self, d: &PvsDecision) {
+    fn record(&mut self, d: &Decision) {
         if let Some(w) = &mut self.0
             && let Err(e) = crate::trace::write_record(w, d)
         {
@@ -89,7 +89,7 @@ impl TraceOut {
 /// Handles every record waiting in the ring.
 fn drain(inner: &Inner, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, trace: &mut TraceOut) {
     while let Some(item) = ring.next() {
-        if let Some(d) = PvsDecision::from_bytes(&item) {
+        if let Some(d) = Decision::from_bytes(&item) {
             handle(inner, &d);
             trace.record(&d);
         }

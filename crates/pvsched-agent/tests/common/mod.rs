@@ -89,6 +89,25 @@ pub fn report(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Registers a VM in device-region mode with `caps`: vCPU threads
+/// `vcpu_tids` (APIC IDs 0, 1, ...) and emulator threads `emulator_tids`.
+pub fn device_vm(
+    agent: &pvsched_agent::Agent,
+    vcpu_tids: &[u32],
+    emulator_tids: &[u32],
+    caps: pvsched_policy::Caps,
+) -> pvsched_agent::VmHandle {
+    agent
+        .register_vm(pvsched_agent::VmSpec {
+            emulator_tids: emulator_tids.to_vec(),
+            vcpu_tids: vcpu_tids.to_vec(),
+            apic_ids: (0..vcpu_tids.len() as u32).collect(),
+            caps,
+            region: pvsched_agent::RegionSpec::DeviceMap,
+        })
+        .expect("the VM registers")
+}
+
 /// Registers a one-vCPU VM (thread `tid`, APIC ID 0) in device-region
 /// mode with `caps`.
 pub fn one_vcpu_vm(
@@ -96,13 +115,5 @@ pub fn one_vcpu_vm(
     tid: u32,
     caps: pvsched_policy::Caps,
 ) -> pvsched_agent::VmHandle {
-    agent
-        .register_vm(pvsched_agent::VmSpec {
-            emulator_tids: vec![],
-            vcpu_tids: vec![tid],
-            apic_ids: vec![0],
-            caps,
-            region: pvsched_agent::RegionSpec::DeviceMap,
-        })
-        .expect("a one-vCPU VM registers")
+    device_vm(agent, &[tid], &[], caps)
 }

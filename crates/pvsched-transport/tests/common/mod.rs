@@ -23,6 +23,20 @@ pub const RAM: u64 = 16 << 20;
 pub const BAR0: u64 = 0xfebf_0000;
 pub const REGION_GPA: u64 = 0x20_0000;
 
+/// Reads one RET message (header and its 8-byte value) from `s`.
+pub fn read_ret(s: &mut impl Read) -> u64 {
+    let mut b = [0u8; HEADER_LEN + 8];
+    s.read_exact(&mut b).expect("a RET within the timeout");
+    assert_eq!(
+        Header::parse(&b),
+        Ok(Header {
+            cmd: CMD_RET,
+            size: 8
+        })
+    );
+    u64::from_le_bytes(b[HEADER_LEN..].try_into().expect("8 bytes"))
+}
+
 /// The QEMU side of the socket.
 pub struct Qemu {
     pub sock: UnixStream,
@@ -79,16 +93,7 @@ impl Qemu {
     }
 
     pub fn ret(&mut self) -> u64 {
-        let mut b = [0u8; HEADER_LEN + 8];
-        self.sock.read_exact(&mut b).expect("RET");
-        assert_eq!(
-            Header::parse(&b),
-            Ok(Header {
-                cmd: CMD_RET,
-                size: 8
-            })
-        );
-        u64::from_le_bytes(b[HEADER_LEN..].try_into().expect("8 bytes"))
+        read_ret(&mut self.sock)
     }
 
     pub fn cfg_read(&mut self, addr: u32, len: i32) -> u32 {
