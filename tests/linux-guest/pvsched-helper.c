@@ -104,12 +104,16 @@ static int pingpong(long rounds, int cpu)
 }
 
 static volatile int spinner_stop;
+/* 0 while the spinner starts, 1 once it spins on its CPU, -1 if it could
+ * not be pinned there. */
 static volatile int spinner_ready;
 
 static void *spinner(void *arg)
 {
-	if (pin(*(int *)arg))
+	if (pin(*(int *)arg)) {
+		spinner_ready = -1;
 		return NULL;
+	}
 	spinner_ready = 1;
 	while (!spinner_stop)
 		;
@@ -139,6 +143,10 @@ static int membarrier_loop(double secs, int from, int to)
 	}
 	while (!spinner_ready)
 		sched_yield();
+	if (spinner_ready < 0) {
+		pthread_join(t, NULL);
+		return 1;
+	}
 	end = now() + secs;
 	while (now() < end) {
 		if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)) {
