@@ -83,6 +83,11 @@ stat_of() {
 	awk -v k="$1" '$1 == k { print $2 }' /sys/kernel/debug/pvsched/stats 2>/dev/null
 }
 
+# slot_of CPU: the slot debugfs shows for CPU (-1 while it has none).
+slot_of() {
+	awk -v c="$1" '$1 == c && NF >= 6 { print $2 }' /sys/kernel/debug/pvsched/stats
+}
+
 bound() {
 	ls /sys/bus/pci/drivers/pvsched/ 2>/dev/null | grep -c '^0000:'
 }
@@ -152,7 +157,7 @@ if [ "$mode" = hostile ]; then
 	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
 	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
 	/pvsched-helper pingpong 500 "$last" >/dev/null
-	echo "@@ hostile-after bound=$(bound) slot=$(awk -v c="$last" '$1 == c && NF >= 6 { print $2 }' /sys/kernel/debug/pvsched/stats)"
+	echo "@@ hostile-after bound=$(bound) slot=$(slot_of "$last")"
 	cat /sys/kernel/debug/pvsched/stats
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"
@@ -229,9 +234,6 @@ cat /sys/kernel/debug/pvsched/stats
 
 # CPU hotplug with the module loaded: the CPU's slot is left neutral while
 # it is offline and re-attached when it comes back.
-slot_of() {
-	awk -v c="$1" '$1 == c && NF >= 6 { print $2 }' /sys/kernel/debug/pvsched/stats
-}
 echo 0 > "/sys/devices/system/cpu/cpu$last/online"
 echo "@@ cpu-offline cpu=$last slot=$(slot_of "$last")"
 sleep 1

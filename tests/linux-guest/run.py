@@ -634,15 +634,22 @@ def hostile_boot(args):
                   f"the validated offsets through a CPU hotplug, rmmod rc={rm.get('rc')}, no oops")
 
 
-def wait_boot(args):
-    """wait_on from the guest and the policy's directed yield (wait_loop.py)."""
-    name = "wait-smp2"
-    loop = WaitLoop(args, args.out / (name + args.tag))
-    b = Boot(args, name, 2, "wait", hooks=loop.hooks())
+def loop_boot(args, loop, name, mode, **boot_kw):
+    """A 2-vCPU boot driven by `loop`'s hooks (agent_loop.py and its kin),
+    whose agent is stopped however the boot ends."""
+    b = Boot(args, name, 2, mode, hooks=loop.hooks(), **boot_kw)
     try:
         b.run()
     finally:
         loop.stop_agent()
+    return b
+
+
+def wait_boot(args):
+    """wait_on from the guest and the policy's directed yield (wait_loop.py)."""
+    name = "wait-smp2"
+    loop = WaitLoop(args, args.out / (name + args.tag))
+    b = loop_boot(args, loop, name, "wait")
     f, summary = loop.check(b)
     check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
     return b, f, summary
@@ -770,11 +777,7 @@ def main():
     if args.agent_bin and "agent" in scenarios:
         name = "agent-smp2"
         loop = AgentLoop(args, args.out / name)
-        b = Boot(args, name, 2, "agent", hooks=loop.hooks())
-        try:
-            b.run()
-        finally:
-            loop.stop_agent()
+        b = loop_boot(args, loop, name, "agent")
         f, summary = loop.check(b)
         failures += f
         results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
@@ -788,12 +791,10 @@ def main():
         name = "vfio-daemon-smp2"
         loop = DaemonLoop(args, args.out / name)
         loop.start_daemon()
-        b = Boot(args, name, 2, "agent", hooks=loop.hooks(), transport="vfio-user",
-                 device_cmd=loop.device_cmd())
         try:
-            b.run()
+            b = loop_boot(args, loop, name, "agent", transport="vfio-user",
+                          device_cmd=loop.device_cmd())
         finally:
-            loop.stop_agent()
             loop.stop_daemon()
         f, summary = loop.check(b)
         modes = {m.group(1) for m in (re.search(r"attached: (\w+) region", l) for l in b.serial) if m}

@@ -22,7 +22,7 @@
 use crate::backend::TransportDevice;
 use pvsched_abi as abi;
 use pvsched_device::{BarIndex, BarInfo, ConfigWriteResult, PciDevice, RegionView};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{ByteValued, GuestMemoryMmap};
 
 /// Which misbehaviour to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,13 +144,14 @@ fn is_reg(bar: BarIndex, offset: u64, reg: u32) -> bool {
     bar == BarIndex(abi::REG_BAR) && offset == u64::from(reg)
 }
 
-/// Write `words` at byte `offset` of the region; false if any word was out
-/// of bounds or the region detached.
-fn write_words(view: &RegionView, offset: u64, words: &[u32]) -> bool {
-    words.iter().enumerate().all(|(i, w)| {
-        let at = offset + 4 * i as u64;
-        view.write_bytes(at, &w.to_le_bytes())
-    })
+/// Write `bytes` at byte `offset` of the region a 32-bit word at a time (as
+/// the device writes its header); false if any word was out of bounds or
+/// the region detached.
+fn write_words(view: &RegionView, offset: u64, bytes: &[u8]) -> bool {
+    bytes
+        .chunks(4)
+        .enumerate()
+        .all(|(i, w)| view.write_bytes(offset + 4 * i as u64, w))
 }
 
 impl<D: TransportDevice> FaultyDevice<D> {
@@ -171,18 +172,20 @@ impl<D: TransportDevice> FaultyDevice<D> {
                 write_words(
                     &view,
                     offset_of!(abi::RegionHeader, slots_offset) as u64,
-                    &[past],
+                    &past.to_le_bytes(),
                 )
             }
             HostileHeader::ApicDuplicate => {
                 let first = view.apic_id(0).unwrap_or(0);
-                write_words(&view, apic + 4, &[first])
+                write_words(&view, apic + 4, &first.to_le_bytes())
             }
-            HostileHeader::ApicOutOfRange => write_words(&view, apic, &[HOSTILE_APIC_ID]),
+            HostileHeader::ApicOutOfRange => {
+                write_words(&view, apic, &HOSTILE_APIC_ID.to_le_bytes())
+            }
             HostileHeader::NrVcpusMismatch => write_words(
                 &view,
                 offset_of!(abi::RegionHeader, nr_vcpus) as u64,
-                &[info.nr_vcpus.saturating_add(1)],
+                &info.nr_vcpus.saturating_add(1).to_le_bytes(),
             ),
             HostileHeader::RewriteAfter => {
                 self.rewrite_armed = true;
@@ -205,22 +208,8 @@ impl<D: TransportDevice> FaultyDevice<D> {
         let Some(view) = self.inner.region_view() else {
             return;
         };
-        let g = HostileHeader::garbage();
-        let mut words = vec![
-            g.magic,
-            g.version,
-            g.nr_vcpus,
-            g.slot_size,
-            g.header_size,
-            g.apic_table_offset,
-            g.slots_offset,
-            g.generation,
-            g.host_flags,
-        ];
-        words.extend_from_slice(&g.reserved);
-        let nr = view.info().nr_vcpus;
-        let table = vec![u32::MAX; nr as usize];
-        let ok = write_words(&view, 0, &words)
+        let table = vec![0xff; 4 * view.info().nr_vcpus as usize];
+        let ok = write_words(&view, 0, HostileHeader::garbage().as_slice())
             && write_words(&view, u64::from(abi::APIC_TABLE_OFFSET), &table);
         log::warn!(
             "fault hostile-header: header and APIC table overwritten after validation (ok: {ok})"
