@@ -428,13 +428,11 @@ fn device_parts(
         .policy_sink
         .clone()
         .unwrap_or_else(|| Arc::new(NullSink));
-    let mut remote = None;
-    let mut link = None;
-    let (device, shared, bar2_backing) = match &cfg.device_mode {
+    match &cfg.device_mode {
         DeviceMode::InProcess => {
             let mut dev = PvschedDevice::new(dcfg, sink)?;
             dev.set_guest_memory(ram.clone());
-            let mut backing = None;
+            let mut bar2_backing = None;
             if cfg.device_features & abi::F_DEVICE_REGION != 0 {
                 let b = match &cfg.device_region {
                     Some(r) => r.clone(),
@@ -444,36 +442,39 @@ fn device_parts(
                     )?,
                 };
                 dev.set_device_region(b.clone())?;
-                backing = Some(b);
+                bar2_backing = Some(b);
             }
             let device = Arc::new(Mutex::new(dev));
-            let shared = device.clone() as SharedDevice;
-            (device, shared, backing)
+            Ok(DeviceParts {
+                shared: device.clone(),
+                device,
+                bar2_backing,
+                remote: None,
+                link: None,
+            })
         }
         DeviceMode::Sandboxed(program) => {
             if cfg.device_region.is_some() {
                 return Err(Error::Config(
-                        "a sandboxed device owns BAR2's memory; device_region needs DeviceMode::InProcess (register the slot addresses of Vm::bar2_backing with the policy instead)".into(),
-                    ));
+                    "a sandboxed device owns BAR2's memory; device_region needs DeviceMode::InProcess (register the slot addresses of Vm::bar2_backing with the policy instead)".into(),
+                ));
             }
             let args = device_args(&dcfg, sink.host_flags());
             let mirror = Arc::new(Mutex::new(PvschedDevice::new(dcfg, sink)?));
             let r = spawn_remote(program, args, &mirror, monitor, cfg, ram)?;
-            let backing = r.bar2();
-            link = Some(r.shared_link().clone());
-            monitor.set_device_messages(r.shared_link().message_counter());
-            let r = Arc::new(Mutex::new(r));
-            remote = Some(r.clone());
-            (mirror, r as SharedDevice, backing)
+            let bar2_backing = r.bar2();
+            let link = r.shared_link().clone();
+            monitor.set_device_messages(link.message_counter());
+            let remote = Arc::new(Mutex::new(r));
+            Ok(DeviceParts {
+                device: mirror,
+                shared: remote.clone(),
+                bar2_backing,
+                remote: Some(remote),
+                link: Some(link),
+            })
         }
-    };
-    Ok(DeviceParts {
-        device,
-        shared,
-        bar2_backing,
-        remote,
-        link,
-    })
+    }
 }
 
 /// One vCPU per APIC ID, set up with KVM's supported CPUID.
