@@ -142,11 +142,38 @@ impl ThreadState {
                     guardian,
                     slot,
                     start_time,
-                })
+                });
+                t.take_over_ledger_entry();
             }
             None => log::warn!("pvsched applier: thread {tid} has no start time; not guarded"),
         }
         t
+    }
+
+    /// If the ledger says this thread is boosted already (an earlier
+    /// registration or agent could not restore it), its baseline is the
+    /// ledger's, never its current attributes: the entry moves to this
+    /// thread's slot (armed throughout) and the thread is restored now.
+    fn take_over_ledger_entry(&mut self) {
+        let Some(g) = &self.guard else {
+            return;
+        };
+        let ledger = g.guardian.ledger();
+        let Some((old, base)) = ledger.armed_baseline(self.tid, g.start_time) else {
+            return;
+        };
+        ledger.arm(g.slot, self.tid, g.start_time, &base);
+        if old != g.slot {
+            ledger.disarm_thread(old, self.tid, g.start_time);
+        }
+        log::warn!(
+            "pvsched applier: thread {} is still boosted by an earlier registration; \
+             restoring its recorded baseline {base:?}",
+            self.tid
+        );
+        self.baseline = Some(base);
+        self.applied = sched::get(self.tid).ok().or(Some(base));
+        self.restore();
     }
 
     /// Level-triggered check: brings the thread to the policy's current

@@ -108,7 +108,7 @@ pub(super) fn consumer(
     if cfg.consumer_rt_prio > 0 {
         let attr = SchedAttr {
             policy: pvsched_abi::POLICY_FIFO,
-            priority: cfg.consumer_rt_prio.min(99),
+            priority: cfg.consumer_rt_prio.min(crate::guardian::RESTORER_RT_PRIO),
             nice: 0,
             flags: 0,
         };

@@ -96,18 +96,25 @@ pub struct AgentConfig {
     /// boosted thread if this process dies (SIGKILL, OOM). On by default;
     /// only a test that checks the VMM-side restore turns it off.
     pub guardian: bool,
+    /// Keep the guardian's ledger in this file instead of anonymous
+    /// memory ([`crate::guardian::Ledger::open`]): at load, the agent
+    /// waits for the file's previous holder and restores every thread it
+    /// left boosted, before it loads the policy (pvschedd:
+    /// `/run/pvsched/ledger`).
+    pub ledger: Option<std::path::PathBuf>,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
-            consumer_rt_prio: 50,
+            consumer_rt_prio: crate::guardian::RESTORER_RT_PRIO,
             tick: Duration::from_millis(5),
             handle_signals: true,
             handle_panics: true,
             ring_bytes: crate::object::DEFAULT_RING_BYTES,
             trace: None,
             guardian: true,
+            ledger: None,
         }
     }
 }
@@ -234,6 +241,35 @@ impl Agent {
             )?)),
             None => None,
         };
+        // What a previous agent on the same ledger file left boosted is
+        // restored before anything else: no baseline can be captured from
+        // a thread it boosted.
+        let ledger = match (cfg.guardian, &cfg.ledger) {
+            (true, Some(path)) => Some(crate::guardian::Ledger::open(
+                path,
+                crate::guardian::LEDGER_WAIT,
+            )?),
+            (true, None) => Some(crate::guardian::Ledger::anonymous().map_err(|source| {
+                crate::guardian::GuardianError::Setup {
+                    what: "mmap of the ledger",
+                    source,
+                }
+            })?),
+            (false, _) => None,
+        };
+        if let Some(l) = &ledger
+            && let Some(path) = l.path()
+        {
+            let left = l.armed();
+            let n = l.restore_armed();
+            if left > 0 {
+                log::warn!(
+                    "pvsched agent: {} listed {left} boosted thread(s) of a previous agent; \
+                     restored {n} to their baselines (the others are gone)",
+                    path.display()
+                );
+            }
+        }
         let mut obj = PolicyObject::load_with(true, cfg.ring_bytes)?;
         let ring = obj
             .take_ring()
@@ -242,10 +278,9 @@ impl Agent {
             what: "dup test fd",
             source,
         })?;
-        let guardian = if cfg.guardian {
-            Some(Arc::new(crate::guardian::Guardian::spawn()?))
-        } else {
-            None
+        let guardian = match ledger {
+            Some(l) => Some(Arc::new(crate::guardian::Guardian::spawn(l)?)),
+            None => None,
         };
         let inner = Arc::new(Inner {
             guardian,
