@@ -5,6 +5,7 @@
 //!
 //! ```toml
 //! socket = "/run/pvsched/pvschedd.sock"
+//! runtime_dir = ""              # ledger and detached VMs: "" = the socket's directory
 //! socket_group = "kvm"          # may connect and register its own VMs
 //! vm_dir = "/etc/pvsched/vms"
 //! require_vm_file = false       # true: only VMs with a file are served
@@ -75,6 +76,10 @@ pub enum ConfigError {
 pub struct Config {
     /// The UNIX socket VMMs and `pvsched` connect to.
     pub socket: PathBuf,
+    /// Where the ledger of boosted threads and the detached registrations
+    /// live across restarts ([`crate::persist`]); empty: the socket's
+    /// directory (`/run/pvsched`).
+    pub runtime_dir: PathBuf,
     /// Group owning the socket (mode 0660); its members may register their
     /// own VMs and read status. Empty: root only (mode 0600).
     pub socket_group: String,
@@ -99,6 +104,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             socket: DEFAULT_SOCKET.into(),
+            runtime_dir: PathBuf::new(),
             socket_group: "kvm".into(),
             vm_dir: "/etc/pvsched/vms".into(),
             require_vm_file: false,
@@ -152,6 +158,18 @@ impl Config {
             });
         }
         Ok(c)
+    }
+
+    /// The runtime directory: `runtime_dir`, or the socket's directory.
+    pub fn runtime_dir(&self) -> PathBuf {
+        if !self.runtime_dir.as_os_str().is_empty() {
+            return self.runtime_dir.clone();
+        }
+        self.socket
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf()
     }
 
     /// The client timeout.

@@ -12,14 +12,20 @@
 //! - [`config`]: `pvschedd.toml` and the per-VM caps files.
 //! - [`server`]: the event loop and the registry.
 //! - [`metrics`]: Prometheus text and its HTTP endpoint.
+//! - [`persist`]: what outlives a pvschedd process: the ledger of boosted
+//!   threads and the detached registrations.
 //! - [`client`]: what VMMs and the `pvsched` CLI use.
 //!
 //! If pvschedd dies (SIGKILL, OOM, panic → abort), its guardian process
-//! ([`pvsched_agent::guardian`]) restores every boosted thread.
+//! ([`pvsched_agent::guardian`]) restores every boosted thread; if the
+//! guardian dies with it, the ledger file it restores from is read again by
+//! `pvschedd --restore` (the unit's `ExecStopPost=`) and by the next
+//! pvschedd before it loads the policy.
 
 pub mod client;
 pub mod config;
 pub mod metrics;
+pub mod persist;
 pub mod proto;
 pub mod server;
 pub mod wire;

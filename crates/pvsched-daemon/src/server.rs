@@ -148,6 +148,8 @@ pub struct Server {
     watches: HashMap<u64, String>,
     next_id: u64,
     buf: Vec<u8>,
+    /// Detached registrations, recorded for the next pvschedd.
+    detached: crate::persist::Detached,
 }
 
 impl Server {
@@ -173,8 +175,16 @@ impl Server {
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir).map_err(sock_err)?;
         }
+        let runtime_dir = cfg.runtime_dir();
+        std::fs::create_dir_all(&runtime_dir).map_err(|source| ServerError::Socket {
+            path: runtime_dir.clone(),
+            source,
+        })?;
+        // The ledger file: what a previous pvschedd left boosted is
+        // restored inside Agent::load, before the policy loads.
         let agent = Agent::load(AgentConfig {
             handle_signals: false,
+            ledger: Some(crate::persist::ledger_path(&runtime_dir)),
             ..AgentConfig::default()
         })?;
         let listener = wire::listen_at(&socket).map_err(sock_err)?;
@@ -202,7 +212,7 @@ impl Server {
             registrations: 0,
             refused: 0,
         }));
-        Ok(Server {
+        let mut server = Server {
             state,
             listener,
             socket,
@@ -212,7 +222,10 @@ impl Server {
             watches: HashMap::new(),
             next_id: 1,
             buf: vec![0; proto::MAX_REQUEST + 1],
-        })
+            detached: crate::persist::Detached::new(&runtime_dir),
+        };
+        server.readopt_detached();
+        Ok(server)
     }
 
     /// The shared state (for the metrics endpoint).
@@ -367,6 +380,9 @@ impl Server {
     fn unregister(&mut self, s: &mut State, name: &str) {
         if let Some(vm) = s.vms.remove(name) {
             let _ = self.epoll.delete(vm.pidfd.as_fd());
+            if vm.conn.is_none() {
+                self.detached.forget(name);
+            }
         }
         self.watches.retain(|_, n| n != name);
     }
@@ -466,10 +482,12 @@ impl Server {
                     );
                 };
                 let conn = (!req.detach).then_some(id);
+                let record = req.detach.then(|| req.clone());
                 let state = self.state.clone();
                 let mut s = lock(&state);
                 match register(&mut s, req, target, pidfd, conn) {
                     Ok((reply, fd, name)) => {
+                        self.record_detached(target, record.as_ref());
                         s.registrations += 1;
                         let vm = &s.vms[&name];
                         let watch = self.next_id;
@@ -539,6 +557,9 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
+        // Detached VMs are unregistered (restored) like every VM, and kept
+        // on record: the next pvschedd registers them again.
+        self.detached.keep_all();
         let state = self.state.clone();
         let mut s = lock(&state);
         let names: Vec<String> = s.vms.keys().cloned().collect();
@@ -547,6 +568,65 @@ impl Server {
         }
         drop(s);
         let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Server {
+    /// Records a detached registration (`req`, of process `pid`) for the
+    /// next pvschedd; a failure is logged (the VM stays registered now).
+    fn record_detached(&self, pid: u32, req: Option<&RegisterVm>) {
+        if let Some(req) = req
+            && let Err(e) = self.detached.save(pid, req)
+        {
+            tracing::warn!(vm = %req.name, "recording the detached registration failed ({e}); a restarted pvschedd will not register it again");
+        }
+    }
+
+    /// At start: registers again every detached VM recorded by a previous
+    /// pvschedd whose VMM process is still the same one (pid and start
+    /// time), exactly as it was asked; forgets the others.
+    fn readopt_detached(&mut self) {
+        for rec in self.detached.load() {
+            let name = rec.request.name.clone();
+            // The pidfd first: a start time that matches after it is open
+            // proves the pidfd names the recorded process.
+            let pidfd = pvsched_agent::watch::pidfd_open(rec.pid)
+                .ok()
+                .map(Arc::new)
+                .filter(|_| rec.alive());
+            let Some(pidfd) = pidfd else {
+                tracing::info!(vm = %name, pid = rec.pid, "its VMM is gone: not registered again");
+                self.detached.forget(&name);
+                continue;
+            };
+            let state = self.state.clone();
+            let mut s = lock(&state);
+            let registered = register(&mut s, rec.request.clone(), rec.pid, pidfd, None);
+            let result = registered.and_then(|(_, _, name)| {
+                let watch = self.next_id;
+                self.next_id += 1;
+                let vm = &s.vms[&name];
+                self.epoll
+                    .add(
+                        vm.pidfd.as_fd(),
+                        EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
+                    )
+                    .map_err(|e| Reply::error("internal", format!("epoll_ctl: {e}")))?;
+                self.watches.insert(watch, name);
+                Ok(())
+            });
+            match result {
+                Ok(()) => {
+                    s.registrations += 1;
+                    tracing::info!(vm = %name, pid = rec.pid, "detached VM registered again after a restart");
+                }
+                Err(r) => {
+                    tracing::warn!(vm = %name, pid = rec.pid, "registering the detached VM again failed: {r:?}");
+                    self.unregister(&mut s, &name);
+                    self.detached.forget(&name);
+                }
+            }
+        }
     }
 }
 

@@ -37,6 +37,12 @@ struct Args {
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// Put back every thread the ledger in the runtime directory still
+    /// lists as boosted, then exit (after a stop, however pvschedd and its
+    /// guardian ended: the unit's ExecStopPost). Waits for a guardian
+    /// still restoring; fails if a running pvschedd holds the ledger.
+    #[arg(long, conflicts_with = "check")]
+    restore: bool,
 }
 
 fn main() -> ExitCode {
@@ -70,6 +76,9 @@ fn main() -> ExitCode {
     if args.check {
         println!("{}: OK", args.config.display());
         return ExitCode::SUCCESS;
+    }
+    if args.restore {
+        return restore(&cfg);
     }
     // A panic anywhere ends the process at once: the guardian then
     // restores every boosted thread (no lock of this process involved).
@@ -113,6 +122,37 @@ fn main() -> ExitCode {
     tracing::info!("ready");
     match server.run() {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--restore`: what the ledger still lists as boosted gets its baseline
+/// back.
+fn restore(cfg: &Config) -> ExitCode {
+    use pvsched_agent::guardian::{LEDGER_WAIT, Ledger};
+    let path = pvsched_daemon::persist::ledger_path(&cfg.runtime_dir());
+    if !path.exists() {
+        println!("{}: no ledger, nothing to restore", path.display());
+        return ExitCode::SUCCESS;
+    }
+    match Ledger::open(&path, LEDGER_WAIT) {
+        Ok(l) => {
+            let armed = l.armed();
+            let n = l.restore_armed();
+            let left = l.armed();
+            println!(
+                "{}: {armed} thread(s) listed as boosted, {n} restored, {} gone, {left} failed",
+                path.display(),
+                armed.saturating_sub(n + left)
+            );
+            if left > 0 {
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::FAILURE
