@@ -202,3 +202,99 @@ impl Client {
         }
     }
 }
+
+impl AsFd for Client {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// A connection-owned registration that outlives pvschedd restarts: it
+/// registers `req`, and when the daemon closes the connection (pvschedd
+/// stopped, restarted, killed: its VM was unregistered and every thread
+/// restored), [`Session::reconnect`] connects again and registers the same
+/// request again.
+///
+/// A registration's device region ([`Region::Device`]) is the daemon's: a
+/// new daemon gives a new region, so after a reconnect the VMM must back
+/// its BAR2 with [`Session::registered`]'s region (what the guest wrote
+/// into the old one is not carried over). Guest-region and no-region
+/// registrations need nothing more.
+pub struct Session {
+    socket: PathBuf,
+    req: RegisterVm,
+    client: Client,
+    registered: Registered,
+}
+
+impl Session {
+    /// Connects to the daemon at `socket` and registers `req`.
+    pub fn register(socket: &Path, req: RegisterVm) -> Result<Session> {
+        let mut client = Client::connect(socket)?;
+        let registered = client.register(req.clone())?;
+        Ok(Session {
+            socket: socket.into(),
+            req,
+            client,
+            registered,
+        })
+    }
+
+    /// The registration in force.
+    pub fn registered(&self) -> &Registered {
+        &self.registered
+    }
+
+    /// The connection, e.g. for status requests.
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// Waits up to `timeout` (None: for ever) for the daemon to close the
+    /// connection; true if it did. The daemon never speaks unasked, so a
+    /// readable connection is a closed one.
+    pub fn wait_closed(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let t = match timeout {
+            None => PollTimeout::NONE,
+            Some(d) => PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX),
+        };
+        let mut fds = [PollFd::new(self.client.as_fd(), PollFlags::POLLIN)];
+        loop {
+            match poll(&mut fds, t) {
+                Ok(0) => return Ok(false),
+                Ok(_) => return Ok(true),
+                Err(nix::Error::EINTR) => continue,
+                Err(e) => return Err(ClientError::Io(e.into())),
+            }
+        }
+    }
+
+    /// Connects and registers again after the daemon went away, trying
+    /// every `retry` until `give_up` has passed (a restarted pvschedd
+    /// needs a moment to load its policy). A refusal is final (the
+    /// daemon's answer would not change).
+    pub fn reconnect(
+        &mut self,
+        retry: std::time::Duration,
+        give_up: std::time::Duration,
+    ) -> Result<&Registered> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let attempt = Client::connect(&self.socket).and_then(|mut c| {
+                let r = c.register(self.req.clone())?;
+                Ok((c, r))
+            });
+            match attempt {
+                Ok((c, r)) => {
+                    self.client = c;
+                    self.registered = r;
+                    return Ok(&self.registered);
+                }
+                Err(e @ ClientError::Refused { .. }) => return Err(e),
+                Err(e) if t0.elapsed() >= give_up => return Err(e),
+                Err(_) => std::thread::sleep(retry),
+            }
+        }
+    }
+}

@@ -30,7 +30,7 @@ pub mod proto;
 pub mod server;
 pub mod wire;
 
-pub use client::{Client, ClientError, RegionMap, Registered};
+pub use client::{Client, ClientError, RegionMap, Registered, Session};
 pub use config::Config;
 pub use proto::RegisterVm;
 pub use server::Server;

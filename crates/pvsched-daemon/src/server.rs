@@ -601,6 +601,12 @@ impl Server {
             };
             let state = self.state.clone();
             let mut s = lock(&state);
+            // A device region reserved for it died with the previous
+            // daemon: it gets a new one, which its device process gets by
+            // asking again (`pvsched device --daemon-region`).
+            if rec.request.region == Region::Reserved && !s.reserved.contains_key(&name) {
+                let _ = reserve(&mut s, &name);
+            }
             let registered = register(&mut s, rec.request.clone(), rec.pid, pidfd, None);
             let result = registered.and_then(|(_, _, name)| {
                 let watch = self.next_id;
