@@ -265,7 +265,7 @@ impl Agent {
             if left > 0 {
                 log::warn!(
                     "pvsched agent: {} listed {left} boosted thread(s) of a previous agent; \
-                     restored {n} to their baselines (the others are gone)",
+                     {n} restored to their baselines, the others are gone or failed",
                     path.display()
                 );
             }
