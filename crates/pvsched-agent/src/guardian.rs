@@ -599,7 +599,7 @@ impl Guardian {
             return Err(setup("fork")(e));
         }
         if pid == 0 {
-            child(&ledger, read_fd);
+            child(&ledger, read_fd, write_fd);
         }
         // SAFETY: the parent keeps only the write end.
         unsafe { libc::close(read_fd) };
@@ -633,7 +633,7 @@ impl Drop for Guardian {
 }
 
 /// The guardian process. Never returns.
-fn child(ledger: &Ledger, read_fd: libc::c_int) -> ! {
+fn child(ledger: &Ledger, read_fd: libc::c_int, write_fd: libc::c_int) -> ! {
     // SAFETY: raw system calls on stack memory, static C strings, the
     // inherited ledger mapping and the pipe and ledger fds; no allocation
     // and no locks (this process was forked from a multi-threaded one).
@@ -642,6 +642,9 @@ fn child(ledger: &Ledger, read_fd: libc::c_int) -> ! {
         // this process now shares): no BPF link, map or socket of the
         // agent stays open here. Both are first copied above 4 so that
         // moving one cannot close the other.
+        // The agent's end first, whatever its number: open here, it would
+        // hide the agent's death from the poll below.
+        libc::close(write_fd);
         let pipe = libc::fcntl(read_fd, libc::F_DUPFD, 16);
         let file = ledger
             .raw_fd()
@@ -649,10 +652,14 @@ fn child(ledger: &Ledger, read_fd: libc::c_int) -> ! {
         if pipe < 0 || libc::dup2(pipe, 3) != 3 {
             libc::_exit(1);
         }
-        if let Some(l) = file
-            && (l < 0 || libc::dup2(l, 4) != 4)
-        {
-            libc::_exit(1);
+        match file {
+            Some(l) if l < 0 || libc::dup2(l, 4) != 4 => libc::_exit(1),
+            Some(_) => {}
+            // Whatever fd 4 was (the pipe's write end, even) must not stay
+            // open here: the guardian would never see the agent go.
+            None => {
+                libc::close(4);
+            }
         }
         let fd = 3;
         let _ = libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32);
@@ -832,6 +839,38 @@ mod tests {
         let (reads, free) = reader.join().unwrap();
         println!("{reads} reads while re-arming, {free} saw the entry free");
         assert_eq!(free, 0, "an armed entry read as free while re-armed");
+    }
+
+    /// A registered thread that the ledger lists as boosted (an earlier
+    /// registration could not restore it) gets the ledger's baseline, not
+    /// its current attributes: it is restored at once, and a later boost
+    /// starts from, and returns to, that baseline.
+    #[test]
+    fn the_ledger_baseline_wins_over_a_boosted_state() {
+        let (tid, stop, t) = thread();
+        crate::sched::set(tid, &nice(3)).unwrap();
+        let start = start_time(tid).unwrap();
+        let g = std::sync::Arc::new(Guardian::spawn(Ledger::anonymous().unwrap()).unwrap());
+        // An earlier registration (VM 5) boosted it to nice 1 and could
+        // not restore it.
+        g.ledger().arm(ledger_slot(5, 0), tid, start, &nice(3));
+        crate::sched::set(tid, &nice(1)).unwrap();
+        let mut th = crate::applier::ThreadState::guarded(tid, 0, 0, g.clone(), ledger_slot(0, 0));
+        assert_eq!(crate::sched::get(tid).unwrap(), nice(3), "restored at once");
+        assert_eq!(g.ledger().armed(), 0, "and no longer listed");
+        let caps = pvsched_policy::Caps::default();
+        assert!(th.apply(pvsched_abi::BOOST_NICE, -5, 0, &caps));
+        assert_eq!(th.baseline, Some(nice(3)));
+        assert_eq!(
+            g.ledger().armed_baseline(tid, start),
+            Some((ledger_slot(0, 0), nice(3)))
+        );
+        assert!(th.restore());
+        assert_eq!(crate::sched::get(tid).unwrap(), nice(3));
+        drop(th);
+        drop(g);
+        stop.send(()).unwrap();
+        t.join().unwrap();
     }
 
     /// The file ledger survives its agent: entries armed by an agent that

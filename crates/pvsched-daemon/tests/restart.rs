@@ -55,7 +55,17 @@ fn threads() -> Vec<(u32, SchedAttr)> {
         .collect()
 }
 
-fn start(dir: &Path) -> Child {
+/// A pvschedd process, killed when dropped (a failing test leaves none).
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(dir: &Path) -> Daemon {
     let cfg = dir.join("pvschedd.toml");
     std::fs::write(
         &cfg,
@@ -71,10 +81,11 @@ fn start(dir: &Path) -> Child {
         .env("RUST_LOG", "warn")
         .spawn()
         .unwrap();
+    let d = Daemon(child);
     wait_for("pvschedd's socket", LIMIT, || {
         Client::connect(&dir.join("pvschedd.sock")).ok()
     });
-    child
+    d
 }
 
 /// Registers `threads` (of this process) as VM `name` with slots asking
@@ -133,7 +144,8 @@ fn guardian_of(daemon: u32) -> u32 {
 }
 
 /// SIGKILLs the guardian, then the daemon: nothing of theirs restores.
-fn kill_both(daemon: &mut Child) {
+fn kill_both(daemon: &mut Daemon) {
+    let daemon = &mut daemon.0;
     let g = guardian_of(daemon.id());
     for pid in [g, daemon.id()] {
         nix::sys::signal::kill(
@@ -202,11 +214,11 @@ fn daemon_and_guardian_killed_together_are_restored_from_the_ledger() {
     //    real ones (a clean stop restores exactly them).
     let vm = register_boosted(&dir, "vm", &threads);
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(d.id() as i32),
+        nix::unistd::Pid::from_raw(d.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let _ = d.wait();
+    let _ = d.0.wait();
     drop(vm);
     wait_for("baselines after SIGTERM", LIMIT, || {
         at_baseline(&threads).then_some(())
