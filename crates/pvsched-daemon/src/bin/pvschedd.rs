@@ -90,7 +90,9 @@ fn main() -> ExitCode {
     let metrics = cfg.metrics_listen.clone();
     let server = match Server::new(cfg) {
         Ok(s) => s,
-        Err(e @ pvsched_daemon::server::ServerError::Agent(_)) => {
+        // Only a policy that cannot load is exit code 6 (not restarted by
+        // the unit); a ledger held by another pvschedd, say, is 1.
+        Err(e @ pvsched_daemon::server::ServerError::Agent(pvsched_agent::AgentError::Bpf(_))) => {
             tracing::error!("{e}");
             return Exit::PolicyLoad.into();
         }
