@@ -63,6 +63,7 @@ fn main() {
     }
     let vm = agent
         .register_vm(VmSpec {
+            owner: None,
             emulator_tids: vec![],
             vcpu_tids: tids.clone(),
             apic_ids: vec![0, 1],

@@ -673,6 +673,7 @@ fn register(
     };
     let send_fd = r.region == Region::Device;
     let spec = VmSpec {
+        owner: Some(pid),
         vcpu_tids: r.vcpus.iter().map(|v| v.tid).collect(),
         emulator_tids: r.emulator_tids.clone(),
         apic_ids: r.vcpus.iter().map(|v| v.apic_id).collect(),

@@ -495,6 +495,7 @@ fn agent_process_child() {
     };
     let _vm = agent
         .register_vm(VmSpec {
+            owner: None,
             emulator_tids: vec![],
             apic_ids: (0..tids.len() as u32).collect(),
             vcpu_tids: tids,

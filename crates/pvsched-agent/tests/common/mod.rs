@@ -99,6 +99,7 @@ pub fn device_vm(
 ) -> pvsched_agent::VmHandle {
     agent
         .register_vm(pvsched_agent::VmSpec {
+            owner: None,
             emulator_tids: emulator_tids.to_vec(),
             vcpu_tids: vcpu_tids.to_vec(),
             apic_ids: (0..vcpu_tids.len() as u32).collect(),
