@@ -454,8 +454,12 @@ impl Server {
                         None,
                     );
                 }
+                // Each VM watches its VMM through a pidfd of its own: epoll
+                // knows an fd once, so two VMs of one connection sharing the
+                // connection's pidfd could not both be watched, and ending
+                // one watch would end the other's.
                 let pidfd = if target == peer_pid {
-                    peer_pidfd
+                    peer_pidfd.and_then(|p| p.try_clone().ok()).map(Arc::new)
                 } else {
                     pvsched_agent::watch::pidfd_open(target).ok().map(Arc::new)
                 };
