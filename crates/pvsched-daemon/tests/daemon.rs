@@ -6,6 +6,7 @@
 
 #[path = "../../pvsched-agent/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use common::{need_bpf, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
@@ -18,78 +19,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Liveness bound of the waits below (not a timing assertion).
-const LIMIT: Duration = Duration::from_secs(20);
-
-/// A pvschedd process with its own socket, config and VM directory.
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-    metrics: String,
-}
-
-impl Daemon {
-    fn start(tag: &str, config: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("pvschedd-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("vms")).unwrap();
-        let socket = dir.join("pvschedd.sock");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let metrics = format!("127.0.0.1:{port}");
-        let cfg = dir.join("pvschedd.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "socket = {:?}\nsocket_group = \"\"\nvm_dir = {:?}\nmetrics_listen = {metrics:?}\n{config}",
-                socket,
-                dir.join("vms")
-            ),
-        )
-        .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_pvschedd"))
-            .arg("--config")
-            .arg(&cfg)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .unwrap();
-        let d = Daemon {
-            child,
-            dir,
-            socket,
-            metrics,
-        };
-        wait_for("pvschedd's socket", LIMIT, || {
-            Client::connect(&d.socket).ok()
-        });
-        d
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn vm_file(&self, name: &str, caps: &str) {
-        std::fs::write(self.dir.join("vms").join(format!("{name}.toml")), caps).unwrap();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use support::{Daemon, LIMIT};
 
 /// A VMM stand-in: a child process (this test binary, running
 /// `fake_vmm_child`) with `vcpus` real threads that registers them as VM
