@@ -30,7 +30,9 @@
 //! whole before it is parsed, so unknown or malformed commands get an error
 //! reply with an errno and the stream stays in sync; no client-chosen
 //! length is allocated beyond [`MAX_ACCESS`] (advertised as
-//! `max_data_xfer_size`); VERSION is parsed without panicking.
+//! `max_data_xfer_size`); VERSION is parsed without panicking; a client
+//! that stops halfway through a message is dropped after
+//! [`crate::MESSAGE_DEADLINE`].
 //! [`VfioUserServer::serve`] still runs the crate under `catch_unwind`, as
 //! a second line of defence. Remaining shortcomings of the crate's
 //! `Client` (used by the reference VMM and the tests, never facing a
@@ -685,6 +687,7 @@ impl<D: TransportDevice> VfioUserServer<D> {
             Server::from_owned_fd(OwnedFd::from(listener), true, server_irqs(), regions);
         server.set_max_data_xfer_size(MAX_ACCESS as u32);
         server.set_max_dma_maps(MAX_DMA_RANGES as u32);
+        server.set_message_deadline(Some(crate::MESSAGE_DEADLINE));
         Ok(Self {
             server,
             listener_fd,
