@@ -696,3 +696,50 @@ fn hugetlb_guest_ram_is_never_mapped() {
         assert!(exit.success(), "{kind:?}: {exit}; log: {log}");
     }
 }
+/// A QEMU that sends part of a message (half a header, or a header whose
+/// payload never comes) and then nothing used to block the device in its
+/// read for good: no more replies, no more dump samples. The device now
+/// drops the connection once the rest is overdue and, serving one peer,
+/// exits with its error code. (vfio-user: `vfio_user_hostile.rs`, whose
+/// raw client can send half a message; the crate's `Client` cannot.)
+#[test]
+fn a_proxy_that_stops_mid_message_is_dropped() {
+    use pvsched_transport::mpqemu::message::{
+        CMD_BAR_READ, HEADER_LEN, bar_payload, encode_request,
+    };
+    use std::io::{Read, Write};
+    let frame = encode_request(CMD_BAR_READ, &bar_payload(BAR0, 0, 4, true));
+    let mut stalled = Vec::new();
+    for (what, cut) in [
+        ("half a header", HEADER_LEN / 2),
+        ("a header without its payload", HEADER_LEN),
+    ] {
+        let mut d = Device::spawn(Kind::Mpqemu, &[]);
+        assert_eq!(d.reg(abi::REG_MAGIC), abi::MAGIC, "{what}: serving first");
+        let Peer::Mpqemu(q) = d.peer() else {
+            unreachable!("spawned over mpqemu")
+        };
+        q.sock
+            .write_all(&frame[..cut])
+            .expect("send part of a message");
+        stalled.push((what, d));
+    }
+    for (what, mut d) in stalled {
+        let Peer::Mpqemu(q) = d.peer() else {
+            unreachable!("spawned over mpqemu")
+        };
+        // A bound on a hang, not a timing assertion: the device's deadline
+        // is a few seconds.
+        q.sock
+            .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .expect("read timeout");
+        match q.sock.read(&mut [0u8; 1]) {
+            Ok(0) => {}
+            Ok(_) => panic!("{what}: a reply to half a message"),
+            Err(e) => panic!("{what}: the device never dropped the stalled connection ({e})"),
+        }
+        let (exit, _, log) = d.finish();
+        assert_eq!(exit.signal(), None, "{what}: {exit}; log: {log}");
+        assert_eq!(exit.code(), Some(1), "{what}: {exit}; log: {log}");
+    }
+}
