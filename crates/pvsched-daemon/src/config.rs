@@ -9,8 +9,11 @@
 //! vm_dir = "/etc/pvsched/vms"
 //! require_vm_file = false       # true: only VMs with a file are served
 //! metrics_listen = "127.0.0.1:9848"
+//! metrics_token_file = ""       # bearer token for scrapes; VM names need it
 //! client_timeout_ms = 5000
 //! max_clients = 1024
+//! max_clients_per_uid = 32      # connections of one uid other than root
+//! max_vms_per_uid = 16          # VMs of one uid other than root
 //!
 //! [max]                         # no VM's caps may exceed these
 //! max_rt_prio = 10
@@ -84,11 +87,20 @@ pub struct Config {
     pub require_vm_file: bool,
     /// `host:port` for Prometheus scrapes over HTTP (`""`: off).
     pub metrics_listen: String,
+    /// A file holding the bearer token scrapers must present (Prometheus:
+    /// `authorization: {credentials_file: ...}`); with it, series carry VM
+    /// names. `""`: no token, and VMs are labelled by id, since anyone on
+    /// the host can reach the port.
+    pub metrics_token_file: PathBuf,
     /// A client must send a request this soon after connecting or after
     /// its last reply, unless it holds a registration.
     pub client_timeout_ms: u64,
     /// Connected clients at most; more are refused.
     pub max_clients: usize,
+    /// Connections one uid other than root may hold at once.
+    pub max_clients_per_uid: usize,
+    /// VMs one uid other than root may have registered at once.
+    pub max_vms_per_uid: usize,
     /// The operator's maximum for every VM's caps.
     pub max: CapsLimit,
     /// Caps of a VM that has no file and sent none.
@@ -103,8 +115,11 @@ impl Default for Config {
             vm_dir: "/etc/pvsched/vms".into(),
             require_vm_file: false,
             metrics_listen: "127.0.0.1:9848".into(),
+            metrics_token_file: PathBuf::new(),
             client_timeout_ms: 5000,
             max_clients: 1024,
+            max_clients_per_uid: 32,
+            max_vms_per_uid: 16,
             max: CapsLimit::default(),
             defaults: Caps::default(),
         }
@@ -145,13 +160,39 @@ impl Config {
         c.max.validate().map_err(caps_err)?;
         c.defaults.validate().map_err(caps_err)?;
         c.defaults.check_within(&c.max).map_err(caps_err)?;
-        if c.max_clients == 0 || c.client_timeout_ms == 0 {
+        if c.max_clients == 0
+            || c.client_timeout_ms == 0
+            || c.max_clients_per_uid == 0
+            || c.max_vms_per_uid == 0
+        {
             return Err(ConfigError::Invalid {
                 path: path.into(),
-                what: "max_clients and client_timeout_ms must be > 0".into(),
+                what: "max_clients, max_clients_per_uid, max_vms_per_uid and \
+                       client_timeout_ms must be > 0"
+                    .into(),
             });
         }
         Ok(c)
+    }
+
+    /// The metrics token, if a file is configured: its first line.
+    pub fn metrics_token(&self) -> Result<Option<String>, ConfigError> {
+        if self.metrics_token_file.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        let path = &self.metrics_token_file;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let token = text.lines().next().unwrap_or_default().trim().to_string();
+        if token.len() < 16 {
+            return Err(ConfigError::Invalid {
+                path: path.clone(),
+                what: "the metrics token must be at least 16 characters on the first line".into(),
+            });
+        }
+        Ok(Some(token))
     }
 
     /// The client timeout.

@@ -19,7 +19,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{Daemon, LIMIT};
+use support::{Daemon, LIMIT, http_get};
 
 /// A VMM stand-in: a child process (this test binary, running
 /// `fake_vmm_child`) with `vcpus` real threads that registers them as VM
@@ -456,14 +456,20 @@ fn prometheus_scrape_parses() {
     if !need_bpf("prometheus_scrape_parses") {
         return;
     }
-    let d = Daemon::start("prom", OPERATOR_MAX);
+    let token = "prometheus-scrapes-with-this-token";
+    let token_file = std::env::temp_dir().join(format!("pvschedd-token-{}", std::process::id()));
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let d = Daemon::start(
+        "prom",
+        &format!("metrics_token_file = {token_file:?}\n{OPERATOR_MAX}"),
+    );
     let mut v = FakeVmm::start(&d.socket, "web-1", 2, None);
     assert_eq!(v.ask("boost"), "BOOSTING");
     for &t in &v.tids {
         wait_attr("boosted", t, |x| x.policy == POLICY_FIFO);
     }
     let text = wait_for("a scrape with applied boosts", LIMIT, || {
-        let t = http_get(&d.metrics, "/metrics")?;
+        let t = http_get(&d.metrics, "/metrics", Some(token))?;
         let applied = t.lines().any(|l| {
             l.starts_with("pvsched_boosts_applied_total{vm=\"web-1\",thread=\"vcpu1\"}")
                 && !l.ends_with(" 0")
@@ -506,17 +512,14 @@ fn prometheus_scrape_parses() {
             .unwrap()
             .contains("pvsched_vcpus{vm=\"web-1\"} 2")
     );
+    // Without the token: refused; with a wrong one too.
+    assert_eq!(http_get(&d.metrics, "/metrics", None), None);
+    assert_eq!(
+        http_get(&d.metrics, "/metrics", Some("wrong-token-wrong-token")),
+        None
+    );
     drop(v);
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let body = out.split_once("\r\n\r\n")?.1.to_string();
-    out.starts_with("HTTP/1.0 200").then_some(body)
+    let _ = std::fs::remove_file(&token_file);
 }
 
 /// Must show (b): pvschedd killed with SIGKILL at random moments while

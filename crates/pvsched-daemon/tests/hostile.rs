@@ -169,7 +169,7 @@ fn spawn_child_thread() -> ChildThread {
                 let err = Command::new("sleep").arg("120").exec();
                 panic!("exec failed: {err}");
             }
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(20));
         }
     });
     ChildThread {
@@ -198,6 +198,7 @@ fn hostile_vmm_child() {
     let mut client = Client::connect(&socket).unwrap();
     let mut threads: Vec<ChildThread> = Vec::new();
     let mut regions = BTreeMap::new();
+    let mut extra: Vec<Client> = Vec::new();
     println!("HOSTILE READY");
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
@@ -288,6 +289,35 @@ fn hostile_vmm_child() {
                 }
                 println!("HOSTILE HOLDER {pid}");
             }
+            "conns" => {
+                // Open N more connections; each asks for status.
+                let n: usize = rest.parse().unwrap();
+                let (mut ok, mut busy) = (0, 0);
+                let mut held = Vec::new();
+                for _ in 0..n {
+                    let Ok(mut c) = Client::connect(&socket) else {
+                        busy += 1;
+                        continue;
+                    };
+                    match c.status() {
+                        Ok(_) => {
+                            ok += 1;
+                            held.push(c);
+                        }
+                        Err(ClientError::Refused { kind, .. }) if kind == "busy" => busy += 1,
+                        Err(_) => busy += 1,
+                    }
+                }
+                println!("HOSTILE CONNS ok={ok} busy={busy}");
+                extra.extend(held);
+            }
+            "status" => match client.status() {
+                Ok((_, vms)) => {
+                    let threads: usize = vms.iter().map(|v| v.vcpus.len()).sum();
+                    println!("HOSTILE STATUS vms={} threads={threads}", vms.len())
+                }
+                Err(e) => println!("HOSTILE ERROR {e}"),
+            },
             "exec" => {
                 threads[rest.parse::<usize>().unwrap()]
                     .exec
@@ -498,4 +528,87 @@ fn thread_with_tid(tid: u32) -> Option<FakeVcpu> {
         }
     }
     None
+}
+
+/// Quotas and replies: one unprivileged uid cannot take every client or VM
+/// slot (its extra connections and VMs are refused `busy` while root is
+/// still served), and asking `status` on its own connection with 1 024
+/// registered threads (a reply far larger than one socket message) gets
+/// the whole reply and keeps every VM.
+#[test]
+fn one_uid_cannot_take_every_slot_and_large_replies_arrive_whole() {
+    let test = "one_uid_cannot_take_every_slot_and_large_replies_arrive_whole";
+    if !need_root_and_nobody(test) {
+        return;
+    }
+    let by = Bystanders::new();
+    let d = Daemon::start_for(
+        "hostile-quota",
+        NOGROUP,
+        "max_clients_per_uid = 4\nmax_vms_per_uid = 16\n",
+    );
+    let mut vmm = HostileVmm::start(&d.socket);
+    vmm.threads(16 * 64 + 1);
+    for vm in 0..16 {
+        let idx: Vec<String> = (vm * 64..vm * 64 + 64).map(|i| i.to_string()).collect();
+        let a = vmm.ask(&format!("register big-{vm} {} -", idx.join(",")));
+        assert_eq!(a, "OK", "VM {vm}");
+    }
+    let a = vmm.ask("register one-too-many 1024 -");
+    assert!(a.starts_with("REFUSED busy:"), "{a}");
+    // The VMM holds one connection: 3 more are its quota.
+    assert_eq!(vmm.ask("conns 8"), "CONNS ok=3 busy=5");
+    let (_, vms) = d.client().status().expect("root is still served");
+    assert_eq!(vms.len(), 16);
+    // The whole status on the VMM's own connection, and its VMs stay.
+    assert_eq!(vmm.ask("status"), "STATUS vms=16 threads=1024");
+    let (_, vms) = d.client().status().unwrap();
+    assert_eq!(vms.len(), 16, "the VMM kept its VMs");
+    by.check("after the quotas");
+}
+
+/// Scrapers that trickle a byte at a time cannot hold the metrics
+/// endpoint: a normal scrape is answered while they are still sending,
+/// and without a token the exposition names VMs by id, not by name.
+#[test]
+fn slow_scrapers_cannot_hold_the_metrics_endpoint() {
+    let test = "slow_scrapers_cannot_hold_the_metrics_endpoint";
+    if !need_root_and_nobody(test) {
+        return;
+    }
+    let d = Daemon::start_for("hostile-scrape", NOGROUP, "");
+    let mut vmm = HostileVmm::start(&d.socket);
+    vmm.threads(1);
+    assert_eq!(vmm.ask("register secret-name 0 -"), "OK");
+    let stop = Arc::new(AtomicBool::new(false));
+    let slow: Vec<_> = (0..6)
+        .map(|_| {
+            let (addr, stop) = (d.metrics.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let Ok(mut c) = std::net::TcpStream::connect(&addr) else {
+                    return;
+                };
+                for b in b"GET /metrics HTTP/1.0\r\nHost: x\r\n".iter().cycle() {
+                    if stop.load(Ordering::Relaxed) || c.write_all(&[*b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let body = wait_for("a scrape answered beside the slow scrapers", LIMIT, || {
+        support::http_get(&d.metrics, "/metrics", None)
+    });
+    assert!(!stop.load(Ordering::Relaxed));
+    assert!(body.contains("pvsched_vcpus{vm=\"0\"} 1"), "{body}");
+    assert!(
+        !body.contains("secret-name"),
+        "a VM name shown without the token"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for t in slow {
+        let _ = t.join();
+    }
 }

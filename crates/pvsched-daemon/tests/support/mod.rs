@@ -85,3 +85,20 @@ impl Drop for Daemon {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// `GET path` on the metrics endpoint `addr` (with `Authorization: Bearer
+/// token` if given): the body of a 200 reply, else None.
+pub fn http_get(addr: &str, path: &str, token: Option<&str>) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    // A server that never answers must not hang the caller's wait.
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n{auth}\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let body = out.split_once("\r\n\r\n")?.1.to_string();
+    out.starts_with("HTTP/1.0 200").then_some(body)
+}
