@@ -737,10 +737,44 @@ fn register(
             format!("a VM named {} is registered already", r.name),
         ));
     }
-    let file_caps = s
+    let file = s
         .cfg
-        .vm_caps(&r.name)
+        .vm_file_of(&r.name)
         .map_err(|e| Reply::error("caps", e.to_string()))?;
+    // A name with a file is bound to the VMMs the file names: whoever
+    // registers (root's qemu-attach too), the VMM process must be one.
+    // A file that names none is for root's registrations only.
+    if let Some(f) = &file {
+        let path = s.cfg.vm_file(&r.name);
+        if f.owners.is_empty() && uid != 0 {
+            return Err(Reply::error(
+                "denied",
+                format!(
+                    "VM {} is bound by {}, which names no owner: only root may register it \
+                     (add owner_uids or owner_cgroups to let its VMM do so)",
+                    r.name,
+                    path.display()
+                ),
+            ));
+        }
+        if !f.owners.is_empty() {
+            let Some((vmm_uid, cgroup)) = crate::config::process_identity(pid) else {
+                return Err(Reply::error("invalid", format!("process {pid} exited")));
+            };
+            if !f.owners.admit(vmm_uid, &cgroup) {
+                return Err(Reply::error(
+                    "denied",
+                    format!(
+                        "VM {}'s file {} does not name its VMM (process {pid}, uid {vmm_uid}, \
+                         cgroup {cgroup}) in owner_uids or owner_cgroups",
+                        r.name,
+                        path.display()
+                    ),
+                ));
+            }
+        }
+    }
+    let file_caps = file.map(|f| f.caps);
     if file_caps.is_none() && s.cfg.require_vm_file {
         return Err(Reply::error(
             "denied",

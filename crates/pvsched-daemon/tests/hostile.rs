@@ -612,3 +612,53 @@ fn slow_scrapers_cannot_hold_the_metrics_endpoint() {
         let _ = t.join();
     }
 }
+
+/// VM names are bound to their VMMs: an unprivileged VMM cannot register
+/// under the name of a VM whose file names other owners (and so get its
+/// caps, or lock it out), nor under a file that names no owner (root's
+/// registrations only), nor without a file when the operator requires
+/// one; a file that names its uid lets it in, with that file's caps, and
+/// the real owner of the victim's name still registers.
+#[test]
+fn vm_names_are_bound_to_their_vmms() {
+    let test = "vm_names_are_bound_to_their_vmms";
+    if !need_root_and_nobody(test) {
+        return;
+    }
+    let by = Bystanders::new();
+    let d = Daemon::start_for("hostile-names", NOGROUP, "require_vm_file = true\n");
+    d.vm_file("victim", "owner_uids = [0]\nmax_rt_prio = 4\n");
+    d.vm_file("plain", "max_rt_prio = 4\n");
+    d.vm_file(
+        "mine",
+        &format!("owner_uids = [{NOBODY}]\nmax_rt_prio = 3\n"),
+    );
+    let mut vmm = HostileVmm::start(&d.socket);
+    let tids = vmm.threads(1);
+    for name in ["victim", "plain", "nofile"] {
+        let a = vmm.ask(&format!("register {name} 0 -"));
+        assert!(a.starts_with("REFUSED denied:"), "{name}: {a}");
+    }
+    assert_eq!(vmm.ask("register mine 0 -"), "OK");
+    assert_eq!(vmm.ask("boost mine"), "BOOSTING");
+    wait_for("the VMM's thread at its file's FIFO 3", LIMIT, || {
+        Some(attr(tids[0])).filter(|a| a.policy == POLICY_FIFO && a.priority == 3)
+    });
+    // The victim's own (root) VMM is not locked out.
+    let mut root = d.client();
+    root.register(RegisterVm {
+        name: "victim".into(),
+        vcpus: vec![Vcpu {
+            tid: by.threads[0].tid,
+            apic_id: 0,
+        }],
+        emulator_tids: vec![],
+        region: Region::None,
+        caps: None,
+        pid: None,
+        detach: false,
+    })
+    .expect("the victim's owner registers it");
+    root.unregister("victim").unwrap();
+    by.check("after the name squatting");
+}
