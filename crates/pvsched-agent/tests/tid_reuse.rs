@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{FakeVcpu, need_bpf, wait_for};
+use common::{FakeVcpu, need_bpf, vcpu_with_tid, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_IDLE, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched;
 use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec};
@@ -18,32 +18,18 @@ use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
-/// Starts a FakeVcpu whose TID is `tid`: sets ns_last_pid to tid - 1 just
-/// before each try (another process may take the number first).
-fn vcpu_with_tid(tid: u32) -> Option<FakeVcpu> {
-    for _ in 0..200 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (tid - 1).to_string()).ok()?;
-        let v = FakeVcpu::spawn(0, Duration::from_millis(1));
-        if v.tid == tid {
-            return Some(v);
-        }
-    }
-    None
-}
-
-#[test]
-fn a_reused_tid_is_never_boosted() {
-    if !need_bpf("a_reused_tid_is_never_boosted") {
-        return;
+/// What both tests need: real BPF and `ns_last_pid` (to hand a freed
+/// TID to a new thread), then a loaded agent and caps with no halt or
+/// yield boost and no limit (only the guest's slot asks for a boost).
+fn setup(test: &str) -> Option<(Agent, Caps)> {
+    if !need_bpf(test) {
+        return None;
     }
     // CONFIG_CHECKPOINT_RESTORE is in every distribution kernel.
     if std::fs::metadata("/proc/sys/kernel/ns_last_pid").is_err()
-        && !pvsched_testkit::skip_or_fail(
-            "a_reused_tid_is_never_boosted",
-            "/proc/sys/kernel/ns_last_pid missing",
-        )
+        && !pvsched_testkit::skip_or_fail(test, "/proc/sys/kernel/ns_last_pid missing")
     {
-        return;
+        return None;
     }
     let agent = Agent::load(AgentConfig {
         handle_signals: false,
@@ -56,6 +42,14 @@ fn a_reused_tid_is_never_boosted() {
         max_boost_us: 0,
         budget_us: 0,
         ..Caps::default()
+    };
+    Some((agent, caps))
+}
+
+#[test]
+fn a_reused_tid_is_never_boosted() {
+    let Some((agent, caps)) = setup("a_reused_tid_is_never_boosted") else {
+        return;
     };
     let old = FakeVcpu::spawn(0, Duration::from_millis(1));
     let tid = old.tid;
@@ -131,26 +125,9 @@ fn exec_child() {
 /// its baseline (SCHED_IDLE) instead of leaving the new program at FIFO.
 #[test]
 fn an_execd_thread_is_forgotten_and_its_tid_never_touched() {
-    let test = "an_execd_thread_is_forgotten_and_its_tid_never_touched";
-    if !need_bpf(test) {
+    let Some((agent, caps)) = setup("an_execd_thread_is_forgotten_and_its_tid_never_touched")
+    else {
         return;
-    }
-    if std::fs::metadata("/proc/sys/kernel/ns_last_pid").is_err()
-        && !pvsched_testkit::skip_or_fail(test, "/proc/sys/kernel/ns_last_pid missing")
-    {
-        return;
-    }
-    let agent = Agent::load(AgentConfig {
-        handle_signals: false,
-        ..AgentConfig::default()
-    })
-    .expect("agent loads");
-    let caps = Caps {
-        halt_boost: BoostKind::None,
-        yield_boost: BoostKind::None,
-        max_boost_us: 0,
-        budget_us: 0,
-        ..Caps::default()
     };
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["exec_child", "--exact", "--nocapture", "--test-threads=1"])

@@ -318,6 +318,10 @@ fn hostile_vmm_child() {
                 }
                 Err(e) => println!("HOSTILE ERROR {e}"),
             },
+            "metrics" => match client.metrics() {
+                Ok(text) => println!("HOSTILE METRICS bytes={}", text.len()),
+                Err(e) => println!("HOSTILE ERROR {e}"),
+            },
             "exec" => {
                 threads[rest.parse::<usize>().unwrap()]
                     .exec
@@ -474,7 +478,7 @@ fn an_exec_frees_a_tid_that_is_never_touched_again() {
     );
     let (_, vms) = d.client().status().unwrap();
     assert_eq!(vms.len(), 1, "the VM is still registered (its holder)");
-    let new = thread_with_tid(tid).expect("a new thread with the freed TID (ns_last_pid)");
+    let new = common::vcpu_with_tid(tid).expect("a new thread with the freed TID (ns_last_pid)");
     let t0 = Instant::now();
     let mut samples = 0;
     while t0.elapsed() < Duration::from_millis(500) {
@@ -517,24 +521,11 @@ fn an_exec_frees_a_tid_that_is_never_touched_again() {
     println!("TID {tid} freed by an exec: the new thread was never touched over {samples} samples");
 }
 
-/// Starts a thread of this process whose TID is `tid` (sets ns_last_pid
-/// to tid - 1 before each try; another process may take the number first).
-fn thread_with_tid(tid: u32) -> Option<FakeVcpu> {
-    for _ in 0..200 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (tid - 1).to_string()).ok()?;
-        let v = FakeVcpu::spawn(0, Duration::from_millis(1));
-        if v.tid == tid {
-            return Some(v);
-        }
-    }
-    None
-}
-
 /// Quotas and replies: one unprivileged uid cannot take every client or VM
 /// slot (its extra connections and VMs are refused `busy` while root is
-/// still served), and asking `status` on its own connection with 1 024
-/// registered threads (a reply far larger than one socket message) gets
-/// the whole reply and keeps every VM.
+/// still served), and asking `status` and `metrics` on its own connection
+/// with 1 024 registered threads (replies far larger than one socket
+/// message) gets the whole replies and keeps every VM.
 #[test]
 fn one_uid_cannot_take_every_slot_and_large_replies_arrive_whole() {
     let test = "one_uid_cannot_take_every_slot_and_large_replies_arrive_whole";
@@ -562,6 +553,15 @@ fn one_uid_cannot_take_every_slot_and_large_replies_arrive_whole() {
     assert_eq!(vms.len(), 16);
     // The whole status on the VMM's own connection, and its VMs stay.
     assert_eq!(vmm.ask("status"), "STATUS vms=16 threads=1024");
+    // Larger than any socket buffer the kernel's default wmem_max allows
+    // (2 x 212 992 bytes).
+    let a = vmm.ask("metrics");
+    let bytes: usize = a
+        .strip_prefix("METRICS bytes=")
+        .unwrap_or_else(|| panic!("{a}"))
+        .parse()
+        .unwrap();
+    assert!(bytes > 2 * 212_992, "{bytes} bytes");
     let (_, vms) = d.client().status().unwrap();
     assert_eq!(vms.len(), 16, "the VMM kept its VMs");
     by.check("after the quotas");
