@@ -321,7 +321,7 @@ fn wait_on_hint_boosts_the_directed_yield_target() {
     assert_eq!(back, baseline);
 }
 
-/// Issue 11 item 7: an emulator thread (QEMU's main loop) holds the VM's
+/// An emulator thread (QEMU's main loop) holds the VM's
 /// halt boost while a vCPU is latency-sensitive, gets nothing once the hold
 /// has lapsed, and is restored to its exact baseline on unregistration.
 #[test]

@@ -1,5 +1,5 @@
 //! The sandboxed `pvsched-device` process against a hostile vfio-user
-//! client (issue 13): each way a client could kill, desynchronise, bloat or
+//! client: each way a client could kill, desynchronise, bloat or
 //! stall the device, sent as raw messages to the real binary. The device must
 //! answer (or close cleanly), keep serving, never die by a signal, and keep
 //! its memory bounded.
