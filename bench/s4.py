@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""S4 seed reproduction (issue 7): cyclictest in a real Linux guest under
+"""S4 seed reproduction: cyclictest in a real Linux guest under
 QEMU TCG with the pvsched guest module, vanilla vs pvsched.
 
 What it runs

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /* pvsched BPF policy: scheduler events (sched_switch, sched_wakeup,
- * sched_process_exit). */
+ * sched_process_exit, sched_process_exec). */
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(pvs_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -21,27 +21,54 @@ int BPF_PROG(pvs_sched_switch, bool preempt, struct task_struct *prev, struct ta
 }
 
 /*
- * A registered thread exits. The tracepoint fires in do_exit() before the
- * kernel frees the TID, so the vCPU forgets it here, before any new thread
- * can be given the same TID: from now on no event of that TID reaches the
- * policy (vcpu_by_tid checks v->tid) and no record names it. The agent
- * learns it from the PVS_R_EXITED record (and, level-triggered, from
- * v->tid == 0 at reconciliation) and never calls sched_setattr on the TID
- * again.
+ * The registered thread `v` is gone: forget it before any new thread can be
+ * given its TID. From now on no event of that TID reaches the policy
+ * (vcpu_by_tid checks v->tid) and no record names it. The agent learns it
+ * from the PVS_R_EXITED record (and, level-triggered, from v->tid == 0 at
+ * reconciliation) and never calls sched_setattr on the TID again.
  */
-SEC("tp_btf/sched_process_exit")
-int BPF_PROG(pvs_sched_process_exit, struct task_struct *p)
+static __always_inline void forget_thread(struct pvs_vcpu *v)
 {
-	__u32 tid = (__u32)p->pid;
-	struct pvs_vcpu *v = vcpu_by_tid(tid);
-
-	if (!v)
-		return 0;
 	v->boost = PVSCHED_BOOST_NONE;
 	v->boost_prio = 0;
 	v->boost_reason = PVS_R_EXITED;
 	emit(v, PVS_EV_EXIT, bpf_ktime_get_ns(), 0);
 	WRITE_ONCE(v->tid, 0);
+}
+
+/* A registered thread exits: the tracepoint fires in do_exit() before the
+ * kernel frees the TID. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(pvs_sched_process_exit, struct task_struct *p)
+{
+	struct pvs_vcpu *v = vcpu_by_tid((__u32)p->pid);
+
+	if (v)
+		forget_thread(v);
+	return 0;
+}
+
+/*
+ * A thread other than the leader calls execve: the kernel kills the other
+ * threads (each passes sched_process_exit), hands the exec'ing thread the
+ * process's pid and frees its old TID with no sched_process_exit of its
+ * own. That TID is old_pid here; a registered thread that exec'd is a new
+ * program and no longer the vCPU it was, so it is forgotten too (the agent
+ * puts the exec'd thread, now its process's leader, back to its baseline).
+ */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(pvs_sched_process_exec, struct task_struct *p, pid_t old_pid,
+	     struct linux_binprm *bprm)
+{
+	struct pvs_vcpu *v;
+
+	/* A leader that exec's keeps its TID: it stays registered until its
+	 * VM is unregistered, which restores it. */
+	if ((__u32)old_pid == (__u32)p->pid)
+		return 0;
+	v = vcpu_by_tid((__u32)old_pid);
+	if (v)
+		forget_thread(v);
 	return 0;
 }
 

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Linux guest end-to-end test (issue 6): QEMU 7.2 (multi-process proxy),
+# Linux guest end-to-end test: QEMU 7.2 (multi-process proxy),
 # busybox-static + cpio for the initramfs, and the Debian 6.1 guest kernel
 # with matching headers (downloaded into the cache and unpacked, never
 # installed). Sourced by scripts/setup; idempotent.

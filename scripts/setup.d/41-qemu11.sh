@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# QEMU >= 10.1 with the upstream vfio-user-pci client (issue 13), for the
+# QEMU >= 10.1 with the upstream vfio-user-pci client, for the
 # Linux-guest test over vfio-user. Debian's QEMU 11.1 (trixie-backports)
 # does not install on bookworm (it needs trixie's libc), but runs uninstalled:
 # its debs and their library dependencies are downloaded with a private apt

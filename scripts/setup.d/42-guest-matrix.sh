@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The guest driver's kernel matrix (issue 14): for each kernel of
+# The guest driver's kernel matrix: for each kernel of
 # tests/linux-guest/kernels.conf this run covers (pvsched_matrix_kernels in
 # scripts/lib.sh: the CI ones, or all with PVSCHED_GUEST_MATRIX=all), a
 # minimal Debian chroot of its suite (debootstrap) with gcc, dkms, kmod,

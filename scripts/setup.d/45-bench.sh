@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# S4 benchmark (bench/s4.py, issue 7): cyclictest from Debian's rt-tests,
+# S4 benchmark (bench/s4.py): cyclictest from Debian's rt-tests,
 # run on the host and copied with its shared libraries into the guest's
 # initramfs, and stress-ng to load the host. Sourced by scripts/setup
 # (apt_install provided); idempotent.

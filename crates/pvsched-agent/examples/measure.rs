@@ -1,4 +1,4 @@
-//! Measures the policy on this host (issue 5 "Measured"): BPF run time per
+//! Measures the policy on this host: BPF run time per
 //! event per program (run_time_ns / run_cnt, counted while a BPF_ENABLE_STATS
 //! fd is held, like `sysctl kernel.bpf_stats_enabled=1`) and the agent's
 //! decision → applied latency p50/p99, with two stand-in vCPU threads whose
@@ -63,6 +63,7 @@ fn main() {
     }
     let vm = agent
         .register_vm(VmSpec {
+            owner: None,
             emulator_tids: vec![],
             vcpu_tids: tids.clone(),
             apic_ids: vec![0, 1],

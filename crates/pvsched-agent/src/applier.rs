@@ -3,6 +3,7 @@
 //! boost) and restoring exactly that baseline on unboost or throttle.
 
 use crate::guardian::Guardian;
+use crate::ident::ThreadIdent;
 use crate::sched::{self, SchedAttr};
 use pvsched_abi::{
     BOOST_NICE, BOOST_NONE, BOOST_RT, POLICY_DEADLINE, POLICY_FIFO, POLICY_IDLE, POLICY_NORMAL,
@@ -83,9 +84,13 @@ pub struct ThreadState {
     pub corrections: u64,
     /// The guardian's ledger entry of this thread, if guarded.
     guard: Option<Guard>,
-    /// The thread exited (the policy saw `sched_process_exit`): its TID is
+    /// The thread exited or exec'd (the policy saw `sched_process_exit` or
+    /// `sched_process_exec`, or its identity check failed): its TID is
     /// never passed to sched_setattr again, even if a new thread gets it.
     pub exited: bool,
+    /// Checked before every system call on the TID (see [`crate::ident`]);
+    /// None only for threads made by [`ThreadState::new`] in unit tests.
+    ident: Option<Arc<ThreadIdent>>,
 }
 
 /// Where a thread's boosts are recorded for the guardian.
@@ -118,7 +123,64 @@ impl ThreadState {
             corrections: 0,
             guard: None,
             exited: false,
+            ident: None,
         }
+    }
+
+    /// True while this state holds its TID: not gone, as far as the last
+    /// check or record says, and still named by its identity now.
+    pub fn is_registered(&mut self) -> bool {
+        self.still_there()
+    }
+
+    /// This state acts on `tid` only while `ident` says the TID still names
+    /// the registered thread.
+    pub fn with_ident(mut self, ident: ThreadIdent) -> Self {
+        self.ident = Some(Arc::new(ident));
+        self
+    }
+
+    /// False (and the thread forgotten) once the TID no longer names the
+    /// registered thread: called right before each system call on it.
+    fn still_there(&mut self) -> bool {
+        if self.exited {
+            return false;
+        }
+        if self.ident.as_ref().is_some_and(|i| !i.is_alive()) {
+            log::info!(
+                "pvsched applier: registered thread {} is gone (exited or exec'd); \
+                 its TID is never touched again",
+                self.tid
+            );
+            self.forget();
+            return false;
+        }
+        true
+    }
+
+    /// The registered thread is gone from its TID: it exited, or it called
+    /// `execve` from a thread other than its process's leader, in which
+    /// case it lives on as that leader (TID = the owner's pid), running
+    /// another program with our boost still set. That is put back to the
+    /// baseline if the leader carries exactly the boost applied here (so a
+    /// leader the VMM set itself is left alone); the owner's pidfd is
+    /// checked first, so only the owner's own leader is ever touched. Then
+    /// the TID is forgotten.
+    pub fn forget(&mut self) {
+        if let (Some(applied), Some(base), Some(ident)) =
+            (self.applied, self.baseline, self.ident.as_ref())
+            && let Some(leader) = ident.exec_successor()
+            && sched::get(leader).is_ok_and(|cur| applied.is_set_in(&cur))
+        {
+            match sched::set(leader, &base) {
+                Ok(()) => log::info!(
+                    "pvsched applier: thread {} exec'd as {leader}: baseline restored",
+                    self.tid
+                ),
+                Err(e) => log::warn!("pvsched applier: restoring an exec'd thread: {e}"),
+            }
+        }
+        self.exit();
     }
 
     /// The thread exited: forget it (nothing to restore; its TID may
@@ -200,6 +262,9 @@ impl ThreadState {
         let Some(applied) = self.applied else {
             return false;
         };
+        if !self.still_there() {
+            return false;
+        }
         match sched::get(self.tid) {
             Ok(cur) if applied.is_set_in(&cur) => false,
             Ok(_) => match sched::set(self.tid, &applied) {
@@ -243,6 +308,9 @@ impl ThreadState {
             }
             return changed;
         }
+        if self.baseline.is_none() && !self.still_there() {
+            return false;
+        }
         let base = match self.baseline {
             Some(b) => b,
             None => match sched::get(self.tid) {
@@ -261,6 +329,9 @@ impl ThreadState {
         let current = self.applied.unwrap_or(base);
         if target == current {
             self.decided = (kind, prio);
+            return false;
+        }
+        if !self.still_there() {
             return false;
         }
         // Write-ahead: the guardian knows the baseline before the boost.
@@ -307,6 +378,9 @@ impl ThreadState {
         let (Some(base), Some(_)) = (self.baseline, self.applied) else {
             return false;
         };
+        if !self.still_there() {
+            return false;
+        }
         match sched::set(self.tid, &base) {
             Ok(()) => {
                 self.disarm();

@@ -9,6 +9,8 @@
 //! - [`object`]: the BPF object, maps, region mmap, `BPF_PROG_TEST_RUN`.
 //! - [`intf`]: Rust mirror of `bpf-policy/intf.h`.
 //! - [`applier`]: decision → thread attributes, baseline capture/restore.
+//! - [`ident`]: which thread a registered TID names (checked before every
+//!   `sched_setattr`, so a freed and reused TID is never touched).
 //! - [`sched`]: `sched_getattr`/`sched_setattr`, [`sched::restore_baselines`]
 //!   for a VMM whose agent died.
 //! - [`trace`]: the decision trace (JSON lines) and the split-pair check.
@@ -29,6 +31,7 @@
 //!     apic_ids: vec![0, 1],
 //!     caps: Caps::from_toml(&std::fs::read_to_string("caps.toml")?)?,
 //!     region: RegionSpec::DeviceMap,    // or GuestAddrs(host address of each slot)
+//!     owner: Some(std::process::id()),  // the threads must be this process's
 //! })?;
 //! let region = vm.region().unwrap();    // BAR2 backing: KVM memslot at the BAR address
 //! let (host_addr, size) = (region.as_ptr() as u64, region.len() as u64);
@@ -46,6 +49,7 @@
 pub mod agent;
 pub mod applier;
 pub mod guardian;
+pub mod ident;
 pub mod intf;
 pub mod object;
 pub mod safety;

@@ -15,10 +15,11 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pvsched.bpf.o"));
 
 /// Tracepoint programs: (program, tp_btf tracepoint).
-pub const TRACEPOINTS: [(&str, &str); 6] = [
+pub const TRACEPOINTS: [(&str, &str); 7] = [
     ("pvs_sched_switch", "sched_switch"),
     ("pvs_sched_wakeup", "sched_wakeup"),
     ("pvs_sched_process_exit", "sched_process_exit"),
+    ("pvs_sched_process_exec", "sched_process_exec"),
     ("pvs_kvm_vcpu_wakeup", "kvm_vcpu_wakeup"),
     ("pvs_kvm_apic_ipi", "kvm_apic_ipi"),
     ("pvs_kvm_userspace_exit", "kvm_userspace_exit"),
@@ -269,6 +270,21 @@ impl PolicyObject {
         )
         .map_err(map_err("vcpus"))?;
         m.remove(&gid).map_err(map_err("vcpus"))
+    }
+
+    /// Removes thread `tid`'s mapping if it still maps to `gid` (a reused
+    /// TID registered since by another VM keeps its own).
+    pub fn unset_tid(&mut self, tid: u32, gid: u32) -> Result<()> {
+        let current = {
+            let m: HashMap<_, u32, u32> =
+                HashMap::try_from(self.ebpf.map("tids").ok_or(ObjectError::NoMap("tids"))?)
+                    .map_err(map_err("tids"))?;
+            m.get(&tid, 0).ok()
+        };
+        if current == Some(gid) {
+            self.set_tid(tid, None)?;
+        }
+        Ok(())
     }
 
     /// Maps a thread to a vCPU or emulator gid (`None` removes it) and keeps

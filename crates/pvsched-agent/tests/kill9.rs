@@ -1,7 +1,7 @@
-//! Issue 5 (d) with real threads: an agent *process* boosts a thread of this
+//! The agent dies, with real threads: an agent *process* boosts a thread of this
 //! process, is killed with SIGKILL, and this process (the "VMM") restores
 //! its thread to the baseline it captured, driven by a pidfd watcher.
-//! Issue 12: with nothing done on the VMM side, the agent's guardian
+//! With nothing done on the VMM side, the agent's guardian
 //! process restores the thread, 20 kills at random moments.
 //!
 //! The agent process is this test binary re-executed with

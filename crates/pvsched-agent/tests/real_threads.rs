@@ -172,6 +172,7 @@ fn unregistered_threads_are_never_touched() {
     assert_eq!(other.attr(), before);
     // Registering the same thread twice is refused.
     let again = agent.register_vm(VmSpec {
+        owner: None,
         emulator_tids: vec![],
         vcpu_tids: vec![vcpu.tid],
         apic_ids: vec![0],
@@ -190,6 +191,7 @@ fn register_vm_rejects_bad_specs() {
     let tid = pvsched_agent::sched::gettid();
     let bad = [
         VmSpec {
+            owner: None,
             emulator_tids: vec![],
             vcpu_tids: vec![],
             apic_ids: vec![],
@@ -197,6 +199,7 @@ fn register_vm_rejects_bad_specs() {
             region: RegionSpec::None,
         },
         VmSpec {
+            owner: None,
             emulator_tids: vec![],
             vcpu_tids: vec![tid],
             apic_ids: vec![],
@@ -204,6 +207,7 @@ fn register_vm_rejects_bad_specs() {
             region: RegionSpec::None,
         },
         VmSpec {
+            owner: None,
             emulator_tids: vec![],
             vcpu_tids: vec![tid],
             apic_ids: vec![0],
@@ -211,6 +215,7 @@ fn register_vm_rejects_bad_specs() {
             region: RegionSpec::GuestAddrs(vec![]),
         },
         VmSpec {
+            owner: None,
             emulator_tids: vec![],
             vcpu_tids: vec![u32::MAX - 1],
             apic_ids: vec![0],
@@ -218,6 +223,7 @@ fn register_vm_rejects_bad_specs() {
             region: RegionSpec::None,
         },
         VmSpec {
+            owner: None,
             emulator_tids: vec![],
             vcpu_tids: vec![tid],
             apic_ids: vec![0],
@@ -253,6 +259,7 @@ fn guest_region_mode_reads_the_slot_in_the_vcpu_threads_context() {
     };
     let vm = agent
         .register_vm(VmSpec {
+            owner: None,
             emulator_tids: vec![],
             vcpu_tids: vec![vcpu.tid],
             apic_ids: vec![0],
@@ -314,7 +321,7 @@ fn wait_on_hint_boosts_the_directed_yield_target() {
     assert_eq!(back, baseline);
 }
 
-/// Issue 11 item 7: an emulator thread (QEMU's main loop) holds the VM's
+/// An emulator thread (QEMU's main loop) holds the VM's
 /// halt boost while a vCPU is latency-sensitive, gets nothing once the hold
 /// has lapsed, and is restored to its exact baseline on unregistration.
 #[test]
@@ -388,6 +395,7 @@ fn bad_emulator_lists_are_refused() {
     let agent = agent();
     let vcpu = FakeVcpu::spawn(0, Duration::from_micros(300));
     let spec = |emulator_tids: Vec<u32>| VmSpec {
+        owner: None,
         vcpu_tids: vec![vcpu.tid],
         emulator_tids,
         apic_ids: vec![0],

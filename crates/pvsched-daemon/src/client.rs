@@ -120,12 +120,36 @@ impl Client {
         if got.truncated {
             return Err(ClientError::Protocol("reply larger than 8 MiB".into()));
         }
-        let reply: Reply = serde_json::from_slice(&self.buf[..got.len])
+        let mut reply: Reply = serde_json::from_slice(&self.buf[..got.len])
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if let Reply::Chunked { parts, bytes } = reply {
+            reply = self.chunked(parts, bytes)?;
+        }
         if let Reply::Error { kind, message } = reply {
             return Err(ClientError::Refused { kind, message });
         }
         Ok((reply, got.fds.into_iter().next()))
+    }
+
+    /// The reply sent in `parts` messages of `bytes` bytes in all.
+    fn chunked(&mut self, parts: u32, bytes: u64) -> Result<Reply> {
+        if bytes > crate::proto::MAX_REPLY {
+            return Err(ClientError::Protocol(format!(
+                "chunked reply of {bytes} bytes refused (at most {})",
+                crate::proto::MAX_REPLY
+            )));
+        }
+        let mut all = Vec::with_capacity(bytes as usize);
+        for _ in 0..parts {
+            let got = wire::recv(self.fd.as_fd(), &mut self.buf)?;
+            if got.len == 0 || got.truncated || (all.len() + got.len) as u64 > bytes {
+                return Err(ClientError::Protocol(
+                    "a chunked reply ended early or ran long".into(),
+                ));
+            }
+            all.extend_from_slice(&self.buf[..got.len]);
+        }
+        serde_json::from_slice(&all).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// Registers a VM.

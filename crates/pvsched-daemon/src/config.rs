@@ -10,8 +10,11 @@
 //! vm_dir = "/etc/pvsched/vms"
 //! require_vm_file = false       # true: only VMs with a file are served
 //! metrics_listen = "127.0.0.1:9848"
+//! metrics_token_file = ""       # bearer token for scrapes; VM names need it
 //! client_timeout_ms = 5000
 //! max_clients = 1024
+//! max_clients_per_uid = 32      # connections of one uid other than root
+//! max_vms_per_uid = 16          # VMs of one uid other than root
 //!
 //! [max]                         # no VM's caps may exceed these
 //! max_rt_prio = 10
@@ -89,11 +92,20 @@ pub struct Config {
     pub require_vm_file: bool,
     /// `host:port` for Prometheus scrapes over HTTP (`""`: off).
     pub metrics_listen: String,
+    /// A file holding the bearer token scrapers must present (Prometheus:
+    /// `authorization: {credentials_file: ...}`); with it, series carry VM
+    /// names. `""`: no token, and VMs are labelled by id, since anyone on
+    /// the host can reach the port.
+    pub metrics_token_file: PathBuf,
     /// A client must send a request this soon after connecting or after
     /// its last reply, unless it holds a registration.
     pub client_timeout_ms: u64,
     /// Connected clients at most; more are refused.
     pub max_clients: usize,
+    /// Connections one uid other than root may hold at once.
+    pub max_clients_per_uid: usize,
+    /// VMs one uid other than root may have registered at once.
+    pub max_vms_per_uid: usize,
     /// The operator's maximum for every VM's caps.
     pub max: CapsLimit,
     /// Caps of a VM that has no file and sent none.
@@ -109,8 +121,11 @@ impl Default for Config {
             vm_dir: "/etc/pvsched/vms".into(),
             require_vm_file: false,
             metrics_listen: "127.0.0.1:9848".into(),
+            metrics_token_file: PathBuf::new(),
             client_timeout_ms: 5000,
             max_clients: 1024,
+            max_clients_per_uid: 32,
+            max_vms_per_uid: 16,
             max: CapsLimit::default(),
             defaults: Caps::default(),
         }
@@ -151,10 +166,16 @@ impl Config {
         c.max.validate().map_err(caps_err)?;
         c.defaults.validate().map_err(caps_err)?;
         c.defaults.check_within(&c.max).map_err(caps_err)?;
-        if c.max_clients == 0 || c.client_timeout_ms == 0 {
+        if c.max_clients == 0
+            || c.client_timeout_ms == 0
+            || c.max_clients_per_uid == 0
+            || c.max_vms_per_uid == 0
+        {
             return Err(ConfigError::Invalid {
                 path: path.into(),
-                what: "max_clients and client_timeout_ms must be > 0".into(),
+                what: "max_clients, max_clients_per_uid, max_vms_per_uid and \
+                       client_timeout_ms must be > 0"
+                    .into(),
             });
         }
         Ok(c)
@@ -172,6 +193,26 @@ impl Config {
             .to_path_buf()
     }
 
+    /// The metrics token, if a file is configured: its first line.
+    pub fn metrics_token(&self) -> Result<Option<String>, ConfigError> {
+        if self.metrics_token_file.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        let path = &self.metrics_token_file;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let token = text.lines().next().unwrap_or_default().trim().to_string();
+        if token.len() < 16 {
+            return Err(ConfigError::Invalid {
+                path: path.clone(),
+                what: "the metrics token must be at least 16 characters on the first line".into(),
+            });
+        }
+        Ok(Some(token))
+    }
+
     /// The client timeout.
     pub fn client_timeout(&self) -> Duration {
         Duration::from_millis(self.client_timeout_ms)
@@ -182,17 +223,120 @@ impl Config {
         self.vm_dir.join(format!("{name}.toml"))
     }
 
-    /// VM `name`'s caps from its file: `Ok(None)` if it has none.
-    pub fn vm_caps(&self, name: &str) -> Result<Option<Caps>, ConfigError> {
+    /// VM `name`'s file: its caps and who may register it; `Ok(None)` if
+    /// it has none.
+    pub fn vm_file_of(&self, name: &str) -> Result<Option<VmFile>, ConfigError> {
         let path = self.vm_file(name);
         match std::fs::read_to_string(&path) {
-            Ok(text) => Caps::from_toml(&text)
-                .map(Some)
-                .map_err(|source| ConfigError::Caps { path, source }),
+            Ok(text) => VmFile::parse(&text, &path).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(ConfigError::Read { path, source }),
         }
     }
+}
+
+/// A per-VM file: the VM's caps (the format of
+/// `bpf-policy/caps.example.toml`) and the processes that may be its VMM.
+///
+/// ```toml
+/// owner_uids = [64055]        # the VMM runs as one of these uids, and/or
+/// owner_cgroups = ["/machine.slice/machine-qemu\\x2d1\\x2dweb\\x2d1.scope"]
+/// max_rt_prio = 2
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmFile {
+    /// The caps.
+    pub caps: Caps,
+    /// Who may register the VM under this name.
+    pub owners: Owners,
+}
+
+/// The processes allowed to be a VM's VMM: any whose real uid is listed,
+/// or whose cgroup (v2) is a listed one or below it. Empty: nobody is
+/// named, and only root may register the VM.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owners {
+    /// Real uids.
+    pub uids: Vec<u32>,
+    /// cgroup v2 paths (as in `/proc/PID/cgroup`, `0::PATH`).
+    pub cgroups: Vec<String>,
+}
+
+impl Owners {
+    /// Nobody is named.
+    pub fn is_empty(&self) -> bool {
+        self.uids.is_empty() && self.cgroups.is_empty()
+    }
+
+    /// Whether a process with real uid `uid` in cgroup `cgroup` is one.
+    pub fn admit(&self, uid: u32, cgroup: &str) -> bool {
+        self.uids.contains(&uid)
+            || self.cgroups.iter().any(|c| {
+                let c = c.trim_end_matches('/');
+                cgroup == c
+                    || cgroup
+                        .strip_prefix(c)
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+    }
+}
+
+impl VmFile {
+    /// Parses the text of VM file `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<VmFile, ConfigError> {
+        let caps_err = |source| ConfigError::Caps {
+            path: path.into(),
+            source,
+        };
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| caps_err(pvsched_policy::CapsError::Toml(e)))?;
+        let invalid = |what: String| ConfigError::Invalid {
+            path: path.into(),
+            what,
+        };
+        let mut owners = Owners::default();
+        if let Some(v) = table.remove("owner_uids") {
+            owners.uids = v
+                .try_into()
+                .map_err(|e| invalid(format!("owner_uids must be a list of uids: {e}")))?;
+        }
+        if let Some(v) = table.remove("owner_cgroups") {
+            owners.cgroups = v
+                .try_into()
+                .map_err(|e| invalid(format!("owner_cgroups must be a list of paths: {e}")))?;
+            if let Some(bad) = owners.cgroups.iter().find(|c| !c.starts_with('/')) {
+                return Err(invalid(format!(
+                    "owner_cgroups: {bad:?} is not an absolute cgroup path (as in /proc/PID/cgroup)"
+                )));
+            }
+        }
+        let caps: Caps = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| caps_err(pvsched_policy::CapsError::Toml(e)))?;
+        caps.validate().map_err(caps_err)?;
+        Ok(VmFile { caps, owners })
+    }
+}
+
+/// Process `pid`'s real uid and cgroup v2 path, read from /proc (the
+/// caller checks afterwards, through its pidfd, that the process did not
+/// exit meanwhile, so a reused pid cannot answer for it).
+pub fn process_identity(pid: u32) -> Option<(u32, String)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let cgroup = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_default()
+        .to_string();
+    Some((uid, cgroup))
 }
 
 #[cfg(test)]
@@ -211,6 +355,34 @@ mod tests {
         let text = include_str!("../../../dist/pvschedd.toml");
         let c = Config::parse(text, Path::new("dist/pvschedd.toml")).unwrap();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn vm_files_name_their_owners() {
+        let f = VmFile::parse(
+            "owner_uids = [1000]\nowner_cgroups = [\"/machine.slice/vm-a.scope\"]\nmax_rt_prio = 2\n",
+            Path::new("vm-a.toml"),
+        )
+        .unwrap();
+        assert_eq!(f.caps.max_rt_prio, 2);
+        assert!(f.owners.admit(1000, "/user.slice"));
+        assert!(f.owners.admit(0, "/machine.slice/vm-a.scope"));
+        assert!(f.owners.admit(0, "/machine.slice/vm-a.scope/emulator"));
+        assert!(!f.owners.admit(0, "/machine.slice/vm-a.scope2"));
+        assert!(!f.owners.admit(1001, "/machine.slice"));
+        let plain = VmFile::parse("max_rt_prio = 2\n", Path::new("x.toml")).unwrap();
+        assert!(plain.owners.is_empty());
+        for bad in [
+            "owner_uids = \"root\"\n",
+            "owner_cgroups = [\"machine.slice\"]\n",
+            "bogus = 1\n",
+            "halt_prio = 200\n",
+        ] {
+            assert!(VmFile::parse(bad, Path::new("x.toml")).is_err(), "{bad}");
+        }
+        let (uid, cgroup) = process_identity(std::process::id()).unwrap();
+        assert_eq!(uid, nix::unistd::getuid().as_raw());
+        assert!(cgroup.starts_with('/'), "{cgroup}");
     }
 
     #[test]

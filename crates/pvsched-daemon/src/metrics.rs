@@ -10,8 +10,9 @@ use crate::server::{State, daemon_status, vm_statuses};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One metric family: name, type, help, and its samples as (labels,
 /// value) in the order they were added.
@@ -157,9 +158,26 @@ const PER_THREAD: [Single<ThreadStatus>; 8] = [
     ),
 ];
 
-/// The exposition of `s`.
-pub fn render(s: &State) -> String {
-    let vms = vm_statuses(s);
+/// How VMs are named in an exposition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmLabel {
+    /// `vm="<name>"`: for root on the socket and scrapers that present the
+    /// token.
+    Name,
+    /// `vm="<vm_id>"`: what anyone who can reach the HTTP port sees when
+    /// no token is configured (VM names are not every local user's).
+    Id,
+}
+
+/// The exposition of `s`: the VMs `uid` registered (None: every VM),
+/// labelled as `label` says.
+pub fn render(s: &State, uid: Option<u32>, label: VmLabel) -> String {
+    let mut vms = vm_statuses(s, uid);
+    if label == VmLabel::Id {
+        for vm in &mut vms {
+            vm.name = vm.vm_id.to_string();
+        }
+    }
     let d = (daemon_status(s), vms.len());
     let mut out = String::new();
     for (name, kind, help, value) in DAEMON {
@@ -204,35 +222,96 @@ pub fn render(s: &State) -> String {
     out
 }
 
-/// Serves `GET /metrics` on `listener`, one connection at a time with a 2 s
-/// I/O timeout each (scrapers are few; a stalled one cannot hold it long).
-pub fn serve_http(listener: TcpListener, state: Arc<Mutex<State>>) {
+/// Scrapes served at once; more connections are closed unanswered (a
+/// scraper retries at its next interval).
+const MAX_SCRAPES: usize = 4;
+/// Longest a scraper may take to send its request (whole, not per byte:
+/// a client trickling a byte at a time cannot hold a slot longer).
+const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Serves `GET /metrics` on `listener`, each connection on its own thread,
+/// at most [`MAX_SCRAPES`] at once, each within [`REQUEST_DEADLINE`].
+/// With `token` (`metrics_token_file`), a request must carry
+/// `Authorization: Bearer <token>` and gets VM names; without, VMs are
+/// labelled by id.
+pub fn serve_http(listener: TcpListener, state: Arc<Mutex<State>>, token: Option<String>) {
+    let busy = Arc::new(AtomicUsize::new(0));
+    let token = Arc::new(token);
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        if let Err(e) = answer(conn, &state) {
-            tracing::debug!("metrics request failed: {e}");
+        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_SCRAPES {
+            busy.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!("metrics: {MAX_SCRAPES} scrapes in progress; connection closed");
+            continue;
+        }
+        let (state, token, busy2) = (state.clone(), token.clone(), busy.clone());
+        let spawned = std::thread::Builder::new()
+            .name("pvschedd-scrape".into())
+            .spawn(move || {
+                if let Err(e) = answer(conn, &state, token.as_deref()) {
+                    tracing::debug!("metrics request failed: {e}");
+                }
+                busy2.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            busy.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
-fn answer(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
-    conn.set_write_timeout(Some(Duration::from_secs(2)))?;
+/// Reads a request head (up to a blank line, 8 KiB at most) within
+/// [`REQUEST_DEADLINE`] of the connection.
+fn read_head(conn: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let start = Instant::now();
     let mut req = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
+        let left = REQUEST_DEADLINE.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "request not complete within 2 s",
+            ));
+        }
+        conn.set_read_timeout(Some(left))?;
         let n = conn.read(&mut buf)?;
         if n == 0 || req.len() > 8192 {
             break;
         }
         req.extend_from_slice(&buf[..n]);
     }
-    let line = req.split(|&b| b == b'\n').next().unwrap_or_default();
-    let (status, body) = if line.starts_with(b"GET /metrics ") || line.starts_with(b"GET / ") {
-        let s = pvsched_util::lock(state);
-        ("200 OK", render(&s))
-    } else {
+    Ok(req)
+}
+
+fn answer(mut conn: TcpStream, state: &Mutex<State>, token: Option<&str>) -> std::io::Result<()> {
+    conn.set_write_timeout(Some(REQUEST_DEADLINE))?;
+    let req = read_head(&mut conn)?;
+    let text = String::from_utf8_lossy(&req);
+    let mut lines = text.lines();
+    let line = lines.next().unwrap_or_default();
+    let authorized = token.is_some_and(|t| {
+        lines.any(|h| {
+            h.split_once(':').is_some_and(|(k, v)| {
+                k.trim().eq_ignore_ascii_case("authorization")
+                    && v.trim().strip_prefix("Bearer ").map(str::trim) == Some(t)
+            })
+        })
+    });
+    let (status, body) = if !(line.starts_with("GET /metrics ") || line.starts_with("GET / ")) {
         ("404 Not Found", "try GET /metrics\n".into())
+    } else if token.is_some() && !authorized {
+        (
+            "401 Unauthorized",
+            "send Authorization: Bearer <the token in metrics_token_file>\n".into(),
+        )
+    } else {
+        let label = if token.is_some() {
+            VmLabel::Name
+        } else {
+            VmLabel::Id
+        };
+        let s = pvsched_util::lock(state);
+        ("200 OK", render(&s, None, label))
     };
     write!(
         conn,

@@ -19,6 +19,12 @@ use std::collections::BTreeMap;
 
 /// Largest request, bytes (a 64-vCPU registration with caps is ~4 KiB).
 pub const MAX_REQUEST: usize = 64 * 1024;
+/// Largest reply message; a longer reply is sent as [`Reply::Chunked`].
+/// Fits the kernel's default socket send buffer (`net.core.wmem_default`,
+/// 212 992 bytes) with room to spare.
+pub const MAX_PART: usize = 32 * 1024;
+/// Largest chunked reply a client accepts.
+pub const MAX_REPLY: u64 = 64 << 20;
 /// Longest VM name.
 pub const MAX_NAME: usize = 64;
 /// Most `key=value` settings in one `set`.
@@ -297,6 +303,15 @@ pub enum Reply {
     Metrics {
         /// The exposition (text format 0.0.4).
         text: String,
+    },
+    /// The reply is `bytes` bytes of JSON too large for one message: it
+    /// follows in `parts` messages of at most [`MAX_PART`] bytes each,
+    /// to be joined and parsed as one reply.
+    Chunked {
+        /// Messages that follow.
+        parts: u32,
+        /// Their total length.
+        bytes: u64,
     },
     /// Refused; nothing changed.
     Error {

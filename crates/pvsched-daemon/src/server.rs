@@ -21,7 +21,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use pvsched_agent::{Agent, AgentConfig, RegionMmap, VmHandle, VmSpec};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
@@ -68,6 +68,9 @@ fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> ServerError {
 struct Vm {
     handle: VmHandle,
     pid: u32,
+    /// The uid of the client that registered it (its quota, and who may
+    /// see it in `status`).
+    uid: u32,
     pidfd: Arc<OwnedFd>,
     /// The connection whose close unregisters it (None: detached).
     conn: Option<u64>,
@@ -100,7 +103,26 @@ struct Client {
     pidfd: Option<Arc<OwnedFd>>,
     /// Close it if it sends nothing before this (None: it holds a VM).
     deadline: Option<Instant>,
+    /// Reply messages not sent yet (the client reads slower than it asks),
+    /// each with the fd it carries; sent when the socket is writable.
+    out: VecDeque<(Vec<u8>, Option<OwnedFd>)>,
+    /// Their bytes.
+    out_bytes: usize,
+    /// What epoll waits for on this client now.
+    interest: EpollFlags,
 }
+
+impl Client {
+    fn queue(&mut self, bytes: Vec<u8>, pass: Option<OwnedFd>) {
+        self.out_bytes += bytes.len();
+        self.out.push_back((bytes, pass));
+    }
+}
+
+/// Reply bytes queued for one client at most: past this its requests
+/// are not read until it has read its replies (memory stays bounded, and
+/// a VMM that reads slowly keeps its VM).
+const MAX_QUEUED: usize = 16 << 20;
 
 /// What an epoll event is about.
 #[derive(Clone, Copy)]
@@ -257,7 +279,15 @@ impl Server {
                             return Ok(());
                         }
                     }
-                    Token::Client(id) => self.serve(id),
+                    Token::Client(id) => {
+                        let ev_flags = ev.events();
+                        if ev_flags.contains(EpollFlags::EPOLLOUT) {
+                            self.flush(id);
+                        }
+                        if ev_flags.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLHUP) {
+                            self.serve(id);
+                        }
+                    }
                     Token::VmExit(id) => self.vm_exited(id),
                 }
             }
@@ -307,6 +337,22 @@ impl Server {
             let Ok((pid, uid, _gid)) = wire::peer_cred(&fd) else {
                 continue;
             };
+            let per_uid = lock(&self.state).cfg.max_clients_per_uid;
+            if uid != 0 && self.clients.values().filter(|c| c.uid == uid).count() >= per_uid {
+                let _ = reply(
+                    &fd,
+                    &Reply::error(
+                        "busy",
+                        format!(
+                            "uid {uid} has {per_uid} connections to pvschedd already \
+                             (max_clients_per_uid); close one and retry"
+                        ),
+                    ),
+                    None,
+                );
+                lock(&self.state).refused += 1;
+                continue;
+            }
             let pidfd = wire::peer_pidfd(&fd)
                 .or_else(|| pvsched_agent::watch::pidfd_open(pid).ok())
                 .map(Arc::new);
@@ -328,6 +374,9 @@ impl Server {
                     uid,
                     pidfd,
                     deadline: Some(Instant::now() + timeout),
+                    out: VecDeque::new(),
+                    out_bytes: 0,
+                    interest: EpollFlags::EPOLLIN,
                 },
             );
             lock(&self.state).clients = self.clients.len() as u32;
@@ -446,9 +495,58 @@ impl Server {
         };
         c.deadline = (!holds_vm).then(|| Instant::now() + timeout);
         let bytes = serde_json::to_vec(&answer).unwrap_or_default();
-        if let Err(e) = reply_bytes(&c.fd, &bytes, pass.as_ref()) {
-            tracing::debug!(pid = c.pid, "reply failed ({e}); closing the client");
-            self.close_client(id);
+        if bytes.len() <= proto::MAX_PART {
+            c.queue(bytes, pass);
+        } else {
+            // Too large for one message (a status of many threads): a
+            // header, then the JSON in parts.
+            let parts = bytes.chunks(proto::MAX_PART);
+            let head = Reply::Chunked {
+                parts: parts.len() as u32,
+                bytes: bytes.len() as u64,
+            };
+            c.queue(serde_json::to_vec(&head).unwrap_or_default(), pass);
+            for part in parts {
+                c.queue(part.to_vec(), None);
+            }
+        }
+        self.flush(id);
+    }
+
+    /// Sends what client `id` has queued, as far as its socket takes it;
+    /// waits for writability if something is left, and stops reading its
+    /// requests while too much is left. A client that is gone is closed.
+    fn flush(&mut self, id: u64) {
+        let Some(c) = self.clients.get_mut(&id) else {
+            return;
+        };
+        while let Some((bytes, pass)) = c.out.front() {
+            match reply_bytes(&c.fd, bytes, pass.as_ref()) {
+                Ok(()) => {
+                    c.out_bytes -= bytes.len();
+                    c.out.pop_front();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::debug!(pid = c.pid, "reply failed ({e}); closing the client");
+                    self.close_client(id);
+                    return;
+                }
+            }
+        }
+        let mut want = EpollFlags::empty();
+        if c.out_bytes < MAX_QUEUED {
+            want |= EpollFlags::EPOLLIN;
+        }
+        if !c.out.is_empty() {
+            want |= EpollFlags::EPOLLOUT;
+        }
+        if want != c.interest {
+            let mut ev = EpollEvent::new(want, Token::Client(id).encode());
+            if let Err(e) = self.epoll.modify(&c.fd, &mut ev) {
+                tracing::warn!("epoll_ctl on a client failed: {e}");
+            }
+            c.interest = want;
         }
     }
 
@@ -470,8 +568,12 @@ impl Server {
                         None,
                     );
                 }
+                // Each VM watches its VMM through a pidfd of its own: epoll
+                // knows an fd once, so two VMs of one connection sharing the
+                // connection's pidfd could not both be watched, and ending
+                // one watch would end the other's.
                 let pidfd = if target == peer_pid {
-                    peer_pidfd
+                    peer_pidfd.and_then(|p| p.try_clone().ok()).map(Arc::new)
                 } else {
                     pvsched_agent::watch::pidfd_open(target).ok().map(Arc::new)
                 };
@@ -485,7 +587,20 @@ impl Server {
                 let record = req.detach.then(|| req.clone());
                 let state = self.state.clone();
                 let mut s = lock(&state);
-                match register(&mut s, req, target, pidfd, conn) {
+                let quota = s.cfg.max_vms_per_uid;
+                if !root && s.vms.values().filter(|v| v.uid == peer_uid).count() >= quota {
+                    return (
+                        Reply::error(
+                            "busy",
+                            format!(
+                                "uid {peer_uid} has {quota} VMs registered already \
+                                 (max_vms_per_uid); unregister one first"
+                            ),
+                        ),
+                        None,
+                    );
+                }
+                match register(&mut s, req, target, peer_uid, pidfd, conn) {
                     Ok((reply, fd, name)) => {
                         self.record_detached(target, record.as_ref());
                         s.registrations += 1;
@@ -548,9 +663,14 @@ impl Server {
                     Err(r) => (r, None),
                 }
             }
-            Request::Status => (status(&lock(&self.state)), None),
+            // Anyone but root sees only the VMs it registered.
+            Request::Status => (status(&lock(&self.state), viewer(root, peer_uid)), None),
             Request::Metrics => {
-                let text = crate::metrics::render(&lock(&self.state));
+                let text = crate::metrics::render(
+                    &lock(&self.state),
+                    viewer(root, peer_uid),
+                    crate::metrics::VmLabel::Name,
+                );
                 (Reply::Metrics { text }, None)
             }
         }
@@ -607,7 +727,8 @@ impl Server {
             if rec.request.region == Region::Reserved && !s.reserved.contains_key(&name) {
                 let _ = reserve(&mut s, &name);
             }
-            let registered = register(&mut s, rec.request.clone(), rec.pid, pidfd, None);
+            // Only root registers detached: uid 0, as it was asked.
+            let registered = register(&mut s, rec.request.clone(), rec.pid, 0, pidfd, None);
             let result = registered.and_then(|(_, _, name)| {
                 let watch = self.next_id;
                 self.next_id += 1;
@@ -693,6 +814,7 @@ fn register(
     s: &mut State,
     r: RegisterVm,
     pid: u32,
+    uid: u32,
     pidfd: Arc<OwnedFd>,
     conn: Option<u64>,
 ) -> Result<(Reply, Option<OwnedFd>, String), Reply> {
@@ -702,10 +824,44 @@ fn register(
             format!("a VM named {} is registered already", r.name),
         ));
     }
-    let file_caps = s
+    let file = s
         .cfg
-        .vm_caps(&r.name)
+        .vm_file_of(&r.name)
         .map_err(|e| Reply::error("caps", e.to_string()))?;
+    // A name with a file is bound to the VMMs the file names: whoever
+    // registers (root's qemu-attach too), the VMM process must be one.
+    // A file that names none is for root's registrations only.
+    if let Some(f) = &file {
+        let path = s.cfg.vm_file(&r.name);
+        if f.owners.is_empty() && uid != 0 {
+            return Err(Reply::error(
+                "denied",
+                format!(
+                    "VM {} is bound by {}, which names no owner: only root may register it \
+                     (add owner_uids or owner_cgroups to let its VMM do so)",
+                    r.name,
+                    path.display()
+                ),
+            ));
+        }
+        if !f.owners.is_empty() {
+            let Some((vmm_uid, cgroup)) = crate::config::process_identity(pid) else {
+                return Err(Reply::error("invalid", format!("process {pid} exited")));
+            };
+            if !f.owners.admit(vmm_uid, &cgroup) {
+                return Err(Reply::error(
+                    "denied",
+                    format!(
+                        "VM {}'s file {} does not name its VMM (process {pid}, uid {vmm_uid}, \
+                         cgroup {cgroup}) in owner_uids or owner_cgroups",
+                        r.name,
+                        path.display()
+                    ),
+                ));
+            }
+        }
+    }
+    let file_caps = file.map(|f| f.caps);
     if file_caps.is_none() && s.cfg.require_vm_file {
         return Err(Reply::error(
             "denied",
@@ -759,6 +915,7 @@ fn register(
     };
     let send_fd = r.region == Region::Device;
     let spec = VmSpec {
+        owner: Some(pid),
         vcpu_tids: r.vcpus.iter().map(|v| v.tid).collect(),
         emulator_tids: r.emulator_tids.clone(),
         apic_ids: r.vcpus.iter().map(|v| v.apic_id).collect(),
@@ -798,6 +955,7 @@ fn register(
         Vm {
             handle,
             pid,
+            uid,
             pidfd,
             conn,
             region: region_name,
@@ -862,10 +1020,17 @@ fn boost_name(kind: u32) -> &'static str {
     }
 }
 
-/// Every VM's status with its statistics.
-pub(crate) fn vm_statuses(s: &State) -> Vec<VmStatus> {
+/// Whose VMs a client may see: every VM (root: None) or its own uid's.
+fn viewer(root: bool, uid: u32) -> Option<u32> {
+    (!root).then_some(uid)
+}
+
+/// The status of every VM `uid` registered (None: every VM) with its
+/// statistics.
+pub(crate) fn vm_statuses(s: &State, uid: Option<u32>) -> Vec<VmStatus> {
     s.vms
         .iter()
+        .filter(|(_, vm)| uid.is_none_or(|u| vm.uid == u))
         .map(|(name, vm)| {
             let st = vm.handle.stats();
             VmStatus {
@@ -900,10 +1065,10 @@ pub(crate) fn daemon_status(s: &State) -> DaemonStatus {
     }
 }
 
-fn status(s: &State) -> Reply {
+fn status(s: &State, uid: Option<u32>) -> Reply {
     Reply::Status {
         daemon: daemon_status(s),
-        vms: vm_statuses(s),
+        vms: vm_statuses(s, uid),
     }
 }
 

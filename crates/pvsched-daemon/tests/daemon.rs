@@ -6,6 +6,7 @@
 
 #[path = "../../pvsched-agent/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use common::{need_bpf, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
@@ -18,78 +19,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Liveness bound of the waits below (not a timing assertion).
-const LIMIT: Duration = Duration::from_secs(20);
-
-/// A pvschedd process with its own socket, config and VM directory.
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-    metrics: String,
-}
-
-impl Daemon {
-    fn start(tag: &str, config: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("pvschedd-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("vms")).unwrap();
-        let socket = dir.join("pvschedd.sock");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let metrics = format!("127.0.0.1:{port}");
-        let cfg = dir.join("pvschedd.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "socket = {:?}\nsocket_group = \"\"\nvm_dir = {:?}\nmetrics_listen = {metrics:?}\n{config}",
-                socket,
-                dir.join("vms")
-            ),
-        )
-        .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_pvschedd"))
-            .arg("--config")
-            .arg(&cfg)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .unwrap();
-        let d = Daemon {
-            child,
-            dir,
-            socket,
-            metrics,
-        };
-        wait_for("pvschedd's socket", LIMIT, || {
-            Client::connect(&d.socket).ok()
-        });
-        d
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn vm_file(&self, name: &str, caps: &str) {
-        std::fs::write(self.dir.join("vms").join(format!("{name}.toml")), caps).unwrap();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use support::{Daemon, LIMIT, http_get};
 
 /// A VMM stand-in: a child process (this test binary, running
 /// `fake_vmm_child`) with `vcpus` real threads that registers them as VM
@@ -526,14 +456,20 @@ fn prometheus_scrape_parses() {
     if !need_bpf("prometheus_scrape_parses") {
         return;
     }
-    let d = Daemon::start("prom", OPERATOR_MAX);
+    let token = "prometheus-scrapes-with-this-token";
+    let token_file = std::env::temp_dir().join(format!("pvschedd-token-{}", std::process::id()));
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let d = Daemon::start(
+        "prom",
+        &format!("metrics_token_file = {token_file:?}\n{OPERATOR_MAX}"),
+    );
     let mut v = FakeVmm::start(&d.socket, "web-1", 2, None);
     assert_eq!(v.ask("boost"), "BOOSTING");
     for &t in &v.tids {
         wait_attr("boosted", t, |x| x.policy == POLICY_FIFO);
     }
     let text = wait_for("a scrape with applied boosts", LIMIT, || {
-        let t = http_get(&d.metrics, "/metrics")?;
+        let t = http_get(&d.metrics, "/metrics", Some(token))?;
         let applied = t.lines().any(|l| {
             l.starts_with("pvsched_boosts_applied_total{vm=\"web-1\",thread=\"vcpu1\"}")
                 && !l.ends_with(" 0")
@@ -576,17 +512,14 @@ fn prometheus_scrape_parses() {
             .unwrap()
             .contains("pvsched_vcpus{vm=\"web-1\"} 2")
     );
+    // Without the token: refused; with a wrong one too.
+    assert_eq!(http_get(&d.metrics, "/metrics", None), None);
+    assert_eq!(
+        http_get(&d.metrics, "/metrics", Some("wrong-token-wrong-token")),
+        None
+    );
     drop(v);
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let body = out.split_once("\r\n\r\n")?.1.to_string();
-    out.starts_with("HTTP/1.0 200").then_some(body)
+    let _ = std::fs::remove_file(&token_file);
 }
 
 /// Must show (b): pvschedd killed with SIGKILL at random moments while

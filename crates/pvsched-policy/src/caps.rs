@@ -28,6 +28,9 @@ pub enum CapsError {
     /// A value is above the operator's maximum (pvschedd's `[max]`).
     #[error("caps: {0} is above the operator maximum (pvschedd.toml [max]: {1})")]
     AboveMax(&'static str, String),
+    /// A value is below the operator's minimum (pvschedd's `[max]`).
+    #[error("caps: {0} is below the operator minimum (pvschedd.toml [max]: {1})")]
+    BelowMin(&'static str, String),
     /// A `key=value` setting is not a cap or not a valid value.
     #[error("caps: setting {key}={value}: {why}")]
     Setting {
@@ -62,6 +65,20 @@ pub struct CapsLimit {
     pub max_budget_pct: u32,
     /// A VM may set `halt_always` (every vCPU latency-sensitive).
     pub halt_always: bool,
+    /// Shortest `throttle_us` a VM may set, µs: a throttle shorter than
+    /// this would let a thread that hit `max_boost_us` be boosted again at
+    /// once.
+    pub min_throttle_us: u64,
+    /// Longest budget window (`window_us`) a VM may set, µs: the budget's
+    /// share is kept over each window, so a very long window would let a
+    /// VM spend all of it in one run.
+    pub max_window_us: u64,
+    /// Longest `halt_hold_us` a VM may set, µs: how long a guest that
+    /// stopped asking keeps its halt boost.
+    pub max_halt_hold_us: u64,
+    /// Longest `ipi_window_us` a VM may set, µs: how long an IPI pair
+    /// stays confirmed (and its receiver boosted for its sender).
+    pub max_ipi_window_us: u64,
 }
 
 impl Default for CapsLimit {
@@ -73,21 +90,48 @@ impl Default for CapsLimit {
             max_boost_us: 50_000,
             max_budget_pct: 50,
             halt_always: true,
+            min_throttle_us: 10_000,
+            max_window_us: 1_000_000,
+            max_halt_hold_us: 1_000_000,
+            max_ipi_window_us: 100_000,
         }
     }
 }
 
+/// Highest RT priority any cap may name: pvsched's own restorers (the
+/// decision consumer and the guardian) run at SCHED_FIFO 99 so that no
+/// boosted thread can keep them from putting it back.
+pub const MAX_CAP_RT_PRIO: u32 = 98;
+
 impl CapsLimit {
     /// Checks the limit's own ranges.
     pub fn validate(&self) -> Result<(), CapsError> {
-        if self.max_rt_prio > 99 {
-            return Err(CapsError::Range("[max] max_rt_prio must be 0..=99"));
+        if self.max_rt_prio > MAX_CAP_RT_PRIO {
+            return Err(CapsError::Range(
+                "[max] max_rt_prio must be 0..=98 (pvsched's restorers run at FIFO 99)",
+            ));
         }
         if !(-20..=19).contains(&self.nice_floor) {
             return Err(CapsError::Range("[max] nice_floor must be -20..=19"));
         }
         if self.max_budget_pct == 0 || self.max_budget_pct > 100 {
             return Err(CapsError::Range("[max] max_budget_pct must be 1..=100"));
+        }
+        if self.max_window_us == 0 {
+            return Err(CapsError::Range("[max] max_window_us must be > 0"));
+        }
+        for t in [
+            self.max_boost_us,
+            self.min_throttle_us,
+            self.max_window_us,
+            self.max_halt_hold_us,
+            self.max_ipi_window_us,
+        ] {
+            if t > u64::MAX / 1000 {
+                return Err(CapsError::Range(
+                    "[max]: a time does not fit in nanoseconds",
+                ));
+            }
         }
         Ok(())
     }
@@ -194,11 +238,39 @@ impl Caps {
 
     /// Checks value ranges.
     pub fn validate(&self) -> Result<(), CapsError> {
-        if self.max_rt_prio > 99 {
-            return Err(CapsError::Range("max_rt_prio must be 0..=99"));
+        if self.max_rt_prio > MAX_CAP_RT_PRIO {
+            return Err(CapsError::Range(
+                "max_rt_prio must be 0..=98 (pvsched's restorers run at FIFO 99)",
+            ));
         }
-        if self.cs_rt_prio > 99 {
-            return Err(CapsError::Range("cs_rt_prio must be 0..=99"));
+        if self.cs_rt_prio > MAX_CAP_RT_PRIO {
+            return Err(CapsError::Range("cs_rt_prio must be 0..=98"));
+        }
+        // A priority is an RT priority or a nice value by its boost kind;
+        // an out-of-range one is refused, never clamped in silence.
+        for (kind, prio, rt_msg, nice_msg) in [
+            (
+                self.halt_boost,
+                self.halt_prio,
+                "halt_prio must be 1..=98 with halt_boost = \"rt\"",
+                "halt_prio must be -20..=19 with halt_boost = \"nice\"",
+            ),
+            (
+                self.yield_boost,
+                self.yield_prio,
+                "yield_prio must be 1..=98 with yield_boost = \"rt\"",
+                "yield_prio must be -20..=19 with yield_boost = \"nice\"",
+            ),
+        ] {
+            match kind {
+                BoostKind::Rt if !(1..=MAX_CAP_RT_PRIO as i32).contains(&prio) => {
+                    return Err(CapsError::Range(rt_msg));
+                }
+                BoostKind::Nice if !(-20..=19).contains(&prio) => {
+                    return Err(CapsError::Range(nice_msg));
+                }
+                _ => {}
+            }
         }
         if !(-20..=19).contains(&self.nice_floor) {
             return Err(CapsError::Range("nice_floor must be -20..=19"));
@@ -273,6 +345,36 @@ impl Caps {
         }
         if self.halt_always && !lim.halt_always {
             return above("halt_always = true", "halt_always = false".into());
+        }
+        if self.throttle_us < lim.min_throttle_us {
+            return Err(CapsError::BelowMin(
+                "throttle_us",
+                format!("min_throttle_us = {}", lim.min_throttle_us),
+            ));
+        }
+        for (what, v, max, key) in [
+            (
+                "window_us",
+                self.window_us,
+                lim.max_window_us,
+                "max_window_us",
+            ),
+            (
+                "halt_hold_us",
+                self.halt_hold_us,
+                lim.max_halt_hold_us,
+                "max_halt_hold_us",
+            ),
+            (
+                "ipi_window_us",
+                self.ipi_window_us,
+                lim.max_ipi_window_us,
+                "max_ipi_window_us",
+            ),
+        ] {
+            if v > max {
+                return above(what, format!("{key} = {max}"));
+            }
         }
         Ok(())
     }
@@ -354,6 +456,7 @@ mod tests {
             max_boost_us: 10_000,
             max_budget_pct: 10,
             halt_always: false,
+            ..CapsLimit::default()
         };
         let ok = Caps {
             max_rt_prio: 3,
@@ -413,6 +516,88 @@ mod tests {
         }
         .check_within(&no_rt)
         .unwrap();
+    }
+
+    /// Every time cap is bounded by the operator's `[max]`: a zero
+    /// throttle, a huge window, a huge halt hold and a huge IPI window
+    /// are each refused under the default limit, naming the cap.
+    #[test]
+    fn every_time_cap_is_bounded_by_the_limit() {
+        let lim = CapsLimit::default();
+        for (bad, key) in [
+            (
+                Caps {
+                    throttle_us: 0,
+                    ..Caps::default()
+                },
+                "throttle_us",
+            ),
+            (
+                Caps {
+                    window_us: 1_000_000_000,
+                    budget_us: 500_000_000,
+                    ..Caps::default()
+                },
+                "window_us",
+            ),
+            (
+                Caps {
+                    halt_hold_us: 3_600_000_000,
+                    ..Caps::default()
+                },
+                "halt_hold_us",
+            ),
+            (
+                Caps {
+                    ipi_window_us: 10_000_000,
+                    ..Caps::default()
+                },
+                "ipi_window_us",
+            ),
+        ] {
+            bad.validate().unwrap();
+            let e = bad.check_within(&lim).unwrap_err();
+            assert!(
+                matches!(e, CapsError::AboveMax(k, _) | CapsError::BelowMin(k, _) if k == key),
+                "{key}: {e}"
+            );
+        }
+        let at_limit = Caps {
+            throttle_us: lim.min_throttle_us,
+            window_us: lim.max_window_us,
+            budget_us: lim.max_window_us / 2,
+            halt_hold_us: lim.max_halt_hold_us,
+            ipi_window_us: lim.max_ipi_window_us,
+            ..Caps::default()
+        };
+        at_limit.check_within(&lim).unwrap();
+    }
+
+    /// A priority out of its range is refused naming its key, never
+    /// clamped; no cap may reach the restorers' FIFO 99.
+    #[test]
+    fn out_of_range_priorities_are_refused_by_name() {
+        for (text, key) in [
+            ("halt_prio = 200\n", "halt_prio"),
+            ("halt_prio = 0\n", "halt_prio"),
+            ("halt_boost = \"nice\"\nhalt_prio = -21\n", "halt_prio"),
+            ("yield_prio = 99\n", "yield_prio"),
+            ("yield_boost = \"nice\"\nyield_prio = 20\n", "yield_prio"),
+            ("max_rt_prio = 99\n", "max_rt_prio"),
+            ("cs_rt_prio = 99\n", "cs_rt_prio"),
+        ] {
+            let e = Caps::from_toml(text).unwrap_err();
+            assert!(e.to_string().contains(key), "{text}: {e}");
+        }
+        let e = CapsLimit {
+            max_rt_prio: 99,
+            ..CapsLimit::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("max_rt_prio"), "{e}");
+        // A priority of a boost kind that is off is not checked.
+        Caps::from_toml("halt_boost = \"none\"\nhalt_prio = 200\n").unwrap();
     }
 
     #[test]

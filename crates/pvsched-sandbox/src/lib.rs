@@ -56,7 +56,7 @@ pub use fds::{CloseMethod, open_fds};
 pub use isolation::Isolation;
 pub use proc_status::{ProcStatus, parse_proc_status, read_proc_status};
 pub use rlimits::{DEFAULT_DATA_LIMIT, Rlimits};
-pub use seccomp::{SeccompProfile, attempt_forbidden_open, fd_seals, fd_size};
+pub use seccomp::{SeccompProfile, attempt_forbidden_open, fd_fs_type, fd_seals, fd_size};
 
 /// What [`enter`] should do.
 #[derive(Clone, Debug, PartialEq, Eq)]

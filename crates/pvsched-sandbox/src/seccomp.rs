@@ -180,6 +180,31 @@ pub fn fd_seals(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<i32> {
     Ok(r)
 }
 
+/// The type of the filesystem the file behind `fd` lives on
+/// (`statfs.f_type`: a `*_MAGIC` number such as [`libc::TMPFS_MAGIC`]),
+/// with the `fstatfs` system call itself on the fd: the allowlists allow no
+/// `statfs` that takes a path. The device maps guest RAM only from shmem
+/// (see `pvsched_transport::guest_ram`).
+pub fn fd_fs_type(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<libc::__fsword_t> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero `struct statfs` is a valid value for the kernel
+    // to overwrite.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs(2) writes one `struct statfs` into `st`, which is live
+    // and of the right type; `fd` is a borrowed open descriptor.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fstatfs,
+            fd.as_raw_fd(),
+            &mut st as *mut libc::statfs,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_type)
+}
+
 /// Installs a compiled filter on the calling thread (the device is
 /// single-threaded; the allowlists forbid `clone`).
 pub(crate) fn install(profile: &SeccompProfile, prog: &BpfProgram) -> Result<()> {
@@ -269,6 +294,7 @@ mod tests {
             "statx",
             "stat",
             "lstat",
+            "statfs",
         ];
         for p in &PROFILES {
             for rule in rules(p) {
@@ -348,6 +374,19 @@ mod tests {
         // /tmp may be tmpfs, which supports seals; either answer is fine
         // as long as it does not panic.
         let _ = fd_seals(plain.as_fd());
+    }
+
+    #[test]
+    fn fd_fs_type_tells_shmem_from_other_filesystems() {
+        use std::os::fd::{AsFd, FromRawFd};
+        // SAFETY: memfd_create with a valid C string; the fd is owned below.
+        let fd = unsafe { libc::memfd_create(c"fstype".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let f = unsafe { std::fs::File::from_raw_fd(fd) };
+        assert_eq!(fd_fs_type(f.as_fd()).unwrap(), libc::TMPFS_MAGIC);
+        let proc = std::fs::File::open("/proc/self/status").unwrap();
+        assert_eq!(fd_fs_type(proc.as_fd()).unwrap(), libc::PROC_SUPER_MAGIC);
     }
 
     #[test]

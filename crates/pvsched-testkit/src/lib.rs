@@ -91,3 +91,34 @@ pub fn sealed_memfd(name: &std::ffi::CStr, size: u64) -> std::fs::File {
     assert_eq!(rc, 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
     f
 }
+
+/// A close-on-exec memfd of `size` bytes (a multiple of the huge page size)
+/// on the kernel's hugetlbfs, sealed against any change of size: guest RAM
+/// as QEMU's `memory-backend-memfd,hugetlb=on` shares it. The seals pass the
+/// devices' shrink check, yet touching a page of it when no huge page is
+/// free faults with SIGBUS, so a device must never map it. `None` when this
+/// kernel has no hugetlbfs (`memfd_create` refuses `MFD_HUGETLB`) or `size`
+/// is no multiple of its default huge page size.
+pub fn sealed_hugetlb_memfd(name: &std::ffi::CStr, size: u64) -> Option<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB;
+    // SAFETY: memfd_create with a NUL-terminated name; the flags are valid.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        eprintln!("memfd_create(MFD_HUGETLB): {e}");
+        return None;
+    }
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    // Sizing reserves no huge page: only a fault allocates one.
+    if let Err(e) = f.set_len(size) {
+        eprintln!("sizing a hugetlb memfd to {size:#x} bytes: {e}");
+        return None;
+    }
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl(F_ADD_SEALS) on the fd `f` owns; no pointers.
+    let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    assert_eq!(rc, 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
+    Some(f)
+}

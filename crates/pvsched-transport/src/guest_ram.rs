@@ -1,16 +1,27 @@
 //! Which guest RAM fds a device process may map.
 //!
 //! Guest RAM arrives from the VMM as fds (vfio-user DMA_MAP, mpqemu
-//! SYNC_SYSMEM) and is mapped shared. A VMM that later shrinks such a file
-//! would make the device's next access to the vanished pages fault with
-//! SIGBUS, killing the device. So a range is mapped only when it lies
-//! inside the file and the file is sealed against shrinking
-//! (`F_SEAL_SHRINK`): QEMU's `memory-backend-memfd` seals by default
-//! (`seal=on`), and so does the reference VMM. Other files (a
-//! `memory-backend-file` on tmpfs or hugetlbfs without the seal) are
-//! accepted by the transport but not mapped: the guest-region handshake
-//! then refuses the region (`ERR_REGION_OUTSIDE_RAM`) and device-region mode
-//! is unaffected.
+//! SYNC_SYSMEM) and is mapped shared; the BAR2 backing given with
+//! `--bar2-fd` is checked the same way. The VMM is not trusted, and a page
+//! fault the kernel cannot satisfy on such a mapping is SIGBUS, which kills
+//! the device. So [`check`] maps a range only when:
+//!
+//! - it lies inside the file;
+//! - the file lives on shmem ([`MAPPED_FS`]): see there for why no other
+//!   filesystem is safe, hugetlbfs in particular;
+//! - the file is sealed against shrinking (`F_SEAL_SHRINK`): a VMM that
+//!   truncated it would make the device's next access to the vanished
+//!   pages fault. QEMU's `memory-backend-memfd` seals by default
+//!   (`seal=on`), and so does the reference VMM.
+//!
+//! Together the last two admit exactly the memfds of `memfd_create(2)`
+//! without `MFD_HUGETLB`: a tmpfs file opened by path is created with
+//! `F_SEAL_SEAL` and can never gain `F_SEAL_SHRINK`, so a file on a
+//! size-limited tmpfs mount (which faults with SIGBUS once full) never
+//! passes. Other fds are not errors of the request: the transport accepts
+//! the range but does not map it ([`GuestRamRefusal::never_mapped`]); the
+//! guest-region handshake then refuses a region there
+//! (`ERR_REGION_OUTSIDE_RAM`) and device-region mode is unaffected.
 
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -40,11 +51,54 @@ pub enum GuestRamRefusal {
         /// File length.
         len: u64,
     },
+    /// The file is not on shmem: touching it can fault with SIGBUS.
+    #[error(
+        "guest RAM fd is on {0}, not shmem: touching a page of it can fault with SIGBUS (a hugetlbfs pool with no free huge page, a full disk). Use QEMU's memory-backend-memfd without hugetlb=on, or device-region mode"
+    )]
+    NotShmem(String),
     /// The file could be shrunk under the mapping.
     #[error(
         "guest RAM fd is not sealed with F_SEAL_SHRINK ({0}); the VMM could truncate it and crash the device with SIGBUS. Use QEMU's memory-backend-memfd (sealed by default) or device-region mode"
     )]
     NotSealed(String),
+}
+
+impl GuestRamRefusal {
+    /// Whether the fd is of a kind the device never maps (the transport
+    /// records the range unmapped), rather than a request that does not fit
+    /// its fd (the transport refuses it).
+    pub fn never_mapped(&self) -> bool {
+        matches!(self, Self::NotShmem(_) | Self::NotSealed(_))
+    }
+}
+
+/// The one filesystem (`statfs.f_type`) whose files the device maps:
+/// shmem, where memfds live.
+///
+/// A sealed memfd is a file on the kernel's internal shmem mount, which has
+/// no size limit: a fault on it finds its page or allocates one (a zeroed
+/// page where the VMM punched a hole), and fails only when the whole
+/// system or memory cgroup is out of memory, through the OOM killer, never
+/// with SIGBUS. Its other seals cannot hurt a mapping either: with
+/// `F_SEAL_WRITE` the mapping itself is refused, `F_SEAL_FUTURE_WRITE`
+/// spares existing mappings, and `MFD_NOEXEC_SEAL`'s `F_SEAL_EXEC` only
+/// concerns the file mode. Everything else is refused:
+///
+/// - hugetlbfs (`memfd_create(MFD_HUGETLB)` can be sealed like any memfd):
+///   a fault with no free huge page in the pool is SIGBUS, and the VMM can
+///   empty the pool or punch a hole into the file at will (`F_SEAL_SHRINK`
+///   does not forbid `FALLOC_FL_PUNCH_HOLE`);
+/// - disk filesystems: a fault on a hole with the disk full, or a read
+///   error, is SIGBUS (such files cannot be sealed anyway);
+/// - any other kind (a new sealable file type, say) until it is shown safe.
+pub const MAPPED_FS: libc::__fsword_t = libc::TMPFS_MAGIC;
+
+/// A name for filesystem type `f_type`, for the refusal message.
+fn fs_name(f_type: libc::__fsword_t) -> String {
+    match f_type {
+        libc::HUGETLBFS_MAGIC => "hugetlbfs".into(),
+        t => format!("a filesystem of type {t:#x}"),
+    }
 }
 
 /// Check that `offset..offset+size` of `file` may be mapped for good.
@@ -53,6 +107,17 @@ pub fn check(file: &File, offset: u64, size: u64) -> Result<(), GuestRamRefusal>
     let end = offset.checked_add(size).ok_or_else(|| bad.clone())?;
     if size == 0 || usize::try_from(size).is_err() {
         return Err(bad);
+    }
+    // First what the file is: a hugetlbfs file is refused as such, not as
+    // "unsealed" (which would suggest a sealed hugetlb memfd).
+    match pvsched_sandbox::fd_fs_type(file.as_fd()) {
+        Ok(MAPPED_FS) => {}
+        Ok(t) => return Err(GuestRamRefusal::NotShmem(fs_name(t))),
+        Err(e) => {
+            return Err(GuestRamRefusal::NotShmem(format!(
+                "an unknown filesystem (fstatfs: {e})"
+            )));
+        }
     }
     // The fstat syscall itself: File::metadata (statx) and glibc's fstat
     // (newfstatat) are outside the sandbox's allowlist.
@@ -94,17 +159,37 @@ mod tests {
     }
 
     #[test]
+    fn hugetlb_memfds_are_never_mapped_even_sealed() {
+        let Some(f) = pvsched_testkit::sealed_hugetlb_memfd(c"t-huge", 4 << 20) else {
+            pvsched_testkit::skip_or_fail("hugetlb guest RAM check", "no hugetlbfs memfd");
+            return;
+        };
+        let refusal = check(&f, 0, 4 << 20).unwrap_err();
+        assert_eq!(refusal, GuestRamRefusal::NotShmem("hugetlbfs".into()));
+        assert!(refusal.never_mapped());
+    }
+
+    #[test]
+    fn files_on_other_filesystems_are_never_mapped() {
+        let f = File::open("/proc/self/status").unwrap();
+        let refusal = check(&f, 0, 4096).unwrap_err();
+        assert!(
+            matches!(&refusal, GuestRamRefusal::NotShmem(fs) if fs.contains("0x9fa0")),
+            "{refusal}"
+        );
+        assert!(refusal.never_mapped());
+    }
+
+    #[test]
     fn unsealed_past_end_empty_and_wrapping_ranges_are_refused() {
         let f = memfd(1 << 20, 0);
-        assert!(matches!(
-            check(&f, 0, 4096),
-            Err(GuestRamRefusal::NotSealed(_))
-        ));
+        let refusal = check(&f, 0, 4096).unwrap_err();
+        assert!(matches!(refusal, GuestRamRefusal::NotSealed(_)));
+        assert!(refusal.never_mapped());
         let f = memfd(1 << 20, libc::F_SEAL_SHRINK);
-        assert!(matches!(
-            check(&f, 4096, 1 << 20),
-            Err(GuestRamRefusal::PastEnd { .. })
-        ));
+        let refusal = check(&f, 4096, 1 << 20).unwrap_err();
+        assert!(matches!(refusal, GuestRamRefusal::PastEnd { .. }));
+        assert!(!refusal.never_mapped());
         assert!(matches!(
             check(&f, 0, 0),
             Err(GuestRamRefusal::BadRange { .. })

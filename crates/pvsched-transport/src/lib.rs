@@ -27,3 +27,12 @@ pub mod slot_dump;
 pub mod vfio_user;
 
 pub use run::{DeviceOptions, HostFlagsSink, RunError, run_mpqemu, run_vfio_user};
+
+/// How long the rest of a message may take to arrive once its first byte
+/// has, over either transport. A peer that sends part of a message and then
+/// nothing is dropped after this, instead of holding the device in its read
+/// for good (the region sampling goes on while it waits). Benign peers are
+/// far inside it: QEMU sends each message with one `sendmsg`, the
+/// `vfio_user` crate's client with two or three back-to-back writes; the
+/// margin is for a VMM descheduled between two of them on a loaded host.
+pub const MESSAGE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);

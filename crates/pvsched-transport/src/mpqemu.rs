@@ -12,6 +12,11 @@
 //! through the device's decoded BAR addresses ([`pvsched_device::PciDevice::bars`]). The
 //! proxy cannot map device memory into the guest, so over this transport
 //! the device offers guest region mode only.
+//!
+//! Once the first byte of a message has arrived, the rest must arrive
+//! within [`crate::MESSAGE_DEADLINE`]; a peer that stops halfway is
+//! dropped ([`MpqemuError::Stalled`]) instead of holding the device in its
+//! read for good. Waiting for the next message is not bounded.
 
 pub mod message;
 
@@ -28,6 +33,7 @@ use std::io::{IoSliceMut, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
+use std::time::Instant;
 use thiserror::Error;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
@@ -43,6 +49,17 @@ pub enum MpqemuError {
     /// Sending a reply failed (QEMU gone?).
     #[error("sending an mpqemu reply failed: {0}")]
     Send(#[source] std::io::Error),
+    /// The peer sent part of a message and not the rest in time.
+    #[error(
+        "the peer sent {received} of the {expected} bytes of a message and not the rest within {:?} of the first; closing the connection",
+        crate::MESSAGE_DEADLINE
+    )]
+    Stalled {
+        /// Bytes of the message received.
+        received: usize,
+        /// Bytes of the whole message (a header until the header is read).
+        expected: usize,
+    },
     /// The stream cannot be resynchronised (payload size absurd).
     #[error("mpqemu stream out of sync: {0}; closing the connection")]
     Desync(#[source] MessageError),
@@ -53,6 +70,16 @@ pub type Result<T> = std::result::Result<T, MpqemuError>;
 
 /// Largest announced payload skipped before giving up on the stream.
 const MAX_SKIP: u64 = 1 << 20;
+
+/// A message whose first bytes have arrived: the rest is due by
+/// `deadline`.
+struct Arrival {
+    deadline: Instant,
+    /// Bytes of the message received so far.
+    received: usize,
+    /// Bytes of the whole message (a header until the header is read).
+    expected: usize,
+}
 
 /// A received message: header, payload and descriptors.
 struct Frame {
@@ -201,16 +228,20 @@ impl<D: TransportDevice> MpqemuPeer<D> {
         if got == 0 {
             return Ok(None);
         }
+        let mut msg = Arrival {
+            deadline: Instant::now() + crate::MESSAGE_DEADLINE,
+            received: got,
+            expected: HEADER_LEN,
+        };
         if got < HEADER_LEN {
-            self.sock
-                .read_exact(&mut hdr[got..])
-                .map_err(MpqemuError::Recv)?;
+            self.read_rest(&mut hdr[got..], &mut msg)?;
         }
         let header = Header::parse(&hdr).map_err(MpqemuError::Desync)?;
         let payload = match header.payload_len() {
             Ok(n) => {
                 let mut p = vec![0u8; n];
-                self.sock.read_exact(&mut p).map_err(MpqemuError::Recv)?;
+                msg.expected = HEADER_LEN + n;
+                self.read_rest(&mut p, &mut msg)?;
                 p
             }
             Err(e) => {
@@ -218,8 +249,15 @@ impl<D: TransportDevice> MpqemuPeer<D> {
                     return Err(MpqemuError::Desync(e));
                 }
                 log::warn!("mpqemu: {e}; payload skipped");
-                std::io::copy(&mut (&self.sock).take(header.size), &mut std::io::sink())
-                    .map_err(MpqemuError::Recv)?;
+                // At most MAX_SKIP bytes (checked above).
+                let mut left = header.size as usize;
+                msg.expected = HEADER_LEN + left;
+                let mut scratch = [0u8; 4096];
+                while left > 0 {
+                    let n = left.min(scratch.len());
+                    self.read_rest(&mut scratch[..n], &mut msg)?;
+                    left -= n;
+                }
                 Vec::new()
             }
         };
@@ -228,6 +266,51 @@ impl<D: TransportDevice> MpqemuPeer<D> {
             payload,
             fds,
         }))
+    }
+
+    /// Fill `buf` from the socket before `msg`'s deadline; the dumper keeps
+    /// sampling while the rest of the message is awaited.
+    fn read_rest(&mut self, buf: &mut [u8], msg: &mut Arrival) -> Result<()> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let left = msg
+                .deadline
+                .checked_duration_since(Instant::now())
+                .filter(|l| !l.is_zero());
+            let Some(left) = left else {
+                let e = MpqemuError::Stalled {
+                    received: msg.received + filled,
+                    expected: msg.expected,
+                };
+                log::error!("mpqemu: {e}");
+                return Err(e);
+            };
+            let wait = self
+                .dumper
+                .as_ref()
+                .map_or(left, |d| d.until_next_sample().min(left));
+            let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            match ppoll(&mut fds, Some(TimeSpec::from_duration(wait)), None) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => {
+                    if let Some(d) = self.dumper.as_mut() {
+                        d.tick(&self.monitor);
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => return Err(MpqemuError::Poll(e.into())),
+            }
+            match self.sock.read(&mut buf[filled..]) {
+                Ok(0) => {
+                    return Err(MpqemuError::Recv(std::io::ErrorKind::UnexpectedEof.into()));
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(MpqemuError::Recv(e)),
+            }
+        }
+        msg.received += filled;
+        Ok(())
     }
 
     /// Handle a parsed request; `Some(v)` is the RET value to send.

@@ -19,15 +19,20 @@
 //! MSI capability, so the client never enables one.
 //!
 //! DMA ranges without an fd (QEMU's ROM and firmware areas) and ranges
-//! whose fd is not sealed against shrinking are recorded (so their
-//! DMA_UNMAP succeeds) but not mapped; see [`crate::guest_ram`].
+//! whose fd the device never maps (not a memfd on shmem, or not sealed
+//! against shrinking) are recorded (so their DMA_UNMAP succeeds) but not
+//! mapped; see [`crate::guest_ram`]. They are not refused: QEMU takes a
+//! failed DMA_MAP as fatal (the device's realize fails, or QEMU aborts at
+//! runtime), and device-region mode needs no guest RAM.
 //!
 //! The server loop is the rust-vmm `vfio_user` crate, patched in-tree
 //! (`third_party/vfio_user`, see its `PATCHES.md`): every message is read
 //! whole before it is parsed, so unknown or malformed commands get an error
 //! reply with an errno and the stream stays in sync; no client-chosen
 //! length is allocated beyond [`MAX_ACCESS`] (advertised as
-//! `max_data_xfer_size`); VERSION is parsed without panicking.
+//! `max_data_xfer_size`); VERSION is parsed without panicking; a client
+//! that stops halfway through a message is dropped after
+//! [`crate::MESSAGE_DEADLINE`].
 //! [`VfioUserServer::serve`] still runs the crate under `catch_unwind`, as
 //! a second line of defence. Remaining shortcomings of the crate's
 //! `Client` (used by the reference VMM and the tests, never facing a
@@ -98,7 +103,7 @@ pub enum VfioUserError {
     BackingUnused,
     /// The given BAR2 backing is a file that cannot back BAR2 for good.
     #[error("the given BAR2 backing cannot be used: {0}")]
-    Backing(#[source] crate::guest_ram::GuestRamRefusal),
+    Backing(#[source] GuestRamRefusal),
     /// The socket path exists already.
     #[error("socket path {0} exists; remove it or choose another path")]
     SocketExists(PathBuf),
@@ -139,8 +144,8 @@ pub struct VfioUserStats {
     pub stray: AtomicU64,
     /// DMA_MAP requests refused.
     pub dma_refused: AtomicU64,
-    /// DMA ranges accepted but not mapped (no fd, or an fd not sealed
-    /// against shrinking).
+    /// DMA ranges accepted but not mapped (no fd, or an fd the device
+    /// never maps: see [`crate::guest_ram`]).
     pub dma_unmapped: AtomicU64,
 }
 
@@ -188,8 +193,9 @@ pub fn attach_bar2_backing(
 /// [`attach_bar2_backing`] with the backing given: `given` (if any) backs
 /// BAR2 instead of a new memfd, e.g. pvschedd's region map for this VM (a
 /// mmapable BPF array: the policy then reads the guest's slots where the
-/// guest writes them). A regular file (memfd) must be sealed against
-/// shrinking and hold the whole BAR; anything else must accept a shared
+/// guest writes them). A regular file must pass [`crate::guest_ram::check`]
+/// (a memfd on shmem, sealed against shrinking) for the whole BAR; anything
+/// else must accept a shared
 /// mapping of the BAR's size (a BPF array map refuses one larger than its
 /// data). Called before the sandbox is entered.
 pub fn attach_given_bar2_backing(
@@ -523,7 +529,7 @@ impl<D: TransportDevice> ServerBackend for VfioUserDevice<D> {
             let file = match fd.map(|file| (crate::guest_ram::check(&file, offset, size), file)) {
                 None => None,
                 Some((Ok(()), file)) => Some(Arc::new(file)),
-                Some((Err(why @ GuestRamRefusal::NotSealed(_)), _)) => {
+                Some((Err(why), _)) if why.never_mapped() => {
                     log::warn!(
                         "vfio-user: DMA range {address:#x}+{size:#x} recorded but not mapped: {why}"
                     );
@@ -681,6 +687,7 @@ impl<D: TransportDevice> VfioUserServer<D> {
             Server::from_owned_fd(OwnedFd::from(listener), true, server_irqs(), regions);
         server.set_max_data_xfer_size(MAX_ACCESS as u32);
         server.set_max_dma_maps(MAX_DMA_RANGES as u32);
+        server.set_message_deadline(Some(crate::MESSAGE_DEADLINE));
         Ok(Self {
             server,
             listener_fd,

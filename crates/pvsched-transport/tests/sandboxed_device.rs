@@ -9,7 +9,9 @@
 //!   device reset (and `--no-sandbox` makes it survive: the control);
 //! - the same guest-region handshake (to DRIVER_OK, a slot read back
 //!   through the device's dump) and the same invalid-region refusals (same
-//!   ERROR codes as the in-process model) over both transports.
+//!   ERROR codes as the in-process model) over both transports;
+//! - guest RAM it must never map (a sealed hugetlb memfd) is left unmapped
+//!   over both, and the device lives on.
 
 mod common;
 
@@ -88,8 +90,15 @@ struct Device {
 
 impl Device {
     /// Spawn `pvsched-device` for `kind` with `extra` arguments, its stderr
-    /// in `device.log`, a dump at `slots.json`, and connect to it.
+    /// in `device.log`, a dump at `slots.json`, and connect to it; guest
+    /// RAM is a sealed memfd in QEMU's pc layout.
     fn spawn(kind: Kind, extra: &[&str]) -> Device {
+        Device::spawn_with_ram(kind, extra, common::guest_ram(), &RAM_RANGES)
+    }
+
+    /// [`Device::spawn`] with guest RAM `ram` shared as `ranges` of (GPA,
+    /// size), each at file offset = GPA.
+    fn spawn_with_ram(kind: Kind, extra: &[&str], ram: File, ranges: &[(u64, u64)]) -> Device {
         let dir = TempDir::new(&format!("{kind:?}"));
         let log = File::create(dir.0.join("device.log")).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pvsched-device"));
@@ -110,7 +119,8 @@ impl Device {
                 let child = cmd.spawn().expect("spawn pvsched-device");
                 drop(d);
                 let mut qemu = Qemu::connect(q);
-                qemu.sync_sysmem();
+                qemu.ram = ram;
+                qemu.sync_ranges(ranges);
                 qemu.realize();
                 qemu.program_bar0();
                 Device {
@@ -125,8 +135,7 @@ impl Device {
                     .arg(&sock);
                 let mut child = cmd.spawn().expect("spawn pvsched-device");
                 let mut client = connect(&sock, &mut child, &dir.0);
-                let ram = common::guest_ram();
-                for (gpa, size) in RAM_RANGES {
+                for &(gpa, size) in ranges {
                     client
                         .dma_map(gpa, gpa, size, ram.as_raw_fd())
                         .expect("DMA_MAP");
@@ -237,6 +246,16 @@ impl Device {
             .and_then(|b| serde_json::from_slice(&b).ok());
         let log = self.log();
         (status, dump, log)
+    }
+}
+
+impl Drop for Device {
+    /// A test that failed before `finish` must not leave its device behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -636,5 +655,91 @@ fn host_flags_and_features_flags_reach_the_guest() {
         );
         let (exit, _, log) = d.finish();
         assert!(exit.success(), "{kind:?}: {exit}; log: {log}");
+    }
+}
+
+/// Guest RAM on hugetlbfs, sealed like QEMU's `memory-backend-memfd,
+/// hugetlb=on` shares it, passes the shrink-seal check, yet touching a
+/// page of it when no huge page is free faults with SIGBUS (and the VMM can
+/// punch holes into it under a sealed size). The device used to die so at
+/// DRIVER_OK, writing the region header. It now maps no such fd: the range
+/// is recorded (QEMU treats a refused DMA_MAP as fatal), the guest region
+/// placed there is refused like one outside RAM, and the device serves on.
+#[test]
+fn hugetlb_guest_ram_is_never_mapped() {
+    for kind in BOTH {
+        let Some(ram) = pvsched_testkit::sealed_hugetlb_memfd(c"guest-ram-huge", RAM) else {
+            pvsched_testkit::skip_or_fail(
+                "hugetlb_guest_ram_is_never_mapped",
+                "this kernel gives no hugetlbfs memfd",
+            );
+            return;
+        };
+        // One range at file offset 0: hugetlbfs maps only huge-page
+        // aligned offsets and sizes, and this one it would map.
+        let mut d = Device::spawn_with_ram(kind, &[], ram, &[(0, RAM)]);
+        let size = abi::region_size(NR_VCPUS);
+        let handshake = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            d.guest_handshake(REGION_GPA, size)
+        }));
+        let Ok((status, error)) = handshake else {
+            let exit = d.child.wait().expect("wait");
+            panic!(
+                "{kind:?}: the device died during the handshake: {exit}; log: {}",
+                d.log()
+            );
+        };
+        assert_eq!(error, abi::ERR_REGION_OUTSIDE_RAM, "{kind:?}: {}", d.log());
+        assert_eq!(status & abi::STATUS_DRIVER_OK, 0, "{kind:?}: not attached");
+        assert_eq!(d.reg(abi::REG_MAGIC), abi::MAGIC, "{kind:?}: still serving");
+        let (exit, _, log) = d.finish();
+        assert!(exit.success(), "{kind:?}: {exit}; log: {log}");
+    }
+}
+/// A QEMU that sends part of a message (half a header, or a header whose
+/// payload never comes) and then nothing used to block the device in its
+/// read for good: no more replies, no more dump samples. The device now
+/// drops the connection once the rest is overdue and, serving one peer,
+/// exits with its error code. (vfio-user: `vfio_user_hostile.rs`, whose
+/// raw client can send half a message; the crate's `Client` cannot.)
+#[test]
+fn a_proxy_that_stops_mid_message_is_dropped() {
+    use pvsched_transport::mpqemu::message::{
+        CMD_BAR_READ, HEADER_LEN, bar_payload, encode_request,
+    };
+    use std::io::{Read, Write};
+    let frame = encode_request(CMD_BAR_READ, &bar_payload(BAR0, 0, 4, true));
+    let mut stalled = Vec::new();
+    for (what, cut) in [
+        ("half a header", HEADER_LEN / 2),
+        ("a header without its payload", HEADER_LEN),
+    ] {
+        let mut d = Device::spawn(Kind::Mpqemu, &[]);
+        assert_eq!(d.reg(abi::REG_MAGIC), abi::MAGIC, "{what}: serving first");
+        let Peer::Mpqemu(q) = d.peer() else {
+            unreachable!("spawned over mpqemu")
+        };
+        q.sock
+            .write_all(&frame[..cut])
+            .expect("send part of a message");
+        stalled.push((what, d));
+    }
+    for (what, mut d) in stalled {
+        let Peer::Mpqemu(q) = d.peer() else {
+            unreachable!("spawned over mpqemu")
+        };
+        // A bound on a hang, not a timing assertion: the device's deadline
+        // is a few seconds.
+        q.sock
+            .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .expect("read timeout");
+        match q.sock.read(&mut [0u8; 1]) {
+            Ok(0) => {}
+            Ok(_) => panic!("{what}: a reply to half a message"),
+            Err(e) => panic!("{what}: the device never dropped the stalled connection ({e})"),
+        }
+        let (exit, _, log) = d.finish();
+        assert_eq!(exit.signal(), None, "{what}: {exit}; log: {log}");
+        assert_eq!(exit.code(), Some(1), "{what}: {exit}; log: {log}");
     }
 }

@@ -1,6 +1,6 @@
 //! The sandboxed `pvsched-device` process against a hostile vfio-user
-//! client (issue 13): each way a client could kill, desynchronise or bloat
-//! the device, sent as raw messages to the real binary. The device must
+//! client: each way a client could kill, desynchronise, bloat or
+//! stall the device, sent as raw messages to the real binary. The device must
 //! answer (or close cleanly), keep serving, never die by a signal, and keep
 //! its memory bounded.
 //!
@@ -106,6 +106,16 @@ impl Device {
             .unwrap_or_default();
         let _ = std::fs::remove_dir_all(&self.dir);
         (status, log)
+    }
+}
+
+impl Drop for Device {
+    /// A test that failed before `finish` must not leave its device behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -398,4 +408,43 @@ fn the_device_runs_under_a_data_limit() {
     );
     let (st, log) = d.finish();
     assert_clean_exit(st, &log);
+}
+
+/// Finding 5: a client that sent part of a message (half a header, or a
+/// header whose body never comes) and then nothing blocked the device in
+/// its read for good: no more replies, and the idle hook that samples the
+/// region stopped too. The connection is now dropped once the rest is
+/// overdue; the device, serving one client, exits with its error code.
+#[test]
+fn a_client_that_stops_mid_message_is_dropped() {
+    use std::io::Read;
+    let read = message(1, REGION_READ, &region_access(BAR0, 0, 4, &[]));
+    let mut stalled = Vec::new();
+    for (what, cut) in [
+        ("half a header", HEADER / 2),
+        ("a header without its body", HEADER),
+    ] {
+        let Some(mut d) = Device::spawn("stall", &[]) else {
+            return;
+        };
+        let magic = read_u32(d.s(), 2, BAR0, u64::from(abi::REG_MAGIC));
+        assert_eq!(magic, abi::MAGIC, "{what}: serving first");
+        send(d.s(), &read[..cut], &[]);
+        stalled.push((what, d));
+    }
+    for (what, mut d) in stalled {
+        // A bound on a hang, not a timing assertion: the device's deadline
+        // is a few seconds.
+        d.s()
+            .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .expect("read timeout");
+        match d.s().read(&mut [0u8; 1]) {
+            Ok(0) => {}
+            Ok(_) => panic!("{what}: a reply to half a message"),
+            Err(e) => panic!("{what}: the device never dropped the stalled connection ({e})"),
+        }
+        let (st, log) = d.finish();
+        assert_no_signal(st, &log);
+        assert_eq!(st.code(), Some(1), "{what}: {log}");
+    }
 }

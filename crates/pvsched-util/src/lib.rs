@@ -44,10 +44,26 @@ pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
 
 /// Opens a pidfd for `pid` (`pidfd_open(2)`, Linux 5.3+).
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    pidfd_open_flags(pid, 0)
+}
+
+/// `PIDFD_THREAD` (Linux 6.9+): the pidfd names one thread, not a process.
+pub const PIDFD_THREAD: u32 = libc::O_EXCL as u32;
+
+/// Opens a pidfd for thread `tid` (`PIDFD_THREAD`, Linux 6.9+; `EINVAL` on
+/// older kernels for any thread but a process's leader). It polls readable
+/// once that thread is gone, whether it exited or its TID was freed by an
+/// `execve` of another thread, so it names the thread and never a later
+/// thread that is given the same number.
+pub fn pidfd_open_thread(tid: u32) -> io::Result<OwnedFd> {
+    pidfd_open_flags(tid, PIDFD_THREAD)
+}
+
+fn pidfd_open_flags(pid: u32, flags: u32) -> io::Result<OwnedFd> {
     let pid = libc::pid_t::try_from(pid)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

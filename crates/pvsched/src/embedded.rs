@@ -301,6 +301,7 @@ impl Embedded {
         let vcpu_tids = Self::tids(vm)?;
         let reg = match &self.backend {
             Backend::Local(agent) => Registration::Local(Arc::new(agent.register_vm(VmSpec {
+                owner: Some(std::process::id()),
                 emulator_tids: vec![],
                 vcpu_tids,
                 apic_ids: vm.apic_ids().to_vec(),

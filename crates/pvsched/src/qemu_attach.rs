@@ -23,7 +23,7 @@ use clap::Args;
 use pvsched_daemon::proto::{Region, Vcpu};
 use pvsched_daemon::{Client, RegisterVm};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -45,6 +45,11 @@ pub struct QemuAttachArgs {
     /// Do not register QEMU's main-loop thread as the emulator thread.
     #[arg(long)]
     no_emulator: bool,
+    /// The QEMU process the VM runs as (libvirt writes it to
+    /// /run/libvirt/qemu/NAME.pid): the QMP socket's peer must be it, so a
+    /// socket another process put in a shared directory is refused.
+    #[arg(long)]
+    pid: Option<u32>,
     /// QEMU's pvsched device serves pvschedd's region for NAME as BAR2
     /// (`pvsched device --daemon-region NAME`): register the VM with it.
     #[arg(long)]
@@ -76,6 +81,13 @@ pub enum QemuAttachError {
         what: String,
     },
 }
+
+/// Longest QMP message read (QEMU's answers here are a few KiB).
+const MAX_QMP_LINE: usize = 1 << 20;
+/// Messages (events) skipped at most while waiting for a command's answer.
+const MAX_QMP_SKIPPED: usize = 10_000;
+/// Longest wait for a command's answer.
+const QMP_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A QMP session (after the capabilities negotiation).
 struct Qmp {
@@ -119,8 +131,8 @@ impl Qmp {
 
     fn read(&mut self) -> Result<Value, QemuAttachError> {
         let mut line = String::new();
-        let n = self
-            .input
+        let n = (&mut self.input)
+            .take(MAX_QMP_LINE as u64 + 1)
             .read_line(&mut line)
             .map_err(|source| QemuAttachError::Qmp {
                 path: self.path.clone(),
@@ -129,6 +141,11 @@ impl Qmp {
             })?;
         if n == 0 {
             return Err(self.answer("QEMU closed the connection".into()));
+        }
+        if n > MAX_QMP_LINE {
+            return Err(self.answer(format!(
+                "a QMP message longer than {MAX_QMP_LINE} bytes (not QEMU?)"
+            )));
         }
         serde_json::from_str(&line).map_err(|e| self.answer(format!("not JSON ({e}): {line}")))
     }
@@ -141,7 +158,8 @@ impl Qmp {
             what: "write",
             source,
         })?;
-        loop {
+        let start = std::time::Instant::now();
+        for _ in 0..MAX_QMP_SKIPPED {
             let v = self.read()?;
             if let Some(r) = v.get("return") {
                 return Ok(r.clone());
@@ -149,7 +167,13 @@ impl Qmp {
             if let Some(e) = v.get("error") {
                 return Err(self.answer(format!("{cmd}: {e}")));
             }
+            if start.elapsed() > QMP_DEADLINE {
+                break;
+            }
         }
+        Err(self.answer(format!(
+            "{cmd}: no answer within {QMP_DEADLINE:?} or {MAX_QMP_SKIPPED} messages"
+        )))
     }
 
     /// QEMU's pid: the peer of the QMP socket.
@@ -200,6 +224,16 @@ fn apic_ids(cpus: &[Value], possible: &[Value]) -> Vec<u32> {
 fn registration(a: &QemuAttachArgs) -> Result<RegisterVm, String> {
     let mut qmp = Qmp::open(&a.qmp).map_err(|e| e.to_string())?;
     let pid = qmp.peer_pid().map_err(|e| e.to_string())?;
+    if let Some(want) = a.pid
+        && want != pid
+    {
+        return Err(format!(
+            "QMP {}: the socket is served by process {pid}, not QEMU {want} (--pid): \
+             refusing to register another process as {}",
+            a.qmp.display(),
+            a.name
+        ));
+    }
     let cpus = qmp.execute("query-cpus-fast").map_err(|e| e.to_string())?;
     let cpus = cpus.as_array().cloned().unwrap_or_default();
     if cpus.is_empty() {
@@ -275,6 +309,47 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A QMP peer that sends an endless message or endless events gets
+    /// an error, not unbounded memory or an endless wait.
+    #[test]
+    fn a_hostile_qmp_peer_is_bounded() {
+        let dir = std::env::temp_dir().join(format!("pvsched-qmp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, flood) in [
+            // A greeting that never ends.
+            Box::new(|s: &mut UnixStream| {
+                let chunk = vec![b'x'; 64 << 10];
+                while s.write_all(&chunk).is_ok() {}
+            }) as Box<dyn Fn(&mut UnixStream) + Send>,
+            // Events for ever instead of the answer.
+            Box::new(|s: &mut UnixStream| {
+                let _ = s.write_all(b"{\"QMP\":{}}\n");
+                let ev = b"{\"event\":\"X\"}\n".repeat(1000);
+                while s.write_all(&ev).is_ok() {}
+            }),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let path = dir.join(format!("qmp-{i}.sock"));
+            let _ = std::fs::remove_file(&path);
+            let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            let t = std::thread::spawn(move || {
+                if let Ok((mut s, _)) = l.accept() {
+                    flood(&mut s);
+                }
+            });
+            let e = Qmp::open(&path).err().expect("refused");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("longer than") || msg.contains("no answer within"),
+                "{msg}"
+            );
+            t.join().unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn apic_ids_follow_the_x86_topology_encoding() {

@@ -1,4 +1,4 @@
-//! `pvsched bench` end to end (issue 7 "Must show"): `pvsched bench s1
+//! `pvsched bench` end to end: `pvsched bench s1
 //! --quick --json -` boots the reference VMM on real KVM with and without
 //! the embedded BPF policy, beside CPU hogs and on an idle host, exits 0
 //! and prints one JSON object with the documented shape. Asserts on the

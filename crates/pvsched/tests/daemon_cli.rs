@@ -166,7 +166,9 @@ fn no_daemon_exits_10() {
 }
 
 /// dist/libvirt/qemu.d/pvsched, called as libvirt calls it, registers the
-/// started domain (and ignores the other operations).
+/// started domain (and ignores the other operations) once the QMP socket's
+/// peer is the pid libvirt recorded: a socket served by another process
+/// (one QEMU replacing another's in a shared directory) is refused.
 #[test]
 fn the_libvirt_hook_registers_a_started_domain() {
     let test = "the_libvirt_hook_registers_a_started_domain";
@@ -177,6 +179,9 @@ fn the_libvirt_hook_registers_a_started_domain() {
     let qmp_dir = d.socket.with_file_name("qmp");
     std::fs::create_dir_all(&qmp_dir).unwrap();
     let (qemu, tids) = Qemu::start(&qmp_dir.join("dom-1.sock"), "dom-1");
+    let run_dir = d.socket.with_file_name("libvirt-run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let pidfile = run_dir.join("dom-1.pid");
     let hook = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../dist/libvirt/qemu.d/pvsched"
@@ -186,6 +191,7 @@ fn the_libvirt_hook_registers_a_started_domain() {
             .args(["dom-1", op, "begin", "-"])
             .env("PVSCHED_BIN", env!("CARGO_BIN_EXE_pvsched"))
             .env("PVSCHED_QMP_DIR", &qmp_dir)
+            .env("PVSCHED_LIBVIRT_RUN", &run_dir)
             .env("PVSCHED_SOCKET", &d.socket)
             .output()
             .unwrap();
@@ -194,6 +200,20 @@ fn the_libvirt_hook_registers_a_started_domain() {
     run_hook("prepare");
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(vms(&d.socket).len(), 0, "prepare registers nothing");
+    // libvirt recorded another pid: the socket's QEMU is not the domain's.
+    std::fs::write(&pidfile, "1\n").unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_pvsched"))
+        .args(["qemu-attach", "--name", "dom-1", "--pid", "1", "--qmp"])
+        .arg(qmp_dir.join("dom-1.sock"))
+        .env("PVSCHED_SOCKET", &d.socket)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(text(&refused).contains("not QEMU 1"), "{}", text(&refused));
+    run_hook("started");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(vms(&d.socket).len(), 0, "another process's socket refused");
+    std::fs::write(&pidfile, format!("{}\n", qemu.0.id())).unwrap();
     run_hook("started");
     let vm = wait_for("dom-1 registered by the hook", LIMIT, || {
         vms(&d.socket).first().cloned()

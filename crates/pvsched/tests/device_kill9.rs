@@ -1,4 +1,4 @@
-//! Issue 4 "Must show": kill -9 of the device process during
+//! The device process may die: kill -9 of the device process during
 //! `pvsched run --workload wakeup --device-mode sandboxed` leaves the VMM
 //! running to the end of its duration. The run exits with code 8, its JSON
 //! reports `device_lost` (pid, signal 9) and events counted after the loss;

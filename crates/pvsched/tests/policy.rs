@@ -1,4 +1,4 @@
-//! Issue 5 "Must show" (a)–(d) on real KVM + real BPF: the reference VMM
+//! The policy end to end on real KVM + real BPF: the reference VMM
 //! runs the test guest, the embedded policy (`pvsched::embedded`, what
 //! `pvsched run --policy embedded` uses) serves it in device-region mode
 //! (the agent's BPF map is BAR2's memslot), and the vCPU threads'
@@ -372,7 +372,7 @@ fn ipi_receiver_fills_the_yield_slot_and_is_boosted() {
     drop(policy);
 }
 
-/// Issue 11 must-show (c): with the default caps, the `spin` guest (vCPU 0
+/// The continuous limit holds a spinner: with the default caps, the `spin` guest (vCPU 0
 /// sets `wait_on` and a critical section and spins until vCPU 1 answers,
 /// over and over, never halting) runs into the continuous limit, so
 /// pairs are throttled; in the recorded trace of every policy record no
@@ -495,6 +495,7 @@ fn agent_process_child() {
     };
     let _vm = agent
         .register_vm(VmSpec {
+            owner: None,
             emulator_tids: vec![],
             apic_ids: (0..tids.len() as u32).collect(),
             vcpu_tids: tids,

@@ -17,6 +17,7 @@ use std::os::unix::{
     net::{UnixListener, UnixStream},
 };
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 use vfio_bindings::bindings::vfio::*;
 use vm_memory::{ByteValued, FileOffset};
@@ -327,6 +328,12 @@ pub enum Error {
     NotACommand(u32),
     #[error("Unsupported protocol major version {0}")]
     UnsupportedVersion(u16),
+    #[error("Message incomplete: {received} of its {expected} bytes arrived within {deadline:?} of its first byte")]
+    IncompleteMessage {
+        received: usize,
+        expected: usize,
+        deadline: Duration,
+    },
 }
 
 impl Error {
@@ -973,7 +980,12 @@ pub struct Server {
     regions: Vec<ServerRegion>,
     max_data_xfer_size: u32,
     max_dma_maps: Option<u32>,
+    message_deadline: Option<Duration>,
 }
+
+/// How long the rest of a message may take to arrive once its first byte
+/// has, by default (see [`Server::set_message_deadline`]).
+pub const DEFAULT_MESSAGE_DEADLINE: Duration = Duration::from_secs(5);
 
 impl Server {
     pub fn new(
@@ -996,6 +1008,7 @@ impl Server {
             regions,
             max_data_xfer_size: default_max_data_xfer_size(),
             max_dma_maps: None,
+            message_deadline: Some(DEFAULT_MESSAGE_DEADLINE),
         })
     }
 
@@ -1015,6 +1028,7 @@ impl Server {
             regions,
             max_data_xfer_size: default_max_data_xfer_size(),
             max_dma_maps: None,
+            message_deadline: Some(DEFAULT_MESSAGE_DEADLINE),
         }
     }
 
@@ -1030,6 +1044,16 @@ impl Server {
     /// protocol reads as 65535).
     pub fn set_max_dma_maps(&mut self, maps: u32) {
         self.max_dma_maps = Some(maps);
+    }
+
+    /// How long the rest of a message may take to arrive once its first
+    /// byte has (default [`DEFAULT_MESSAGE_DEADLINE`]). A client that sends
+    /// part of a message and then stalls would otherwise block the server
+    /// in its read for good; past the deadline the connection is closed
+    /// with [`Error::IncompleteMessage`]. `None` waits indefinitely.
+    /// Waiting for the first byte of the next message is not bounded.
+    pub fn set_message_deadline(&mut self, deadline: Option<Duration>) {
+        self.message_deadline = deadline;
     }
 
     /// Handle one command whose header and whole body (`body`, the
@@ -1334,7 +1358,11 @@ impl Server {
     /// `max_data_xfer_size` bytes plus the fixed part of a command: a header
     /// announcing a larger (or smaller than a header) message is answered
     /// with E2BIG (EINVAL) and the connection is closed, since its body
-    /// cannot be skipped without reading it.
+    /// cannot be skipped without reading it. Once a message's first byte
+    /// has arrived, the rest must follow within the message deadline
+    /// ([`Server::set_message_deadline`]), else the connection is closed;
+    /// while the server waits for it, [`ServerBackend::idle`] keeps being
+    /// called every [`ServerBackend::idle_timeout`].
     pub fn serve_connection(
         &self,
         backend: &mut dyn ServerBackend,
@@ -1347,7 +1375,9 @@ impl Server {
                     continue;
                 }
             }
-            let Some((header, fds)) = recv_header(&mut stream)? else {
+            let Some((header, fds, mut rest)) =
+                recv_header(&mut stream, backend, self.message_deadline)?
+            else {
                 info!("Connection closed");
                 return Ok(());
             };
@@ -1364,7 +1394,8 @@ impl Server {
                 return Err(error);
             }
             let mut body = vec![0u8; size - size_of::<Header>()];
-            stream.read_exact(&mut body).map_err(Error::StreamRead)?;
+            rest.expected = size;
+            rest.read(&mut stream, &mut body, backend)?;
 
             match self.handle_command(backend, header, &body, fds) {
                 Ok(Some(reply)) => reply.send(&mut stream)?,
@@ -1468,9 +1499,91 @@ fn wait_readable(stream: &UnixStream, timeout: std::time::Duration) -> Result<bo
     Ok(n > 0)
 }
 
+/// The rest of a message whose first byte has arrived: it must be read
+/// by `deadline` (if any).
+struct MessageRest {
+    deadline: Option<Instant>,
+    limit: Option<Duration>,
+    /// Bytes of the message read so far.
+    received: usize,
+    /// Bytes of the whole message (a header until the header is read).
+    expected: usize,
+}
+
+impl MessageRest {
+    /// The first `received` bytes of a message arrived just now.
+    fn new(limit: Option<Duration>, received: usize) -> MessageRest {
+        MessageRest {
+            deadline: limit.and_then(|l| Instant::now().checked_add(l)),
+            limit,
+            received,
+            expected: size_of::<Header>(),
+        }
+    }
+
+    /// Fill `buf` from `stream` before the deadline. While waiting, the
+    /// backend's idle hook keeps its period, as between messages.
+    fn read(
+        &mut self,
+        stream: &mut UnixStream,
+        buf: &mut [u8],
+        backend: &mut dyn ServerBackend,
+    ) -> Result<(), Error> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let left = match self.deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Err(self.overdue(filled)),
+                },
+            };
+            let idle = backend.idle_timeout();
+            let wait = match (left, idle) {
+                (Some(l), Some(i)) => Some(l.min(i)),
+                (l, i) => l.or(i),
+            };
+            if let Some(wait) = wait {
+                if !wait_readable(stream, wait)? {
+                    if idle.is_some_and(|i| left.is_none_or(|l| i <= l)) {
+                        backend.idle();
+                    }
+                    continue;
+                }
+            }
+            match stream.read(&mut buf[filled..]) {
+                Ok(0) => return Err(Error::StreamRead(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::StreamRead(e)),
+            }
+        }
+        self.received += filled;
+        Ok(())
+    }
+
+    /// The deadline passed with `filled` more bytes read: the error that
+    /// closes the connection, logged.
+    fn overdue(&self, filled: usize) -> Error {
+        let error = Error::IncompleteMessage {
+            received: self.received + filled,
+            expected: self.expected,
+            deadline: self.limit.unwrap_or_default(),
+        };
+        error!("Closing the connection: {error}");
+        error
+    }
+}
+
 /// Read one message header and the fds sent with it, or `None` when the
-/// client closed the connection. A header split across reads is completed.
-fn recv_header(stream: &mut UnixStream) -> Result<Option<(Header, Vec<File>)>, Error> {
+/// client closed the connection. Waiting for the header's first byte is
+/// unbounded; a header split across reads is completed within `deadline`
+/// of it, and the returned [`MessageRest`] bounds reading the body.
+fn recv_header(
+    stream: &mut UnixStream,
+    backend: &mut dyn ServerBackend,
+    deadline: Option<Duration>,
+) -> Result<Option<(Header, Vec<File>, MessageRest)>, Error> {
     let mut header = Header::default();
     // The maximum number of FDs that can be sent is 16 so that is
     // also the maximum that can be received.
@@ -1496,12 +1609,11 @@ fn recv_header(stream: &mut UnixStream) -> Result<Option<(Header, Vec<File>)>, E
     if bytes == 0 {
         return Ok(None);
     }
+    let mut rest = MessageRest::new(deadline, bytes);
     if bytes < size_of::<Header>() {
-        stream
-            .read_exact(&mut header.as_mut_slice()[bytes..])
-            .map_err(Error::StreamRead)?;
+        rest.read(stream, &mut header.as_mut_slice()[bytes..], backend)?;
     }
-    Ok(Some((header, fds)))
+    Ok(Some((header, fds, rest)))
 }
 
 /// The command structure `T` (header first) from `header` and the body
@@ -1545,6 +1657,136 @@ impl Drop for Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    mod message_deadline {
+        use super::*;
+
+        /// A backend that refuses every access and counts its idle calls.
+        struct Idler {
+            idle: usize,
+        }
+
+        fn refused() -> std::io::Error {
+            std::io::ErrorKind::Unsupported.into()
+        }
+
+        impl ServerBackend for Idler {
+            fn region_read(&mut self, _: u32, _: u64, _: &mut [u8]) -> Result<(), std::io::Error> {
+                Err(refused())
+            }
+            fn region_write(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), std::io::Error> {
+                Err(refused())
+            }
+            fn dma_map(
+                &mut self,
+                _: DmaMapFlags,
+                _: u64,
+                _: u64,
+                _: u64,
+                _: Option<File>,
+            ) -> Result<(), std::io::Error> {
+                Err(refused())
+            }
+            fn dma_unmap(
+                &mut self,
+                _: DmaUnmapFlags,
+                _: u64,
+                _: u64,
+            ) -> Result<(), std::io::Error> {
+                Err(refused())
+            }
+            fn reset(&mut self) -> Result<(), std::io::Error> {
+                Err(refused())
+            }
+            fn idle_timeout(&self) -> Option<Duration> {
+                Some(Duration::from_millis(1))
+            }
+            fn idle(&mut self) {
+                self.idle += 1;
+            }
+            fn set_irqs(
+                &mut self,
+                _: u32,
+                _: u32,
+                _: u32,
+                _: u32,
+                _: Vec<File>,
+            ) -> Result<(), std::io::Error> {
+                Err(refused())
+            }
+        }
+
+        /// A server with `deadline` and the server end of a connection
+        /// whose client end is returned too.
+        fn serving(deadline: Duration) -> (Server, UnixStream, UnixStream) {
+            // `serve_connection` is driven directly: the listener is never
+            // accepted on, so any socket will do.
+            let (unused, _) = UnixStream::pair().expect("socketpair");
+            let mut server = Server::from_owned_fd(OwnedFd::from(unused), false, vec![], vec![]);
+            server.set_message_deadline(Some(deadline));
+            let (client, conn) = UnixStream::pair().expect("socketpair");
+            (server, client, conn)
+        }
+
+        /// A header of unknown command 99 announcing `size` bytes.
+        fn header(size: u32) -> Vec<u8> {
+            let h = Header {
+                message_id: 1,
+                command: 99,
+                flags: 0,
+                message_size: size,
+                error: 0,
+            };
+            h.as_slice().to_vec()
+        }
+
+        #[test]
+        fn a_message_that_stops_halfway_closes_the_connection() {
+            let mut header_then_part = header(32);
+            header_then_part.extend_from_slice(&[0; 4]);
+            for (sent, received, expected) in [
+                (header(32)[..8].to_vec(), 8, 16),
+                (header_then_part, 20, 32),
+            ] {
+                let (server, mut client, conn) = serving(Duration::from_millis(500));
+                client.write_all(&sent).expect("send");
+                let mut backend = Idler { idle: 0 };
+                let err = server
+                    .serve_connection(&mut backend, conn)
+                    .expect_err("the connection is dropped");
+                assert!(
+                    matches!(
+                        err,
+                        Error::IncompleteMessage { received: r, expected: e, .. }
+                            if (r, e) == (received, expected)
+                    ),
+                    "{err}"
+                );
+                assert!(backend.idle > 0, "the idle hook ran while waiting");
+            }
+        }
+
+        #[test]
+        fn a_message_split_across_writes_in_time_is_served() {
+            let (server, mut client, conn) = serving(Duration::from_secs(60));
+            let peer = std::thread::spawn(move || {
+                let h = header(16);
+                client.write_all(&h[..8]).expect("send");
+                std::thread::sleep(Duration::from_millis(50));
+                client.write_all(&h[8..]).expect("send");
+                let mut reply = Header::default();
+                client.read_exact(reply.as_mut_slice()).expect("reply");
+                reply
+            });
+            let mut backend = Idler { idle: 0 };
+            server
+                .serve_connection(&mut backend, conn)
+                .expect("served until the client left");
+            let reply = peer.join().expect("client");
+            assert_eq!(reply.message_id, 1);
+            assert_eq!(reply.error, libc::ENOSYS as u32, "unknown command refused");
+        }
+    }
 
     mod capability {
         use super::*;

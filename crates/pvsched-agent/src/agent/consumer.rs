@@ -36,8 +36,8 @@ fn handle(inner: &Inner, d: &Decision) {
     };
     if d.reason == pvsched_policy::event::R_EXITED {
         if let Some(t) = reg.threads.get_mut(&d.gid).filter(|t| t.tid == d.tid) {
-            log::debug!("pvsched: registered thread {} exited", d.tid);
-            t.exit();
+            log::debug!("pvsched: registered thread {} exited or exec'd", d.tid);
+            t.forget();
         }
         return;
     }
@@ -217,7 +217,7 @@ fn reconcile(inner: &Inner) {
             // The policy forgot the thread (it exited; its record may
             // have been dropped): never touch its TID again.
             if !t.exited {
-                t.exit();
+                t.forget();
             }
             continue;
         }

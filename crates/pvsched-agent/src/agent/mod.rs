@@ -17,6 +17,7 @@ mod stats;
 pub use stats::{ThreadStats, VmStats};
 
 use crate::applier::ThreadState;
+use crate::ident::ThreadIdent;
 use crate::intf::{
     MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, MODE_DEVICE, MODE_GUEST, MODE_NONE, PvsVcpu, PvsVm,
     gid,
@@ -147,6 +148,10 @@ pub struct VmSpec {
     pub caps: Caps,
     /// Region mode.
     pub region: RegionSpec,
+    /// The process every thread must belong to (pvschedd: the registering
+    /// VMM), checked once each thread is held (see [`crate::ident`]); None:
+    /// any thread the caller names.
+    pub owner: Option<u32>,
 }
 
 #[derive(Default)]
@@ -399,18 +404,24 @@ impl Agent {
                 ));
             }
         };
+        let mut idents = Vec::with_capacity(all_tids.len());
         for &tid in &all_tids {
-            if !std::path::Path::new(&format!("/proc/{tid}")).exists() {
-                return Err(AgentError::Invalid(format!("thread {tid} does not exist")));
-            }
+            idents.push(
+                ThreadIdent::open(tid, spec.owner)
+                    .map_err(|e| AgentError::Invalid(e.to_string()))?,
+            );
         }
         let mut obj = lock(&self.inner.obj);
         let mut reg = lock(&self.inner.reg);
-        if let Some(t) = reg.threads.values().find(|t| all_tids.contains(&t.tid)) {
-            return Err(AgentError::Invalid(format!(
-                "thread {} is already registered",
-                t.tid
-            )));
+        // A registered thread that is gone (its exit or exec record may
+        // still be queued) no longer holds its TID.
+        for t in reg.threads.values_mut() {
+            if all_tids.contains(&t.tid) && t.is_registered() {
+                return Err(AgentError::Invalid(format!(
+                    "thread {} is already registered",
+                    t.tid
+                )));
+            }
         }
         let vm_id = (0..MAX_VMS)
             .find(|i| !reg.vms.contains_key(i))
@@ -437,7 +448,7 @@ impl Agent {
         .with_caps(&spec.caps);
         obj.set_vm(vm_id, &vm)?;
         // vCPUs, then the emulator threads (no slot address, no APIC ID).
-        for (i, &tid) in all_tids.iter().enumerate() {
+        for ((i, &tid), ident) in all_tids.iter().enumerate().zip(idents) {
             let index = i as u32;
             let v = PvsVcpu {
                 tid,
@@ -452,7 +463,7 @@ impl Agent {
             }
             reg.threads.insert(
                 gid(vm_id, index),
-                self.inner.thread_state(tid, vm_id, index),
+                self.inner.thread_state(tid, vm_id, index).with_ident(ident),
             );
         }
         for (i, &tid) in all_tids.iter().enumerate() {
@@ -623,7 +634,9 @@ impl Drop for VmHandle {
             log::warn!("pvsched: unregistering VM {}: {e}", self.vm_id);
         }
         for (i, &tid) in self.threads().enumerate() {
-            let _ = obj.set_tid(tid, None);
+            // The TID may belong to another VM's thread by now (this one
+            // exited or exec'd and the number was reused): leave that one.
+            let _ = obj.unset_tid(tid, gid(self.vm_id, i as u32));
             let _ = obj.remove_vcpu(gid(self.vm_id, i as u32));
         }
         for &apic in &self.spec.apic_ids {

@@ -242,6 +242,7 @@ fn run(args: Args) -> Result<(), AttachError> {
     .map_err(AttachError::Load)?;
     let vm = agent
         .register_vm(VmSpec {
+            owner: None,
             vcpu_tids: args.tids.clone(),
             emulator_tids: args.emulator_tids.clone(),
             apic_ids: args.apic_ids.clone(),

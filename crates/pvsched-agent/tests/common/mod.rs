@@ -74,6 +74,20 @@ impl Drop for FakeVcpu {
     }
 }
 
+/// Starts a FakeVcpu whose TID is `tid` (a number a thread just freed):
+/// sets ns_last_pid to tid - 1 right before each try, since another
+/// process may take the number first. Root only.
+pub fn vcpu_with_tid(tid: u32) -> Option<FakeVcpu> {
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (tid - 1).to_string()).ok()?;
+        let v = FakeVcpu::spawn(0, Duration::from_millis(1));
+        if v.tid == tid {
+            return Some(v);
+        }
+    }
+    None
+}
+
 #[allow(unused_imports)] // not every test binary polls
 pub use pvsched_testkit::wait_for;
 
@@ -99,6 +113,7 @@ pub fn device_vm(
 ) -> pvsched_agent::VmHandle {
     agent
         .register_vm(pvsched_agent::VmSpec {
+            owner: None,
             emulator_tids: emulator_tids.to_vec(),
             vcpu_tids: vcpu_tids.to_vec(),
             apic_ids: (0..vcpu_tids.len() as u32).collect(),

@@ -73,6 +73,13 @@ fn main() -> ExitCode {
     if let Some(g) = args.socket_group {
         cfg.socket_group = g;
     }
+    let token = match cfg.metrics_token() {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("{e}");
+            return Exit::PolicyFile.into();
+        }
+    };
     if args.check {
         println!("{}: OK", args.config.display());
         return ExitCode::SUCCESS;
@@ -107,7 +114,7 @@ fn main() -> ExitCode {
                 let state = server.state();
                 let spawned = std::thread::Builder::new()
                     .name("pvschedd-metrics".into())
-                    .spawn(move || pvsched_daemon::metrics::serve_http(l, state));
+                    .spawn(move || pvsched_daemon::metrics::serve_http(l, state, token));
                 if let Err(e) = spawned {
                     tracing::error!("starting the metrics thread: {e}");
                     return ExitCode::FAILURE;

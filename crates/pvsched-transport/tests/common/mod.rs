@@ -131,10 +131,22 @@ impl Qemu {
     /// QEMU's pc layout: low RAM below the VGA hole, the rest above 1 MiB,
     /// both from the one memfd, one dup'd fd per range.
     pub fn sync_sysmem(&self) {
-        let a: OwnedFd = self.ram.try_clone().expect("dup").into();
-        let b: OwnedFd = self.ram.try_clone().expect("dup").into();
-        let p = sysmem_payload(&[(0, 0xa_0000, 0), (0x10_0000, RAM - 0x10_0000, 0x10_0000)]);
-        self.send(CMD_SYNC_SYSMEM, &p, &[&a, &b]);
+        self.sync_ranges(&[(0, 0xa_0000), (0x10_0000, RAM - 0x10_0000)]);
+    }
+
+    /// Guest RAM is `ranges` of (GPA, size), each at file offset = GPA of
+    /// the one memfd, one dup'd fd per range.
+    pub fn sync_ranges(&self, ranges: &[(u64, u64)]) {
+        let fds: Vec<OwnedFd> = ranges
+            .iter()
+            .map(|_| self.ram.try_clone().expect("dup").into())
+            .collect();
+        let fds: Vec<&dyn AsFd> = fds.iter().map(|f| f as &dyn AsFd).collect();
+        let r: Vec<(u64, u64, i64)> = ranges
+            .iter()
+            .map(|&(gpa, size)| (gpa, size, gpa as i64))
+            .collect();
+        self.send(CMD_SYNC_SYSMEM, &sysmem_payload(&r), &fds);
     }
 
     /// Realize: identity reads and BAR sizing of 0x10..=0x28, as
