@@ -1,13 +1,12 @@
 # shellcheck shell=bash
-# pvschedd under a real systemd (tests/steps/30-systemd.sh): PID 1 on these
-# machines is not systemd, so the test boots one with systemd-nspawn in a
-# minimal Debian bookworm chroot that has systemd as its init and nothing
-# else ($PVSCHED_CACHE/systemd-bookworm). pvschedd, the unit and the test's
-# helper are copied in by the step, not here.
+# pvschedd under a real systemd (crates/pvsched-daemon/tests/systemd.rs):
+# PID 1 on these machines is not systemd, so the test boots one with
+# systemd-nspawn in a minimal Debian bookworm chroot that has systemd as
+# its init and nothing else ($PVSCHED_CACHE/systemd-bookworm). The test
+# binds pvschedd, the unit and its fake VMMs in; the chroot itself is
+# never written to (it boots with --volatile=overlay).
 # Sourced by scripts/setup (apt_install and log provided); idempotent.
 
-# shellcheck source=../lib.sh
-. "$PVSCHED_ROOT/scripts/lib.sh"
 apt_install systemd-container debootstrap
 
 pvsched_systemd_chroot() {
