@@ -182,9 +182,10 @@ fn text(o: &Output) -> String {
 }
 
 impl Container {
-    /// Boots `chroot` with `unit` as /etc/systemd/system/pvschedd.service
-    /// and `pvschedd`'s directory and this test binary's visible at the
-    /// same paths.
+    /// Boots `chroot` with `unit` as /etc/systemd/system/pvschedd.service,
+    /// `pvschedd` at the path the unit names (/usr/local/bin/pvschedd: the
+    /// unit's PrivateTmp and ProtectHome would hide a build tree under /tmp
+    /// or /root) and this test binary's directory at its own path.
     fn boot(chroot: &Path, unit: &str, pvschedd: &Path) -> Container {
         let dir = std::env::temp_dir().join(format!("pvsched-systemd-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -196,15 +197,10 @@ impl Container {
             "socket_group = \"\"\nmetrics_listen = \"\"\n",
         )
         .unwrap();
-        std::fs::write(
-            dir.join("pvschedd.service"),
-            unit.replace("/usr/local/bin/pvschedd", &pvschedd.display().to_string()),
-        )
-        .unwrap();
+        std::fs::write(dir.join("pvschedd.service"), unit).unwrap();
         let me = std::env::current_exe().unwrap();
         let mut binds: BTreeSet<PathBuf> = BTreeSet::new();
         binds.insert(me.parent().unwrap().to_path_buf());
-        binds.insert(pvschedd.parent().unwrap().to_path_buf());
         let machine = format!("pvsched-test-{}", std::process::id());
         let mut cmd = Command::new("systemd-nspawn");
         cmd.args([
@@ -231,6 +227,10 @@ impl Container {
         .arg(format!(
             "--bind-ro={}:/etc/systemd/system/pvschedd.service",
             dir.join("pvschedd.service").display()
+        ))
+        .arg(format!(
+            "--bind-ro={}:/usr/local/bin/pvschedd",
+            pvschedd.display()
         ));
         for b in &binds {
             cmd.arg(format!("--bind-ro={}", b.display()));
