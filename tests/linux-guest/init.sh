@@ -26,6 +26,12 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t debugfs debugfs /sys/kernel/debug
+# A quiet boot's console shows warnings from here on, and with them a soft
+# lockup's registers and backtraces (logged at the default level, which
+# "quiet" hides); info lines stay off it.
+if grep -qw quiet /proc/cmdline; then
+	echo 5 > /proc/sys/kernel/printk
+fi
 
 mode=main
 pin=1

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-from agent_loop import AgentLoop, qmp  # noqa: E402
+from agent_loop import AgentFailure, AgentLoop, qmp  # noqa: E402
 from daemon_loop import DaemonLoop  # noqa: E402
 from wait_loop import WaitLoop  # noqa: E402
 
@@ -46,6 +46,8 @@ STATUS_FAILED = 0x80
 ERR_REGION_OUTSIDE_RAM = 8
 POLICY_FIFO = 1
 SETTLE_MARKS = {"cpu-offline"}
+# Seconds of serial output kept after a guest soft lockup is reported.
+LOCKUP_REPORT_S = 15
 
 
 def log(msg):
@@ -281,7 +283,10 @@ class Boot:
         if self.fault:
             dev_cmd += ["--fault", self.fault]
         verbosity = "loglevel=7" if self.args.kernel_log else "quiet"
-        append = (f"console=ttyS0 panic=-1 {verbosity} pvtest={self.mode} {getattr(self.args, 'load_append', '')} "
+        # A soft lockup report shows every CPU's backtrace: the CPU that
+        # is stuck is often waiting for another one.
+        append = (f"console=ttyS0 panic=-1 {verbosity} softlockup_all_cpu_backtrace=1 "
+                  f"pvtest={self.mode} {getattr(self.args, 'load_append', '')} "
                   f"{self.extra_append}").strip()
         qemu_cmd = [
             qemu_bin, "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
@@ -294,11 +299,12 @@ class Boot:
         ]
         if self.hotplug:
             qemu_cmd[-2:-2] = ["-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1"]
-        if self.hooks:
-            self.qmp_path = self.dir / "qmp.sock"
-            if self.qmp_path.exists():
-                self.qmp_path.unlink()
-            qemu_cmd += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
+        # QMP for the hooks, and for the vCPU registers of a boot that
+        # hangs (cpus_at_timeout).
+        self.qmp_path = self.dir / "qmp.sock"
+        if self.qmp_path.exists():
+            self.qmp_path.unlink()
+        qemu_cmd += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
         dev = qemu = None
         devlog = open(self.dir / "device.log", "w")
         t0 = self.t0 = time.monotonic()
@@ -352,16 +358,22 @@ class Boot:
         buf = b""
         fd = qemu.stdout.fileno()
         deadline = t0 + self.args.timeout
+        lockup = None
         while True:
             left = deadline - time.monotonic()
+            if lockup is not None and left <= 0:
+                raise GuestLockup(lockup)
             if left <= 0:
                 raise Failure(f"{self.name}: timed out after {self.args.timeout}s "
-                              f"(last serial lines: {self.serial[-5:]})")
+                              f"(last serial lines: {self.serial[-5:]}; "
+                              f"{self.cpus_at_timeout()})")
             r, _, _ = select.select([fd], [], [], min(left, 1.0))
             if not r:
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
+                if lockup is not None:
+                    raise GuestLockup(lockup)
                 return
             buf += chunk
             while b"\n" in buf:
@@ -369,10 +381,15 @@ class Boot:
                 text = line.decode("utf-8", "replace").rstrip("\r")
                 self.serial.append(text)
                 self.serial_file.write(text + "\n")
-                if "watchdog: BUG: soft lockup" in text:
-                    raise GuestLockup(f"{self.name}: guest soft lockup after "
-                                      f"{time.monotonic() - t0:.0f}s (last serial lines: "
-                                      f"{self.serial[-5:]})")
+                if "watchdog: BUG: soft lockup" in text and lockup is None:
+                    # Keep reading for LOCKUP_REPORT_S: the report's
+                    # registers and backtrace (and the other CPUs', with
+                    # softlockup_all_cpu_backtrace) follow the first line.
+                    lockup = (f"{self.name}: guest soft lockup after "
+                              f"{time.monotonic() - t0:.0f}s: {text.strip()} "
+                              f"(report in {self.dir}/serial.log)")
+                    log(f"{lockup}; reading the report for {LOCKUP_REPORT_S}s")
+                    deadline = min(deadline, time.monotonic() + LOCKUP_REPORT_S)
                 self.serial_file.flush()
                 if self.args.verbose:
                     print(f"[{self.name}] {text}", flush=True)
@@ -391,7 +408,23 @@ class Boot:
                     if key in self.hooks:
                         self.hooks[key](self)
                     if key == "done":
+                        if lockup is not None:
+                            raise GuestLockup(lockup)
                         return
+
+    def cpus_at_timeout(self):
+        """Writes every vCPU's registers (QMP, HMP `info registers -a`) to
+        cpus.txt: a guest can hang with no watchdog report at all (every
+        vCPU stuck), and RIP/RFLAGS then say where."""
+        path = self.dir / "cpus.txt"
+        try:
+            text = qmp(self.qmp_path, "human-monitor-command",
+                       {"command-line": "info registers -a"})
+        except (OSError, ValueError, AgentFailure) as e:
+            return f"no vCPU registers: {e}"
+        path.write_text(text)
+        rips = re.findall(r"RIP=([0-9a-f]+) RFL=([0-9a-f]+)", text)
+        return f"vCPU RIP/RFL {rips}, registers in {path}"
 
     def answer(self, line="go"):
         """Sends a line to the guest's console (init.sh waits with `read`)."""
