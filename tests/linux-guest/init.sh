@@ -53,24 +53,50 @@ for w in $(cat /proc/cmdline); do
 done
 ncpu=$(nproc)
 
-# Under QEMU TCG, patching a hot tracepoint's static branch while the other
-# vCPUs execute it can livelock them on a stale INT3 (seen here: both CPUs
-# spinning at the softirq_exit site after ~150 module load/unload cycles).
-# Keep the static keys of the hooked tracepoints enabled for the whole run by
-# enabling their trace events with tracing_on=0 (nothing is recorded), so
-# the module's probe (un)registration only swaps probe arrays and never
-# patches code. pvpin=0 turns this off. Not needed on hardware or KVM.
-# Every mode that unloads the module needs it (an agent boot locked up in
-# its one rmmod without it).
-if [ "$pin" = 1 ] && [ "$mode" != bench ]; then
-	mount -t tracefs tracefs /sys/kernel/tracing
-	echo 0 > /sys/kernel/tracing/tracing_on
-	for e in sched/sched_switch irq/irq_handler_entry irq/irq_handler_exit \
-		irq/softirq_entry irq/softirq_exit csd/csd_queue_cpu \
-		csd/csd_function_exit; do
-		[ -e "/sys/kernel/tracing/events/$e/enable" ] || continue
-		echo 1 > "/sys/kernel/tracing/events/$e/enable"
+# Under QEMU TCG a vCPU can go on executing a stale translation of kernel
+# text that another vCPU has just patched (when the write lands while it is
+# translating that code). The kernel patches live text through an INT3: a
+# vCPU left with a stale INT3 traps, finds no INT3 in memory, returns to the
+# same instruction (kprobe_int3_handler: "the breakpoint was removed") and
+# traps again, forever. In code that runs with interrupts off (sched_switch
+# in __schedule) it then never answers the patching CPU's sync IPI, and
+# insmod or rmmod spins in smp_call_function_many_cond until the soft-lockup
+# watchdog fires (seen here in both, and in a boot with all CPUs stuck).
+# Adding or removing a tracepoint probe patches text whenever the tracepoint
+# goes between 0, 1 and 2 probes (its static key; its static call, direct to
+# a single probe and to the iterator otherwise). So each hooked event is
+# enabled in two trace instances (tracing_on=0: nothing is recorded) and the
+# module only ever takes a tracepoint from 2 probes to 3 and back, which
+# swaps the probe array and patches nothing. The patching those two need is
+# done with the other CPUs offline, where no vCPU can race it. pvpin=0 turns
+# this off. Not needed on hardware or KVM.
+pin_events() {
+	t=/sys/kernel/tracing
+	mount -t tracefs tracefs $t
+	c=1
+	while [ $c -lt "$ncpu" ]; do
+		echo 0 > "/sys/devices/system/cpu/cpu$c/online"
+		c=$((c + 1))
 	done
+	mkdir $t/instances/pvpin
+	for d in $t $t/instances/pvpin; do
+		echo 0 > $d/tracing_on
+		echo 4 > $d/buffer_size_kb
+		for e in sched/sched_switch irq/irq_handler_entry \
+			irq/irq_handler_exit irq/softirq_entry irq/softirq_exit \
+			csd/csd_queue_cpu csd/csd_function_exit; do
+			[ -e "$d/events/$e/enable" ] || continue
+			echo 1 > "$d/events/$e/enable"
+		done
+	done
+	c=1
+	while [ $c -lt "$ncpu" ]; do
+		echo 1 > "/sys/devices/system/cpu/cpu$c/online"
+		c=$((c + 1))
+	done
+}
+if [ "$pin" = 1 ] && [ "$mode" != bench ]; then
+	pin_events
 fi
 echo "@@ boot mode=$mode cpus=$ncpu pin=$pin kernel=$(uname -r) loader=$loader"
 
