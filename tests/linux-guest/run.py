@@ -626,8 +626,7 @@ def hostile_boot(args):
     hostile-header): the first four probes are refused, each naming what is
     wrong; the fifth header is rewritten with garbage after the driver
     validated it, and the driver goes on with what it validated."""
-    b = run_once_more_on_lockup(lambda: Boot(args, "hostile-smp2", 2, "hostile",
-                                             fault="hostile-header"))
+    b = Boot(args, "hostile-smp2", 2, "hostile", fault="hostile-header").run()
     f = []
     b.mark("done")
     for what, text in HOSTILE_REFUSALS.items():
@@ -697,18 +696,11 @@ def bench(b, key):
 
 class GuestLockup(Failure):
     """The guest reported a soft lockup: it will not recover before the
-    timeout. Seen here, rarely, as QEMU TCG livelocking while the guest
-    patches code (HOST-FACTS), independent of the module under test."""
-
-
-def run_once_more_on_lockup(make_boot):
-    """Run a boot; if the guest soft-locks up, say so and boot once more.
-    A second lockup fails the test: a real hang reproduces."""
-    try:
-        return make_boot().run()
-    except GuestLockup as e:
-        log(f"RETRY: {e}; booting once more (a second lockup fails)")
-        return make_boot().run()
+    timeout. The boot fails with the report (every CPU's backtrace) in its
+    serial.log; it is not booted again, so a lockup the test causes is never
+    hidden. The one cause seen here, QEMU TCG running a stale INT3 while the
+    kernel patches its text, is kept out of the test's load/unload cycles
+    (init.sh, pin_events)."""
 
 
 def main():
@@ -776,9 +768,8 @@ def main():
     failures, results = [], []
     scenarios = set(args.scenarios.split(","))
     for smp in [int(x) for x in args.smp.split(",")] if "main" in scenarios else []:
-        b = run_once_more_on_lockup(lambda: Boot(
-            args, f"main-smp{smp}", smp, "main",
-            extra_append=f"pvcycles={args.cycles} pvrounds={args.rounds}"))
+        b = Boot(args, f"main-smp{smp}", smp, "main",
+                 extra_append=f"pvcycles={args.cycles} pvrounds={args.rounds}").run()
         failures += assert_main(b, args.cycles)
         off, on = bench(b, "bench-off"), bench(b, "bench-on")
         ratio = f"{on / off:.3f}" if off and on else "n/a"
@@ -793,8 +784,8 @@ def main():
         append = f"pvcycles={args.cycles} pvrounds={args.rounds} pvregion={region}"
         if region == "device":
             append += f" pvchurn={args.churn}"
-        b = run_once_more_on_lockup(lambda: Boot(
-            args, f"vfio-{region}-smp2", 2, "main", extra_append=append, transport="vfio-user"))
+        b = Boot(args, f"vfio-{region}-smp2", 2, "main", extra_append=append,
+                 transport="vfio-user").run()
         failures += assert_main(b, args.cycles)
         modes = {m.group(1) for m in (re.search(r"attached: (\w+) region", l) for l in b.serial) if m}
         check(modes == {region}, f"{b.name}: driver attached in {modes or 'no'} region mode, "
@@ -855,8 +846,7 @@ def main():
         log(results[-1])
     if not args.skip_negative and "negative" in scenarios:
         for fault in ("wrong-magic", "wrong-version", "refuse-region"):
-            b = run_once_more_on_lockup(
-                lambda: Boot(args, f"neg-{fault}", 2, "negative", fault=fault))
+            b = Boot(args, f"neg-{fault}", 2, "negative", fault=fault).run()
             failures += assert_negative(b, fault)
             results.append(f"{b.name}: {b.seconds:.1f}s, probe refused")
             log(results[-1])
