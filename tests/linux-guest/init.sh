@@ -124,6 +124,29 @@ bound() {
 	ls /sys/bus/pci/drivers/pvsched/ 2>/dev/null | grep -c '^0000:'
 }
 
+# host_sync KEY [FIELDS]: print "@@ KEY FIELDS", then wait for the host's
+# answer on the console (in $answer). run.py answers once it holds the
+# device's view of the region for that mark, so the view is from before
+# whatever the guest does next: a check on what happened between two marks
+# then depends on what the guest did, not on how fast the host looked.
+host_sync() {
+	echo "@@ $*"
+	answer=
+	read -t 120 -r answer
+}
+
+# switch_each_cpu: context switches on every CPU in turn (a pipe ping-pong
+# pinned to it, two switches per round trip), so every CPU writes its slot.
+# An idle CPU may otherwise go a long while without a switch or an
+# interrupt hook. All CPUs must be online.
+switch_each_cpu() {
+	c=0
+	while [ $c -lt "$ncpu" ]; do
+		/pvsched-helper pingpong 50 "$c" >/dev/null || echo "@@ switch-failed cpu=$c"
+		c=$((c + 1))
+	done
+}
+
 finish() {
 	bad=$(dmesg | grep -cE 'BUG|Oops|WARNING|KASAN|Call Trace')
 	echo "@@ dmesg-bad count=$bad"
@@ -183,12 +206,12 @@ if [ "$mode" = hostile ]; then
 	# The fifth header is valid while the driver checks it and garbage
 	# right after: the driver must go on with what it validated.
 	load
-	echo "@@ hostile-rewrite rc=$? bound=$(bound)"
-	/pvsched-helper pingpong 500 0 >/dev/null
+	host_sync hostile-rewrite rc=$? bound=$(bound)
+	switch_each_cpu
 	last=$((ncpu - 1))
 	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
 	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
-	/pvsched-helper pingpong 500 "$last" >/dev/null
+	switch_each_cpu
 	echo "@@ hostile-after bound=$(bound) slot=$(slot_of "$last")"
 	cat /sys/kernel/debug/pvsched/stats
 	rmmod pvsched
@@ -241,22 +264,31 @@ load
 echo "@@ probe bound=$(bound)"
 cat /sys/kernel/debug/pvsched/stats
 if [ "$churn" -gt 0 ]; then
-	sleep 1
-	echo "@@ churn-start rounds=$churn"
+	host_sync churn-start rounds=$churn
 	/pvsched-helper pingpong "$churn" 0 >/dev/null
-	sleep 1
 	echo "@@ churn-end"
 fi
-/pvsched-helper pingpong 500 0 >/dev/null
+host_sync each-cpu-start
+switch_each_cpu
+echo "@@ each-cpu-end cpus=$ncpu"
 
-# Serial interrupts: userspace writes to the console go through the UART's
-# transmit interrupt.
-i=0
-while [ $i -lt 40 ]; do
-	echo "irq traffic line $i ........................................"
-	i=$((i + 1))
+# Hard and soft interrupts: lines written to the console go out through the
+# UART's transmit interrupt, the host's answer comes in through its receive
+# interrupt. The device sees a kern_cs bit only if one of its samples lands
+# while the bit is set, so the host answers "more" until it has seen both
+# bits, and "go" then (at most 20 rounds of 40 lines).
+r=0
+while [ $r -lt 20 ]; do
+	i=0
+	while [ $i -lt 40 ]; do
+		echo "irq traffic line $i ........................................"
+		i=$((i + 1))
+	done
+	r=$((r + 1))
+	host_sync irq-traffic round=$r
+	[ "$answer" = more ] || break
 done
-echo "@@ irq-traffic-done"
+echo "@@ irq-traffic-done rounds=$r"
 
 last=$((ncpu - 1))
 echo "@@ fifo-start cpu=$last"
@@ -267,10 +299,8 @@ cat /sys/kernel/debug/pvsched/stats
 # CPU hotplug with the module loaded: the CPU's slot is left neutral while
 # it is offline and re-attached when it comes back.
 echo 0 > "/sys/devices/system/cpu/cpu$last/online"
-echo "@@ cpu-offline cpu=$last slot=$(slot_of "$last")"
-sleep 1
+host_sync cpu-offline cpu=$last slot=$(slot_of "$last")
 echo 1 > "/sys/devices/system/cpu/cpu$last/online"
-sleep 1
 echo "@@ cpu-online cpu=$last slot=$(slot_of "$last")"
 
 rmmod pvsched
