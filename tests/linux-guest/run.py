@@ -188,17 +188,22 @@ def build_initramfs(here, ko, out, extra_files=None):
     return img
 
 
-def read_dump(path, newer_than=None, timeout=10.0):
+def read_dump(path, newer_than=None, timeout=10.0, alive=None):
     """Reads the device's slot dump. With `newer_than` (a time.time() value),
     waits for a dump the device wrote after that moment: the dump is
-    rewritten every ~100 ms and replaced atomically (rename), so its mtime
-    is its write time and a dump read right at a console mark could predate
-    the state the mark announces."""
+    rewritten in place every ~100 ms (a half-written one fails to parse and
+    is read again), its mtime is its last write time, and a dump read right
+    at a console mark could predate the state the mark announces. Once
+    `alive()` is false the device process has exited: its last dump, written
+    at disconnect, is its final view and is returned as it is (no newer one
+    can come; the mtime of a write just after `newer_than` can even read
+    earlier, the kernel stamps files with its coarse clock)."""
     deadline = time.monotonic() + timeout
     while True:
+        exited = alive is not None and not alive()
         try:
             p = Path(path)
-            if newer_than is None or p.stat().st_mtime > newer_than:
+            if newer_than is None or exited or p.stat().st_mtime > newer_than:
                 return json.loads(p.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             pass
@@ -399,7 +404,9 @@ class Boot:
                     self.marks[key] = (time.monotonic() - t0, fields)
                     seen_at = time.time()
                     if self.dump_live:
-                        self.snapshots[key] = read_dump(self.dump, newer_than=seen_at)
+                        self.snapshots[key] = read_dump(
+                            self.dump, newer_than=seen_at,
+                            alive=lambda: self.dev.poll() is None)
                     if key in self.hooks:
                         self.hooks[key](self)
                     if key == "done":
