@@ -243,6 +243,15 @@ class AgentLoop:
         self.sampler.start()
 
     def on_idle_end(self, boot):
+        # The guest waits for the answer (init.sh, host_sync): QEMU and its
+        # vCPU threads are gone once it goes on to rmmod and power off, and
+        # the threads' state after the agent stopped is read here.
+        try:
+            self._end(boot)
+        finally:
+            boot.answer("go")
+
+    def _end(self, boot):
         if self.sampler:
             # Sample until the busy thread was seen back at its baseline
             # after the loop (or BACK_WAIT_S): how soon it gets there on a

@@ -233,7 +233,7 @@ if [ "$mode" = wait ]; then
 	echo "@@ wait-end $out"
 	cat /sys/kernel/debug/pvsched/stats
 	sleep 2
-	echo "@@ idle-end"
+	host_sync idle-end
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
@@ -254,7 +254,7 @@ if [ "$mode" = agent ]; then
 	/pvsched-helper spin 3 8 1
 	echo "@@ fifo-end cpu=1"
 	sleep 3
-	echo "@@ idle-end"
+	host_sync idle-end
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
