@@ -41,8 +41,11 @@ halt_boost = "none"
 yield_boost = "none"
 """
 # Bounds (harness pacing, not performance claims).
-BACK_TO_BASELINE_S = 1.0
 AGENT_READY_S = 20.0
+# How long the host waits, at the end of the guest's idle period, for the
+# busy vCPU thread to be seen back at its baseline (it is then reported
+# with the time it took; only never coming back fails).
+BACK_WAIT_S = 30.0
 
 
 class AgentFailure(Exception):
@@ -240,7 +243,26 @@ class AgentLoop:
         self.sampler.start()
 
     def on_idle_end(self, boot):
+        # The guest waits for the answer (init.sh, host_sync): QEMU and its
+        # vCPU threads are gone once it goes on to rmmod and power off, and
+        # the threads' state after the agent stopped is read here.
+        try:
+            self._end(boot)
+        finally:
+            boot.answer("go")
+
+    def _end(self, boot):
         if self.sampler:
+            # Sample until the busy thread was seen back at its baseline
+            # after the loop (or BACK_WAIT_S): how soon it gets there on a
+            # loaded host is reported, not asserted.
+            busy, base = self.busy_thread(boot)
+            t_end = boot.marks["fifo-end"][0] if "fifo-end" in boot.marks else None
+            deadline = time.monotonic() + BACK_WAIT_S
+            while busy is not None and t_end is not None and time.monotonic() < deadline:
+                if any(t > t_end and a == base for t, a in list(self.sampler.samples[busy])):
+                    break
+                time.sleep(0.05)
             self.sampler.stop.set()
             self.sampler.join()
         self.stop_agent()
@@ -261,6 +283,18 @@ class AgentLoop:
             self.stats = json.loads(self.stats_path.read_text())
         except (OSError, ValueError) as e:
             self.errors.append(f"no stats JSON from the agent: {e}")
+
+    def busy_thread(self, boot):
+        """(tid, baseline) of the vCPU thread of the guest CPU that runs the
+        FIFO loop, or (None, None) before that is known."""
+        if "fifo-start" not in boot.marks:  # a wait boot has no FIFO loop
+            return None, None
+        try:
+            cpu = int(boot.marks["fifo-start"][1]["cpu"])
+            busy = self.info["tids"][self.info["apic_ids"].index(cpu)]
+            return busy, self.baseline[busy]
+        except (KeyError, ValueError, AttributeError):
+            return None, None
 
     def check(self, boot):
         """Failures (list of strings) and a one-line summary."""
@@ -283,7 +317,15 @@ class AgentLoop:
         n_boost = sum(1 for a in during if a == boosted)
         after = [(t, a) for t, a in s if t > t_end]
         back = next((t for t, a in after if a == base), None)
-        late = [t for t, a in after if a == boosted and t > t_end + BACK_TO_BASELINE_S]
+        # Boosts that begin after the thread was back at its baseline. One
+        # can be a boost decided just before the loop ended and applied
+        # just after; a policy that keeps boosting the idle vCPU shows a
+        # boost every throttle period of the idle seconds.
+        late, prev = 0, None
+        for t, a in after:
+            if back is not None and t > back and a == boosted and prev != boosted:
+                late += 1
+            prev = a
         other = {}
         for t in self.info["tids"]:
             if t != busy:
@@ -293,12 +335,12 @@ class AgentLoop:
             f.append(f"agent: vCPU thread {busy} (cpu {cpu}) never at SCHED_FIFO {BOOST_PRIO} "
                      f"in {len(during)} samples during the guest's FIFO {BOOST_PRIO} loop "
                      f"(states seen {states})")
-        if back is None or back > t_end + BACK_TO_BASELINE_S:
-            f.append(f"agent: vCPU thread {busy} not back at baseline {base} within "
-                     f"{BACK_TO_BASELINE_S}s of the loop's end (first at {back})")
-        if late:
-            f.append(f"agent: vCPU thread {busy} at FIFO {BOOST_PRIO} {len(late)} times "
-                     f"more than {BACK_TO_BASELINE_S}s after the loop ended")
+        if back is None:
+            f.append(f"agent: vCPU thread {busy} never back at baseline {base} after the "
+                     f"loop's end (sampled {BACK_WAIT_S:.0f}s past the guest's idle period)")
+        if late > 1:
+            f.append(f"agent: vCPU thread {busy} boosted to FIFO {BOOST_PRIO} {late} times "
+                     f"after it was back at its baseline while the guest idled")
         if any(other.values()):
             f.append(f"agent: other vCPU threads at FIFO {BOOST_PRIO}: {other}")
         if self.rc != 0:

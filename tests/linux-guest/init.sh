@@ -26,6 +26,12 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t debugfs debugfs /sys/kernel/debug
+# A quiet boot's console shows warnings from here on, and with them a soft
+# lockup's registers and backtraces (logged at the default level, which
+# "quiet" hides); info lines stay off it.
+if grep -qw quiet /proc/cmdline; then
+	echo 5 > /proc/sys/kernel/printk
+fi
 
 mode=main
 pin=1
@@ -47,24 +53,50 @@ for w in $(cat /proc/cmdline); do
 done
 ncpu=$(nproc)
 
-# Under QEMU TCG, patching a hot tracepoint's static branch while the other
-# vCPUs execute it can livelock them on a stale INT3 (seen here: both CPUs
-# spinning at the softirq_exit site after ~150 module load/unload cycles).
-# Keep the static keys of the hooked tracepoints enabled for the whole run by
-# enabling their trace events with tracing_on=0 (nothing is recorded), so
-# the module's probe (un)registration only swaps probe arrays and never
-# patches code. pvpin=0 turns this off. Not needed on hardware or KVM.
-# Every mode that unloads the module needs it (an agent boot locked up in
-# its one rmmod without it).
-if [ "$pin" = 1 ] && [ "$mode" != bench ]; then
-	mount -t tracefs tracefs /sys/kernel/tracing
-	echo 0 > /sys/kernel/tracing/tracing_on
-	for e in sched/sched_switch irq/irq_handler_entry irq/irq_handler_exit \
-		irq/softirq_entry irq/softirq_exit csd/csd_queue_cpu \
-		csd/csd_function_exit; do
-		[ -e "/sys/kernel/tracing/events/$e/enable" ] || continue
-		echo 1 > "/sys/kernel/tracing/events/$e/enable"
+# Under QEMU TCG a vCPU can go on executing a stale translation of kernel
+# text that another vCPU has just patched (when the write lands while it is
+# translating that code). The kernel patches live text through an INT3: a
+# vCPU left with a stale INT3 traps, finds no INT3 in memory, returns to the
+# same instruction (kprobe_int3_handler: "the breakpoint was removed") and
+# traps again, forever. In code that runs with interrupts off (sched_switch
+# in __schedule) it then never answers the patching CPU's sync IPI, and
+# insmod or rmmod spins in smp_call_function_many_cond until the soft-lockup
+# watchdog fires (seen here in both, and in a boot with all CPUs stuck).
+# Adding or removing a tracepoint probe patches text whenever the tracepoint
+# goes between 0, 1 and 2 probes (its static key; its static call, direct to
+# a single probe and to the iterator otherwise). So each hooked event is
+# enabled in two trace instances (tracing_on=0: nothing is recorded) and the
+# module only ever takes a tracepoint from 2 probes to 3 and back, which
+# swaps the probe array and patches nothing. The patching those two need is
+# done with the other CPUs offline, where no vCPU can race it. pvpin=0 turns
+# this off. Not needed on hardware or KVM.
+pin_events() {
+	t=/sys/kernel/tracing
+	mount -t tracefs tracefs $t
+	c=1
+	while [ $c -lt "$ncpu" ]; do
+		echo 0 > "/sys/devices/system/cpu/cpu$c/online"
+		c=$((c + 1))
 	done
+	mkdir $t/instances/pvpin
+	for d in $t $t/instances/pvpin; do
+		echo 0 > $d/tracing_on
+		echo 4 > $d/buffer_size_kb
+		for e in sched/sched_switch irq/irq_handler_entry \
+			irq/irq_handler_exit irq/softirq_entry irq/softirq_exit \
+			csd/csd_queue_cpu csd/csd_function_exit; do
+			[ -e "$d/events/$e/enable" ] || continue
+			echo 1 > "$d/events/$e/enable"
+		done
+	done
+	c=1
+	while [ $c -lt "$ncpu" ]; do
+		echo 1 > "/sys/devices/system/cpu/cpu$c/online"
+		c=$((c + 1))
+	done
+}
+if [ "$pin" = 1 ] && [ "$mode" != bench ]; then
+	pin_events
 fi
 echo "@@ boot mode=$mode cpus=$ncpu pin=$pin kernel=$(uname -r) loader=$loader"
 
@@ -90,6 +122,29 @@ slot_of() {
 
 bound() {
 	ls /sys/bus/pci/drivers/pvsched/ 2>/dev/null | grep -c '^0000:'
+}
+
+# host_sync KEY [FIELDS]: print "@@ KEY FIELDS", then wait for the host's
+# answer on the console (in $answer). run.py answers once it holds the
+# device's view of the region for that mark, so the view is from before
+# whatever the guest does next: a check on what happened between two marks
+# then depends on what the guest did, not on how fast the host looked.
+host_sync() {
+	echo "@@ $*"
+	answer=
+	read -t 120 -r answer
+}
+
+# switch_each_cpu: context switches on every CPU in turn (a pipe ping-pong
+# pinned to it, two switches per round trip), so every CPU writes its slot.
+# An idle CPU may otherwise go a long while without a switch or an
+# interrupt hook. All CPUs must be online.
+switch_each_cpu() {
+	c=0
+	while [ $c -lt "$ncpu" ]; do
+		/pvsched-helper pingpong 50 "$c" >/dev/null || echo "@@ switch-failed cpu=$c"
+		c=$((c + 1))
+	done
 }
 
 finish() {
@@ -151,12 +206,12 @@ if [ "$mode" = hostile ]; then
 	# The fifth header is valid while the driver checks it and garbage
 	# right after: the driver must go on with what it validated.
 	load
-	echo "@@ hostile-rewrite rc=$? bound=$(bound)"
-	/pvsched-helper pingpong 500 0 >/dev/null
+	host_sync hostile-rewrite rc=$? bound=$(bound)
+	switch_each_cpu
 	last=$((ncpu - 1))
 	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
 	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
-	/pvsched-helper pingpong 500 "$last" >/dev/null
+	switch_each_cpu
 	echo "@@ hostile-after bound=$(bound) slot=$(slot_of "$last")"
 	cat /sys/kernel/debug/pvsched/stats
 	rmmod pvsched
@@ -178,7 +233,7 @@ if [ "$mode" = wait ]; then
 	echo "@@ wait-end $out"
 	cat /sys/kernel/debug/pvsched/stats
 	sleep 2
-	echo "@@ idle-end"
+	host_sync idle-end
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
@@ -199,7 +254,7 @@ if [ "$mode" = agent ]; then
 	/pvsched-helper spin 3 8 1
 	echo "@@ fifo-end cpu=1"
 	sleep 3
-	echo "@@ idle-end"
+	host_sync idle-end
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
@@ -209,22 +264,31 @@ load
 echo "@@ probe bound=$(bound)"
 cat /sys/kernel/debug/pvsched/stats
 if [ "$churn" -gt 0 ]; then
-	sleep 1
-	echo "@@ churn-start rounds=$churn"
+	host_sync churn-start rounds=$churn
 	/pvsched-helper pingpong "$churn" 0 >/dev/null
-	sleep 1
 	echo "@@ churn-end"
 fi
-/pvsched-helper pingpong 500 0 >/dev/null
+host_sync each-cpu-start
+switch_each_cpu
+echo "@@ each-cpu-end cpus=$ncpu"
 
-# Serial interrupts: userspace writes to the console go through the UART's
-# transmit interrupt.
-i=0
-while [ $i -lt 40 ]; do
-	echo "irq traffic line $i ........................................"
-	i=$((i + 1))
+# Hard and soft interrupts: lines written to the console go out through the
+# UART's transmit interrupt, the host's answer comes in through its receive
+# interrupt. The device sees a kern_cs bit only if one of its samples lands
+# while the bit is set, so the host answers "more" until it has seen both
+# bits, and "go" then (at most 20 rounds of 40 lines).
+r=0
+while [ $r -lt 20 ]; do
+	i=0
+	while [ $i -lt 40 ]; do
+		echo "irq traffic line $i ........................................"
+		i=$((i + 1))
+	done
+	r=$((r + 1))
+	host_sync irq-traffic round=$r
+	[ "$answer" = more ] || break
 done
-echo "@@ irq-traffic-done"
+echo "@@ irq-traffic-done rounds=$r"
 
 last=$((ncpu - 1))
 echo "@@ fifo-start cpu=$last"
@@ -235,10 +299,8 @@ cat /sys/kernel/debug/pvsched/stats
 # CPU hotplug with the module loaded: the CPU's slot is left neutral while
 # it is offline and re-attached when it comes back.
 echo 0 > "/sys/devices/system/cpu/cpu$last/online"
-echo "@@ cpu-offline cpu=$last slot=$(slot_of "$last")"
-sleep 1
+host_sync cpu-offline cpu=$last slot=$(slot_of "$last")
 echo 1 > "/sys/devices/system/cpu/cpu$last/online"
-sleep 1
 echo "@@ cpu-online cpu=$last slot=$(slot_of "$last")"
 
 rmmod pvsched
