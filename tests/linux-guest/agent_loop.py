@@ -1,4 +1,4 @@
-"""Policy agent in the loop (issue 6, last "Must show").
+"""Policy agent in the loop: pvsched-agent-attach on QEMU's vCPU threads.
 
 With `pvsched-agent-attach` attached to QEMU's vCPU threads (QMP
 `query-cpus-fast` thread ids) in guest-region mode, the vCPU thread of the

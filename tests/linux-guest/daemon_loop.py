@@ -1,4 +1,4 @@
-"""Policy on a QEMU guest in device-region mode (issue 13, item 4).
+"""Policy on a QEMU guest in device-region mode, with pvschedd's region as BAR2.
 
 The operator's path, end to end: pvschedd runs; `pvsched device
 --transport vfio-user --daemon-region NAME` reserves VM NAME's region with

@@ -1,5 +1,5 @@
 """wait_on from a real Linux guest, and the policy's directed-yield decision
-(issue 14, item 2).
+naming the waited-on vCPU.
 
 A `pvtest=wait` boot: once the driver is bound, pvsched-agent-attach is
 attached to QEMU's vCPU threads (as in agent_loop.py) with caps that give a

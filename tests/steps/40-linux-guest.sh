@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 6: the pvsched guest driver in a real Debian 6.1 guest under QEMU 7.2
+# The pvsched guest driver in a real Debian 6.1 guest under QEMU 7.2
 # TCG, with the device served by pvsched-device over QEMU's multi-process
-# proxy; issue 13: the same guest under QEMU 11 over vfio-user, in device-
+# proxy; and the same guest under QEMU 11 over vfio-user, in device-
 # and guest-region mode. Builds the module (cloud kernel; PREEMPT_RT build-test), boots
 # -smp 2 and -smp 4 plus three negative boots, asserts from the host side;
 # one more -smp 2 boot with pvsched-agent-attach on QEMU's vCPU threads, and

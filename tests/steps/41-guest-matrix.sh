@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14: the guest driver on the kernels guest images ship
+# The guest driver on the kernels guest images ship
 # (tests/linux-guest/kernels.conf; the CI kernels in every run, all of them
 # with `scripts/test --guest-matrix`). For each suite chroot that
 # scripts/setup.d/42-guest-matrix.sh prepared (a minimal Debian with the
