@@ -69,7 +69,9 @@ ncpu=$(nproc)
 # module only ever takes a tracepoint from 2 probes to 3 and back, which
 # swaps the probe array and patches nothing. The patching those two need is
 # done with the other CPUs offline, where no vCPU can race it. pvpin=0 turns
-# this off. Not needed on hardware or KVM.
+# this off. Not needed on hardware or KVM. $pinned counts the events enabled
+# (two per hooked tracepoint this kernel has; run.py checks it).
+pinned=0
 pin_events() {
 	t=/sys/kernel/tracing
 	mount -t tracefs tracefs $t
@@ -86,7 +88,7 @@ pin_events() {
 			irq/irq_handler_exit irq/softirq_entry irq/softirq_exit \
 			csd/csd_queue_cpu csd/csd_function_exit; do
 			[ -e "$d/events/$e/enable" ] || continue
-			echo 1 > "$d/events/$e/enable"
+			echo 1 > "$d/events/$e/enable" && pinned=$((pinned + 1))
 		done
 	done
 	c=1
@@ -98,7 +100,7 @@ pin_events() {
 if [ "$pin" = 1 ] && [ "$mode" != bench ]; then
 	pin_events
 fi
-echo "@@ boot mode=$mode cpus=$ncpu pin=$pin kernel=$(uname -r) loader=$loader"
+echo "@@ boot mode=$mode cpus=$ncpu pin=$pin pinned=$pinned kernel=$(uname -r) loader=$loader"
 
 # load: the module, by insmod of /pvsched.ko or, with pvload=modprobe, by
 # modprobe from the module tree (the harness packs /lib/modules/VERSION with

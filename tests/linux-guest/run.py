@@ -45,6 +45,9 @@ STATUS_NEEDS_RESET = 0x40
 STATUS_FAILED = 0x80
 ERR_REGION_OUTSIDE_RAM = 8
 POLICY_FIFO = 1
+# Hooked tracepoints every tested kernel has (sched_switch, irq_handler_entry
+# and _exit, softirq_entry and _exit); init.sh enables each in two instances.
+PINNED_MIN = 5
 # Seconds of serial output kept after a guest soft lockup is reported.
 LOCKUP_REPORT_S = 15
 
@@ -353,6 +356,13 @@ class Boot:
             qsock.close()
             dsock.close()
         self.seconds = time.monotonic() - t0
+        boot = self.marks.get("boot", (0, {}))[1]
+        if boot.get("pin") == "1" and boot.get("mode") != "bench" and \
+                int(boot.get("pinned", 0)) < 2 * PINNED_MIN:
+            # Without the pin every load and unload patches kernel text,
+            # which QEMU TCG can turn into a lockup (init.sh, pin_events).
+            raise Failure(f"{self.name}: the hooked tracepoints were not pinned in two trace "
+                          f"instances ({boot})")
         self.final = read_dump(self.dump)
         if self.final is None:
             raise Failure(f"{self.name}: the device wrote no dump (see {self.dir}/device.log)")
