@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables for docs/benchmarks.md from `pvsched bench` JSON results.
+"""Markdown tables for docs/benchmarks.md from `pvsched-bench` JSON results.
 
     python3 bench/tables.py docs/bench/s1.json docs/bench/s2.json ...
 

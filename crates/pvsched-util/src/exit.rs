@@ -30,7 +30,7 @@ pub enum Exit {
     /// `--device-mode sandboxed`: the device process died during the run;
     /// the run itself went to the end (the summary has `device_lost`).
     DeviceLost = 8,
-    /// `pvsched bench`: the benchmark could not run (a run failed or
+    /// `pvsched-bench`: the benchmark could not run (a run failed or
     /// overran, bench/s4.py or a binary it needs is missing, ...).
     Bench = 9,
     /// pvschedd's socket could not be reached (not running, or no
@@ -80,7 +80,7 @@ impl Exit {
                 "the sandboxed device process died during the run; the VM ran to the\n     end without it (guest saw DEVICE_NEEDS_RESET, policy boosts dropped)\n     and the summary reports device_lost"
             }
             Exit::Bench => {
-                "pvsched bench: the benchmark could not run (the message says what\n     failed; a measured run's own code 3-8 is passed through)"
+                "pvsched-bench: the benchmark could not run (the message says what\n     failed; a measured run's own code 3-8 is passed through)"
             }
             Exit::NoDaemon => {
                 "pvschedd's socket could not be reached (is it running? are you in\n     the socket's group?)"

@@ -1,7 +1,6 @@
 //! `pvsched` command line. Each subcommand lives in its own module; this
 //! file only parses and dispatches.
 
-mod bench;
 mod daemon_cli;
 mod device_cmd;
 mod exit;
@@ -26,13 +25,6 @@ enum Command {
     /// Serve the pvsched device to a VMM as its own (sandboxed) process.
     #[command(after_help = exit::help(&exit::Exit::ALL))]
     Device(device_cmd::DeviceCmd),
-    /// Benchmark vanilla vs pvsched (scenarios S1-S4 of docs/benchmarks.md).
-    #[command(after_help = exit::help(&exit::Exit::ALL))]
-    Bench(bench::BenchArgs),
-    /// One measured run of `pvsched bench` (internal; prints JSON with
-    /// the raw samples).
-    #[command(name = "bench-run", hide = true)]
-    BenchRun(bench::worker::WorkerArgs),
     /// pvschedd and every VM it serves: boosts, throttles, errors.
     #[command(after_help = exit::help(&exit::Exit::ALL))]
     Status(daemon_cli::StatusArgs),
@@ -55,8 +47,6 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Run(args) => run::main(&args),
-        Command::Bench(args) => return std::process::ExitCode::from(bench::main(&args)),
-        Command::BenchRun(args) => bench::worker::main(&args),
         Command::Status(args) => daemon_cli::status(&args),
         Command::Top(args) => daemon_cli::top(&args),
         Command::Vm(args) => daemon_cli::vm(&args),

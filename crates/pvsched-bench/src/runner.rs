@@ -1,5 +1,5 @@
 //! Running one variant of a scenario once: CPU hogs in this process, the
-//! measured VM in a child `pvsched bench-run` (see [`super::worker`]),
+//! measured VM in a child `pvsched-bench run` (see [`super::worker`]),
 //! whose JSON is parsed here. A child that overruns its time is killed.
 
 use super::BenchError;
@@ -80,7 +80,7 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
     let hogs = Hogs::start(v.load).map_err(BenchError::Hogs)?;
     let counter = hogs.counter();
     let mut cmd = Command::new(exe);
-    cmd.arg("bench-run")
+    cmd.arg("run")
         .arg(format!("--vcpus={}", v.vcpus))
         .arg(format!("--workload={}", v.workload.name()))
         .arg(format!("--duration={}ms", duration.as_millis()))

@@ -1,4 +1,4 @@
-//! Numbers for `pvsched bench`: nearest-rank percentiles of raw samples,
+//! Numbers for `pvsched-bench`: nearest-rank percentiles of raw samples,
 //! medians and spread over repetitions, ratios, and CDF points for plots.
 
 /// Nearest-rank percentile, the rule of `pvsched run`'s summary.

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 /// xorshift64 steps per counted hog iteration (a fixed unit of work).
 pub const UNIT_STEPS: u32 = 1024;
 
-/// What kind of hogs load the host (`pvsched bench --load`).
+/// What kind of hogs load the host (`pvsched-bench --load`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum LoadKind {
     /// Busy loops that never sleep.

@@ -1,4 +1,4 @@
-//! `pvsched bench-run` (hidden): one measured run for `pvsched bench`, in
+//! `pvsched-bench run` (hidden): one measured run for `pvsched-bench`, in
 //! its own process so every repetition starts from a fresh VM, agent and
 //! BPF object. It wires the reference VMM and the embedded policy exactly
 //! as `pvsched run --policy embedded --region device` does (the agent's
@@ -7,13 +7,13 @@
 //! the CDF plots), the BPF run time per program and the start-up time.
 
 use super::hogs;
-use crate::exit::Exit;
 use clap::{Args, ValueEnum};
 use pvsched::embedded::{Embedded, EmbeddedError};
 use pvsched::summary;
 use pvsched_agent::{AgentConfig, AgentError};
 use pvsched_device::RegionMode;
 use pvsched_policy::{BoostKind, Caps};
+use pvsched_util::exit::Exit;
 use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, VmConfig, Workload};
 use serde_json::{Value, json};
 use std::io::Write;
@@ -108,7 +108,7 @@ pub enum BenchDeviceMode {
     Sandboxed,
 }
 
-/// Arguments of the hidden `pvsched bench-run`.
+/// Arguments of the hidden `pvsched-bench run`.
 #[derive(Args, Debug, Clone)]
 pub struct WorkerArgs {
     /// vCPUs.

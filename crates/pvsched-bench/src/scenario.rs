@@ -745,7 +745,7 @@ pub fn s3_bars(j: &Value) -> Vec<(String, f64)> {
 mod tests {
     use super::*;
 
-    use crate::bench::hogs::LoadKind;
+    use crate::hogs::LoadKind;
 
     fn outcome(p50: u64, p99: u64, hog_per_s: f64) -> Outcome {
         let text = format!(

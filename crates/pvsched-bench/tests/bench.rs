@@ -1,4 +1,4 @@
-//! `pvsched bench` end to end: `pvsched bench s1
+//! `pvsched-bench` end to end: `pvsched-bench s1
 //! --quick --json -` boots the reference VMM on real KVM with and without
 //! the embedded BPF policy, beside CPU hogs and on an idle host, exits 0
 //! and prints one JSON object with the documented shape. Asserts on the
@@ -8,28 +8,33 @@
 //! Needs root, /dev/kvm and BPF; without them it prints `SKIP` (or fails
 //! under `PVSCHED_REQUIRE_REAL=1`). The exit-code test needs nothing.
 
-mod common;
-
+use pvsched_testkit::skip_or_fail;
 use serde_json::Value;
 use std::process::Command;
 
-/// Whether root, /dev/kvm and BPF are there; SKIP or fail if not.
-fn need_real(test: &str) -> bool {
-    common::kvm_root_bpf(test)
-}
-
 fn pvsched() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pvsched"))
+    Command::new(env!("CARGO_BIN_EXE_pvsched-bench"))
 }
 
-/// Runs `pvsched` with `cmd` (which prints the JSON on stdout), requires
-/// success and returns the one JSON object it printed.
-fn bench_json(cmd: &mut Command) -> Value {
+/// Runs `pvsched-bench` with `cmd` (which prints the JSON on stdout) as
+/// root and returns the one JSON object it printed; `None` (SKIP, or a
+/// failure under `PVSCHED_REQUIRE_REAL=1`) when the bench says KVM or BPF
+/// is missing (its exit codes 3, 4 and 6, passed through from the run).
+fn bench_json(test: &str, cmd: &mut Command) -> Option<Value> {
+    if !pvsched_testkit::root(test, "the BPF policy") {
+        return None;
+    }
     let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    if matches!(out.status.code(), Some(3 | 4 | 6)) {
+        skip_or_fail(test, &format!("KVM or BPF is unusable: {stderr}"));
+        return None;
+    }
     assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON object: {e}\n{stderr}"))
+    Some(
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not one JSON object: {e}\n{stderr}")),
+    )
 }
 
 fn is_num(v: &Value) -> bool {
@@ -38,17 +43,17 @@ fn is_num(v: &Value) -> bool {
 
 #[test]
 fn s1_quick_prints_the_bench_json() {
-    if !need_real("s1_quick_prints_the_bench_json") {
-        return;
-    }
     let dir = std::env::temp_dir().join(format!("pvsched-bench-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let png = dir.join("s1.png");
-    let j = bench_json(
+    let Some(j) = bench_json(
+        "s1_quick_prints_the_bench_json",
         pvsched()
-            .args(["bench", "s1", "--quick", "--json", "-", "--plot"])
+            .args(["s1", "--quick", "--json", "-", "--plot"])
             .arg(&png),
-    );
+    ) else {
+        return;
+    };
     assert_eq!(j["scenario"], "s1");
     assert_eq!(j["quick"], true);
     assert_eq!(j["reps"], 1);
@@ -125,10 +130,12 @@ fn s1_quick_prints_the_bench_json() {
 /// has no `greedy` workload.
 #[test]
 fn s5_quick_reports_budget_and_hog_share() {
-    if !need_real("s5_quick_reports_budget_and_hog_share") {
+    let Some(j) = bench_json(
+        "s5_quick_reports_budget_and_hog_share",
+        pvsched().args(["s5", "--quick", "--json", "-"]),
+    ) else {
         return;
-    }
-    let j = bench_json(pvsched().args(["bench", "s5", "--quick", "--json", "-"]));
+    };
     assert_eq!(j["scenario"], "s5");
     assert_eq!(j["load"], "busy");
     assert_eq!(j["hogs"], j["machine"]["cpus"]);
@@ -172,17 +179,14 @@ fn load_kinds_parse() {
     // not 2: bad command line); an unknown one does not.
     for kind in ["busy", "sleepy", "mixed"] {
         let out = pvsched()
-            .args(["bench", "s4", "--quick", "--load", kind, "--hogs", "1"])
+            .args(["s4", "--quick", "--load", kind, "--hogs", "1"])
             .args(["--repo", "/nonexistent-pvsched-repo"])
             .args(["--device-bin", "/bin/true", "--agent-bin", "/bin/true"])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(9), "--load {kind}");
     }
-    let out = pvsched()
-        .args(["bench", "s1", "--load", "lazy"])
-        .output()
-        .unwrap();
+    let out = pvsched().args(["s1", "--load", "lazy"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     for kind in ["busy", "sleepy", "mixed"] {
@@ -194,7 +198,6 @@ fn load_kinds_parse() {
 fn bench_that_cannot_run_exits_9() {
     let out = pvsched()
         .args([
-            "bench",
             "s4",
             "--quick",
             "--repo",
@@ -239,7 +242,7 @@ fn s4_runs_the_script_and_relays_its_json() {
     std::fs::write(repo.join("bench/s4.py"), FAKE_S4).unwrap();
     let png = repo.join("s4.png");
     let out = pvsched()
-        .args(["bench", "s4", "--quick", "--reps", "2", "--json", "-"])
+        .args(["s4", "--quick", "--reps", "2", "--json", "-"])
         .args(["--device-bin", "/bin/true", "--agent-bin", "/bin/false"])
         .arg("--repo")
         .arg(&repo)
@@ -275,14 +278,18 @@ fn s4_runs_the_script_and_relays_its_json() {
 
 #[test]
 fn bench_help_lists_the_scenarios() {
-    let out = pvsched().args(["bench", "--help"]).output().unwrap();
+    let out = pvsched().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for s in ["s1", "s2", "s3", "s4", "s5", "9  pvsched-bench"] {
+        assert!(help.contains(s), "{s} in\n{help}");
+    }
+    let out = pvsched().args(["s1", "--help"]).output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for s in [
-        "s1", "s2", "s3", "s4", "s5", "--quick", "--reps", "--json", "--plot", "--hogs", "--load",
-        "sleepy",
+        "--quick", "--reps", "--json", "--plot", "--hogs", "--load", "sleepy",
     ] {
         assert!(help.contains(s), "{s} in\n{help}");
     }
-    assert!(help.contains("9  pvsched bench"));
 }

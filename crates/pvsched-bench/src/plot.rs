@@ -1,4 +1,4 @@
-//! PNG plots for `pvsched bench --plot`, with plotters' bitmap backend and
+//! PNG plots for `pvsched-bench --plot`, with plotters' bitmap backend and
 //! the built-in [`super::font`]: latency CDFs (left: CDF, linear y; right:
 //! the tail as the fraction of samples ≥ x, log y; both log x) and, for
 //! S3, bars of BPF ns/event per program against the target.

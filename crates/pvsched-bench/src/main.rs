@@ -1,10 +1,11 @@
-//! `pvsched bench <s1|s2|s3|s4|s5>`: vanilla vs pvsched back to back in one
-//! invocation, repetitions interleaved, medians and spread, ratios
-//! pvsched/vanilla and the targets, as a table or one JSON object
-//! (the same top-level shape for every scenario), with optional PNG CDFs.
+//! `pvsched-bench <s1|s2|s3|s4|s5>`: vanilla vs pvsched back to back in
+//! one invocation, repetitions interleaved, medians and spread, ratios
+//! pvsched/vanilla and the targets, as a table or one JSON object (the same
+//! top-level shape for every scenario), with optional PNG CDFs. A developer's
+//! and evaluator's tool, kept out of the operator's `pvsched` binary.
 //!
 //! * [`scenario`]: S1–S3 and S5 variants and their JSON; [`runner`] runs
-//!   one variant once in a child [`worker`] (`pvsched bench-run`) beside
+//!   one variant once in a child [`worker`] (`pvsched-bench run`) beside
 //!   [`hogs`], counting the hogs' work; [`costs`] holds S3's host-only
 //!   measurements.
 //! * [`s4`]: relays `bench/s4.py` (Linux guest under QEMU TCG).
@@ -22,16 +23,16 @@ pub mod scenario;
 pub mod stats;
 pub mod worker;
 
-use crate::exit::Exit;
-use clap::{Args, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use hogs::{Load, LoadKind};
+use pvsched_util::exit::{self, Exit};
 use scenario::Scenario;
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
 use worker::BenchDeviceMode;
 
-/// Errors of `pvsched bench`.
+/// Errors of `pvsched-bench`.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     /// S3's host-side measurements failed.
@@ -102,30 +103,78 @@ impl BenchError {
     }
 }
 
-/// Scenarios of `pvsched bench`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ScenarioArg {
+/// pvsched-bench: vanilla vs pvsched, measured back to back.
+#[derive(Parser)]
+#[command(name = "pvsched-bench", version, about, after_help = exit::help(&Exit::ALL))]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
     /// Wakeup latency, host loaded with CPU hogs, plus an idle-host baseline.
-    S1,
+    #[command(after_help = exit::help(&Exit::ALL))]
+    S1(BenchArgs),
     /// IPI and spin round trips with vCPUs > pCPUs, with and without the
     /// directed-yield boost.
-    S2,
+    #[command(after_help = exit::help(&Exit::ALL))]
+    S2(BenchArgs),
     /// Costs: BPF ns/event, decision→applied, handshake, bytes per vCPU.
-    S3,
+    #[command(after_help = exit::help(&Exit::ALL))]
+    S3(BenchArgs),
     /// Seed reproduction: cyclictest in the Linux guest under QEMU TCG
     /// (runs bench/s4.py).
-    S4,
+    #[command(after_help = exit::help(&Exit::ALL))]
+    S4(BenchArgs),
     /// Greedy guest (asks for RT forever, spins on every vCPU) beside busy
     /// hogs: boosted time per budget window and the hogs' share.
+    #[command(after_help = exit::help(&Exit::ALL))]
+    S5(BenchArgs),
+    /// One measured run (internal: the bench starts one per variant and
+    /// repetition).
+    #[command(hide = true)]
+    Run(worker::WorkerArgs),
+    /// The sandboxed device process of a measured run (internal).
+    #[command(hide = true)]
+    Device(pvsched_transport::cli::DeviceArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let (scenario, args) = match Cli::parse().command {
+        Command::S1(a) => (ScenarioArg::S1, a),
+        Command::S2(a) => (ScenarioArg::S2, a),
+        Command::S3(a) => (ScenarioArg::S3, a),
+        Command::S4(a) => (ScenarioArg::S4, a),
+        Command::S5(a) => (ScenarioArg::S5, a),
+        Command::Run(a) => return std::process::ExitCode::from(worker::main(&a) as u8),
+        Command::Device(a) => {
+            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+                .init();
+            return pvsched_transport::cli::main("pvsched-bench device", &a);
+        }
+    };
+    std::process::ExitCode::from(run(scenario, &args))
+}
+
+/// Scenarios of `pvsched-bench` (what each measures: its subcommand's help).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScenarioArg {
+    /// S1.
+    S1,
+    /// S2.
+    S2,
+    /// S3.
+    S3,
+    /// S4.
+    S4,
+    /// S5.
     S5,
 }
 
-/// Arguments of `pvsched bench`.
+/// Arguments of every `pvsched-bench` scenario.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario.
-    #[arg(value_enum)]
-    pub scenario: ScenarioArg,
     /// Short runs (1 repetition, 2 s each unless given): S1 takes ~15 s.
     #[arg(long)]
     pub quick: bool,
@@ -173,15 +222,15 @@ pub struct BenchArgs {
     pub agent_bin: Option<PathBuf>,
 }
 
-/// Runs the subcommand; returns the exit code.
-pub fn main(a: &BenchArgs) -> u8 {
+/// Runs scenario `s`; returns the exit code.
+fn run(s: ScenarioArg, a: &BenchArgs) -> u8 {
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
         .try_init();
-    match bench(a) {
+    match bench(s, a) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("pvsched bench: {e}");
+            eprintln!("pvsched-bench: {e}");
             e.exit()
         }
     }
@@ -190,23 +239,23 @@ pub fn main(a: &BenchArgs) -> u8 {
 /// The command line that reproduces this run.
 fn command_line() -> String {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    args.insert(0, "pvsched".into());
+    args.insert(0, "pvsched-bench".into());
     args.join(" ")
 }
 
-fn bench(a: &BenchArgs) -> Result<(), BenchError> {
+fn bench(scenario: ScenarioArg, a: &BenchArgs) -> Result<(), BenchError> {
     let reps = a.reps.unwrap_or(if a.quick { 1 } else { 3 });
     let duration = a
         .duration
         .unwrap_or(Duration::from_secs(if a.quick { 2 } else { 10 }));
     let mut head = Map::new();
-    let name = format!("{:?}", a.scenario).to_lowercase();
+    let name = format!("{:?}", scenario).to_lowercase();
     head.insert("scenario".into(), json!(name));
     head.insert("quick".into(), json!(a.quick));
     head.insert("reps".into(), json!(reps));
     head.insert("machine".into(), machine::describe());
     head.insert("command".into(), json!(command_line()));
-    let (body, plot_fn): (Map<String, Value>, PlotFn) = match a.scenario {
+    let (body, plot_fn): (Map<String, Value>, PlotFn) = match scenario {
         ScenarioArg::S4 => s4_body(a, &mut head)?,
         s => {
             let sc = match s {
@@ -306,7 +355,7 @@ fn bench(a: &BenchArgs) -> Result<(), BenchError> {
     let j = Value::Object(all);
     plot_fn(&j)?;
     if let Some(p) = &a.plot {
-        eprintln!("pvsched bench: plot written to {}", p.display());
+        eprintln!("pvsched-bench: plot written to {}", p.display());
     }
     match a.json.as_deref() {
         Some("-") => println!("{j}"),
@@ -418,7 +467,7 @@ fn num(v: &Value) -> String {
 /// The human summary: one row per variant, ratios, targets.
 fn print_table(j: &Value) {
     println!(
-        "\npvsched bench {}: {} rep(s){}",
+        "\npvsched-bench {}: {} rep(s){}",
         j["scenario"].as_str().unwrap_or("?"),
         j["reps"],
         if j["quick"] == true { ", quick" } else { "" }
