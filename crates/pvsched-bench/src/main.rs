@@ -44,15 +44,18 @@ pub enum BenchError {
     /// The CPU hogs could not start.
     #[error("bench: starting the CPU hog threads failed: {0}")]
     Hogs(#[source] std::io::Error),
-    /// A JSON result did not parse.
-    #[error("bench: the output of {variant} is not the expected JSON: {source}")]
+    /// A run's output could not be read.
+    #[error("bench: the output of the {variant} run: {source}")]
     Parse {
         /// Which run.
         variant: &'static str,
         /// Why.
         #[source]
-        source: serde_json::Error,
+        source: runner::ReadError,
     },
+    /// bench/s4.py printed something else than one JSON object.
+    #[error("bench: the output of bench/s4.py is not JSON: {0}")]
+    S4Json(#[source] serde_json::Error),
     /// A plot could not be drawn.
     #[error("bench: {0}")]
     Plot(#[from] plot::PlotError),

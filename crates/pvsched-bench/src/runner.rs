@@ -1,12 +1,12 @@
 //! Running one variant of a scenario once: CPU hogs in this process, the
 //! measured VM in a child `pvsched-bench run` (see [`super::worker`]),
-//! whose JSON is parsed here. A child that overruns its time is killed.
+//! whose [`WorkerMsg`] lines are read here. A child that overruns its time
+//! is killed.
 
 use super::BenchError;
 use super::hogs::{HogCounter, Hogs, Load};
 use super::stats::{self, Latency};
-use super::worker::{self, BenchDeviceMode, BenchWorkload};
-use serde_json::{Value, json};
+use super::worker::{BenchDeviceMode, BenchWorkload, VariantPolicy, WorkerMsg, WorkerReport};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,10 +23,8 @@ pub struct Variant {
     pub workload: BenchWorkload,
     /// vCPUs.
     pub vcpus: u32,
-    /// Embedded policy on.
-    pub policy: bool,
-    /// Caps without the directed-yield boost.
-    pub no_yield: bool,
+    /// The host policy.
+    pub policy: VariantPolicy,
     /// CPU hogs beside the VM ([`Load::NONE`]: idle host).
     pub load: Load,
 }
@@ -34,28 +32,50 @@ pub struct Variant {
 impl Variant {
     /// Policy name for the JSON.
     pub fn policy_name(&self) -> &'static str {
-        if self.policy { "embedded" } else { "none" }
+        if self.policy.enabled() {
+            "embedded"
+        } else {
+            "none"
+        }
     }
 
     /// Caps name for the JSON.
     pub fn caps_name(&self) -> Option<&'static str> {
-        match (self.policy, self.no_yield) {
-            (false, _) => None,
-            (true, false) => Some("default"),
-            (true, true) => Some("default, yield_boost = \"none\""),
+        match self.policy {
+            VariantPolicy::None => None,
+            VariantPolicy::Default => Some("default"),
+            VariantPolicy::NoYield => Some("default, yield_boost = \"none\""),
         }
     }
 }
 
 /// What one run gave.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Outcome {
     /// Summary of the raw samples.
     pub latency: Latency,
     /// Raw samples, ns, sorted.
     pub samples: Vec<u64>,
-    /// The worker's JSON without its samples.
-    pub json: Value,
+    /// The worker's report, its samples moved to `samples`.
+    pub report: WorkerReport,
+    /// The 1-minute load average before the hogs started.
+    pub loadavg_1m_before: Option<f64>,
+    /// The hogs' work during the measured time.
+    pub hog: HogWork,
+}
+
+impl Outcome {
+    /// The outcome of `report`, its samples sorted and summarised.
+    pub fn new(mut report: WorkerReport) -> Self {
+        let mut samples = std::mem::take(&mut report.samples_ns);
+        let latency = stats::latency(&mut samples);
+        Outcome {
+            latency,
+            samples,
+            report,
+            ..Outcome::default()
+        }
+    }
 }
 
 /// How every run of a scenario is done.
@@ -91,13 +111,8 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
                 BenchDeviceMode::Sandboxed => "sandboxed",
             }
         ));
-    if v.policy {
-        cmd.arg("--policy");
-    }
-    if v.no_yield {
-        cmd.arg("--no-yield");
-    }
-    if let (true, Some(c)) = (v.policy, &opts.caps) {
+    cmd.arg(format!("--policy={}", v.policy.name()));
+    if let (true, Some(c)) = (v.policy.enabled(), &opts.caps) {
         cmd.arg("--policy-file").arg(c);
     }
     let mut child = cmd
@@ -126,7 +141,7 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
             None => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    let (text, hog) = reader
+    let (report, hog) = reader
         .join()
         .map_err(|_| BenchError::Spawn(std::io::Error::other("the reader thread panicked")))?
         .map_err(BenchError::Spawn)?;
@@ -143,144 +158,171 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
             code: status.code(),
         });
     }
-    let mut out = parse(&text).map_err(|e| BenchError::Parse {
+    let report = report.map_err(|e| BenchError::Parse {
         variant: v.name,
         source: e,
     })?;
-    if let Some(o) = out.json.as_object_mut() {
-        o.insert("loadavg_1m_before".into(), load.into());
-        o.insert("load".into(), v.load.to_json());
-        for (k, x) in hog.to_json(v.load.threads()) {
-            o.insert(k, x);
-        }
-    }
-    Ok(out)
+    Ok(Outcome {
+        loadavg_1m_before: load,
+        hog: hog.only_with(v.load.threads()),
+        ..Outcome::new(report)
+    })
 }
 
 /// The hogs' work during a run's measured time (between the worker's
-/// [`worker::MARK_START`] and [`worker::MARK_END`] lines).
+/// [`WorkerMsg::Measuring`] and [`WorkerMsg::Measured`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HogWork {
-    /// Iterations counted at the start marker.
+    /// Iterations counted at the start.
     start: Option<(u64, Instant)>,
-    /// Iterations and seconds between the markers.
+    /// Iterations and seconds between the two.
     done: Option<(u64, f64)>,
 }
 
 impl HogWork {
-    /// Marker `line` seen with the counters at `total`; `false` if the
-    /// line is no marker.
-    fn on_line(&mut self, line: &str, total: u64, now: Instant) -> bool {
-        match line.trim_end() {
-            worker::MARK_START => {
-                self.start = Some((total, now));
-                true
-            }
-            worker::MARK_END => {
+    /// `msg` seen with the counters at `total`.
+    fn on_msg(&mut self, msg: &WorkerMsg, total: u64, now: Instant) {
+        match msg {
+            WorkerMsg::Measuring => self.start = Some((total, now)),
+            WorkerMsg::Measured => {
                 if let Some((t0, i0)) = self.start {
                     let secs = now.duration_since(i0).as_secs_f64();
                     self.done = Some((total.saturating_sub(t0), secs));
                 }
-                true
             }
-            _ => false,
+            WorkerMsg::Report(_) => {}
         }
     }
 
-    /// `hog_iterations` (total over every hog, measured time only),
-    /// `hog_window_s` and `hog_iterations_per_s`; nulls without hogs or
-    /// markers.
-    pub fn to_json(self, threads: usize) -> Vec<(String, Value)> {
-        let d = self.done.filter(|_| threads > 0);
-        vec![
-            ("hog_iterations".into(), json!(d.map(|x| x.0))),
-            (
-                "hog_window_s".into(),
-                json!(d.map(|x| (x.1 * 1000.0).round() / 1000.0)),
-            ),
-            (
-                "hog_iterations_per_s".into(),
-                json!(d.and_then(|(n, s)| (s > 0.0).then(|| (n as f64 / s).round()))),
-            ),
-        ]
+    /// `iterations` over `secs` of measured time (for tests of what is
+    /// built from outcomes).
+    #[cfg(test)]
+    pub(crate) fn measured(iterations: u64, secs: f64) -> Self {
+        HogWork {
+            start: None,
+            done: Some((iterations, secs)),
+        }
+    }
+
+    /// Nothing counted when no hogs ran (`threads` 0).
+    fn only_with(self, threads: usize) -> Self {
+        if threads > 0 { self } else { Self::default() }
+    }
+
+    /// Iterations of every hog over the measured time.
+    pub fn iterations(self) -> Option<u64> {
+        self.done.map(|d| d.0)
+    }
+
+    /// The measured time the iterations were counted over, s (ms precision).
+    pub fn window_s(self) -> Option<f64> {
+        self.done.map(|d| (d.1 * 1000.0).round() / 1000.0)
+    }
+
+    /// Iterations per second of measured time.
+    pub fn per_s(self) -> Option<f64> {
+        self.done
+            .and_then(|(n, s)| (s > 0.0).then(|| (n as f64 / s).round()))
     }
 }
 
-/// Reads the child's stdout to the end: marker lines drive `HogWork`, the
-/// rest is its JSON.
-fn read_child(out: impl std::io::Read, counter: &HogCounter) -> std::io::Result<(String, HogWork)> {
-    let mut text = String::new();
+/// What went wrong reading the worker's messages.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The pipe failed.
+    #[error("reading the run's output: {0}")]
+    Io(#[from] std::io::Error),
+    /// A line was no [`WorkerMsg`].
+    #[error("a line of the run's output is not a message ({source}): {line}")]
+    Json {
+        /// The line.
+        line: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The run ended without its report.
+    #[error("the run ended without its report")]
+    NoReport,
+}
+
+/// Reads the child's messages to the end: the markers drive `HogWork`, the
+/// last one is the report.
+fn read_child(
+    out: impl std::io::Read,
+    counter: &HogCounter,
+) -> std::io::Result<(Result<WorkerReport, ReadError>, HogWork)> {
+    let mut report = Err(ReadError::NoReport);
     let mut hog = HogWork::default();
     for line in BufReader::new(out).lines() {
         let line = line?;
-        if !hog.on_line(&line, counter.total(), Instant::now()) {
-            text.push_str(&line);
-            text.push('\n');
+        match serde_json::from_str::<WorkerMsg>(&line) {
+            Ok(WorkerMsg::Report(r)) => report = Ok(*r),
+            Ok(m) => hog.on_msg(&m, counter.total(), Instant::now()),
+            // Keep reading (a full pipe would block the child); the first
+            // bad line is the error.
+            Err(source) if report.is_err() => report = Err(ReadError::Json { line, source }),
+            Err(_) => {}
         }
     }
-    Ok((text, hog))
-}
-
-/// Parses the worker's JSON, moving its samples out.
-pub fn parse(text: &str) -> Result<Outcome, serde_json::Error> {
-    let mut json: Value = serde_json::from_str(text.trim())?;
-    let mut samples: Vec<u64> = json
-        .get("samples_ns")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_u64).collect())
-        .unwrap_or_default();
-    if let Some(o) = json.as_object_mut() {
-        o.remove("samples_ns");
-    }
-    let latency = stats::latency(&mut samples);
-    Ok(Outcome {
-        latency,
-        samples,
-        json,
-    })
+    Ok((report, hog))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
-    fn parse_moves_samples_out() {
-        let o = parse(r#"{"ok":true,"samples_ns":[3000,1000,2000]}"#).unwrap();
+    fn outcome_moves_samples_out() {
+        let o = Outcome::new(WorkerReport {
+            ok: true,
+            samples_ns: vec![3000, 1000, 2000],
+            ..WorkerReport::default()
+        });
         assert_eq!(o.samples, vec![1000, 2000, 3000]);
         assert_eq!(o.latency.p50_us, Some(2.0));
         assert_eq!(o.latency.max_us, Some(3.0));
-        assert!(o.json.get("samples_ns").is_none());
-        assert!(parse("not json").is_err());
+        assert!(o.report.samples_ns.is_empty());
     }
 
     #[test]
     fn hog_work_counts_between_the_markers() {
         let t = Instant::now();
         let mut h = HogWork::default();
-        assert!(!h.on_line("{\"ok\":true}", 5, t));
-        assert!(h.on_line(worker::MARK_START, 100, t));
-        assert!(h.on_line(worker::MARK_END, 400, t + Duration::from_secs(2)));
-        let j: serde_json::Map<String, Value> = h.to_json(2).into_iter().collect();
-        assert_eq!(j["hog_iterations"], 300);
-        assert_eq!(j["hog_window_s"], 2.0);
-        assert_eq!(j["hog_iterations_per_s"], 150.0);
-        let idle: serde_json::Map<String, Value> = h.to_json(0).into_iter().collect();
-        assert!(idle["hog_iterations"].is_null());
-        let none: serde_json::Map<String, Value> =
-            HogWork::default().to_json(2).into_iter().collect();
-        assert!(none["hog_iterations"].is_null() && none["hog_iterations_per_s"].is_null());
+        h.on_msg(&WorkerMsg::Measuring, 100, t);
+        h.on_msg(&WorkerMsg::Measured, 400, t + Duration::from_secs(2));
+        assert_eq!(h.iterations(), Some(300));
+        assert_eq!(h.window_s(), Some(2.0));
+        assert_eq!(h.per_s(), Some(150.0));
+        assert_eq!(h.only_with(0).iterations(), None);
+        assert_eq!(HogWork::default().per_s(), None);
+    }
+
+    fn line(m: &WorkerMsg) -> String {
+        serde_json::to_string(m).unwrap() + "\n"
     }
 
     #[test]
-    fn read_child_strips_the_markers() {
-        let out = format!(
-            "{}\n{}\n{{\"ok\":true}}\n",
-            worker::MARK_START,
-            worker::MARK_END
-        );
-        let (text, hog) = read_child(out.as_bytes(), &HogCounter::default()).unwrap();
-        assert_eq!(text.trim(), "{\"ok\":true}");
-        assert_eq!(hog.done.map(|d| d.0), Some(0));
+    fn read_child_takes_the_markers_and_the_report() {
+        let report = WorkerReport {
+            ok: true,
+            events: 7,
+            ..WorkerReport::default()
+        };
+        let out = line(&WorkerMsg::Measuring)
+            + &line(&WorkerMsg::Measured)
+            + &line(&WorkerMsg::Report(Box::new(report.clone())));
+        let (r, hog) = read_child(out.as_bytes(), &HogCounter::default()).unwrap();
+        assert_eq!(r.unwrap(), report);
+        assert_eq!(hog.iterations(), Some(0));
+        let (r, _) = read_child(&b"not json\n"[..], &HogCounter::default()).unwrap();
+        assert!(matches!(r, Err(ReadError::Json { .. })), "{r:?}");
+        let (r, _) = read_child(
+            line(&WorkerMsg::Measuring).as_bytes(),
+            &HogCounter::default(),
+        )
+        .unwrap();
+        assert!(matches!(r, Err(ReadError::NoReport)), "{r:?}");
     }
 }

@@ -95,10 +95,7 @@ pub fn run(a: &S4Args<'_>) -> Result<Value, BenchError> {
             code: out.status.code(),
         });
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| BenchError::Parse {
-        variant: "s4.py",
-        source: e,
-    })
+    serde_json::from_slice(&out.stdout).map_err(BenchError::S4Json)
 }
 
 /// s4.py's `targets` as the bench's list of `{name, goal, value, met}`:

@@ -9,7 +9,8 @@ use super::hogs::Load;
 use super::plot::Series;
 use super::runner::{self, Outcome, RunOpts, Variant};
 use super::stats::{self, median, ratio, spread};
-use super::worker::BenchWorkload;
+use super::worker::{BenchWorkload, VariantPolicy};
+use pvsched::summary::PolicySummary;
 use serde_json::{Map, Value, json};
 
 /// S1–S3 and S5 (S4 is `bench/s4.py`).
@@ -52,8 +53,7 @@ fn v(
     name: &'static str,
     workload: BenchWorkload,
     vcpus: u32,
-    policy: bool,
-    no_yield: bool,
+    policy: VariantPolicy,
     load: Load,
 ) -> Variant {
     Variant {
@@ -61,7 +61,6 @@ fn v(
         workload,
         vcpus,
         policy,
-        no_yield,
         load,
     }
 }
@@ -70,28 +69,29 @@ fn v(
 /// hogs) load the host of every variant but S1's idle ones.
 pub fn variants(s: Scenario, hogs: Load) -> Vec<Variant> {
     use BenchWorkload::*;
+    use VariantPolicy::{Default as Pvsched, NoYield, None as Vanilla};
     match s {
         Scenario::S1 => vec![
-            v("vanilla", Wakeup, 2, false, false, hogs),
-            v("pvsched", Wakeup, 2, true, false, hogs),
-            v("idle_vanilla", Wakeup, 2, false, false, Load::NONE),
-            v("idle_pvsched", Wakeup, 2, true, false, Load::NONE),
+            v("vanilla", Wakeup, 2, Vanilla, hogs),
+            v("pvsched", Wakeup, 2, Pvsched, hogs),
+            v("idle_vanilla", Wakeup, 2, Vanilla, Load::NONE),
+            v("idle_pvsched", Wakeup, 2, Pvsched, Load::NONE),
         ],
         Scenario::S2 => vec![
-            v("vanilla", Ipi, 4, false, false, hogs),
-            v("pvsched", Ipi, 4, true, false, hogs),
-            v("no_yield", Ipi, 4, true, true, hogs),
-            v("spin_vanilla", Spin, 4, false, false, hogs),
-            v("spin_pvsched", Spin, 4, true, false, hogs),
-            v("spin_no_yield", Spin, 4, true, true, hogs),
+            v("vanilla", Ipi, 4, Vanilla, hogs),
+            v("pvsched", Ipi, 4, Pvsched, hogs),
+            v("no_yield", Ipi, 4, NoYield, hogs),
+            v("spin_vanilla", Spin, 4, Vanilla, hogs),
+            v("spin_pvsched", Spin, 4, Pvsched, hogs),
+            v("spin_no_yield", Spin, 4, NoYield, hogs),
         ],
         Scenario::S3 => vec![
-            v("wakeup", Wakeup, 2, true, false, hogs),
-            v("ipi", Ipi, 4, true, false, hogs),
+            v("wakeup", Wakeup, 2, Pvsched, hogs),
+            v("ipi", Ipi, 4, Pvsched, hogs),
         ],
         Scenario::S5 => vec![
-            v("vanilla", Greedy, 2, false, false, hogs),
-            v("pvsched", Greedy, 2, true, false, hogs),
+            v("vanilla", Greedy, 2, Vanilla, hogs),
+            v("pvsched", Greedy, 2, Pvsched, hogs),
         ],
     }
 }
@@ -130,8 +130,8 @@ pub fn execute(
                 fmt(l.p99_us),
                 fmt(l.max_us),
                 l.samples,
-                hog_brief(&o.json),
-                policy_brief(&o.json)
+                hog_brief(&o),
+                policy_brief(&o)
             );
             r.outcomes.push(o);
         }
@@ -143,47 +143,42 @@ fn fmt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |x| format!("{x:.1}"))
 }
 
-fn hog_brief(j: &Value) -> String {
-    match j["hog_iterations_per_s"].as_f64() {
+fn hog_brief(o: &Outcome) -> String {
+    match o.hog.per_s() {
         Some(r) => format!(", hogs {:.3e} it/s", r),
         None => String::new(),
     }
 }
 
-fn policy_brief(j: &Value) -> String {
-    let p = &j["policy"];
-    if p.is_null() {
+fn policy_brief(o: &Outcome) -> String {
+    let Some(p) = &o.report.policy else {
         return String::new();
-    }
-    let s = policy_summary(p);
+    };
     format!(
         ", boosts {}, throttles {}, apply p50 {} p99 {} µs",
-        s["boosts"], s["throttles"], s["apply_p50_us"], s["apply_p99_us"]
+        p.vcpu_sum(|v| v.boosts),
+        p.vcpu_sum(|v| v.throttles),
+        p.apply_p50_us,
+        p.apply_p99_us
     )
 }
 
 /// The per-run policy numbers: sums over vCPUs plus the VM's totals.
-fn policy_summary(p: &Value) -> Value {
-    if p.is_null() {
+fn policy_summary(p: Option<&PolicySummary>) -> Value {
+    let Some(p) = p else {
         return Value::Null;
-    }
-    let sum = |k: &str| -> u64 {
-        p["per_vcpu"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|v| v[k].as_u64()).sum())
-            .unwrap_or(0)
     };
     json!({
-        "decisions": p["decisions"],
-        "dropped": p["dropped"],
-        "boosts": sum("boosts"),
-        "boosts_applied": sum("boosts_applied"),
-        "throttles": sum("throttles"),
-        "slot_hits": sum("slot_hits"),
-        "ipis": sum("ipis"),
-        "apply_samples": p["apply_samples"],
-        "apply_p50_us": p["apply_p50_us"],
-        "apply_p99_us": p["apply_p99_us"],
+        "decisions": p.decisions,
+        "dropped": p.dropped,
+        "boosts": p.vcpu_sum(|v| v.boosts),
+        "boosts_applied": p.vcpu_sum(|v| v.boosts_applied),
+        "throttles": p.vcpu_sum(|v| v.throttles),
+        "slot_hits": p.vcpu_sum(|v| v.slot_hits),
+        "ipis": p.vcpu_sum(|v| v.ipis),
+        "apply_samples": p.apply_samples,
+        "apply_p50_us": p.apply_p50_us,
+        "apply_p99_us": p.apply_p99_us,
     })
 }
 
@@ -200,12 +195,9 @@ pub fn variant_json(r: &Runs) -> Value {
     let max = col(|l| l.max_us);
     let hog_it: Vec<Option<f64>> = o
         .iter()
-        .map(|x| x.json["hog_iterations"].as_f64())
+        .map(|x| x.hog.iterations().map(|n| n as f64))
         .collect();
-    let hog_rate: Vec<Option<f64>> = o
-        .iter()
-        .map(|x| x.json["hog_iterations_per_s"].as_f64())
-        .collect();
+    let hog_rate: Vec<Option<f64>> = o.iter().map(|x| x.hog.per_s()).collect();
     let sp = |v: &[Option<f64>]| spread(v).map(|(lo, hi)| json!({ "min": lo, "max": hi }));
     let runs: Vec<Value> = o
         .iter()
@@ -216,13 +208,13 @@ pub fn variant_json(r: &Runs) -> Value {
                 "rep": i + 1,
                 "p50_us": l.p50_us, "p90_us": l.p90_us, "p99_us": l.p99_us,
                 "p999_us": l.p999_us, "max_us": l.max_us, "samples": l.samples,
-                "events": x.json["events"], "lost_wakeups": x.json["lost_wakeups"],
-                "start_ms": x.json["start_ms"],
-                "loadavg_1m_before": x.json["loadavg_1m_before"],
-                "hog_iterations": x.json["hog_iterations"],
-                "hog_window_s": x.json["hog_window_s"],
-                "hog_iterations_per_s": x.json["hog_iterations_per_s"],
-                "policy": policy_summary(&x.json["policy"]),
+                "events": x.report.events, "lost_wakeups": x.report.lost_wakeups,
+                "start_ms": x.report.start_ms,
+                "loadavg_1m_before": x.loadavg_1m_before,
+                "hog_iterations": x.hog.iterations(),
+                "hog_window_s": x.hog.window_s(),
+                "hog_iterations_per_s": x.hog.per_s(),
+                "policy": policy_summary(x.report.policy.as_ref()),
             })
         })
         .collect();
@@ -399,28 +391,32 @@ pub fn assemble(
     Ok(out)
 }
 
-/// `caps[k]` of a pvsched run (the caps the worker ran with).
-fn cap(o: &Outcome, k: &str) -> Option<u64> {
-    o.json["caps"][k].as_u64()
+/// The caps' budget and window of a pvsched run (the caps the worker ran
+/// with), µs.
+fn budget_window(o: &Outcome) -> (Option<u64>, Option<u64>) {
+    let c = o.report.caps.as_ref();
+    (c.map(|c| c.budget_us), c.map(|c| c.window_us))
 }
 
 /// One pvsched run of S5: per vCPU boosted time per budget window against
 /// the budget, and the worst vCPU's share of the budget.
 fn greedy_run(o: &Outcome) -> Value {
-    let budget = cap(o, "budget_us").filter(|&b| b > 0);
-    let window = cap(o, "window_us").filter(|&w| w > 0);
-    let policy_s = o.json["policy_s"].as_f64().filter(|&s| s > 0.0);
+    let (budget, window) = budget_window(o);
+    let budget = budget.filter(|&b| b > 0);
+    let window = window.filter(|&w| w > 0);
+    let policy_s = o.report.policy_s.filter(|&s| s > 0.0);
     let windows = match (policy_s, window) {
         (Some(s), Some(w)) => Some(s / (w as f64 / 1e6)),
         _ => None,
     };
-    let per_vcpu: Vec<Value> = o.json["boosted_ns"]
-        .as_array()
-        .into_iter()
+    let per_vcpu: Vec<Value> = o
+        .report
+        .boosted_ns
+        .iter()
         .flatten()
         .enumerate()
-        .map(|(i, b)| {
-            let ns = b.as_u64();
+        .map(|(i, &b)| {
+            let ns = Some(b);
             let per_window_us = match (ns, windows) {
                 (Some(ns), Some(w)) => Some(stats::round2(ns as f64 / 1e3 / w)),
                 _ => None,
@@ -429,12 +425,12 @@ fn greedy_run(o: &Outcome) -> Value {
                 (Some(u), Some(b)) => Some((u / b as f64 * 1000.0).round() / 1000.0),
                 _ => None,
             };
-            let pv = &o.json["policy"]["per_vcpu"][i];
+            let pv = o.report.policy.as_ref().and_then(|p| p.per_vcpu.get(i));
             json!({
                 "index": i,
                 "boosted_ns": ns,
-                "boosts": pv["boosts"],
-                "throttles": pv["throttles"],
+                "boosts": pv.map(|v| v.boosts),
+                "throttles": pv.map(|v| v.throttles),
                 "boosted_us_per_window": per_window_us,
                 "of_budget": of_budget,
             })
@@ -465,11 +461,10 @@ fn s5(runs: &[Runs], out: &mut Map<String, Value>) {
     }
     let pv: Vec<&Outcome> = runs
         .iter()
-        .filter(|r| r.variant.policy)
+        .filter(|r| r.variant.policy.enabled())
         .flat_map(|r| r.outcomes.iter())
         .collect();
-    let budget_us = pv.first().and_then(|o| cap(o, "budget_us"));
-    let window_us = pv.first().and_then(|o| cap(o, "window_us"));
+    let (budget_us, window_us) = pv.first().map_or((None, None), |o| budget_window(o));
     let share = match (budget_us, window_us) {
         (Some(b), Some(w)) if b > 0 && w > 0 => Some((b as f64 / w as f64).min(1.0)),
         _ => None,
@@ -632,18 +627,13 @@ fn s3_runs(runs: &[Runs]) -> S3Runs {
         let mut progs: Vec<(String, u64, u64)> = Vec::new();
         let (mut a50, mut a99, mut dec) = (Vec::new(), Vec::new(), Vec::new());
         for o in &r.outcomes {
-            let p = &o.json["policy"];
-            a50.push(p["apply_p50_us"].as_f64());
-            a99.push(p["apply_p99_us"].as_f64());
-            dec.push(p["decisions"].clone());
-            for s in o.json["prog_stats"].as_array().into_iter().flatten() {
-                let name = s["name"].as_str().unwrap_or("?");
-                let (c, ns) = (
-                    s["run_cnt"].as_u64().unwrap_or(0),
-                    s["run_time_ns"].as_u64().unwrap_or(0),
-                );
-                add_prog(&mut progs, name, c, ns);
-                add_prog(&mut all.totals, name, c, ns);
+            let p = o.report.policy.as_ref();
+            a50.push(p.map(|p| p.apply_p50_us));
+            a99.push(p.map(|p| p.apply_p99_us));
+            dec.push(p.map(|p| p.decisions));
+            for s in &o.report.prog_stats {
+                add_prog(&mut progs, &s.name, s.run_cnt, s.run_time_ns);
+                add_prog(&mut all.totals, &s.name, s.run_cnt, s.run_time_ns);
             }
         }
         all.apply50.extend(a50.iter().copied());
@@ -678,7 +668,7 @@ fn s3_handshake(runs: &[Runs]) -> Result<Value, BenchError> {
     let hsl = stats::latency(&mut hs);
     let starts: Vec<Option<f64>> = runs
         .iter()
-        .flat_map(|r| r.outcomes.iter().map(|o| o.json["start_ms"].as_f64()))
+        .flat_map(|r| r.outcomes.iter().map(|o| Some(o.report.start_ms)))
         .collect();
     Ok(json!({
         "device_in_process_us": { "p50": hsl.p50_us, "p99": hsl.p99_us, "max": hsl.max_us, "iterations": hsl.samples },
@@ -747,16 +737,54 @@ mod tests {
 
     use crate::hogs::LoadKind;
 
+    use crate::runner::HogWork;
+    use crate::worker::{ProgStat, WorkerReport};
+    use pvsched::summary::VcpuSummary;
+    use pvsched_policy::Caps;
+
+    /// An outcome of `report` with the hogs at `hog_per_s` over 2 s.
+    fn with_hogs(report: WorkerReport, hog_per_s: f64) -> Outcome {
+        Outcome {
+            hog: HogWork::measured((hog_per_s * 2.0) as u64, 2.0),
+            ..Outcome::new(report)
+        }
+    }
+
+    fn policy(vcpus: &[(u64, u64)]) -> PolicySummary {
+        PolicySummary {
+            decisions: 4,
+            apply_samples: 2,
+            apply_p50_us: 10.0,
+            apply_p99_us: 50.0,
+            per_vcpu: vcpus
+                .iter()
+                .map(|&(boosts, throttles)| VcpuSummary {
+                    boosts,
+                    throttles,
+                    ..VcpuSummary::default()
+                })
+                .collect(),
+            ..PolicySummary::default()
+        }
+    }
+
     fn outcome(p50: u64, p99: u64, hog_per_s: f64) -> Outcome {
-        let text = format!(
-            r#"{{"ok":true,"events":3,"policy":{{"decisions":4,"dropped":0,"apply_samples":2,"apply_p50_us":10.0,"apply_p99_us":50.0,"per_vcpu":[{{"boosts":2,"throttles":1}}]}},"prog_stats":[{{"name":"switch","run_cnt":10,"run_time_ns":9000}}],"start_ms":40.0,"hog_iterations":{},"hog_window_s":2.0,"hog_iterations_per_s":{hog_per_s},"samples_ns":[{}]}}"#,
-            hog_per_s * 2.0,
-            std::iter::repeat_n(p50.to_string(), 98)
-                .chain([p99.to_string(), p99.to_string()])
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        runner::parse(&text).unwrap()
+        let mut samples_ns = vec![p50; 98];
+        samples_ns.extend([p99, p99]);
+        let report = WorkerReport {
+            ok: true,
+            events: 3,
+            policy: Some(policy(&[(2, 1)])),
+            prog_stats: vec![ProgStat {
+                name: "switch".into(),
+                run_cnt: 10,
+                run_time_ns: 9000,
+            }],
+            start_ms: 40.0,
+            samples_ns,
+            ..WorkerReport::default()
+        };
+        with_hogs(report, hog_per_s)
     }
 
     const LOAD: Load = Load {
@@ -773,7 +801,11 @@ mod tests {
                     .find(|x| x.0 == variant.name)
                     .map_or(1, |x| x.1);
                 // pvsched's hogs get 96 % of vanilla's work.
-                let hog = if variant.policy { 960.0 } else { 1000.0 };
+                let hog = if variant.policy.enabled() {
+                    960.0
+                } else {
+                    1000.0
+                };
                 Runs {
                     variant,
                     outcomes: vec![
@@ -832,25 +864,37 @@ mod tests {
 
     /// A greedy pvsched run: 10.5 s registered, window 1 s, budget 0.2 s.
     fn greedy(boosted_ns: [u64; 2], hog_per_s: f64) -> Outcome {
-        let text = format!(
-            r#"{{"ok":true,"events":0,"policy":{{"decisions":4,"per_vcpu":[{{"boosts":3,"throttles":9}},{{"boosts":4,"throttles":8}}]}},"policy_s":10.5,"boosted_ns":[{},{}],"caps":{{"budget_us":200000,"window_us":1000000}},"hog_iterations_per_s":{hog_per_s},"samples_ns":[]}}"#,
-            boosted_ns[0], boosted_ns[1]
-        );
-        runner::parse(&text).unwrap()
+        let report = WorkerReport {
+            ok: true,
+            policy: Some(policy(&[(3, 9), (4, 8)])),
+            policy_s: Some(10.5),
+            boosted_ns: Some(boosted_ns.into()),
+            caps: Some(Caps {
+                budget_us: 200_000,
+                window_us: 1_000_000,
+                ..Caps::default()
+            }),
+            ..WorkerReport::default()
+        };
+        with_hogs(report, hog_per_s)
     }
 
     fn s5_runs(pv: [Outcome; 2]) -> Vec<Runs> {
         let mut v = variants(Scenario::S5, LOAD).into_iter();
         let van = v.next().unwrap();
         let pvs = v.next().unwrap();
-        assert!(!van.policy && pvs.policy && van.workload == BenchWorkload::Greedy);
+        assert!(!van.policy.enabled() && pvs.policy.enabled());
+        assert_eq!(van.workload, BenchWorkload::Greedy);
         vec![
             Runs {
                 variant: van,
-                outcomes: vec![
-                    runner::parse(r#"{"ok":true,"hog_iterations_per_s":1000,"samples_ns":[]}"#)
-                        .unwrap(),
-                ],
+                outcomes: vec![with_hogs(
+                    WorkerReport {
+                        ok: true,
+                        ..WorkerReport::default()
+                    },
+                    1000.0,
+                )],
             },
             Runs {
                 variant: pvs,

@@ -2,29 +2,77 @@
 //! its own process so every repetition starts from a fresh VM, agent and
 //! BPF object. It wires the reference VMM and the embedded policy exactly
 //! as `pvsched run --policy embedded --region device` does (the agent's
-//! BPF map is BAR2's memslot) and prints one JSON object on stdout with
-//! what `pvsched run --json` does not print: every raw latency sample (for
-//! the CDF plots), the BPF run time per program and the start-up time.
+//! BPF map is BAR2's memslot) and talks to the bench in [`WorkerMsg`]
+//! lines on stdout: when its measured time starts and ends, then one
+//! [`WorkerReport`] with what `pvsched run --json` does not print: every
+//! raw latency sample (for the CDF plots), the BPF run time per program
+//! and the start-up time.
 
 use super::hogs;
 use clap::{Args, ValueEnum};
 use pvsched::embedded::{Embedded, EmbeddedError};
-use pvsched::summary;
+use pvsched::summary::PolicySummary;
 use pvsched_agent::{AgentConfig, AgentError};
 use pvsched_device::RegionMode;
 use pvsched_policy::{BoostKind, Caps};
 use pvsched_util::exit::Exit;
 use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, VmConfig, Workload};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-/// Line the worker prints on stdout when its measured time starts (the
-/// guest is in its loops) and when it ends (the policy's stats are read):
-/// the bench counts the hogs' iterations between the two.
-pub const MARK_START: &str = "#pvsched-bench measuring";
-/// See [`MARK_START`].
-pub const MARK_END: &str = "#pvsched-bench measured";
+/// What the worker tells the bench, one JSON object per line on stdout.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum WorkerMsg {
+    /// The measured time starts (the guest is in its loops): the bench
+    /// counts the hogs' iterations from here...
+    Measuring,
+    /// ... to here (the policy's stats are read).
+    Measured,
+    /// The run's results; the last line.
+    Report(Box<WorkerReport>),
+}
+
+/// One BPF program's run count and time (`bpf_prog_info`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProgStat {
+    /// Program name.
+    pub name: String,
+    /// Runs.
+    pub run_cnt: u64,
+    /// Total run time, ns.
+    pub run_time_ns: u64,
+}
+
+/// The results of one measured run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The guest reached DRIVER_OK, shut down cleanly, no vCPU faulted and
+    /// the device was not lost.
+    pub ok: bool,
+    /// Workload events, all vCPUs.
+    pub events: u64,
+    /// `wakeup`: injections never acknowledged.
+    pub lost_wakeups: u64,
+    /// Wall time the workload ran, s.
+    pub duration_s: f64,
+    /// VM build to every vCPU in its loop, ms.
+    pub start_ms: f64,
+    /// The policy's numbers at the end of the measured time (pvsched
+    /// variants).
+    pub policy: Option<PolicySummary>,
+    /// How long the VM had been registered when `policy` was read, s.
+    pub policy_s: Option<f64>,
+    /// Per vCPU, time boosted, ns.
+    pub boosted_ns: Option<Vec<u64>>,
+    /// The caps the run used (pvsched variants).
+    pub caps: Option<Caps>,
+    /// Per BPF program.
+    pub prog_stats: Vec<ProgStat>,
+    /// Every latency sample, all vCPUs, ns.
+    pub samples_ns: Vec<u64>,
+}
 
 /// Errors of one measured run.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +147,45 @@ impl BenchWorkload {
     }
 }
 
+/// The host policy of a variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum VariantPolicy {
+    /// No host policy (vanilla).
+    None,
+    /// The embedded BPF policy with the run's caps.
+    Default,
+    /// The same without the directed-yield boost (`yield_boost = "none"`).
+    NoYield,
+}
+
+impl VariantPolicy {
+    /// Whether the BPF policy runs.
+    pub fn enabled(self) -> bool {
+        self != VariantPolicy::None
+    }
+
+    /// The CLI spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            VariantPolicy::None => "none",
+            VariantPolicy::Default => "default",
+            VariantPolicy::NoYield => "no-yield",
+        }
+    }
+
+    /// The caps of this variant from the run's `base` caps (the defaults if
+    /// `None`); `None` for no policy.
+    pub fn caps(self, base: Option<Caps>) -> Option<Caps> {
+        let mut c = base.unwrap_or_default();
+        match self {
+            VariantPolicy::None => return None,
+            VariantPolicy::Default => {}
+            VariantPolicy::NoYield => c.yield_boost = BoostKind::None,
+        }
+        Some(c)
+    }
+}
+
 /// Where the device runs (as `pvsched run --device-mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BenchDeviceMode {
@@ -120,28 +207,15 @@ pub struct WorkerArgs {
     /// How long the workload runs.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
-    /// Load the embedded BPF policy (default caps).
-    #[arg(long)]
-    pub policy: bool,
-    /// With --policy: caps with `yield_boost = "none"` (no directed-yield boost).
-    #[arg(long)]
-    pub no_yield: bool,
+    /// The host policy.
+    #[arg(long, value_enum, default_value_t = VariantPolicy::None)]
+    pub policy: VariantPolicy,
     /// Where the device runs.
     #[arg(long, value_enum, default_value_t = BenchDeviceMode::InProcess)]
     pub device_mode: BenchDeviceMode,
     /// With --policy: caps from this TOML file instead of the defaults.
     #[arg(long)]
     pub policy_file: Option<std::path::PathBuf>,
-}
-
-/// The caps of a pvsched variant: `base` (default caps if `None`), and
-/// without the directed-yield boost if `no_yield`.
-pub fn caps(base: Option<Caps>, no_yield: bool) -> Caps {
-    let mut c = base.unwrap_or_default();
-    if no_yield {
-        c.yield_boost = BoostKind::None;
-    }
-    c
 }
 
 /// Reads caps TOML.
@@ -177,17 +251,14 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         let exe = std::env::current_exe().map_err(WorkerError::Exe)?;
         vm.device_mode = DeviceMode::Sandboxed(DeviceProgram::new(exe, ["device"]));
     }
-    let mut caps_json = Value::Null;
-    let mut policy = if a.policy {
-        let base = match &a.policy_file {
-            Some(p) => Some(load_caps(p)?),
-            None => None,
-        };
-        let c = caps(base, a.no_yield);
-        caps_json = serde_json::to_value(&c).unwrap_or(Value::Null);
-        Some(Embedded::load(c, AgentConfig::default())?)
-    } else {
-        None
+    let base = match (&a.policy_file, a.policy.enabled()) {
+        (Some(p), true) => Some(load_caps(p)?),
+        _ => None,
+    };
+    let caps = a.policy.caps(base);
+    let mut policy = match &caps {
+        Some(c) => Some(Embedded::load(c.clone(), AgentConfig::default())?),
+        None => None,
     };
     vm.policy_sink = policy.as_ref().map(Embedded::sink);
     vm.on_device_lost = policy.as_ref().map(Embedded::device_lost_hook);
@@ -203,7 +274,7 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     })?;
     let start_ms = t0.elapsed().as_secs_f64() * 1e3;
     let monitor = run.vm().monitor().clone();
-    mark(MARK_START);
+    send(&WorkerMsg::Measuring);
     std::thread::sleep(a.duration);
     // The policy's numbers at the end of the measured time; then the VM
     // is unregistered (every vCPU thread back at its baseline) while its
@@ -213,13 +284,17 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     // How long the VM had been registered (boot + workload) when its
     // stats were read: the time its boosted_ns were collected over.
     let policy_s = attached.map(|t| round3(t.elapsed().as_secs_f64()));
-    mark(MARK_END);
-    let progs: Vec<_> = policy
+    send(&WorkerMsg::Measured);
+    let prog_stats: Vec<_> = policy
         .as_ref()
         .and_then(|p| p.agent().map(|a| a.prog_stats()))
         .unwrap_or_default()
         .into_iter()
-        .map(|(name, cnt, ns)| json!({ "name": name, "run_cnt": cnt, "run_time_ns": ns }))
+        .map(|(name, run_cnt, run_time_ns)| ProgStat {
+            name,
+            run_cnt,
+            run_time_ns,
+        })
         .collect();
     if let Some(p) = policy.as_mut() {
         p.detach();
@@ -233,24 +308,21 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         && report.clean_shutdown
         && report.device_lost.is_none()
         && report.per_vcpu.iter().all(|v| v.fault.is_none());
-    let out = json!({
-        "ok": ok,
-        "handshake": report.handshake,
-        "events": report.events,
-        "lost_wakeups": report.lost_wakeups,
-        "duration_s": report.duration_s,
-        "device_mode": report.device_mode,
-        "start_ms": (start_ms * 10.0).round() / 10.0,
-        "mmio_read_service": report.mmio_read_service,
-        "mmio_write_service": report.mmio_write_service,
-        "policy": stats.as_ref().map(|s| summary::to_json("embedded", s)),
-        "policy_s": policy_s,
-        "boosted_ns": stats.as_ref().map(|s| s.vcpus.iter().map(|v| v.boosted_ns).collect::<Vec<_>>()),
-        "caps": caps_json,
-        "prog_stats": progs,
-        "samples_ns": samples,
-    });
-    println!("{out}");
+    send(&WorkerMsg::Report(Box::new(WorkerReport {
+        ok,
+        events: report.events,
+        lost_wakeups: report.lost_wakeups,
+        duration_s: report.duration_s,
+        start_ms: (start_ms * 10.0).round() / 10.0,
+        policy: stats.as_ref().map(|s| PolicySummary::new("embedded", s)),
+        policy_s,
+        boosted_ns: stats
+            .as_ref()
+            .map(|s| s.vcpus.iter().map(|v| v.boosted_ns).collect()),
+        caps,
+        prog_stats,
+        samples_ns: samples,
+    })));
     if !ok {
         eprintln!(
             "bench run: the guest did not run cleanly (handshake {}, clean shutdown {})",
@@ -261,10 +333,13 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     Ok(Exit::Ok)
 }
 
-/// One marker line on stdout, flushed at once (the bench reads it live).
-fn mark(line: &str) {
+/// One message line on stdout, flushed at once (the bench reads it live).
+fn send(msg: &WorkerMsg) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
+    // A message always serializes (no maps with non-string keys).
+    if let Ok(line) = serde_json::to_string(msg) {
+        let _ = writeln!(out, "{line}");
+    }
     let _ = out.flush();
 }
 
@@ -278,7 +353,7 @@ mod tests {
 
     #[test]
     fn no_yield_caps_disable_only_the_yield_boost() {
-        let c = caps(None, true);
+        let c = VariantPolicy::NoYield.caps(None).unwrap();
         assert_eq!(c.yield_boost, BoostKind::None);
         assert_eq!(
             Caps {
@@ -287,12 +362,29 @@ mod tests {
             },
             Caps::default()
         );
-        assert_eq!(caps(None, false), Caps::default());
+        assert_eq!(VariantPolicy::Default.caps(None), Some(Caps::default()));
+        assert_eq!(VariantPolicy::None.caps(None), None);
         let base = Caps {
             max_boost_us: 0,
             ..Caps::default()
         };
-        assert_eq!(caps(Some(base.clone()), false), base);
+        assert_eq!(VariantPolicy::Default.caps(Some(base.clone())), Some(base));
+    }
+
+    #[test]
+    fn messages_are_one_tagged_json_line_each() {
+        let r = WorkerMsg::Report(Box::new(WorkerReport {
+            ok: true,
+            samples_ns: vec![3, 1],
+            ..WorkerReport::default()
+        }));
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(!line.contains('\n') && line.contains(r#""event":"report""#));
+        assert_eq!(serde_json::from_str::<WorkerMsg>(&line).unwrap(), r);
+        assert_eq!(
+            serde_json::to_string(&WorkerMsg::Measuring).unwrap(),
+            r#"{"event":"measuring"}"#
+        );
     }
 
     #[test]

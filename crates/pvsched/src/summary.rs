@@ -4,7 +4,8 @@
 //! [`VmStats`].
 
 use pvsched_agent::VmStats;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::io::Write;
 
 /// `+1`-encoded vCPU index (0 = none) as an index.
@@ -12,53 +13,128 @@ fn plus_one(v: u32) -> Option<u32> {
     v.checked_sub(1)
 }
 
+/// One vCPU thread's policy numbers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct VcpuSummary {
+    /// vCPU index.
+    pub index: usize,
+    /// Its thread.
+    pub tid: u32,
+    /// Boosts the policy decided.
+    pub boosts: u64,
+    /// Boosts the applier put on the thread.
+    pub boosts_applied: u64,
+    /// Boosts ended by the caps (continuous limit or budget).
+    pub throttles: u64,
+    /// Time spent boosted, ms.
+    pub boosted_ms: f64,
+    /// IPIs sent.
+    pub ipis: u64,
+    /// vCPU index of the last IPI's receiver.
+    pub last_ipi_target: Option<u32>,
+    /// Decisions taken from the guest's slot.
+    pub slot_hits: u64,
+    /// vCPU index in the directed-yield slot.
+    pub yield_slot: Option<u32>,
+    /// `sched_setattr` failures.
+    pub errors: u64,
+}
+
+/// One emulator thread's policy numbers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EmulatorSummary {
+    /// Its thread.
+    pub tid: u32,
+    /// Boosts the policy decided.
+    pub boosts: u64,
+    /// Boosts the applier put on the thread.
+    pub boosts_applied: u64,
+    /// Boosts ended by the caps.
+    pub throttles: u64,
+    /// Time spent boosted, ms.
+    pub boosted_ms: f64,
+    /// `sched_setattr` failures.
+    pub errors: u64,
+}
+
+/// The policy section (`"policy"` in `pvsched run --json`, and in each
+/// measured run of `pvsched-bench`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicySummary {
+    /// `embedded` or `daemon`.
+    pub name: String,
+    /// Decisions the BPF policy emitted.
+    pub decisions: u64,
+    /// Decisions lost (ring buffer full).
+    pub dropped: u64,
+    /// Thread states the reconciliation corrected.
+    pub corrections: u64,
+    /// Decision→applied samples.
+    pub apply_samples: usize,
+    /// Decision→applied median, µs.
+    pub apply_p50_us: f64,
+    /// Decision→applied 99th percentile, µs.
+    pub apply_p99_us: f64,
+    /// Per vCPU.
+    pub per_vcpu: Vec<VcpuSummary>,
+    /// Per emulator thread.
+    pub emulators: Vec<EmulatorSummary>,
+}
+
+impl PolicySummary {
+    /// The summary of policy `name`'s statistics `s`.
+    pub fn new(name: &str, s: &VmStats) -> Self {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        PolicySummary {
+            name: name.to_owned(),
+            decisions: s.decisions,
+            dropped: s.dropped,
+            corrections: s.corrections,
+            apply_samples: s.apply_samples,
+            apply_p50_us: s.apply_p50_ns as f64 / 1e3,
+            apply_p99_us: s.apply_p99_ns as f64 / 1e3,
+            per_vcpu: s
+                .vcpus
+                .iter()
+                .enumerate()
+                .map(|(i, v)| VcpuSummary {
+                    index: i,
+                    tid: v.tid,
+                    boosts: v.boosts,
+                    boosts_applied: v.boosts_applied,
+                    throttles: v.throttles,
+                    boosted_ms: ms(v.boosted_ns),
+                    ipis: v.ipis,
+                    last_ipi_target: plus_one(v.last_ipi_target),
+                    slot_hits: v.slot_hits,
+                    yield_slot: plus_one(v.yield_slot),
+                    errors: v.errors,
+                })
+                .collect(),
+            emulators: s
+                .emulators
+                .iter()
+                .map(|v| EmulatorSummary {
+                    tid: v.tid,
+                    boosts: v.boosts,
+                    boosts_applied: v.boosts_applied,
+                    throttles: v.throttles,
+                    boosted_ms: ms(v.boosted_ns),
+                    errors: v.errors,
+                })
+                .collect(),
+        }
+    }
+
+    /// Sum of `f` over the vCPUs.
+    pub fn vcpu_sum(&self, f: impl Fn(&VcpuSummary) -> u64) -> u64 {
+        self.per_vcpu.iter().map(f).fold(0, u64::saturating_add)
+    }
+}
+
 /// The policy section as JSON (`"policy"` in `pvsched run --json`).
 pub fn to_json(name: &str, s: &VmStats) -> Value {
-    let vcpus: Vec<Value> = s
-        .vcpus
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            json!({
-                "index": i,
-                "tid": v.tid,
-                "boosts": v.boosts,
-                "boosts_applied": v.boosts_applied,
-                "throttles": v.throttles,
-                "boosted_ms": v.boosted_ns as f64 / 1e6,
-                "ipis": v.ipis,
-                "last_ipi_target": plus_one(v.last_ipi_target),
-                "slot_hits": v.slot_hits,
-                "yield_slot": plus_one(v.yield_slot),
-                "errors": v.errors,
-            })
-        })
-        .collect();
-    let emulators: Vec<Value> = s
-        .emulators
-        .iter()
-        .map(|v| {
-            json!({
-                "tid": v.tid,
-                "boosts": v.boosts,
-                "boosts_applied": v.boosts_applied,
-                "throttles": v.throttles,
-                "boosted_ms": v.boosted_ns as f64 / 1e6,
-                "errors": v.errors,
-            })
-        })
-        .collect();
-    json!({
-        "name": name,
-        "decisions": s.decisions,
-        "dropped": s.dropped,
-        "corrections": s.corrections,
-        "apply_samples": s.apply_samples,
-        "apply_p50_us": s.apply_p50_ns as f64 / 1e3,
-        "apply_p99_us": s.apply_p99_ns as f64 / 1e3,
-        "per_vcpu": vcpus,
-        "emulators": emulators,
-    })
+    serde_json::to_value(PolicySummary::new(name, s)).unwrap_or(Value::Null)
 }
 
 fn opt(v: Option<u32>) -> String {
