@@ -11,12 +11,13 @@
 use super::hogs;
 use clap::{Args, ValueEnum};
 use pvsched::embedded::{Embedded, EmbeddedError};
+use pvsched::launch::{self, LaunchError, Launched};
 use pvsched::summary::PolicySummary;
 use pvsched_agent::{AgentConfig, AgentError};
 use pvsched_device::RegionMode;
 use pvsched_policy::{BoostKind, Caps};
 use pvsched_util::exit::Exit;
-use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, VmConfig, Workload};
+use pvsched_vmm::{VmConfig, Workload};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -77,9 +78,6 @@ pub struct WorkerReport {
 /// Errors of one measured run.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    /// The VM could not be built or started.
-    #[error("bench run: the VM did not start: {0}")]
-    Vm(#[from] pvsched_vmm::Error),
     /// The embedded policy could not be loaded or attached.
     #[error("bench run: {0}")]
     Policy(#[from] EmbeddedError),
@@ -91,9 +89,9 @@ pub enum WorkerError {
         /// What is wrong.
         msg: String,
     },
-    /// This program could not be found (sandboxed device mode needs it).
-    #[error("bench run: cannot find this program to start the device process: {0}")]
-    Exe(#[source] std::io::Error),
+    /// The VM could not be launched with its policy.
+    #[error("bench run: {0}")]
+    Launch(#[from] LaunchError),
     /// The test guest of this build has no such workload.
     #[error(
         "bench run: the test guest of this build has no `{0}` workload (pvsched-vmm's Workload does not parse \"{0}\"); rebuild with a pvsched-vmm that has it"
@@ -104,9 +102,14 @@ pub enum WorkerError {
 impl WorkerError {
     fn exit(&self) -> Exit {
         match self {
-            WorkerError::Vm(pvsched_vmm::Error::KvmMissing) => Exit::NoKvm,
-            WorkerError::Vm(pvsched_vmm::Error::KvmPermission) => Exit::KvmPermission,
-            WorkerError::Policy(EmbeddedError::Agent(AgentError::Bpf(_))) => Exit::PolicyLoad,
+            WorkerError::Launch(LaunchError::Vm(pvsched_vmm::Error::KvmMissing)) => Exit::NoKvm,
+            WorkerError::Launch(LaunchError::Vm(pvsched_vmm::Error::KvmPermission)) => {
+                Exit::KvmPermission
+            }
+            WorkerError::Policy(EmbeddedError::Agent(AgentError::Bpf(_)))
+            | WorkerError::Launch(LaunchError::Policy(EmbeddedError::Agent(AgentError::Bpf(_)))) => {
+                Exit::PolicyLoad
+            }
             WorkerError::Caps { .. } => Exit::PolicyFile,
             _ => Exit::Failure,
         }
@@ -248,8 +251,7 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     let mut vm = VmConfig::new(a.vcpus, a.workload.workload()?);
     vm.region = RegionMode::Device;
     if a.device_mode == BenchDeviceMode::Sandboxed {
-        let exe = std::env::current_exe().map_err(WorkerError::Exe)?;
-        vm.device_mode = DeviceMode::Sandboxed(DeviceProgram::new(exe, ["device"]));
+        vm.device_mode = launch::sandboxed_device()?;
     }
     let base = match (&a.policy_file, a.policy.enabled()) {
         (Some(p), true) => Some(load_caps(p)?),
@@ -260,18 +262,8 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         Some(c) => Some(Embedded::load(c.clone(), AgentConfig::default())?),
         None => None,
     };
-    vm.policy_sink = policy.as_ref().map(Embedded::sink);
-    vm.on_device_lost = policy.as_ref().map(Embedded::device_lost_hook);
-    let cfg = RunConfig::new(vm, a.duration);
     let t0 = Instant::now();
-    let mut attached = None;
-    let run = Run::start_with(&cfg, |vm| match policy.as_mut() {
-        Some(p) => {
-            attached = Some(Instant::now());
-            p.attach_device(vm).map_err(WorkerError::Policy)
-        }
-        None => Ok(()),
-    })?;
+    let Launched { run, attached } = launch::start(vm, a.duration, policy.as_mut())?;
     let start_ms = t0.elapsed().as_secs_f64() * 1e3;
     let monitor = run.vm().monitor().clone();
     send(&WorkerMsg::Measuring);

@@ -3,7 +3,10 @@
 //!
 //! * [`embedded`]: `--policy embedded`, the BPF policy agent in-process,
 //!   wired to the reference VMM (BAR2 backing, slot addresses, KICK).
+//! * [`launch`]: starting the reference VMM's VM with that policy wired to
+//!   it (`pvsched run` and `pvsched-bench run`).
 //! * [`summary`]: the policy part of the `pvsched run` summary.
 
 pub mod embedded;
+pub mod launch;
 pub mod summary;

@@ -4,11 +4,12 @@
 use crate::exit::Exit;
 use clap::{Args, ValueEnum};
 use pvsched::embedded::{Embedded, EmbeddedError};
+use pvsched::launch::{self, LaunchError};
 use pvsched::summary;
 use pvsched_agent::{AgentConfig, AgentError, VmStats};
 use pvsched_device::RegionMode;
 use pvsched_policy::Caps;
-use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, RunReport, VmConfig, Workload};
+use pvsched_vmm::{Run, RunReport, VmConfig, Workload};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -159,11 +160,10 @@ pub enum RunError {
     /// `--trace` without the embedded policy.
     #[error("--trace needs --policy embedded (pvschedd has no trace option yet)")]
     TraceWithoutEmbedded,
-    /// The sandboxed device process is this binary, which could not be found.
-    #[error(
-        "cannot find this program to start the device process: {0}; use --device-mode in-process"
-    )]
-    CurrentExe(#[source] std::io::Error),
+    /// The sandboxed device process is this binary, which could not be
+    /// found (the message says to use --device-mode in-process).
+    #[error("{0}")]
+    CurrentExe(#[source] LaunchError),
     /// `--policy-file` unreadable or invalid (the message names the file).
     #[error("{0}")]
     PolicyFile(String),
@@ -179,6 +179,16 @@ pub enum RunError {
     /// The summary could not be written to stdout.
     #[error("writing the summary failed: {0}")]
     Write(#[source] std::io::Error),
+}
+
+impl From<LaunchError> for RunError {
+    fn from(e: LaunchError) -> Self {
+        match e {
+            LaunchError::Vm(e) => RunError::Vm(e),
+            LaunchError::Policy(e) => RunError::Policy(e),
+            e @ LaunchError::CurrentExe(_) => RunError::CurrentExe(e),
+        }
+    }
 }
 
 impl RunError {
@@ -219,34 +229,20 @@ fn run(args: &RunArgs) -> Result<Exit, RunError> {
     if policy_kind != Policy::Embedded && args.trace.is_some() {
         return Err(RunError::TraceWithoutEmbedded);
     }
-    let mut vm = vm_config(args)?;
+    let vm = vm_config(args)?;
     // Declared before the run: dropped (unregistered, baselines restored)
     // only after the VM is shut down.
     let mut policy = load_policy(args)?;
-    vm.policy_sink = policy.as_ref().map(Embedded::sink);
-    vm.on_device_lost = policy.as_ref().map(Embedded::device_lost_hook);
-    let cfg = RunConfig::new(vm, args.duration);
     eprintln!(
         "pvsched run: {} vCPUs, workload {}, {} region, {} device, {}, policy {}",
         args.vcpus,
         Workload::from(args.workload),
         region_name(args.region),
-        cfg.vm.device_mode.name(),
+        vm.device_mode.name(),
         humantime::format_duration(args.duration),
         policy_name(args.policy())
     );
-    let device_region = args.region == Region::Device;
-    let run = Run::start_with(&cfg, |vm| match policy.as_mut() {
-        Some(p) if device_region => p.attach_device(vm).map_err(RunError::Policy),
-        _ => Ok(()),
-    })?;
-    if let Some(p) = policy.as_mut()
-        && !device_region
-        && let Err(e) = p.attach_guest(run.vm())
-    {
-        let _ = run.finish();
-        return Err(RunError::Policy(e));
-    }
+    let run = launch::start(vm, args.duration, policy.as_mut())?.run;
     let report = wait_with_progress(run, args.duration);
     let stats = policy.as_ref().and_then(Embedded::stats);
     // Unregister (restores every vCPU thread) before printing.
@@ -264,8 +260,7 @@ fn vm_config(args: &RunArgs) -> Result<VmConfig, RunError> {
         Region::Guest => RegionMode::Guest,
     };
     if args.device_mode == DeviceModeArg::Sandboxed {
-        let exe = std::env::current_exe().map_err(RunError::CurrentExe)?;
-        vm.device_mode = DeviceMode::Sandboxed(DeviceProgram::new(exe, ["device"]));
+        vm.device_mode = launch::sandboxed_device()?;
     }
     Ok(vm)
 }
@@ -663,7 +658,7 @@ mod tests {
             assert_eq!(e.to_string(), text);
             assert_eq!(e.exit(), code, "{e}");
         }
-        let e = RunError::CurrentExe(std::io::Error::other("gone"));
+        let e = RunError::from(LaunchError::CurrentExe(std::io::Error::other("gone")));
         assert!(
             e.to_string().ends_with("use --device-mode in-process"),
             "{e}"
