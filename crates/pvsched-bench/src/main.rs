@@ -213,7 +213,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub s4_json: Option<PathBuf>,
     /// S4: the repository (bench/s4.py); default $PVSCHED_ROOT, else the
-    /// source tree this binary was built from.
+    /// current directory or its nearest parent with bench/s4.py.
     #[arg(long)]
     pub repo: Option<PathBuf>,
     /// S4: the pvsched-device binary (default: beside this one, else
@@ -390,7 +390,11 @@ fn s4_body(
     a: &BenchArgs,
     head: &mut Map<String, Value>,
 ) -> Result<(Map<String, Value>, PlotFn), BenchError> {
-    let repo = s4::repo_root(a.repo.as_deref());
+    let repo = s4::repo_root(a.repo.as_deref()).ok_or_else(|| {
+        BenchError::Setup(
+            "s4 runs the repository's bench/s4.py: run from the repository, or give it with --repo DIR or PVSCHED_ROOT".into(),
+        )
+    })?;
     let need = |given: &Option<PathBuf>, name: &str| -> Result<PathBuf, BenchError> {
         given.clone().or_else(|| s4::find_bin(name, &repo)).ok_or_else(|| {
             BenchError::Setup(format!(
