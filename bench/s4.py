@@ -21,8 +21,8 @@ each DURATION seconds:
           beside it (host impact)
 
 vanilla = no agent; pvsched = `pvsched-agent-attach` on QEMU's vCPU threads
-(QMP thread ids, slot addresses found in QEMU's memfd RAM mapping: the
-helpers of tests/linux-guest/agent_loop.py) with the default caps (no caps
+(QMP thread ids, slot addresses found in QEMU's memfd RAM mapping:
+python/pvsched_guest/region.py) with the default caps (no caps
 file; `--caps FILE` to try others), and QEMU's main-loop thread (tid = pid,
 which raises the TCG guest's timers) registered as the VM's emulator thread
 (`--emulator-tids`; `--no-emulator` leaves it out). vCPU threads stay at
@@ -95,9 +95,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
-import run as lg  # noqa: E402  (tests/linux-guest/run.py)
-from agent_loop import SLOT_SIZE, APIC_TABLE_OFFSET, qmp, find_region, read_u32s  # noqa: E402
+sys.path.insert(0, str(REPO / "python"))
+from pvsched_guest.boot import Boot  # noqa: E402
+from pvsched_guest.host import Failure, die_with_parent, run  # noqa: E402
+from pvsched_guest.kernel import KABI, build_initramfs, build_module, kernel_tree  # noqa: E402
+from pvsched_guest.region import guest_vcpus  # noqa: E402
 
 HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
@@ -164,7 +166,7 @@ class Proc:
 
 def _session_and_pdeathsig():
     os.setsid()
-    lg._die_with_parent()
+    die_with_parent()
 
 
 def host_cyclictest(out, dur):
@@ -213,17 +215,7 @@ def percentile(hist, total, q):
 def attach_agent(boot, args, out_dir):
     """pvsched-agent-attach on QEMU's vCPU threads, as agent_loop.py does,
     plus QEMU's main-loop thread as the emulator thread."""
-    snap = boot.snapshots.get("bench-wait") or {}
-    if not snap.get("attached") or not snap.get("header"):
-        raise BenchError(f"no attached region at the first '@@ bench-wait': {snap.get('device')}")
-    pid = boot.qemu.pid
-    tid_of_cpu = {c["cpu-index"]: c["thread-id"] for c in qmp(boot.qmp_path, "query-cpus-fast")}
-    hva, gpa = find_region(pid, snap["header"])
-    nr = snap["header"][2]
-    slots_off = read_u32s(pid, hva + 24, 1)[0]
-    apic = read_u32s(pid, hva + APIC_TABLE_OFFSET, nr)
-    tids = [tid_of_cpu[a] for a in apic]  # pc machine: APIC ID of cpu-index N is N
-    addrs = [hva + slots_off + SLOT_SIZE * i for i in range(nr)]
+    pid, hva, gpa, tids, apic, addrs = guest_vcpus(boot, "bench-wait")
     stats = out_dir / "agent-stats.json"
     if stats.exists():
         stats.unlink()
@@ -391,7 +383,7 @@ def _loadavg():
 
 def run_boot(args, variant, rep, phases):
     bb = BenchBoot(args, variant, rep, phases)
-    boot = lg.Boot(args, bb.name, 2, "bench", hooks=bb.hooks())
+    boot = Boot(args, bb.name, 2, "bench", hooks=bb.hooks())
     try:
         boot.run()
     finally:
@@ -482,7 +474,7 @@ def machine(args):
     return {"cpus": os.cpu_count(), "cpu_model": model, "mem_mib": mem,
             "host_kernel": platform.release(), "qemu": first(["qemu-system-x86_64", "--version"]),
             "accel": "tcg,thread=multi", "guest_smp": 2, "guest_mem": "512M",
-            "guest_kernel": f"{lg.KABI}-cloud-amd64",
+            "guest_kernel": f"{KABI}-cloud-amd64",
             "cyclictest": first(["cyclictest", "--help"]),
             "stress_ng": first(["stress-ng", "--version"]),
             "note": "emulated guest (QEMU TCG) on a shared host; other work may run beside it"}
@@ -496,7 +488,7 @@ def initramfs_extras():
     if not ct.exists():
         raise FileNotFoundError("/usr/bin/cyclictest (install rt-tests: scripts/setup)")
     extra = {"/cyclictest": ct, "/bench.sh": HERE / "s4" / "bench.sh"}
-    for line in lg.run(["ldd", str(ct)]).splitlines():
+    for line in run(["ldd", str(ct)]).splitlines():
         parts = line.split()
         path = parts[2] if "=>" in parts and len(parts) > 2 else parts[0] if parts else ""
         if path.startswith("/"):
@@ -547,9 +539,9 @@ def main():
     args.timeout = 90 + len(phases) * (args.duration + 45)
     t_all = time.monotonic()
 
-    args.vmlinuz, trees = lg.kernel_tree(args.cache)
-    ko, secs = lg.build_module(REPO, trees["cloud"], args.out / "build-cloud")
-    args.initrd = lg.build_initramfs(REPO / "tests" / "linux-guest", ko, args.out,
+    args.vmlinuz, trees = kernel_tree(args.cache)
+    ko, secs = build_module(REPO, trees["cloud"], args.out / "build-cloud")
+    args.initrd = build_initramfs(REPO / "tests" / "linux-guest", ko, args.out,
                                      extra_files=initramfs_extras())
     log(f"module built in {secs:.1f}s; {args.reps} reps x {len(phases)} phases x "
         f"{args.duration}s per variant")
@@ -628,7 +620,7 @@ if __name__ == "__main__":
     except FileNotFoundError as e:
         print(f"s4: MISSING: {e}", file=sys.stderr)
         rc = 3
-    except (BenchError, lg.Failure) as e:
+    except (BenchError, Failure) as e:
         print(f"s4: FAIL: {e}", file=sys.stderr)
     except KeyboardInterrupt:
         print("s4: interrupted", file=sys.stderr)

@@ -8,30 +8,23 @@ kernel's own view, sampled every millisecond) and returns to its exact
 baseline (SCHED_OTHER, nice 2) after the loop ends; after the agent is
 stopped every vCPU thread is at its baseline.
 
-The slot addresses are QEMU virtual addresses: the guest region is found in
-QEMU's memfd RAM mapping (`/memfd:mem (deleted)` in /proc/PID/maps; for
-`-machine pc` with 512M, GPA g maps to memfd offset g) by its header, which
-the device wrote at DRIVER_OK and which the device's dump reports (magic,
-version, nr_vcpus, generation), at a page-aligned address.
+The slot addresses are QEMU virtual addresses of the guest region, found
+in QEMU's memfd RAM (pvsched_guest.region).
 """
 
 import json
 import os
 import signal
-import socket
-import struct
 import subprocess
 import threading
 import time
 
-POLICY_FIFO = 1
+from pvsched_guest import abi
+from pvsched_guest.host import Failure, attrs
+from pvsched_guest.region import guest_vcpus
+
 BASE_NICE = 2
 BOOST_PRIO = 8
-MAGIC = 0x52535650
-SLOT_SIZE = 128
-HEADER_SIZE = 64
-APIC_TABLE_OFFSET = 64
-PAGE = 4096
 CAPS = """# pvsched caps for the Linux-guest agent test: RT boosts up to FIFO 10 (the
 # guest's FIFO 8 task is granted FIFO 8), defaults for the throttle/budget.
 allow_rt = true
@@ -48,80 +41,8 @@ AGENT_READY_S = 20.0
 BACK_WAIT_S = 30.0
 
 
-class AgentFailure(Exception):
+class AgentFailure(Failure):
     pass
-
-
-def qmp(path, command, arguments=None):
-    """One QMP command on a fresh connection; returns its "return" value."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
-        s.connect(str(path))
-        f = s.makefile("rwb")
-        json.loads(f.readline())  # greeting
-        for cmd in ("qmp_capabilities", command):
-            req = {"execute": cmd}
-            if cmd == command and arguments:
-                req["arguments"] = arguments
-            f.write(json.dumps(req).encode() + b"\n")
-            f.flush()
-            while True:
-                msg = json.loads(f.readline())
-                if "return" in msg or "error" in msg:
-                    break
-            if "error" in msg:
-                raise AgentFailure(f"QMP {cmd}: {msg['error']}")
-        return msg["return"]
-
-
-def memfd_maps(pid):
-    """QEMU's mappings of the memfd RAM: (start, end, file offset)."""
-    out = []
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].strip().startswith("/memfd:mem"):
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                out.append((start, end, int(parts[2], 16)))
-    return out
-
-
-def find_region(pid, header):
-    """(QEMU virtual address, GPA) of the region whose header the device
-    dumped: a page-aligned match of magic, version, nr_vcpus, slot size,
-    header size, APIC table offset and generation."""
-    magic, version, nr, gen = header
-    want = struct.pack("<6I", magic, version, nr, SLOT_SIZE, HEADER_SIZE, APIC_TABLE_OFFSET)
-    found = []
-    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-        for start, end, off in memfd_maps(pid):
-            chunk = 16 << 20
-            for base in range(start, end, chunk):
-                mem.seek(base)
-                data = mem.read(min(chunk, end - base))
-                i = data.find(want)
-                while i >= 0:
-                    if i % PAGE == 0 and i + 32 <= len(data) and \
-                            struct.unpack_from("<I", data, i + 28)[0] == gen:
-                        found.append((base + i, off + (base - start) + i))
-                    i = data.find(want, i + 1)
-    # The same RAM may be mapped twice; the GPAs must agree.
-    gpas = {g for _, g in found}
-    if len(gpas) != 1:
-        raise AgentFailure(f"guest region header {header} found at {len(gpas)} GPAs: {found}")
-    return found[0]
-
-
-def read_u32s(pid, addr, n):
-    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-        mem.seek(addr)
-        return list(struct.unpack(f"<{n}I", mem.read(4 * n)))
-
-
-def attrs(tid):
-    """(policy, rt priority, nice) as the kernel reports them."""
-    return (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority,
-            os.getpriority(os.PRIO_PROCESS, tid))
 
 
 def fmt(a):
@@ -179,27 +100,12 @@ class AgentLoop:
     def on_wait(self, boot):
         try:
             self._attach(boot)
-        except (AgentFailure, OSError, ValueError, KeyError, TypeError) as e:
+        except (Failure, OSError, ValueError, KeyError, TypeError) as e:
             self.errors.append(f"attaching the agent failed: {e}")
         boot.answer("go")
 
     def _attach(self, boot):
-        pid = boot.qemu.pid
-        snap = boot.snapshots.get("agent-wait") or {}
-        if not snap.get("attached") or not snap.get("header"):
-            raise AgentFailure(f"no attached region at '@@ agent-wait': {snap.get('device')}")
-        cpus = qmp(boot.qmp_path, "query-cpus-fast")
-        tid_of_cpu = {c["cpu-index"]: c["thread-id"] for c in cpus}
-        hva, gpa = find_region(pid, snap["header"])
-        nr = snap["header"][2]
-        slots_off = read_u32s(pid, hva + 24, 1)[0]
-        apic = read_u32s(pid, hva + APIC_TABLE_OFFSET, nr)
-        dump_apic = [s["apic_id"] for s in snap["slots"]]
-        if apic != dump_apic:
-            raise AgentFailure(f"APIC table read through QEMU {apic} != device view {dump_apic}")
-        # pc machine: the APIC ID of cpu-index N is N.
-        tids = [tid_of_cpu[a] for a in apic]
-        addrs = [hva + slots_off + SLOT_SIZE * i for i in range(nr)]
+        pid, hva, gpa, tids, apic, addrs = guest_vcpus(boot, "agent-wait")
         for t in tids:
             os.setpriority(os.PRIO_PROCESS, t, BASE_NICE)
         self.baseline = {t: attrs(t) for t in tids}
@@ -309,7 +215,7 @@ class AgentLoop:
             return [f"agent: no slot for cpu {cpu}"], "agent: bad cpu"
         busy = self.info["tids"][apic.index(cpu)]
         base = self.baseline[busy]
-        boosted = (POLICY_FIFO, BOOST_PRIO, BASE_NICE)
+        boosted = (abi.POLICY_FIFO, BOOST_PRIO, BASE_NICE)
         if base != (os.SCHED_OTHER, 0, BASE_NICE):
             f.append(f"agent: baseline of {busy} is {base}, not SCHED_OTHER nice {BASE_NICE}")
         s = self.sampler.samples[busy]

@@ -23,7 +23,9 @@ import os
 import subprocess
 import time
 
-from agent_loop import BASE_NICE, CAPS, AgentFailure, AgentLoop, Sampler, attrs, qmp
+from agent_loop import BASE_NICE, CAPS, AgentFailure, AgentLoop, Sampler
+from pvsched_guest.host import attrs
+from pvsched_guest.qmp import qmp
 
 VM_NAME = "linux-guest"
 DAEMON_READY_S = 20.0

@@ -22,431 +22,28 @@ every boot has a timeout.
 """
 
 import argparse
-import json
 import os
 import re
-import select
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-from agent_loop import AgentFailure, AgentLoop, qmp  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+from pvsched_guest import abi  # noqa: E402
+from pvsched_guest.boot import Boot  # noqa: E402
+from pvsched_guest.host import Failure  # noqa: E402
+from pvsched_guest.kernel import (KABI, build_initramfs, build_module, kernel_tree,  # noqa: E402
+                                  matrix_kernel, modprobe_files)
+from pvsched_guest.qmp import qmp  # noqa: E402
+from agent_loop import AgentLoop  # noqa: E402
 from daemon_loop import DaemonLoop  # noqa: E402
 from wait_loop import WaitLoop  # noqa: E402
-
-KABI = os.environ.get("PVSCHED_GUEST_KABI", "6.1.0-56")
-STATUS_DRIVER_OK = 0x04
-STATUS_NEEDS_RESET = 0x40
-STATUS_FAILED = 0x80
-ERR_REGION_OUTSIDE_RAM = 8
-POLICY_FIFO = 1
-# Hooked tracepoints every tested kernel has (sched_switch, irq_handler_entry
-# and _exit, softirq_entry and _exit); init.sh enables each in two instances.
-PINNED_MIN = 5
-# Seconds of serial output kept after a guest soft lockup is reported.
-LOCKUP_REPORT_S = 15
 
 
 def log(msg):
     print(f"linux-guest: {msg}", flush=True)
-
-
-class Failure(Exception):
-    pass
-
-
-def run(cmd, **kw):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
-    if r.returncode != 0:
-        raise Failure(f"command failed ({r.returncode}): {' '.join(map(str, cmd))}\n{r.stdout}")
-    return r.stdout
-
-
-def kernel_tree(cache):
-    root = cache / "linux-guest" / "root"
-    src = root / "usr" / "src"
-    vmlinuz = root / "boot" / f"vmlinuz-{KABI}-cloud-amd64"
-    trees = {f: src / f"linux-headers-{KABI}-{f}-amd64" for f in ("cloud", "rt")}
-    missing = [p for p in [vmlinuz, *trees.values()] if not p.exists()]
-    if missing:
-        raise FileNotFoundError(f"not fetched: {missing} (run scripts/setup)")
-    # Debian's per-flavour Makefile includes the -common tree by absolute
-    # /usr/src path; point it at the unpacked copy (idempotent).
-    for tree in trees.values():
-        mk = tree / "Makefile"
-        text = mk.read_text()
-        fixed = re.sub(r"^include .*/(linux-headers-[^/]+/Makefile)$",
-                       lambda m: f"include {src}/{m.group(1)}", text, flags=re.M)
-        if fixed != text:
-            mk.write_text(fixed)
-    return vmlinuz, trees
-
-
-def build_module(repo, kdir, out):
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    for f in ("pvsched.c", "Kbuild", "Makefile", "dkms.conf"):
-        shutil.copy(repo / "guest-driver" / f, out / f)
-    shutil.copy(repo / "include" / "pvsched_abi.h", out / "pvsched_abi.h")
-    t0 = time.monotonic()
-    text = run(["make", "-C", str(out), f"KDIR={kdir}"])
-    warnings = [l for l in text.splitlines() if "warning:" in l or "error:" in l]
-    if warnings:
-        raise Failure("module build warnings:\n" + "\n".join(warnings))
-    return out / "pvsched.ko", time.monotonic() - t0
-
-
-def matrix_kernel(cache, name):
-    """(release, chroot, vmlinuz) of kernels.conf's NAME, as scripts/setup
-    fetched it (scripts/setup.d/42-guest-matrix.sh)."""
-    d = cache / "guest-matrix" / name
-    try:
-        release = (d / "release").read_text().strip()
-        suite = (d / "suite").read_text().strip()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"kernel {name} not in {d} (run scripts/setup, with "
-                                f"PVSCHED_GUEST_MATRIX=all for the on-demand kernels)")
-    return release, cache / "guest-matrix" / f"chroot-{suite}", d / "vmlinuz"
-
-
-def elf_needed(path):
-    """DT_NEEDED of an ELF file, and its interpreter (readelf)."""
-    text = run(["readelf", "-d", "-l", str(path)])
-    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", text)
-    interp = re.search(r"Requesting program interpreter: ([^\]]+)\]", text)
-    return needed, interp.group(1) if interp else None
-
-
-def chroot_binary(chroot, binary, dest):
-    """{initramfs path: host file} for `binary` (a path inside `chroot`) at
-    `dest` with its libraries (resolved in the chroot) and loader."""
-    libdirs = [chroot / "usr/lib/x86_64-linux-gnu", chroot / "lib/x86_64-linux-gnu"]
-    files = {dest: chroot / binary.lstrip("/")}
-    todo, seen = [chroot / binary.lstrip("/")], set()
-    while todo:
-        needed, interp = elf_needed(todo.pop())
-        if interp:
-            files[interp] = chroot / interp.lstrip("/")
-        for lib in needed:
-            if lib in seen:
-                continue
-            seen.add(lib)
-            hit = next((d / lib for d in libdirs if (d / lib).exists()), None)
-            if hit is None:
-                raise Failure(f"{lib} (needed by {binary}) not in the chroot {chroot}")
-            files[f"/usr/lib/x86_64-linux-gnu/{lib}"] = hit
-            todo.append(hit)
-    return files
-
-
-def modprobe_files(chroot, release):
-    """Initramfs files for `modprobe pvsched`: the DKMS-installed module and
-    depmod's indexes from the chroot's /lib/modules/RELEASE, and kmod (as
-    /usr/sbin/modprobe) with its libraries."""
-    mdir = chroot / "lib" / "modules" / release
-    kos = sorted(mdir.glob("updates/dkms/pvsched.ko*"))
-    if not kos:
-        raise Failure(f"no DKMS-installed pvsched in {mdir}/updates/dkms "
-                      f"(tests/steps/41-guest-matrix.sh installs it)")
-    files = {f"/lib/modules/{release}/{p.relative_to(mdir)}": p for p in kos}
-    files.update({f"/lib/modules/{release}/{p.name}": p for p in mdir.glob("modules.*")})
-    files.update(chroot_binary(chroot, "/usr/bin/kmod", "/usr/sbin/modprobe"))
-    return files
-
-
-def build_initramfs(here, ko, out, extra_files=None):
-    """`extra_files` ({path in the initramfs: host file}) adds files, e.g.
-    bench/s4.py's cyclictest with its shared libraries and /bench.sh. `ko`
-    None: no /pvsched.ko (the guest modprobes a packed module tree)."""
-    root = out / "initramfs"
-    if root.exists():
-        shutil.rmtree(root)
-    for d in ("bin", "dev", "proc", "sys", "tmp"):
-        (root / d).mkdir(parents=True)
-    bb = shutil.which("busybox") or "/bin/busybox"
-    shutil.copy(bb, root / "bin" / "busybox")
-    shutil.copy(here / "init.sh", root / "init")
-    os.chmod(root / "init", 0o755)
-    if ko is not None:
-        shutil.copy(ko, root / "pvsched.ko")
-    run(["gcc", "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o",
-         str(root / "pvsched-helper"), str(here / "pvsched-helper.c")])
-    for dest, src in (extra_files or {}).items():
-        target = root / str(dest).lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(src, target)  # follows symlinks; keeps the mode bits
-    img = out / "initramfs.cpio.gz"
-    with open(img, "wb") as f:
-        files = subprocess.run(["find", "."], cwd=root, stdout=subprocess.PIPE, check=True).stdout
-        cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files,
-                              stdout=subprocess.PIPE, check=True).stdout
-        gz = subprocess.run(["gzip", "-1"], input=cpio, stdout=subprocess.PIPE, check=True).stdout
-        f.write(gz)
-    return img
-
-
-def read_dump(path, newer_than=None, timeout=10.0, alive=None):
-    """Reads the device's slot dump. With `newer_than` (a time.time() value),
-    waits for a dump the device wrote after that moment: the dump is
-    rewritten in place every ~100 ms (a half-written one fails to parse and
-    is read again), its mtime is its last write time, and a dump read right
-    at a console mark could predate the state the mark announces. Once
-    `alive()` is false the device process has exited: its last dump, written
-    at disconnect, is its final view and is returned as it is (no newer one
-    can come; the mtime of a write just after `newer_than` can even read
-    earlier, the kernel stamps files with its coarse clock)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        exited = alive is not None and not alive()
-        try:
-            p = Path(path)
-            if newer_than is None or exited or p.stat().st_mtime > newer_than:
-                return json.loads(p.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
-
-
-def _die_with_parent():
-    """Child side of Popen: get SIGKILL if the harness dies (prctl PDEATHSIG)."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def kill(p):
-    if p is None or p.poll() is not None:
-        return
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-
-
-class Boot:
-    """One QEMU boot with its pvsched-device peer."""
-
-    def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None,
-                 transport="mpqemu", device_cmd=None, hotplug=False):
-        # A matrix kernel's boots are told apart by its name: main-smp2@7.3-cloud.
-        name += getattr(args, "tag", "")
-        self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
-        self.transport = transport
-        # vfio-user: put the device behind a PCIe root port (hot-pluggable).
-        self.hotplug = hotplug
-        self.dev = None
-        # False once a hook took the device away: no fresh dump will come,
-        # so marks after that get no snapshot (rather than a 10 s wait each).
-        self.dump_live = True
-        # The device program (default: --device-bin); its arguments follow.
-        self.device_cmd = device_cmd or [str(args.device_bin)]
-        self.extra_append = extra_append
-        # mark -> callable(boot), run when the guest prints that mark; with
-        # hooks QEMU gets a QMP socket and a stdin pipe the hooks can answer on.
-        self.hooks = hooks or {}
-        self.cleanups = []
-        self.qemu = None
-        self.qmp_path = None
-        self.dir = args.out / name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.dump = self.dir / "slots.json"
-        self.serial = []
-        self.marks = {}
-        self.snapshots = {}
-
-    def run(self):
-        if self.dump.exists():
-            self.dump.unlink()
-        qsock, dsock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        qfd, dfd = qsock.fileno(), dsock.fileno()
-        os.set_inheritable(qfd, True)
-        os.set_inheritable(dfd, True)
-        vfio_sock = self.dir / "vfio-user.sock"
-        if self.transport == "vfio-user":
-            if vfio_sock.exists():
-                vfio_sock.unlink()
-            dev_cmd = self.device_cmd + ["--transport", "vfio-user", "--socket", str(vfio_sock)]
-            qemu_bin, machine = str(self.args.qemu11), "q35"
-            vfio_dev = {"driver": "vfio-user-pci", "id": "pvs0",
-                        "socket": {"path": str(vfio_sock), "type": "unix"}}
-            if self.hotplug:
-                vfio_dev["bus"] = "rp0"
-            device_arg = json.dumps(vfio_dev, separators=(",", ":"))
-        else:
-            dev_cmd = self.device_cmd + ["--transport", "mpqemu", "--fd", str(dfd)]
-            qemu_bin, machine = "qemu-system-x86_64", "pc"
-            device_arg = f"x-pci-proxy-dev,id=pvs0,fd={qfd}"
-        dev_cmd += ["--vcpus", str(self.smp), "--dump-slots", str(self.dump)]
-        if self.fault:
-            dev_cmd += ["--fault", self.fault]
-        verbosity = "loglevel=7" if self.args.kernel_log else "quiet"
-        # A soft lockup report shows every CPU's backtrace: the CPU that
-        # is stuck is often waiting for another one.
-        append = (f"console=ttyS0 panic=-1 {verbosity} softlockup_all_cpu_backtrace=1 "
-                  f"pvtest={self.mode} {getattr(self.args, 'load_append', '')} "
-                  f"{self.extra_append}").strip()
-        qemu_cmd = [
-            qemu_bin, "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
-            "-display", "none", "-machine", f"{machine},memory-backend=mem",
-            "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.smp), "-m", "512M",
-            "-object", "memory-backend-memfd,id=mem,size=512M,share=on",
-            "-kernel", str(self.args.vmlinuz), "-initrd", str(self.args.initrd),
-            "-append", append, "-serial", "stdio", "-no-reboot",
-            "-device", device_arg,
-        ]
-        if self.hotplug:
-            qemu_cmd[-2:-2] = ["-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1"]
-        # QMP for the hooks, and for the vCPU registers of a boot that
-        # hangs (cpus_at_timeout).
-        self.qmp_path = self.dir / "qmp.sock"
-        if self.qmp_path.exists():
-            self.qmp_path.unlink()
-        qemu_cmd += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
-        dev = qemu = None
-        devlog = open(self.dir / "device.log", "w")
-        t0 = self.t0 = time.monotonic()
-        try:
-            dev = subprocess.Popen(dev_cmd, pass_fds=[dfd], stdout=devlog, stderr=devlog,
-                                   preexec_fn=_die_with_parent,
-                                   env={**os.environ, "RUST_LOG": "warn"})
-            self.dev = dev
-            if self.transport == "vfio-user":
-                # The path appears once the device listens (bind + rename).
-                deadline = time.monotonic() + 10
-                while not vfio_sock.exists():
-                    if dev.poll() is not None or time.monotonic() > deadline:
-                        raise Failure(f"{self.name}: pvsched-device never listened on "
-                                      f"{vfio_sock} (see {self.dir}/device.log)")
-                    time.sleep(0.02)
-            stdin = subprocess.PIPE if self.hooks else subprocess.DEVNULL
-            qemu = subprocess.Popen(qemu_cmd, pass_fds=[qfd], stdin=stdin, preexec_fn=_die_with_parent,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            self.qemu = qemu
-            qsock.close()
-            dsock.close()
-            with open(self.dir / "serial.log", "w") as self.serial_file:
-                self._read_serial(qemu, t0)
-            t_done = time.monotonic()
-            try:
-                qemu.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                log(f"{self.name}: QEMU still running 30 s after the guest's poweroff; killed")
-            self.exit_s = time.monotonic() - t_done
-            kill(qemu)
-            try:
-                dev.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        finally:
-            for c in self.cleanups:
-                c()
-            kill(qemu)
-            kill(dev)
-            devlog.close()
-            qsock.close()
-            dsock.close()
-        self.seconds = time.monotonic() - t0
-        boot = self.marks.get("boot", (0, {}))[1]
-        if boot.get("pin") == "1" and boot.get("mode") != "bench" and \
-                int(boot.get("pinned", 0)) < 2 * PINNED_MIN:
-            # Without the pin every load and unload patches kernel text,
-            # which QEMU TCG can turn into a lockup (init.sh, pin_events).
-            raise Failure(f"{self.name}: the hooked tracepoints were not pinned in two trace "
-                          f"instances ({boot})")
-        self.final = read_dump(self.dump)
-        if self.final is None:
-            raise Failure(f"{self.name}: the device wrote no dump (see {self.dir}/device.log)")
-        return self
-
-    def _read_serial(self, qemu, t0):
-        buf = b""
-        fd = qemu.stdout.fileno()
-        deadline = t0 + self.args.timeout
-        lockup = None
-        while True:
-            left = deadline - time.monotonic()
-            if lockup is not None and left <= 0:
-                raise GuestLockup(lockup)
-            if left <= 0:
-                raise Failure(f"{self.name}: timed out after {self.args.timeout}s "
-                              f"(last serial lines: {self.serial[-5:]}; "
-                              f"{self.cpus_at_timeout()})")
-            r, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not r:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                if lockup is not None:
-                    raise GuestLockup(lockup)
-                return
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                text = line.decode("utf-8", "replace").rstrip("\r")
-                self.serial.append(text)
-                self.serial_file.write(text + "\n")
-                if "watchdog: BUG: soft lockup" in text and lockup is None:
-                    # Keep reading for LOCKUP_REPORT_S: the report's
-                    # registers and backtrace (and the other CPUs', with
-                    # softlockup_all_cpu_backtrace) follow the first line.
-                    lockup = (f"{self.name}: guest soft lockup after "
-                              f"{time.monotonic() - t0:.0f}s: {text.strip()} "
-                              f"(report in {self.dir}/serial.log)")
-                    log(f"{lockup}; reading the report for {LOCKUP_REPORT_S}s")
-                    deadline = min(deadline, time.monotonic() + LOCKUP_REPORT_S)
-                self.serial_file.flush()
-                if self.args.verbose:
-                    print(f"[{self.name}] {text}", flush=True)
-                m = re.match(r"^@@ (\S+)(.*)$", text)
-                if m:
-                    key = m.group(1)
-                    fields = dict(kv.split("=", 1) for kv in m.group(2).split() if "=" in kv)
-                    self.marks[key] = (time.monotonic() - t0, fields)
-                    seen_at = time.time()
-                    if self.dump_live:
-                        self.snapshots[key] = read_dump(
-                            self.dump, newer_than=seen_at,
-                            alive=lambda: self.dev.poll() is None)
-                    if key in self.hooks:
-                        self.hooks[key](self)
-                    if key == "done":
-                        if lockup is not None:
-                            raise GuestLockup(lockup)
-                        return
-
-    def cpus_at_timeout(self):
-        """Writes every vCPU's registers (QMP, HMP `info registers -a`) to
-        cpus.txt: a guest can hang with no watchdog report at all (every
-        vCPU stuck), and RIP/RFLAGS then say where."""
-        path = self.dir / "cpus.txt"
-        try:
-            text = qmp(self.qmp_path, "human-monitor-command",
-                       {"command-line": "info registers -a"})
-        except (OSError, ValueError, AgentFailure) as e:
-            return f"no vCPU registers: {e}"
-        path.write_text(text)
-        rips = re.findall(r"RIP=([0-9a-f]+) RFL=([0-9a-f]+)", text)
-        return f"vCPU RIP/RFL {rips}, registers in {path}"
-
-    def answer(self, line="go"):
-        """Sends a line to the guest's console (init.sh waits with `read`)."""
-        self.qemu.stdin.write((line + "\n").encode())
-        self.qemu.stdin.flush()
-
-    def mark(self, key):
-        if key not in self.marks:
-            raise Failure(f"{self.name}: guest never reached '@@ {key}' (see {self.dir}/serial.log)")
-        return self.marks[key][1]
 
 
 def answer_go(b):
@@ -481,9 +78,9 @@ def assert_main(b, cycles):
     probe = b.snapshots.get("probe") or {}
     b.mark("done")
     # 1. handshake reached DRIVER_OK (host view), once per successful insmod.
-    check(any(s & STATUS_DRIVER_OK for s in dev["statuses_seen"]),
+    check(any(s & abi.STATUS_DRIVER_OK for s in dev["statuses_seen"]),
           f"{b.name}: device never saw DRIVER_OK (statuses {dev['statuses_seen']})", f)
-    check(probe.get("attached") and probe["device"]["status"] & STATUS_DRIVER_OK,
+    check(probe.get("attached") and probe["device"]["status"] & abi.STATUS_DRIVER_OK,
           f"{b.name}: region not attached at '@@ probe'", f)
     expected_gen = 2 + cycles + 3
     check(dev["generation"] == expected_gen,
@@ -513,7 +110,7 @@ def assert_main(b, cycles):
     idx = next((i for i, s in enumerate(slots) if s["apic_id"] == cpu), None)
     check(idx is not None, f"{b.name}: no slot with APIC ID {cpu}", f)
     if idx is not None:
-        key = f"{POLICY_FIFO}/8/0"
+        key = f"{abi.POLICY_FIFO}/8/0"
         check(slots[idx]["seen"].get(key, 0) > 0,
               f"{b.name}: slot {idx} (cpu {cpu}) never showed FIFO prio 8: {slots[idx]['seen']}", f)
         others = [i for i, s in enumerate(slots) if i != idx and s["seen"].get(key, 0) > 0]
@@ -581,7 +178,7 @@ def assert_negative(b, fault):
     dev = b.final["device"]
     b.mark("done")
     check(b.mark("neg-insmod").get("bound") == "0", f"{b.name}: driver bound despite {fault}", f)
-    check(dev["generation"] == 0 and not any(s & STATUS_DRIVER_OK for s in dev["statuses_seen"]),
+    check(dev["generation"] == 0 and not any(s & abi.STATUS_DRIVER_OK for s in dev["statuses_seen"]),
           f"{b.name}: device reached DRIVER_OK despite {fault}", f)
     check(dev["status"] == 0, f"{b.name}: device left in STATUS {dev['status']:#x}, not reset", f)
     if fault in ("wrong-magic", "wrong-version"):
@@ -589,9 +186,9 @@ def assert_negative(b, fault):
         check(set(dev["statuses_seen"]) <= {0},
               f"{b.name}: driver went on after {fault}: statuses {dev['statuses_seen']}", f)
     else:
-        check(ERR_REGION_OUTSIDE_RAM in dev["errors_seen"],
+        check(abi.ERR_REGION_OUTSIDE_RAM in dev["errors_seen"],
               f"{b.name}: device did not refuse the region: errors {dev['errors_seen']}", f)
-        check(any(s & STATUS_FAILED for s in dev["statuses_seen"]),
+        check(any(s & abi.STATUS_FAILED for s in dev["statuses_seen"]),
               f"{b.name}: STATUS never FAILED: {dev['statuses_seen']}", f)
     want = {"wrong-magic": "wrong MAGIC", "wrong-version": "version mismatch",
             "refuse-region": "region outside guest RAM"}[fault]
@@ -635,7 +232,7 @@ def loss_boot(args, how):
               f"lost={after.get('lost')}, expected bound and lost", f)
         # QEMU answers reads of a dead vfio-user server with all ones (which
         # include DEVICE_NEEDS_RESET); a VMM that knows may set the bit alone.
-        check(status is not None and (status == 0xFFFFFFFF or status & STATUS_NEEDS_RESET),
+        check(status is not None and (status == 0xFFFFFFFF or status & abi.STATUS_DEVICE_NEEDS_RESET),
               f"{b.name}: driver log names no lost STATUS (lines: {lost_lines})", f)
         check(any("detached from a lost device" in l for l in b.serial),
               f"{b.name}: rmmod did not detach from the lost device", f)
@@ -736,15 +333,6 @@ def bench(b, key):
     vals = sorted(float(m[1]["ns_per_round_trip"]) for k, m in b.marks.items()
                   if k.startswith(key + "-") and "ns_per_round_trip" in m[1])
     return vals[len(vals) // 2] if vals else None
-
-
-class GuestLockup(Failure):
-    """The guest reported a soft lockup: it will not recover before the
-    timeout. The boot fails with the report (every CPU's backtrace) in its
-    serial.log; it is not booted again, so a lockup the test causes is never
-    hidden. The one cause seen here, QEMU TCG running a stale INT3 while the
-    kernel patches its text, is kept out of the test's load/unload cycles
-    (init.sh, pin_events)."""
 
 
 def main():

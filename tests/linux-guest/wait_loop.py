@@ -25,15 +25,15 @@ must make no YIELD decision.
 """
 
 import json
-import os
 import re
 
 from agent_loop import BASE_NICE, AgentLoop, fmt, hist
+from pvsched_guest import abi
 
-POLICY_FIFO = 1
 YIELD_PRIO = 3
+# The decision trace's reason for a directed-yield boost (bpf-policy/intf.h
+# PVS_R_YIELD, pvsched_policy::event::R_YIELD).
 REASON_YIELD = 5
-BOOST_RT = 2
 CAPS = f"""# pvsched caps for the Linux-guest wait_on test: a directed-yield target
 # gets SCHED_FIFO {YIELD_PRIO}; no halt boost (TCG has no KVM halts anyway).
 allow_rt = true
@@ -92,14 +92,14 @@ class WaitLoop(AgentLoop):
         trace = self.read_trace()
         yields = [d for d in trace if d["reason"] == REASON_YIELD]
         to_dst = [d for d in yields if d["tid"] == dst_tid and lo <= d["ts"] <= hi
-                  and d["kind"] == BOOST_RT and d["prio"] == YIELD_PRIO]
+                  and d["kind"] == abi.BOOST_RT and d["prio"] == YIELD_PRIO]
         # Outside the loop the guest may make synchronous calls the other way
         # (CPU 1 waiting on CPU 0: a TLB shootdown as the helper exits).
         elsewhere = [d for d in yields if d["tid"] != dst_tid and lo <= d["ts"] <= hi]
         vs = (self.stats or {}).get("vcpus", [])
         hits = vs[src].get("slot_hits", 0) if len(vs) > src else 0
         # 3. The kernel's view of the target's thread.
-        boosted = (POLICY_FIFO, YIELD_PRIO, BASE_NICE)
+        boosted = (abi.POLICY_FIFO, YIELD_PRIO, BASE_NICE)
         during = [s for t, s in self.sampler.samples[dst_tid] if start <= t <= end]
         n_boost = sum(1 for s in during if s == boosted)
         membarriers = boot.mark("wait-end").get("membarriers", "?")

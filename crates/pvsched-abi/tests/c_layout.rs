@@ -191,3 +191,18 @@ fn c_header_matches_rust_mirror() {
         &PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pvsched-abi-c-layout"),
     );
 }
+
+/// The Python harnesses read the region through `python/pvsched_guest/abi.py`,
+/// generated from the same list.
+#[test]
+fn python_abi_is_generated_from_this_list() {
+    let (items, _) = expectations();
+    let text = pvsched_testkit::layout::python_module(
+        &items,
+        "crates/pvsched-abi/tests/c_layout.rs (python_abi_is_generated_from_this_list)",
+    );
+    pvsched_testkit::layout::check_generated(
+        &repo_root().join("python/pvsched_guest/abi.py"),
+        &text,
+    );
+}

@@ -185,3 +185,68 @@ pub fn compare_with_c(
     );
     assert_eq!(c.len(), items.len(), "duplicate names in the layout list");
 }
+
+/// The Python module restating `items` for the harnesses (`python/`): every
+/// constant (`PVSCHED_X` becomes `X`), every struct's size in `SIZEOF` and
+/// every field's offset in `OFFSETOF`, with the Rust values, which
+/// [`compare_with_c`] checks against C from the same list.
+pub fn python_module(items: &[Expect], generated_by: &str) -> String {
+    let mut consts = String::new();
+    let mut sizes = BTreeMap::new();
+    let mut offsets: BTreeMap<&str, Vec<(&str, i128)>> = BTreeMap::new();
+    for e in items {
+        if let Some(c) = e.name.strip_prefix("const:") {
+            let name = c.strip_prefix("PVSCHED_").unwrap_or(c);
+            consts.push_str(&format!("{name} = {}\n", e.rust));
+        } else if let Some(s) = e.name.strip_prefix("sizeof:") {
+            if !s.contains('.') {
+                sizes.insert(s, e.rust);
+            }
+        } else if let Some((s, f)) = e
+            .name
+            .strip_prefix("offsetof:")
+            .and_then(|x| x.split_once('.'))
+        {
+            offsets.entry(s).or_default().push((f, e.rust));
+        }
+    }
+    let mut out = format!(
+        "\"\"\"The pvsched ABI (include/pvsched_abi.h) for Python harnesses.\n\n\
+         Generated from the list that checks the C header against its Rust\n\
+         mirror, by\n    {generated_by}\n\
+         Do not edit: that test fails when this file is stale, and\n\
+         PVSCHED_BLESS=1 rewrites it.\n\"\"\"\n\n"
+    );
+    out.push_str(&consts);
+    out.push_str("\nSIZEOF = {\n");
+    for (s, n) in &sizes {
+        out.push_str(&format!("    \"{s}\": {n},\n"));
+    }
+    out.push_str("}\n\nOFFSETOF = {\n");
+    for (s, fields) in &offsets {
+        out.push_str(&format!("    \"{s}\": {{\n"));
+        for (f, n) in fields {
+            out.push_str(&format!("        \"{f}\": {n},\n"));
+        }
+        out.push_str("    },\n");
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// Checks that `path` holds `text` (a file generated from a layout list);
+/// with `PVSCHED_BLESS=1` writes it instead. Panics saying how to
+/// regenerate it.
+pub fn check_generated(path: &Path, text: &str) {
+    if std::env::var_os("PVSCHED_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        return;
+    }
+    let have = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        have == text,
+        "{} is stale (or missing): it must be regenerated from the layout list; \
+         run the test again with PVSCHED_BLESS=1 and commit the file",
+        path.display()
+    );
+}

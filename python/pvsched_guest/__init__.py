@@ -1,0 +1,16 @@
+"""The QEMU guest harness: what the Linux-guest tests (tests/linux-guest)
+and the Linux-guest benchmarks (bench/s4.py) share.
+
+  abi      the ABI constants and offsets, generated from the C/Rust layout
+           list (never edited by hand)
+  host     host-side helpers: failures, commands, child processes, a
+           thread's scheduling attributes
+  qmp      one QMP command on QEMU's monitor socket
+  region   the guest region inside QEMU's memfd RAM: finding it, reading
+           it, and the vCPU threads and slot addresses an agent attaches to
+  kernel   guest kernels, the module built against them, initramfs images
+  boot     one QEMU boot with its pvsched-device peer, its serial console
+           marks and the device's view of the region at each mark
+
+Scripts put the repository's `python/` directory on sys.path.
+"""

@@ -1,0 +1,138 @@
+"""Guest kernels, the pvsched module built against them, and the initramfs
+a guest boots with."""
+
+import os
+import re
+import shutil
+import subprocess
+import time
+
+from .host import Failure, run
+
+# The Debian cloud kernel's ABI the default guest runs (scripts/setup fetches it).
+KABI = os.environ.get("PVSCHED_GUEST_KABI", "6.1.0-56")
+
+
+def kernel_tree(cache):
+    root = cache / "linux-guest" / "root"
+    src = root / "usr" / "src"
+    vmlinuz = root / "boot" / f"vmlinuz-{KABI}-cloud-amd64"
+    trees = {f: src / f"linux-headers-{KABI}-{f}-amd64" for f in ("cloud", "rt")}
+    missing = [p for p in [vmlinuz, *trees.values()] if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"not fetched: {missing} (run scripts/setup)")
+    # Debian's per-flavour Makefile includes the -common tree by absolute
+    # /usr/src path; point it at the unpacked copy (idempotent).
+    for tree in trees.values():
+        mk = tree / "Makefile"
+        text = mk.read_text()
+        fixed = re.sub(r"^include .*/(linux-headers-[^/]+/Makefile)$",
+                       lambda m: f"include {src}/{m.group(1)}", text, flags=re.M)
+        if fixed != text:
+            mk.write_text(fixed)
+    return vmlinuz, trees
+
+
+def build_module(repo, kdir, out):
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in ("pvsched.c", "Kbuild", "Makefile", "dkms.conf"):
+        shutil.copy(repo / "guest-driver" / f, out / f)
+    shutil.copy(repo / "include" / "pvsched_abi.h", out / "pvsched_abi.h")
+    t0 = time.monotonic()
+    text = run(["make", "-C", str(out), f"KDIR={kdir}"])
+    warnings = [l for l in text.splitlines() if "warning:" in l or "error:" in l]
+    if warnings:
+        raise Failure("module build warnings:\n" + "\n".join(warnings))
+    return out / "pvsched.ko", time.monotonic() - t0
+
+
+def matrix_kernel(cache, name):
+    """(release, chroot, vmlinuz) of kernels.conf's NAME, as scripts/setup
+    fetched it (scripts/setup.d/42-guest-matrix.sh)."""
+    d = cache / "guest-matrix" / name
+    try:
+        release = (d / "release").read_text().strip()
+        suite = (d / "suite").read_text().strip()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"kernel {name} not in {d} (run scripts/setup, with "
+                                f"PVSCHED_GUEST_MATRIX=all for the on-demand kernels)")
+    return release, cache / "guest-matrix" / f"chroot-{suite}", d / "vmlinuz"
+
+
+def elf_needed(path):
+    """DT_NEEDED of an ELF file, and its interpreter (readelf)."""
+    text = run(["readelf", "-d", "-l", str(path)])
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", text)
+    interp = re.search(r"Requesting program interpreter: ([^\]]+)\]", text)
+    return needed, interp.group(1) if interp else None
+
+
+def chroot_binary(chroot, binary, dest):
+    """{initramfs path: host file} for `binary` (a path inside `chroot`) at
+    `dest` with its libraries (resolved in the chroot) and loader."""
+    libdirs = [chroot / "usr/lib/x86_64-linux-gnu", chroot / "lib/x86_64-linux-gnu"]
+    files = {dest: chroot / binary.lstrip("/")}
+    todo, seen = [chroot / binary.lstrip("/")], set()
+    while todo:
+        needed, interp = elf_needed(todo.pop())
+        if interp:
+            files[interp] = chroot / interp.lstrip("/")
+        for lib in needed:
+            if lib in seen:
+                continue
+            seen.add(lib)
+            hit = next((d / lib for d in libdirs if (d / lib).exists()), None)
+            if hit is None:
+                raise Failure(f"{lib} (needed by {binary}) not in the chroot {chroot}")
+            files[f"/usr/lib/x86_64-linux-gnu/{lib}"] = hit
+            todo.append(hit)
+    return files
+
+
+def modprobe_files(chroot, release):
+    """Initramfs files for `modprobe pvsched`: the DKMS-installed module and
+    depmod's indexes from the chroot's /lib/modules/RELEASE, and kmod (as
+    /usr/sbin/modprobe) with its libraries."""
+    mdir = chroot / "lib" / "modules" / release
+    kos = sorted(mdir.glob("updates/dkms/pvsched.ko*"))
+    if not kos:
+        raise Failure(f"no DKMS-installed pvsched in {mdir}/updates/dkms "
+                      f"(tests/steps/41-guest-matrix.sh installs it)")
+    files = {f"/lib/modules/{release}/{p.relative_to(mdir)}": p for p in kos}
+    files.update({f"/lib/modules/{release}/{p.name}": p for p in mdir.glob("modules.*")})
+    files.update(chroot_binary(chroot, "/usr/bin/kmod", "/usr/sbin/modprobe"))
+    return files
+
+
+def build_initramfs(here, ko, out, extra_files=None):
+    """The initramfs of `here` (a directory with init.sh and
+    pvsched-helper.c) with module `ko`, in `out`. `extra_files` ({path in the initramfs: host file}) adds files, e.g.
+    bench/s4.py's cyclictest with its shared libraries and /bench.sh. `ko`
+    None: no /pvsched.ko (the guest modprobes a packed module tree)."""
+    root = out / "initramfs"
+    if root.exists():
+        shutil.rmtree(root)
+    for d in ("bin", "dev", "proc", "sys", "tmp"):
+        (root / d).mkdir(parents=True)
+    bb = shutil.which("busybox") or "/bin/busybox"
+    shutil.copy(bb, root / "bin" / "busybox")
+    shutil.copy(here / "init.sh", root / "init")
+    os.chmod(root / "init", 0o755)
+    if ko is not None:
+        shutil.copy(ko, root / "pvsched.ko")
+    run(["gcc", "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o",
+         str(root / "pvsched-helper"), str(here / "pvsched-helper.c")])
+    for dest, src in (extra_files or {}).items():
+        target = root / str(dest).lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, target)  # follows symlinks; keeps the mode bits
+    img = out / "initramfs.cpio.gz"
+    with open(img, "wb") as f:
+        files = subprocess.run(["find", "."], cwd=root, stdout=subprocess.PIPE, check=True).stdout
+        cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files,
+                              stdout=subprocess.PIPE, check=True).stdout
+        gz = subprocess.run(["gzip", "-1"], input=cpio, stdout=subprocess.PIPE, check=True).stdout
+        f.write(gz)
+    return img
