@@ -15,7 +15,7 @@ use pvsched::launch::{self, LaunchError, Launched};
 use pvsched::summary::PolicySummary;
 use pvsched_agent::{AgentConfig, AgentError};
 use pvsched_device::RegionMode;
-use pvsched_policy::{BoostKind, Caps};
+use pvsched_policy::{BoostKind, Caps, CapsError};
 use pvsched_util::exit::Exit;
 use pvsched_vmm::{VmConfig, Workload};
 use serde::{Deserialize, Serialize};
@@ -82,13 +82,8 @@ pub enum WorkerError {
     #[error("bench run: {0}")]
     Policy(#[from] EmbeddedError),
     /// The caps file could not be read or is invalid.
-    #[error("bench run: caps file {path}: {msg}")]
-    Caps {
-        /// The file.
-        path: String,
-        /// What is wrong.
-        msg: String,
-    },
+    #[error("bench run: {0}")]
+    Caps(#[from] CapsError),
     /// The VM could not be launched with its policy.
     #[error("bench run: {0}")]
     Launch(#[from] LaunchError),
@@ -110,7 +105,7 @@ impl WorkerError {
             | WorkerError::Launch(LaunchError::Policy(EmbeddedError::Agent(AgentError::Bpf(_)))) => {
                 Exit::PolicyLoad
             }
-            WorkerError::Caps { .. } => Exit::PolicyFile,
+            WorkerError::Caps(_) => Exit::PolicyFile,
             _ => Exit::Failure,
         }
     }
@@ -221,16 +216,6 @@ pub struct WorkerArgs {
     pub policy_file: Option<std::path::PathBuf>,
 }
 
-/// Reads caps TOML.
-fn load_caps(p: &std::path::Path) -> Result<Caps, WorkerError> {
-    let err = |msg: String| WorkerError::Caps {
-        path: p.display().to_string(),
-        msg,
-    };
-    let text = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
-    Caps::from_toml(&text).map_err(|e| err(e.to_string()))
-}
-
 /// Runs and prints the JSON; returns the exit code.
 pub fn main(a: &WorkerArgs) -> Exit {
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
@@ -254,7 +239,7 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         vm.device_mode = launch::sandboxed_device()?;
     }
     let base = match (&a.policy_file, a.policy.enabled()) {
-        (Some(p), true) => Some(load_caps(p)?),
+        (Some(p), true) => Some(Caps::from_file(p)?),
         _ => None,
     };
     let caps = a.policy.caps(base);

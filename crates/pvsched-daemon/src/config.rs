@@ -310,10 +310,7 @@ impl VmFile {
                 )));
             }
         }
-        let caps: Caps = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e| caps_err(pvsched_policy::CapsError::Toml(e)))?;
-        caps.validate().map_err(caps_err)?;
+        let caps = Caps::from_table(table).map_err(caps_err)?;
         Ok(VmFile { caps, owners })
     }
 }

@@ -31,6 +31,24 @@ pub enum CapsError {
     /// A value is below the operator's minimum (pvschedd's `[max]`).
     #[error("caps: {0} is below the operator minimum (pvschedd.toml [max]: {1})")]
     BelowMin(&'static str, String),
+    /// A caps file could not be read.
+    #[error("caps: reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A caps file is invalid (the inner error says how).
+    #[error("caps file {path}: {source}")]
+    InFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        #[source]
+        source: Box<CapsError>,
+    },
     /// A `key=value` setting is not a cap or not a valid value.
     #[error("caps: setting {key}={value}: {why}")]
     Setting {
@@ -234,6 +252,27 @@ impl Caps {
         let c: Caps = toml::from_str(text)?;
         c.validate()?;
         Ok(c)
+    }
+
+    /// The caps of a parsed TOML table (e.g. a file whose other keys the
+    /// caller took out first), ranges checked.
+    pub fn from_table(table: toml::Table) -> Result<Caps, CapsError> {
+        let c: Caps = toml::Value::Table(table).try_into()?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Reads the caps file at `path`: the one way every pvsched program
+    /// reads one (`--policy-file`, `--caps`); errors name the file.
+    pub fn from_file(path: &std::path::Path) -> Result<Caps, CapsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CapsError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Caps::from_toml(&text).map_err(|e| CapsError::InFile {
+            path: path.into(),
+            source: Box::new(e),
+        })
     }
 
     /// Checks value ranges.
@@ -575,6 +614,24 @@ mod tests {
 
     /// A priority out of its range is refused naming its key, never
     /// clamped; no cap may reach the restorers' FIFO 99.
+    #[test]
+    fn a_caps_file_is_read_once_and_its_errors_name_it() {
+        let dir = std::env::temp_dir().join(format!("pvsched-caps-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.toml");
+        std::fs::write(&good, "budget_us = 1000\n").unwrap();
+        assert_eq!(Caps::from_file(&good).unwrap().budget_us, 1000);
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, "halt_boost = \"rt\"\nhalt_prio = 200\n").unwrap();
+        let e = Caps::from_file(&bad).unwrap_err().to_string();
+        assert!(e.contains("bad.toml") && e.contains("halt_prio"), "{e}");
+        let missing = dir.join("missing.toml");
+        let e = Caps::from_file(&missing).unwrap_err();
+        assert!(matches!(e, CapsError::Read { .. }), "{e}");
+        assert!(e.to_string().contains("missing.toml"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn out_of_range_priorities_are_refused_by_name() {
         for (text, key) in [

@@ -135,9 +135,7 @@ fn load_caps(path: Option<&PathBuf>) -> Result<Caps, String> {
 
 /// The caps in `--policy-file PATH`, or what is wrong with it.
 pub(crate) fn read_policy_file(path: &std::path::Path) -> Result<Caps, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("reading --policy-file {}: {e}", path.display()))?;
-    Caps::from_toml(&text).map_err(|e| format!("--policy-file {}: {e}", path.display()))
+    Caps::from_file(path).map_err(|e| format!("--policy-file: {e}"))
 }
 
 /// Exit code for a policy that could not be set up.

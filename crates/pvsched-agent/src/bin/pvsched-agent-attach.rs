@@ -207,14 +207,13 @@ fn run(args: Args) -> Result<(), AttachError> {
     check_tids(args.pid, &args.tids)?;
     check_tids(args.pid, &args.emulator_tids)?;
     let caps = match &args.caps {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|source| AttachError::Io {
-                what: format!("reading caps {}", p.display()),
+        Some(p) => Caps::from_file(p).map_err(|e| match e {
+            pvsched_policy::CapsError::Read { path, source } => AttachError::Io {
+                what: format!("reading caps {}", path.display()),
                 source,
-            })?;
-            Caps::from_toml(&text)
-                .map_err(|e| AttachError::Usage(format!("caps {}: {e}", p.display())))?
-        }
+            },
+            e => AttachError::Usage(e.to_string()),
+        })?,
         None => Caps::default(),
     };
     let pidfd = pidfd_open(args.pid).map_err(|e| AttachError::Usage(e.to_string()))?;
