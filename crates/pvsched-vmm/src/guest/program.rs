@@ -35,6 +35,7 @@ use super::workload::Workload;
 use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, IcedError};
 use pvsched_abi as abi;
+use std::mem::offset_of;
 
 /// Errors building the guest program.
 #[derive(Debug, thiserror::Error)]
@@ -79,17 +80,18 @@ const PCI_BAR0: u32 = 0x10;
 const PCI_BAR2: u32 = 0x18;
 const PCI_BAR_MEM_MASK: u32 = !0xf;
 
-// Region header and slot offsets (from the ABI structs).
-const HDR_NR_VCPUS: i32 = 8;
-const HDR_APIC_TABLE: i32 = 20;
-const HDR_SLOTS: i32 = 24;
-const SLOT_SEQ: i32 = 0;
-const SLOT_KERN_CS: i32 = 4;
-const SLOT_POLICY: i32 = 8;
-const SLOT_NICE: i32 = 12;
-const SLOT_RT_PRIO: i32 = 16;
-const SLOT_WAIT_ON: i32 = 20;
-const SLOT_UPDATES: i32 = 32;
+// Region header and slot field offsets, from the ABI structs (which the
+// layout test checks against include/pvsched_abi.h).
+const HDR_NR_VCPUS: i32 = offset_of!(abi::RegionHeader, nr_vcpus) as i32;
+const HDR_APIC_TABLE: i32 = offset_of!(abi::RegionHeader, apic_table_offset) as i32;
+const HDR_SLOTS: i32 = offset_of!(abi::RegionHeader, slots_offset) as i32;
+const SLOT_SEQ: i32 = offset_of!(abi::Slot, guest.seq) as i32;
+const SLOT_KERN_CS: i32 = offset_of!(abi::Slot, guest.kern_cs) as i32;
+const SLOT_POLICY: i32 = offset_of!(abi::Slot, guest.policy) as i32;
+const SLOT_NICE: i32 = offset_of!(abi::Slot, guest.nice) as i32;
+const SLOT_RT_PRIO: i32 = offset_of!(abi::Slot, guest.rt_prio) as i32;
+const SLOT_WAIT_ON: i32 = offset_of!(abi::Slot, guest.wait_on) as i32;
+const SLOT_UPDATES: i32 = offset_of!(abi::Slot, guest.updates) as i32;
 const SLOT_SHIFT: u32 = 7;
 const _: () = assert!(abi::SLOT_SIZE == 1 << SLOT_SHIFT);
 
