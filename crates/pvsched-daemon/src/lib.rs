@@ -15,6 +15,8 @@
 //! - [`persist`]: what outlives a pvschedd process: the ledger of boosted
 //!   threads and the detached registrations.
 //! - [`client`]: what VMMs and the `pvsched` CLI use.
+//! - [`host`]: where a VM's policy runs (the agent in the caller's process,
+//!   or pvschedd), behind one interface.
 //!
 //! If pvschedd dies (SIGKILL, OOM, panic → abort), its guardian process
 //! ([`pvsched_agent::guardian`]) restores every boosted thread; if the
@@ -24,6 +26,7 @@
 
 pub mod client;
 pub mod config;
+pub mod host;
 pub mod metrics;
 pub mod persist;
 pub mod proto;

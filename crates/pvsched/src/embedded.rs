@@ -1,15 +1,18 @@
-//! `--policy embedded`: the pvsched BPF policy agent loaded in the VMM's own
-//! process and wired to the reference VMM.
+//! The host policy wired to the reference VMM: the BPF policy agent loaded
+//! in the VMM's own process (`--policy embedded`) or pvschedd (`--policy
+//! daemon`), both through [`pvsched_daemon::host::PolicyHost`]; this module
+//! is the VMM's side of it (the device's sink, BAR2's backing, the slots'
+//! addresses).
 //!
 //! * Device-region mode, in-process device: once the vCPU threads exist
 //!   and before the guest runs ([`pvsched_vmm::Run::start_with`]), the VM
-//!   is registered with [`RegionSpec::DeviceMap`] and the start of the
+//!   is registered with a device region ([`Region::Device`]) and the start of the
 //!   agent's mmapped BPF array map becomes BAR2's backing (its KVM
 //!   memslot): guest slot writes land directly in the map the BPF programs
 //!   read.
 //! * Device-region mode, sandboxed device: BAR2's memory is the device
 //!   process's memfd, which the VMM maps and registers as the memslot. At
-//!   the same point the VM is registered with [`RegionSpec::GuestAddrs`]:
+//!   the same point the VM is registered with [`Region::Guest`]:
 //!   the address of each slot inside the VMM's own mapping of BAR2 (the BPF
 //!   programs read them with `bpf_probe_read_user` in the vCPU thread's
 //!   context, where that mapping is the current mm). Handing the BPF map fd
@@ -21,8 +24,8 @@
 //!   with `--region guest`.
 //! * Guest-region mode: after the handshake the host address of each slot
 //!   (the device's region view + `slot_offset`) is registered with
-//!   [`RegionSpec::GuestAddrs`].
-//! * The device's KICK doorbell goes to [`VmHandle::kick`] ([`KickSink`]).
+//!   [`Region::Guest`].
+//! * The device's KICK doorbell goes to [`Registration::kick`] ([`KickSink`]).
 //!
 //! * `--policy daemon`: the same wiring against a running pvschedd
 //!   ([`Embedded::daemon`]): the VM is registered over its socket; in
@@ -37,11 +40,10 @@
 //! sandboxed device process dies, [`Embedded::device_lost_hook`] (the VM's
 //! `on_device_lost`) unregisters the VM at once, keeping its last stats.
 
-use pvsched_agent::{
-    Agent, AgentConfig, AgentError, RegionMmap, RegionSpec, VmHandle, VmSpec, VmStats,
-};
-use pvsched_daemon::client::RegionMap;
-use pvsched_daemon::{Client, ClientError, RegisterVm};
+use pvsched_agent::{Agent, AgentConfig, AgentError, RegionMmap, VmStats};
+use pvsched_daemon::ClientError;
+use pvsched_daemon::host::{HostError, PolicyHost, Registration};
+use pvsched_daemon::proto::{Region, RegisterVm, Vcpu};
 use pvsched_device::{PolicySink, PvschedDevice};
 use pvsched_policy::Caps;
 use pvsched_vmm::{DeviceLoss, DeviceMode, Vm};
@@ -65,75 +67,14 @@ pub enum EmbeddedError {
     Daemon(#[from] ClientError),
 }
 
-/// A VM registered with pvschedd: the connection (which keeps the
-/// registration), its name and the region map it sent.
-struct Remote {
-    client: Mutex<Client>,
-    name: String,
-    region: Option<RegionMap>,
-}
-
-impl Remote {
-    fn stats(&self) -> Option<VmStats> {
-        let (_, vms) = lock(&self.client).status().ok()?;
-        let vm = vms.into_iter().find(|v| v.name == self.name)?;
-        let conv = |t: &pvsched_daemon::proto::ThreadStatus| pvsched_agent::agent::ThreadStats {
-            tid: t.tid,
-            boosts: t.boosts,
-            throttles: t.throttles,
-            boosted_ns: t.boosted_ns,
-            boosts_applied: t.boosts_applied,
-            corrections: t.corrections,
-            errors: t.errors,
-            boost_prio: t.boost_prio,
-            throttled: t.throttled as u32,
-            ..Default::default()
-        };
-        Some(VmStats {
-            vcpus: vm.vcpus.iter().map(conv).collect(),
-            emulators: vm.emulators.iter().map(conv).collect(),
-            decisions: vm.decisions,
-            corrections: vm.corrections,
-            apply_samples: vm.apply_samples as usize,
-            apply_p50_ns: vm.apply_p50_ns,
-            apply_p99_ns: vm.apply_p99_ns,
-            ..Default::default()
-        })
-    }
-}
-
-impl Drop for Remote {
-    fn drop(&mut self) {
-        // Synchronous: the daemon replies once every thread is restored.
-        // (Closing the connection would do it too, a moment later.)
-        if let Err(e) = lock(&self.client).unregister(&self.name) {
-            log::warn!("pvschedd: unregistering {}: {e}", self.name);
+impl From<HostError> for EmbeddedError {
+    fn from(e: HostError) -> Self {
+        match e {
+            HostError::Agent(e) => EmbeddedError::Agent(e),
+            HostError::Daemon(e) => EmbeddedError::Daemon(e),
+            e @ HostError::Unsupported(_) => EmbeddedError::Setup(e.to_string()),
         }
     }
-}
-
-/// A registration: with the agent in this process, or with pvschedd.
-enum Registration {
-    Local(Arc<VmHandle>),
-    Remote(Remote),
-}
-
-impl Registration {
-    fn stats(&self) -> Option<VmStats> {
-        match self {
-            Registration::Local(h) => Some(h.stats()),
-            Registration::Remote(r) => r.stats(),
-        }
-    }
-}
-
-/// Where the policy runs.
-enum Backend {
-    Local(Agent),
-    Daemon {
-        socket: std::path::PathBuf,
-        name: String,
-    },
 }
 
 /// The device's [`PolicySink`] for the embedded policy: KICK re-evaluates
@@ -159,22 +100,13 @@ impl KickSink {
         drop(std::mem::replace(&mut *g, vm));
     }
 
-    fn handle(&self) -> Option<Arc<VmHandle>> {
-        match read(&self.vm).as_deref() {
-            Some(Registration::Local(h)) => Some(h.clone()),
-            _ => None,
-        }
-    }
-
     fn stats(&self) -> Option<VmStats> {
         read(&self.vm).as_ref().and_then(|h| h.stats())
     }
 
     /// Ends the VM's registration now (every boosted vCPU thread gets its
     /// baseline back); its stats at that moment stay readable. Returns
-    /// once the registration is gone, unless a clone of the handle from
-    /// [`Embedded::handle`] is still held elsewhere (it ends when that
-    /// clone is dropped).
+    /// once the registration is gone.
     pub fn unregister(&self) {
         let mut g = write(&self.vm);
         if let Some(h) = g.take() {
@@ -187,8 +119,8 @@ impl KickSink {
 impl PolicySink for KickSink {
     fn kick(&self, slot: u32) {
         // VmHandle::kick ignores out-of-range slots (guest input).
-        if let Some(Registration::Local(h)) = read(&self.vm).as_deref() {
-            h.kick(slot);
+        if let Some(r) = read(&self.vm).as_deref() {
+            r.kick(slot);
         }
     }
 
@@ -197,25 +129,27 @@ impl PolicySink for KickSink {
     }
 }
 
-/// The agent, its registration of the VM and the BAR2 backing.
+/// The policy host, its registration of the VM and the BAR2 backing.
 pub struct Embedded {
     // Field order is drop order: the registration (held by the sink,
     // ended in Drop) goes before the agent.
     region: Option<Arc<RegionMmap>>,
     sink: Arc<KickSink>,
     caps: Caps,
-    backend: Backend,
+    /// The VM's name with pvschedd.
+    name: String,
+    host: PolicyHost,
 }
 
 impl Embedded {
     /// Loads and attaches the BPF policy (fails saying why, never silently).
     pub fn load(caps: Caps, cfg: AgentConfig) -> Result<Self, EmbeddedError> {
-        let agent = Agent::load(cfg)?;
         Ok(Self {
             region: None,
             sink: Arc::new(KickSink::default()),
             caps,
-            backend: Backend::Local(agent),
+            name: String::new(),
+            host: PolicyHost::local(cfg)?,
         })
     }
 
@@ -223,15 +157,12 @@ impl Embedded {
     /// as `name`, asking for `caps`; a caps file for `name` on the host
     /// wins). Checks now that the daemon answers.
     pub fn daemon(caps: Caps, socket: &std::path::Path, name: &str) -> Result<Self, EmbeddedError> {
-        Client::connect(socket)?.status()?;
         Ok(Self {
             region: None,
             sink: Arc::new(KickSink::default()),
             caps,
-            backend: Backend::Daemon {
-                socket: socket.into(),
-                name: name.into(),
-            },
+            name: name.into(),
+            host: PolicyHost::daemon(socket)?,
         })
     }
 
@@ -242,16 +173,7 @@ impl Embedded {
 
     /// The agent, if it runs in this process.
     pub fn agent(&self) -> Option<&Agent> {
-        match &self.backend {
-            Backend::Local(a) => Some(a),
-            Backend::Daemon { .. } => None,
-        }
-    }
-
-    /// The registration, once attached (and until unregistered). Holding
-    /// the clone keeps the registration alive: drop it soon.
-    pub fn handle(&self) -> Option<Arc<VmHandle>> {
-        self.sink.handle()
+        self.host.agent()
     }
 
     /// The VM's policy stats: live while registered, else those taken when
@@ -294,42 +216,24 @@ impl Embedded {
             .collect()
     }
 
-    fn register(&mut self, vm: &Vm, region: RegionSpec) -> Result<(), EmbeddedError> {
+    fn register(&mut self, vm: &Vm, region: Region) -> Result<(), EmbeddedError> {
         if read(&self.sink.vm).is_some() {
             return Err(EmbeddedError::Setup("the VM is already registered".into()));
         }
-        let vcpu_tids = Self::tids(vm)?;
-        let reg = match &self.backend {
-            Backend::Local(agent) => Registration::Local(Arc::new(agent.register_vm(VmSpec {
-                owner: Some(std::process::id()),
-                emulator_tids: vec![],
-                vcpu_tids,
-                apic_ids: vm.apic_ids().to_vec(),
-                caps: self.caps.clone(),
-                region,
-            })?)),
-            Backend::Daemon { socket, name } => {
-                let mut client = Client::connect(socket)?;
-                let r = client.register(RegisterVm {
-                    name: name.clone(),
-                    vcpus: vcpu_tids
-                        .iter()
-                        .zip(vm.apic_ids())
-                        .map(|(&tid, &apic_id)| pvsched_daemon::proto::Vcpu { tid, apic_id })
-                        .collect(),
-                    emulator_tids: vec![],
-                    region: region.into(),
-                    caps: Some(self.caps.clone()),
-                    pid: None,
-                    detach: false,
-                })?;
-                Registration::Remote(Remote {
-                    client: Mutex::new(client),
-                    name: name.clone(),
-                    region: r.region,
-                })
-            }
-        };
+        let vcpus = Self::tids(vm)?
+            .into_iter()
+            .zip(vm.apic_ids())
+            .map(|(tid, &apic_id)| Vcpu { tid, apic_id })
+            .collect();
+        let reg = self.host.register(RegisterVm {
+            name: self.name.clone(),
+            vcpus,
+            emulator_tids: vec![],
+            region,
+            caps: Some(self.caps.clone()),
+            pid: None,
+            detach: false,
+        })?;
         self.sink.set(Some(Arc::new(reg)));
         Ok(())
     }
@@ -337,10 +241,7 @@ impl Embedded {
     /// The region the policy provides (device-map registration): start
     /// and length of this process's mapping of it.
     fn policy_region(&self) -> Option<(*mut u8, usize)> {
-        match read(&self.sink.vm).as_deref()? {
-            Registration::Local(h) => h.region().map(|m| (m.as_ptr(), m.len())),
-            Registration::Remote(r) => r.region.as_ref().map(|m| (m.as_ptr(), m.len())),
-        }
+        read(&self.sink.vm).as_deref()?.region()
     }
 
     /// Device-region mode, between `Vm::start_held` and `Vm::release`
@@ -362,10 +263,10 @@ impl Embedded {
                 .collect();
             // `bar2` (the VMM's mapping) lives as long as the VM, which is
             // shut down before the registration ends (Embedded drops last).
-            return self.register(vm, RegionSpec::GuestAddrs(addrs));
+            return self.register(vm, Region::Guest(addrs));
         }
         let size = usize::try_from(PvschedDevice::region_bar_size(nr)).unwrap_or(usize::MAX);
-        self.register(vm, RegionSpec::DeviceMap)?;
+        self.register(vm, Region::Device)?;
         let Some((ptr, len)) = self.policy_region() else {
             return Err(EmbeddedError::Setup(
                 "the policy gave no region for a device-map VM".into(),
@@ -396,7 +297,10 @@ impl Embedded {
         }
         .map_err(|e| EmbeddedError::Setup(format!("wrapping the policy's region: {e}")))?;
         vm.set_device_region(Arc::new(backing))?;
-        self.region = self.handle().and_then(|h| h.region());
+        self.region = read(&self.sink.vm)
+            .as_deref()
+            .and_then(Registration::local)
+            .and_then(|h| h.region());
         Ok(())
     }
 
@@ -412,7 +316,7 @@ impl Embedded {
         let addrs = (0..info.nr_vcpus)
             .map(|i| info.host_addr as u64 + u64::from(pvsched_abi::slot_offset(info.nr_vcpus, i)))
             .collect();
-        self.register(vm, RegionSpec::GuestAddrs(addrs))
+        self.register(vm, Region::Guest(addrs))
     }
 
     /// Unregisters the VM now (restores its threads); stats are gone after.

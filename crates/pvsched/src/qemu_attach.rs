@@ -20,8 +20,9 @@
 use crate::daemon_cli::SocketArg;
 use crate::exit::Exit;
 use clap::Args;
+use pvsched_daemon::RegisterVm;
+use pvsched_daemon::host::{HostError, PolicyHost, Registration};
 use pvsched_daemon::proto::{Region, Vcpu};
-use pvsched_daemon::{Client, RegisterVm};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -286,9 +287,11 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
     };
     let (pid, n) = (reg.pid.unwrap_or(0), reg.vcpus.len());
     let tids: Vec<String> = reg.vcpus.iter().map(|v| v.tid.to_string()).collect();
-    let result = Client::connect(&a.socket.socket).and_then(|mut c| c.register(reg));
-    match result {
-        Ok(r) => {
+    // Detached: the registration outlives this process (dropping it here
+    // does not end it); pvschedd ends it when QEMU exits.
+    let result = PolicyHost::daemon(&a.socket.socket).and_then(|h| h.register(reg));
+    match result.as_ref().map(Registration::registered) {
+        Ok(Some(r)) => {
             println!(
                 "{}: QEMU pid {pid}, {n} vCPU thread(s) {} registered with pvschedd as VM {} \
                  (caps from {}); it stays registered until QEMU exits",
@@ -299,9 +302,13 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
             );
             Exit::Ok
         }
+        Ok(None) => Exit::Failure,
         Err(e) => {
             eprintln!("pvsched qemu-attach: {e}");
-            crate::daemon_cli::exit_for(&e)
+            match e {
+                HostError::Daemon(e) => crate::daemon_cli::exit_for(e),
+                _ => Exit::Failure,
+            }
         }
     }
 }

@@ -116,7 +116,7 @@ impl Guest {
     }
 
     fn stats(&self) -> pvsched_agent::VmStats {
-        self.policy.handle().expect("registered").stats()
+        self.policy.stats().expect("registered")
     }
 }
 
