@@ -58,11 +58,12 @@ pub const RESTORER_RT_PRIO: u32 = 99;
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum GuardianError {
     /// A system call setting the guardian up failed.
     #[error("starting the pvsched guardian process: {what} failed: {source}")]
     Setup {
-        /// What.
         what: &'static str,
         /// The error the system call returned (errno).
         #[source]
@@ -71,9 +72,7 @@ pub enum GuardianError {
     /// The ledger file could not be opened, sized or mapped.
     #[error("pvsched ledger {path}: {what} failed: {source}")]
     Ledger {
-        /// The file.
         path: PathBuf,
-        /// What.
         what: &'static str,
         /// The error the system call returned (errno).
         #[source]
@@ -85,7 +84,6 @@ pub enum GuardianError {
          pvsched-guard process) uses it; stop it first"
     )]
     Busy {
-        /// The file.
         path: PathBuf,
         /// How long this agent waited for it.
         waited: Duration,

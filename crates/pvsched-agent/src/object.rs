@@ -33,6 +33,8 @@ pub const REEVAL_PROG: &str = "pvs_reeval";
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum ObjectError {
     /// Kernel BTF unavailable.
     #[error(
@@ -73,7 +75,6 @@ pub enum ObjectError {
     /// A system call failed.
     #[error("{what} failed: {source}")]
     Sys {
-        /// What.
         what: &'static str,
         /// The error the system call returned (errno).
         #[source]

@@ -19,11 +19,12 @@ use std::path::Path;
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum TraceError {
     /// The trace file could not be read.
     #[error("reading the decision trace {path}: {source}")]
     Io {
-        /// The file.
         path: String,
         /// The error the system call returned (errno).
         #[source]
@@ -32,7 +33,6 @@ pub enum TraceError {
     /// A line is not a trace record.
     #[error("decision trace {path} line {line}: not a trace record ({why})")]
     Parse {
-        /// The file.
         path: String,
         /// 1-based line number.
         line: usize,

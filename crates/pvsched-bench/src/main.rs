@@ -34,6 +34,8 @@ use worker::BenchDeviceMode;
 
 /// Errors of `pvsched-bench`.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum BenchError {
     /// S3's host-side measurements failed.
     #[error("{0}")]
@@ -47,9 +49,7 @@ pub enum BenchError {
     /// A run's output could not be read.
     #[error("bench: the output of the {variant} run: {source}")]
     Parse {
-        /// Which run.
         variant: &'static str,
-        /// Why.
         #[source]
         source: runner::ReadError,
     },
@@ -67,26 +67,17 @@ pub enum BenchError {
     Spawn(#[source] std::io::Error),
     /// A run overran and was killed.
     #[error("bench: the {variant} run did not finish within {secs} s and was killed")]
-    Timeout {
-        /// Which run.
-        variant: &'static str,
-        /// Its time limit.
-        secs: u64,
-    },
+    Timeout { variant: &'static str, secs: u64 },
     /// A run failed (its own message is above on stderr).
     #[error("bench: the {variant} run failed (exit code {code:?}; its message is above)")]
     Worker {
-        /// Which run.
         variant: &'static str,
-        /// Its exit code.
         code: Option<i32>,
     },
     /// The JSON or plot file could not be written.
     #[error("bench: writing {path} failed: {source}")]
     Write {
-        /// Where.
         path: PathBuf,
-        /// Why.
         #[source]
         source: std::io::Error,
     },

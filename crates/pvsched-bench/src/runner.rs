@@ -228,6 +228,8 @@ impl HogWork {
 
 /// What went wrong reading the worker's messages.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum ReadError {
     /// The pipe failed.
     #[error("reading the run's output: {0}")]
@@ -237,7 +239,6 @@ pub enum ReadError {
     Json {
         /// The line.
         line: String,
-        /// Why.
         #[source]
         source: serde_json::Error,
     },

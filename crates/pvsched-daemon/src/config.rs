@@ -35,11 +35,12 @@ pub const DEFAULT_SOCKET: &str = "/run/pvsched/pvschedd.sock";
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("reading {path}: {source}")]
     Read {
-        /// The file.
         path: PathBuf,
         /// The error the system call returned (errno).
         #[source]
@@ -48,7 +49,6 @@ pub enum ConfigError {
     /// The file is not valid TOML of this format.
     #[error("{path}: {source} (see docs/operating.md, \"Configuring pvschedd\")")]
     Toml {
-        /// The file.
         path: PathBuf,
         /// The TOML parser's error, with line and column.
         #[source]
@@ -57,7 +57,6 @@ pub enum ConfigError {
     /// A value is out of range.
     #[error("{path}: {source}")]
     Caps {
-        /// The file.
         path: PathBuf,
         /// Which cap is wrong and why.
         #[source]
@@ -66,7 +65,6 @@ pub enum ConfigError {
     /// Some other value is wrong.
     #[error("{path}: {what}")]
     Invalid {
-        /// The file.
         path: PathBuf,
         /// What and why.
         what: String,

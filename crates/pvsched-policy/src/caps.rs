@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 
 /// Errors reading caps.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum CapsError {
     /// The TOML text did not parse or had wrong types.
     #[error("caps: invalid TOML (fix the file; see docs of pvsched_policy::Caps): {0}")]
@@ -34,16 +36,13 @@ pub enum CapsError {
     /// A caps file could not be read.
     #[error("caps: reading {path}: {source}")]
     Read {
-        /// The file.
         path: std::path::PathBuf,
-        /// Why.
         #[source]
         source: std::io::Error,
     },
     /// A caps file is invalid (the inner error says how).
     #[error("caps file {path}: {source}")]
     InFile {
-        /// The file.
         path: std::path::PathBuf,
         /// What is wrong.
         #[source]

@@ -61,6 +61,8 @@ pub struct QemuAttachArgs {
 
 /// Errors of this command.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum QemuAttachError {
     /// The QMP socket could not be used.
     #[error("QMP {path}: {what}: {source}")]
@@ -78,7 +80,6 @@ pub enum QemuAttachError {
     Answer {
         /// The socket.
         path: PathBuf,
-        /// What.
         what: String,
     },
 }

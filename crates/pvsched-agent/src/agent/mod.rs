@@ -38,6 +38,8 @@ use std::time::Duration;
 
 /// Errors of the agent.
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum AgentError {
     /// BPF could not be loaded or attached: the agent refuses to run.
     #[error("pvsched agent refuses to start: the BPF policy could not be set up: {0}")]
@@ -55,7 +57,6 @@ pub enum AgentError {
     /// The decision trace file could not be created.
     #[error("pvsched agent: creating the decision trace {path}: {source}")]
     Trace {
-        /// The file.
         path: String,
         /// The error the system call returned (errno).
         #[source]
@@ -64,7 +65,6 @@ pub enum AgentError {
     /// A system call failed.
     #[error("pvsched agent: {what} failed: {source}")]
     Sys {
-        /// What.
         what: &'static str,
         /// The error the system call returned (errno).
         #[source]
