@@ -27,6 +27,7 @@ pub mod config;
 pub mod metrics;
 pub mod persist;
 pub mod proto;
+pub mod registry;
 pub mod server;
 pub mod wire;
 

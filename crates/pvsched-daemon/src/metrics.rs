@@ -6,7 +6,7 @@
 //! series.
 
 use crate::proto::{DaemonStatus, ThreadStatus, VmStatus};
-use crate::server::{State, daemon_status, vm_statuses};
+use crate::registry::{State, daemon_status, vm_statuses};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
