@@ -303,7 +303,7 @@ fn boost_name(kind: u32) -> &'static str {
 
 /// The status of every VM `uid` registered (None: every VM) with its
 /// statistics.
-pub(crate) fn vm_statuses(s: &State, uid: Option<u32>) -> Vec<VmStatus> {
+fn vm_statuses(s: &State, uid: Option<u32>) -> Vec<VmStatus> {
     s.vms
         .iter()
         .filter(|(_, vm)| uid.is_none_or(|u| vm.uid == u))
@@ -329,7 +329,7 @@ pub(crate) fn vm_statuses(s: &State, uid: Option<u32>) -> Vec<VmStatus> {
 }
 
 /// The daemon-wide figures.
-pub(crate) fn daemon_status(s: &State) -> DaemonStatus {
+fn daemon_status(s: &State) -> DaemonStatus {
     DaemonStatus {
         pid: std::process::id(),
         uptime_s: s.started.elapsed().as_secs(),
@@ -341,11 +341,16 @@ pub(crate) fn daemon_status(s: &State) -> DaemonStatus {
     }
 }
 
+/// The daemon-wide figures and the status of every VM `uid` registered
+/// (None: every VM): plain data, for a `status` reply or a metrics
+/// exposition, taken under one lock so that they agree.
+pub(crate) fn snapshot(s: &State, uid: Option<u32>) -> (DaemonStatus, Vec<VmStatus>) {
+    (daemon_status(s), vm_statuses(s, uid))
+}
+
 pub(crate) fn status(s: &State, uid: Option<u32>) -> Reply {
-    Reply::Status {
-        daemon: daemon_status(s),
-        vms: vm_statuses(s, uid),
-    }
+    let (daemon, vms) = snapshot(s, uid);
+    Reply::Status { daemon, vms }
 }
 
 /// VmRSS of this process, KiB.

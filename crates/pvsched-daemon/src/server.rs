@@ -13,8 +13,8 @@
 //! that registered it is open.
 
 use crate::config::Config;
-use crate::proto::{self, Region, RegisterVm, Reply, Request};
-use crate::registry::{State, register, reserve, set_caps, status, unknown_vm};
+use crate::proto::{self, DaemonStatus, Region, RegisterVm, Reply, Request, VmStatus};
+use crate::registry::{State, register, reserve, set_caps, snapshot, status, unknown_vm};
 use crate::wire;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::signal::{SigSet, Signal};
@@ -222,9 +222,12 @@ impl Server {
         Ok(server)
     }
 
-    /// The shared state (for the metrics endpoint).
-    pub fn state(&self) -> Arc<Mutex<State>> {
-        self.state.clone()
+    /// What the metrics endpoint renders, for its thread
+    /// ([`crate::metrics::serve_http`]): each call takes the registry's
+    /// lock only to copy out the daemon's figures and every VM's status.
+    pub fn snapshots(&self) -> impl Fn() -> (DaemonStatus, Vec<VmStatus>) + Send + Sync + 'static {
+        let state = self.state.clone();
+        move || snapshot(&lock(&state), None)
     }
 
     /// Serves until SIGINT/SIGTERM; then unregisters every VM (restoring
@@ -638,11 +641,8 @@ impl Server {
             // Anyone but root sees only the VMs it registered.
             Request::Status => (status(&lock(&self.state), viewer(root, peer_uid)), None),
             Request::Metrics => {
-                let text = crate::metrics::render(
-                    &lock(&self.state),
-                    viewer(root, peer_uid),
-                    crate::metrics::VmLabel::Name,
-                );
+                let (daemon, vms) = snapshot(&lock(&self.state), viewer(root, peer_uid));
+                let text = crate::metrics::render(daemon, vms, crate::metrics::VmLabel::Name);
                 (Reply::Metrics { text }, None)
             }
         }
