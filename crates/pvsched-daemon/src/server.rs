@@ -1,9 +1,13 @@
-//! The daemon: one [`Agent`] (the BPF policy, loaded once), a registry of
-//! VMs by name, and a single-threaded epoll loop over the listening
-//! socket, the clients, every VMM's pidfd and a signalfd. Each request is
-//! handled to the end before the next (registration is a few map updates),
-//! so no lock is held across I/O; the Prometheus HTTP endpoint runs on its
-//! own thread and reads the same state under its mutex.
+//! The daemon's socket side: a single-threaded epoll loop over the
+//! listening socket, the clients (their requests and reply queues), every
+//! VMM's pidfd and a signalfd. What a request does to the VMs is the
+//! registry's (`crate::registry`, which holds the [`Agent`]); this module
+//! decides who may ask for it, calls the registry under its mutex and
+//! sends the reply. Each request is handled to the end before the next
+//! (registration is a few map updates), so no lock is held across I/O;
+//! the Prometheus HTTP endpoint runs on its own thread and takes
+//! snapshots of the registry under the same mutex
+//! ([`Server::snapshots`]).
 //!
 //! Trust: a client is known by `SO_PEERCRED` and `SO_PEERPIDFD`. Root may
 //! register any process (`pvsched qemu-attach`) and change caps; anyone
@@ -14,13 +18,13 @@
 
 use crate::config::Config;
 use crate::proto::{self, DaemonStatus, Region, RegisterVm, Reply, Request, VmStatus};
-use crate::registry::{State, register, reserve, set_caps, snapshot, status, unknown_vm};
+use crate::registry::{Registry, unknown_vm};
 use crate::wire;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use pvsched_agent::{Agent, AgentConfig};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
@@ -63,8 +67,8 @@ fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> ServerError {
     }
 }
 
-fn lock(s: &Mutex<State>) -> MutexGuard<'_, State> {
-    pvsched_util::lock(s)
+fn lock(r: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
+    pvsched_util::lock(r)
 }
 
 /// A connected client.
@@ -132,7 +136,10 @@ impl Token {
 
 /// The running daemon.
 pub struct Server {
-    state: Arc<Mutex<State>>,
+    registry: Arc<Mutex<Registry>>,
+    /// The configuration, for the limits on clients (the registry has its
+    /// own copy for caps and quotas: reading these takes no lock).
+    cfg: Config,
     listener: OwnedFd,
     socket: PathBuf,
     epoll: Epoll,
@@ -196,18 +203,10 @@ impl Server {
                 EpollEvent::new(EpollFlags::EPOLLIN, Token::Signal.encode()),
             )
             .map_err(sys("epoll_ctl"))?;
-        let state = Arc::new(Mutex::new(State {
-            cfg,
-            agent,
-            vms: BTreeMap::new(),
-            reserved: BTreeMap::new(),
-            started: Instant::now(),
-            clients: 0,
-            registrations: 0,
-            refused: 0,
-        }));
+        let registry = Arc::new(Mutex::new(Registry::new(cfg.clone(), agent)));
         let mut server = Server {
-            state,
+            registry,
+            cfg,
             listener,
             socket,
             epoll,
@@ -226,8 +225,8 @@ impl Server {
     /// ([`crate::metrics::serve_http`]): each call takes the registry's
     /// lock only to copy out the daemon's figures and every VM's status.
     pub fn snapshots(&self) -> impl Fn() -> (DaemonStatus, Vec<VmStatus>) + Send + Sync + 'static {
-        let state = self.state.clone();
-        move || snapshot(&lock(&state), None)
+        let registry = self.registry.clone();
+        move || lock(&registry).snapshot(None)
     }
 
     /// Serves until SIGINT/SIGTERM; then unregisters every VM (restoring
@@ -293,10 +292,7 @@ impl Server {
                     return;
                 }
             };
-            let (max, timeout) = {
-                let s = lock(&self.state);
-                (s.cfg.max_clients, s.cfg.client_timeout())
-            };
+            let (max, timeout) = (self.cfg.max_clients, self.cfg.client_timeout());
             if self.clients.len() >= max {
                 let _ = reply(
                     &fd,
@@ -306,13 +302,13 @@ impl Server {
                     ),
                     None,
                 );
-                lock(&self.state).refused += 1;
+                lock(&self.registry).count_refused();
                 continue;
             }
             let Ok((pid, uid, _gid)) = wire::peer_cred(&fd) else {
                 continue;
             };
-            let per_uid = lock(&self.state).cfg.max_clients_per_uid;
+            let per_uid = self.cfg.max_clients_per_uid;
             if uid != 0 && self.clients.values().filter(|c| c.uid == uid).count() >= per_uid {
                 let _ = reply(
                     &fd,
@@ -325,7 +321,7 @@ impl Server {
                     ),
                     None,
                 );
-                lock(&self.state).refused += 1;
+                lock(&self.registry).count_refused();
                 continue;
             }
             let pidfd = wire::peer_pidfd(&fd)
@@ -354,7 +350,7 @@ impl Server {
                     interest: EpollFlags::EPOLLIN,
                 },
             );
-            lock(&self.state).clients = self.clients.len() as u32;
+            lock(&self.registry).set_clients(self.clients.len() as u32);
         }
     }
 
@@ -384,43 +380,50 @@ impl Server {
             return;
         };
         let _ = self.epoll.delete(&c.fd);
-        let state = self.state.clone();
-        let mut s = lock(&state);
-        s.clients = self.clients.len() as u32;
-        let owned: Vec<String> = s
-            .vms
-            .iter()
-            .filter(|(_, v)| v.conn == Some(id))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in owned {
+        let registry = self.registry.clone();
+        let mut reg = lock(&registry);
+        reg.set_clients(self.clients.len() as u32);
+        for name in reg.owned_by(id) {
             tracing::info!(vm = %name, "its VMM closed the connection: unregistering");
-            self.unregister(&mut s, &name);
+            self.unregister(&mut reg, &name);
         }
     }
 
-    /// Ends VM `name`'s registration: stops watching its VMM and drops its
-    /// handle (which restores every thread of the VM).
-    fn unregister(&mut self, s: &mut State, name: &str) {
-        if let Some(vm) = s.vms.remove(name) {
-            let _ = self.epoll.delete(vm.pidfd.as_fd());
-            if vm.conn.is_none() {
+    /// Ends VM `name`'s registration: stops watching its VMM, forgets its
+    /// detached record, then drops the VM (which restores every thread of
+    /// the VM).
+    fn unregister(&mut self, reg: &mut Registry, name: &str) {
+        if let Some(vm) = reg.unregister(name) {
+            let _ = self.epoll.delete(vm.pidfd());
+            if vm.detached() {
                 self.detached.forget(name);
             }
         }
         self.watches.retain(|_, n| n != name);
     }
 
+    /// Watches the VMM of VM `name` (its `pidfd`) for its exit.
+    fn watch(&mut self, pidfd: &OwnedFd, name: &str) -> nix::Result<()> {
+        let watch = self.next_id;
+        self.next_id += 1;
+        self.epoll.add(
+            pidfd.as_fd(),
+            EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
+        )?;
+        self.watches.insert(watch, name.to_owned());
+        Ok(())
+    }
+
     fn vm_exited(&mut self, watch: u64) {
         let Some(name) = self.watches.get(&watch).cloned() else {
             return;
         };
-        let state = self.state.clone();
-        let mut s = lock(&state);
-        if let Some(vm) = s.vms.get(&name) {
-            tracing::info!(vm = %name, pid = vm.pid, "its VMM exited: unregistering");
+        let registry = self.registry.clone();
+        let mut reg = lock(&registry);
+        if let Some(pid) = reg.pid_of(&name) {
+            tracing::info!(vm = %name, pid, "its VMM exited: unregistering");
         }
-        self.unregister(&mut s, &name);
+        self.unregister(&mut reg, &name);
     }
 
     fn serve(&mut self, id: u64) {
@@ -457,14 +460,14 @@ impl Server {
                 Err(e) => (Reply::error("malformed", e.to_string()), None),
             }
         };
-        let (holds_vm, timeout) = {
-            let mut s = lock(&self.state);
+        let holds_vm = {
+            let mut reg = lock(&self.registry);
             if matches!(answer, Reply::Error { .. }) {
-                s.refused += 1;
+                reg.count_refused();
             }
-            let holds_vm = s.vms.values().any(|v| v.conn == Some(id));
-            (holds_vm, s.cfg.client_timeout())
+            reg.holds_vm(id)
         };
+        let timeout = self.cfg.client_timeout();
         let Some(c) = self.clients.get_mut(&id) else {
             return;
         };
@@ -560,59 +563,43 @@ impl Server {
                 };
                 let conn = (!req.detach).then_some(id);
                 let record = req.detach.then(|| req.clone());
-                let state = self.state.clone();
-                let mut s = lock(&state);
-                let quota = s.cfg.max_vms_per_uid;
-                if !root && s.vms.values().filter(|v| v.uid == peer_uid).count() >= quota {
-                    return (
-                        Reply::error(
-                            "busy",
-                            format!(
-                                "uid {peer_uid} has {quota} VMs registered already \
-                                 (max_vms_per_uid); unregister one first"
-                            ),
-                        ),
-                        None,
-                    );
+                let registry = self.registry.clone();
+                let mut reg = lock(&registry);
+                if !root && let Err(r) = reg.within_quota(peer_uid) {
+                    return (r, None);
                 }
-                match register(&mut s, req, target, peer_uid, pidfd, conn) {
+                let watched = pidfd.clone();
+                match reg.register(req, target, peer_uid, pidfd, conn) {
                     Ok((reply, fd, name)) => {
                         self.record_detached(target, record.as_ref());
-                        s.registrations += 1;
-                        let vm = &s.vms[&name];
-                        let watch = self.next_id;
-                        self.next_id += 1;
-                        if let Err(e) = self.epoll.add(
-                            vm.pidfd.as_fd(),
-                            EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
-                        ) {
+                        reg.count_registration();
+                        if let Err(e) = self.watch(&watched, &name) {
                             tracing::warn!(vm = %name, "cannot watch its VMM ({e}); unregistering");
-                            self.unregister(&mut s, &name);
+                            self.unregister(&mut reg, &name);
                             return (Reply::error("internal", format!("epoll_ctl: {e}")), None);
                         }
-                        self.watches.insert(watch, name);
                         (reply, fd)
                     }
                     Err(r) => (r, None),
                 }
             }
             Request::Unregister { name } => {
-                let state = self.state.clone();
-                let mut s = lock(&state);
-                let Some(vm) = s.vms.get(&name) else {
-                    if root && s.reserved.remove(&name).is_some() {
+                let registry = self.registry.clone();
+                let mut reg = lock(&registry);
+                let Some(pid) = reg.pid_of(&name) else {
+                    if root && reg.drop_reservation(&name) {
                         tracing::info!(vm = %name, "reserved region dropped on request");
                         return (Reply::Ok { caps: None }, None);
                     }
                     return (unknown_vm(&name), None);
                 };
-                if !root && vm.pid != peer_pid {
+                if !root && pid != peer_pid {
                     return (
                         Reply::error("denied", format!("VM {name} belongs to another process")),
                         None,
                     );
                 }
-                self.unregister(&mut s, &name);
+                self.unregister(&mut reg, &name);
                 tracing::info!(vm = %name, "unregistered on request");
                 (Reply::Ok { caps: None }, None)
             }
@@ -623,8 +610,8 @@ impl Server {
                         None,
                     );
                 }
-                let mut s = lock(&self.state);
-                (set_caps(&mut s, &name, &settings), None)
+                let mut reg = lock(&self.registry);
+                (reg.set_caps(&name, &settings), None)
             }
             Request::Reserve { name } => {
                 if !root {
@@ -633,15 +620,18 @@ impl Server {
                         None,
                     );
                 }
-                match reserve(&mut lock(&self.state), &name) {
+                match lock(&self.registry).reserve(&name) {
                     Ok((reply, fd)) => (reply, Some(fd)),
                     Err(r) => (r, None),
                 }
             }
             // Anyone but root sees only the VMs it registered.
-            Request::Status => (status(&lock(&self.state), viewer(root, peer_uid)), None),
+            Request::Status => {
+                let (daemon, vms) = lock(&self.registry).snapshot(viewer(root, peer_uid));
+                (Reply::Status { daemon, vms }, None)
+            }
             Request::Metrics => {
-                let (daemon, vms) = snapshot(&lock(&self.state), viewer(root, peer_uid));
+                let (daemon, vms) = lock(&self.registry).snapshot(viewer(root, peer_uid));
                 let text = crate::metrics::render(daemon, vms, crate::metrics::VmLabel::Name);
                 (Reply::Metrics { text }, None)
             }
@@ -652,13 +642,12 @@ impl Server {
         // Detached VMs are unregistered (restored) like every VM, and kept
         // on record: the next pvschedd registers them again.
         self.detached.keep_all();
-        let state = self.state.clone();
-        let mut s = lock(&state);
-        let names: Vec<String> = s.vms.keys().cloned().collect();
-        for name in names {
-            self.unregister(&mut s, &name);
+        let registry = self.registry.clone();
+        let mut reg = lock(&registry);
+        for name in reg.names() {
+            self.unregister(&mut reg, &name);
         }
-        drop(s);
+        drop(reg);
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -691,37 +680,29 @@ impl Server {
                 self.detached.forget(&name);
                 continue;
             };
-            let state = self.state.clone();
-            let mut s = lock(&state);
+            let registry = self.registry.clone();
+            let mut reg = lock(&registry);
             // A device region reserved for it died with the previous
             // daemon: it gets a new one, which its device process gets by
             // asking again (`pvsched device --daemon-region`).
-            if rec.request.region == Region::Reserved && !s.reserved.contains_key(&name) {
-                let _ = reserve(&mut s, &name);
+            if rec.request.region == Region::Reserved && !reg.is_reserved(&name) {
+                let _ = reg.reserve(&name);
             }
             // Only root registers detached: uid 0, as it was asked.
-            let registered = register(&mut s, rec.request.clone(), rec.pid, 0, pidfd, None);
+            let watched = pidfd.clone();
+            let registered = reg.register(rec.request.clone(), rec.pid, 0, pidfd, None);
             let result = registered.and_then(|(_, _, name)| {
-                let watch = self.next_id;
-                self.next_id += 1;
-                let vm = &s.vms[&name];
-                self.epoll
-                    .add(
-                        vm.pidfd.as_fd(),
-                        EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
-                    )
-                    .map_err(|e| Reply::error("internal", format!("epoll_ctl: {e}")))?;
-                self.watches.insert(watch, name);
-                Ok(())
+                self.watch(&watched, &name)
+                    .map_err(|e| Reply::error("internal", format!("epoll_ctl: {e}")))
             });
             match result {
                 Ok(()) => {
-                    s.registrations += 1;
+                    reg.count_registration();
                     tracing::info!(vm = %name, pid = rec.pid, "detached VM registered again after a restart");
                 }
                 Err(r) => {
                     tracing::warn!(vm = %name, pid = rec.pid, "registering the detached VM again failed: {r:?}");
-                    self.unregister(&mut s, &name);
+                    self.unregister(&mut reg, &name);
                     self.detached.forget(&name);
                 }
             }
