@@ -36,5 +36,5 @@ pub mod wire;
 
 pub use client::{Client, ClientError, RegionMap, Registered, Session};
 pub use config::Config;
-pub use proto::RegisterVm;
+pub use proto::{ErrorKind, RegisterVm};
 pub use server::Server;

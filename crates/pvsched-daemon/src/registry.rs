@@ -9,7 +9,7 @@
 //! replies it returns; the metrics thread gets only snapshots.
 
 use crate::config::Config;
-use crate::proto::{DaemonStatus, Region, RegisterVm, Reply, ThreadStatus, VmStatus};
+use crate::proto::{DaemonStatus, ErrorKind, Region, RegisterVm, Reply, ThreadStatus, VmStatus};
 use crate::wire;
 use pvsched_agent::{Agent, RegionMmap, VmHandle, VmSpec};
 use std::collections::BTreeMap;
@@ -83,7 +83,7 @@ impl Registry {
         let region = match (self.vms.get(name), self.reserved.get(name)) {
             (Some(vm), _) => vm.handle.region().ok_or_else(|| {
                 Reply::error(
-                    "exists",
+                    ErrorKind::Exists,
                     format!("VM {name} is registered without a device region"),
                 )
             })?,
@@ -91,7 +91,7 @@ impl Registry {
             (None, None) => {
                 if self.reserved.len() >= MAX_RESERVED {
                     return Err(Reply::error(
-                        "busy",
+                        ErrorKind::Busy,
                         format!(
                             "{MAX_RESERVED} regions are reserved already; `pvsched vm unregister` unused ones"
                         ),
@@ -100,7 +100,7 @@ impl Registry {
                 let r = self
                     .agent
                     .create_region()
-                    .map_err(|e| Reply::error("internal", e.to_string()))?;
+                    .map_err(|e| Reply::error(ErrorKind::Internal, e.to_string()))?;
                 tracing::info!(vm = %name, "device region reserved");
                 self.reserved.insert(name.to_owned(), r.clone());
                 r
@@ -108,7 +108,7 @@ impl Registry {
         };
         let fd = region
             .fd()
-            .map_err(|e| Reply::error("internal", format!("dup of the region fd: {e}")))?;
+            .map_err(|e| Reply::error(ErrorKind::Internal, format!("dup of the region fd: {e}")))?;
         Ok((
             Reply::Reserved {
                 region_len: region.len() as u64,
@@ -130,14 +130,14 @@ impl Registry {
     ) -> Result<(Reply, Option<OwnedFd>, String), Reply> {
         if self.vms.contains_key(&r.name) {
             return Err(Reply::error(
-                "exists",
+                ErrorKind::Exists,
                 format!("a VM named {} is registered already", r.name),
             ));
         }
         let file = self
             .cfg
             .vm_file_of(&r.name)
-            .map_err(|e| Reply::error("caps", e.to_string()))?;
+            .map_err(|e| Reply::error(ErrorKind::Caps, e.to_string()))?;
         // A name with a file is bound to the VMMs the file names: whoever
         // registers (root's qemu-attach too), the VMM process must be one.
         // A file that names none is for root's registrations only.
@@ -145,7 +145,7 @@ impl Registry {
             let path = self.cfg.vm_file(&r.name);
             if f.owners.is_empty() && uid != 0 {
                 return Err(Reply::error(
-                    "denied",
+                    ErrorKind::Denied,
                     format!(
                         "VM {} is bound by {}, which names no owner: only root may register it \
                          (add owner_uids or owner_cgroups to let its VMM do so)",
@@ -156,11 +156,14 @@ impl Registry {
             }
             if !f.owners.is_empty() {
                 let Some((vmm_uid, cgroup)) = crate::config::process_identity(pid) else {
-                    return Err(Reply::error("invalid", format!("process {pid} exited")));
+                    return Err(Reply::error(
+                        ErrorKind::Invalid,
+                        format!("process {pid} exited"),
+                    ));
                 };
                 if !f.owners.admit(vmm_uid, &cgroup) {
                     return Err(Reply::error(
-                        "denied",
+                        ErrorKind::Denied,
                         format!(
                             "VM {}'s file {} does not name its VMM (process {pid}, uid {vmm_uid}, \
                              cgroup {cgroup}) in owner_uids or owner_cgroups",
@@ -174,7 +177,7 @@ impl Registry {
         let file_caps = file.map(|f| f.caps);
         if file_caps.is_none() && self.cfg.require_vm_file {
             return Err(Reply::error(
-                "denied",
+                ErrorKind::Denied,
                 format!(
                     "VM {} has not opted in: pvschedd serves only VMs with a caps file ({} missing)",
                     r.name,
@@ -188,7 +191,7 @@ impl Registry {
             (None, None) => (self.cfg.defaults.clone(), "default"),
         };
         caps.check_within(&self.cfg.max)
-            .map_err(|e| Reply::error("caps", e.to_string()))?;
+            .map_err(|e| Reply::error(ErrorKind::Caps, e.to_string()))?;
         // Every thread must be a thread of the VMM process, checked through
         // its pidfd: if the process is gone after the check, a reused pid
         // may have answered, so the check is void.
@@ -201,19 +204,22 @@ impl Registry {
         for &tid in &tids {
             if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
                 return Err(Reply::error(
-                    "denied",
+                    ErrorKind::Denied,
                     format!("thread {tid} is not a thread of process {pid}"),
                 ));
             }
         }
         if wire::exited(&pidfd) {
-            return Err(Reply::error("invalid", format!("process {pid} exited")));
+            return Err(Reply::error(
+                ErrorKind::Invalid,
+                format!("process {pid} exited"),
+            ));
         }
         let region_name = r.region.name();
         let reserved = match r.region {
             Region::Reserved => Some(self.reserved.get(&r.name).cloned().ok_or_else(|| {
                 Reply::error(
-                    "invalid",
+                    ErrorKind::Invalid,
                     format!(
                         "no region is reserved for VM {}: start its device process with \
                          `pvsched device --daemon-region {}` first",
@@ -237,9 +243,11 @@ impl Registry {
             None => self.agent.register_vm(spec),
         };
         let handle = registered.map_err(|e| match e {
-            pvsched_agent::AgentError::Full => Reply::error("busy", e.to_string()),
-            pvsched_agent::AgentError::Invalid(_) => Reply::error("invalid", e.to_string()),
-            e => Reply::error("internal", e.to_string()),
+            pvsched_agent::AgentError::Full => Reply::error(ErrorKind::Busy, e.to_string()),
+            pvsched_agent::AgentError::Invalid(_) => {
+                Reply::error(ErrorKind::Invalid, e.to_string())
+            }
+            e => Reply::error(ErrorKind::Internal, e.to_string()),
         })?;
         self.reserved.remove(&r.name);
         let (fd, region_len) = match handle.region().filter(|_| send_fd) {
@@ -247,7 +255,7 @@ impl Registry {
                 Ok(fd) => (Some(fd), reg.len() as u64),
                 Err(e) => {
                     return Err(Reply::error(
-                        "internal",
+                        ErrorKind::Internal,
                         format!("dup of the region fd: {e}"),
                     ));
                 }
@@ -297,10 +305,10 @@ impl Registry {
             .and_then(|c| c.check_within(&self.cfg.max).map(|()| c))
         {
             Ok(c) => c,
-            Err(e) => return Reply::error("caps", e.to_string()),
+            Err(e) => return Reply::error(ErrorKind::Caps, e.to_string()),
         };
         if let Err(e) = vm.handle.set_caps(new.clone()) {
-            return Reply::error("caps", e.to_string());
+            return Reply::error(ErrorKind::Caps, e.to_string());
         }
         vm.caps_source = "set";
         tracing::info!(vm = %name, ?settings, "caps changed");
@@ -313,7 +321,7 @@ impl Registry {
         let quota = self.cfg.max_vms_per_uid;
         if self.vms.values().filter(|v| v.uid == uid).count() >= quota {
             return Err(Reply::error(
-                "busy",
+                ErrorKind::Busy,
                 format!(
                     "uid {uid} has {quota} VMs registered already \
                      (max_vms_per_uid); unregister one first"
@@ -429,7 +437,7 @@ impl Registry {
 /// The reply to a request that names a VM not registered.
 pub(crate) fn unknown_vm(name: &str) -> Reply {
     Reply::error(
-        "unknown_vm",
+        ErrorKind::UnknownVm,
         format!("no VM named {name} is registered (see `pvsched status`)"),
     )
 }

@@ -17,7 +17,7 @@
 //! that registered it is open.
 
 use crate::config::Config;
-use crate::proto::{self, DaemonStatus, Region, RegisterVm, Reply, Request, VmStatus};
+use crate::proto::{self, DaemonStatus, ErrorKind, Region, RegisterVm, Reply, Request, VmStatus};
 use crate::registry::{Registry, unknown_vm};
 use crate::wire;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -297,7 +297,7 @@ impl Server {
                 let _ = reply(
                     &fd,
                     &Reply::error(
-                        "busy",
+                        ErrorKind::Busy,
                         format!("pvschedd serves {max} clients already; retry later"),
                     ),
                     None,
@@ -313,7 +313,7 @@ impl Server {
                 let _ = reply(
                     &fd,
                     &Reply::error(
-                        "busy",
+                        ErrorKind::Busy,
                         format!(
                             "uid {uid} has {per_uid} connections to pvschedd already \
                              (max_clients_per_uid); close one and retry"
@@ -367,7 +367,7 @@ impl Server {
                 tracing::debug!(pid = c.pid, "closing a client that sent nothing in time");
                 let _ = reply(
                     &c.fd,
-                    &Reply::error("timeout", "no request in time; connection closed"),
+                    &Reply::error(ErrorKind::Timeout, "no request in time; connection closed"),
                     None,
                 );
             }
@@ -446,7 +446,7 @@ impl Server {
         let (answer, pass) = if got.truncated {
             (
                 Reply::error(
-                    "malformed",
+                    ErrorKind::Malformed,
                     format!("request larger than {} bytes refused", proto::MAX_REQUEST),
                 ),
                 None,
@@ -455,9 +455,9 @@ impl Server {
             match proto::parse_request(&self.buf[..got.len]) {
                 Ok(req) => self.handle(id, req),
                 Err(e @ proto::ProtoError::Invalid(_)) => {
-                    (Reply::error("invalid", e.to_string()), None)
+                    (Reply::error(ErrorKind::Invalid, e.to_string()), None)
                 }
-                Err(e) => (Reply::error("malformed", e.to_string()), None),
+                Err(e) => (Reply::error(ErrorKind::Malformed, e.to_string()), None),
             }
         };
         let holds_vm = {
@@ -530,7 +530,7 @@ impl Server {
 
     fn handle(&mut self, id: u64, req: Request) -> (Reply, Option<OwnedFd>) {
         let Some(c) = self.clients.get(&id) else {
-            return (Reply::error("internal", "client gone"), None);
+            return (Reply::error(ErrorKind::Internal, "client gone"), None);
         };
         let (peer_pid, peer_uid, peer_pidfd) = (c.pid, c.uid, c.pidfd.clone());
         let root = peer_uid == 0;
@@ -540,7 +540,7 @@ impl Server {
                 if (target != peer_pid || req.detach || req.region == Region::Reserved) && !root {
                     return (
                         Reply::error(
-                            "denied",
+                            ErrorKind::Denied,
                             "only root may register another process's VM, detach it or give it a reserved region",
                         ),
                         None,
@@ -557,7 +557,10 @@ impl Server {
                 };
                 let Some(pidfd) = pidfd else {
                     return (
-                        Reply::error("invalid", format!("process {target} does not exist")),
+                        Reply::error(
+                            ErrorKind::Invalid,
+                            format!("process {target} does not exist"),
+                        ),
                         None,
                     );
                 };
@@ -576,7 +579,10 @@ impl Server {
                         if let Err(e) = self.watch(&watched, &name) {
                             tracing::warn!(vm = %name, "cannot watch its VMM ({e}); unregistering");
                             self.unregister(&mut reg, &name);
-                            return (Reply::error("internal", format!("epoll_ctl: {e}")), None);
+                            return (
+                                Reply::error(ErrorKind::Internal, format!("epoll_ctl: {e}")),
+                                None,
+                            );
                         }
                         (reply, fd)
                     }
@@ -595,7 +601,10 @@ impl Server {
                 };
                 if !root && pid != peer_pid {
                     return (
-                        Reply::error("denied", format!("VM {name} belongs to another process")),
+                        Reply::error(
+                            ErrorKind::Denied,
+                            format!("VM {name} belongs to another process"),
+                        ),
                         None,
                     );
                 }
@@ -606,7 +615,7 @@ impl Server {
             Request::Set { name, settings } => {
                 if !root {
                     return (
-                        Reply::error("denied", "only root may change a VM's caps"),
+                        Reply::error(ErrorKind::Denied, "only root may change a VM's caps"),
                         None,
                     );
                 }
@@ -616,7 +625,7 @@ impl Server {
             Request::Reserve { name } => {
                 if !root {
                     return (
-                        Reply::error("denied", "only root may reserve a VM's region"),
+                        Reply::error(ErrorKind::Denied, "only root may reserve a VM's region"),
                         None,
                     );
                 }
@@ -693,7 +702,7 @@ impl Server {
             let registered = reg.register(rec.request.clone(), rec.pid, 0, pidfd, None);
             let result = registered.and_then(|(_, _, name)| {
                 self.watch(&watched, &name)
-                    .map_err(|e| Reply::error("internal", format!("epoll_ctl: {e}")))
+                    .map_err(|e| Reply::error(ErrorKind::Internal, format!("epoll_ctl: {e}")))
             });
             match result {
                 Ok(()) => {
