@@ -633,6 +633,17 @@ mod tests {
         assert_eq!(newer, Reply::error(ErrorKind::Unknown, "m"));
     }
 
+    #[test]
+    fn every_error_kind_is_documented() {
+        let doc = include_str!("../../../docs/operating.md");
+        for kind in ErrorKind::ALL {
+            assert!(
+                doc.contains(&format!("| `{kind}` |")),
+                "docs/operating.md has no row for error kind `{kind}`"
+            );
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
