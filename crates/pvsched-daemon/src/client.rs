@@ -1,7 +1,7 @@
 //! A blocking client of pvschedd, for VMMs (`pvsched run --daemon`,
 //! `pvsched qemu-attach`) and the `pvsched status | top | vm` commands.
 
-use crate::proto::{DaemonStatus, Region, RegisterVm, Reply, Request, VmStatus};
+use crate::proto::{DaemonStatus, ErrorKind, Region, RegisterVm, Reply, Request, VmStatus};
 use crate::wire;
 use pvsched_abi::seq::SharedRegion;
 use pvsched_policy::Caps;
@@ -31,8 +31,8 @@ pub enum ClientError {
     /// The daemon refused the request; nothing changed.
     #[error("pvschedd refused the request ({kind}): {message}")]
     Refused {
-        /// Machine-readable kind (see [`Reply::Error`]).
-        kind: String,
+        /// Why, for programs to match on.
+        kind: ErrorKind,
         /// What failed and what to do.
         message: String,
     },

@@ -10,7 +10,10 @@
 //! - [`proto`]: the wire protocol (JSON over `SOCK_SEQPACKET`).
 //! - [`wire`]: the socket calls.
 //! - [`config`]: `pvschedd.toml` and the per-VM caps files.
-//! - [`server`]: the event loop and the registry.
+//! - [`server`]: the socket side: the epoll loop, clients and their reply
+//!   queues, signals, the VMMs' pidfds; who may ask for what.
+//! - `registry` (private): the VMs: registration and its checks, caps,
+//!   reservations, unregistration, and status snapshots as plain data.
 //! - [`metrics`]: Prometheus text and its HTTP endpoint.
 //! - [`persist`]: what outlives a pvschedd process: the ledger of boosted
 //!   threads and the detached registrations.
@@ -30,10 +33,11 @@ pub mod host;
 pub mod metrics;
 pub mod persist;
 pub mod proto;
+mod registry;
 pub mod server;
 pub mod wire;
 
 pub use client::{Client, ClientError, RegionMap, Registered, Session};
 pub use config::Config;
-pub use proto::RegisterVm;
+pub use proto::{ErrorKind, RegisterVm};
 pub use server::Server;

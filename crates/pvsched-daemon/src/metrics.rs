@@ -1,17 +1,22 @@
-//! Prometheus text exposition (format 0.0.4) of the daemon's state, and a
-//! minimal HTTP/1.0 endpoint serving it (`GET /metrics`) on a localhost
+//! Prometheus text exposition (format 0.0.4) of the daemon's status, and
+//! a minimal HTTP/1.0 endpoint serving it (`GET /metrics`) on a localhost
 //! port for scrapers; the same text is available as `{"op":"metrics"}` on
 //! the UNIX socket. Names follow Prometheus conventions: `_total` for
 //! counters, base units (seconds), one `vm` label (and `thread`) per
 //! series.
+//!
+//! This module sees only plain status data ([`DaemonStatus`],
+//! [`VmStatus`]): the HTTP thread is handed a function that returns a
+//! snapshot, not the daemon's state, so it cannot change the registry and
+//! holds the registry's lock only while the copy is taken (rendering and
+//! writing to a slow scraper happen after).
 
 use crate::proto::{DaemonStatus, ThreadStatus, VmStatus};
-use crate::server::{State, daemon_status, vm_statuses};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One metric family: name, type, help, and its samples as (labels,
@@ -169,16 +174,15 @@ pub enum VmLabel {
     Id,
 }
 
-/// The exposition of `s`: the VMs `uid` registered (None: every VM),
-/// labelled as `label` says.
-pub fn render(s: &State, uid: Option<u32>, label: VmLabel) -> String {
-    let mut vms = vm_statuses(s, uid);
+/// The exposition of the daemon's figures and of `vms`, labelled as
+/// `label` says.
+pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> String {
     if label == VmLabel::Id {
         for vm in &mut vms {
             vm.name = vm.vm_id.to_string();
         }
     }
-    let d = (daemon_status(s), vms.len());
+    let d = (daemon, vms.len());
     let mut out = String::new();
     for (name, kind, help, value) in DAEMON {
         let mut f = Family::new(name, kind, help);
@@ -231,11 +235,16 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Serves `GET /metrics` on `listener`, each connection on its own thread,
 /// at most [`MAX_SCRAPES`] at once, each within [`REQUEST_DEADLINE`].
-/// With `token` (`metrics_token_file`), a request must carry
-/// `Authorization: Bearer <token>` and gets VM names; without, VMs are
-/// labelled by id.
-pub fn serve_http(listener: TcpListener, state: Arc<Mutex<State>>, token: Option<String>) {
+/// Each answered scrape renders what `snapshot` returns then (pvschedd's:
+/// [`crate::Server::snapshots`], every VM). With `token`
+/// (`metrics_token_file`), a request must carry `Authorization: Bearer
+/// <token>` and gets VM names; without, VMs are labelled by id.
+pub fn serve_http<F>(listener: TcpListener, snapshot: F, token: Option<String>)
+where
+    F: Fn() -> (DaemonStatus, Vec<VmStatus>) + Send + Sync + 'static,
+{
     let busy = Arc::new(AtomicUsize::new(0));
+    let snapshot = Arc::new(snapshot);
     let token = Arc::new(token);
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
@@ -244,11 +253,11 @@ pub fn serve_http(listener: TcpListener, state: Arc<Mutex<State>>, token: Option
             tracing::debug!("metrics: {MAX_SCRAPES} scrapes in progress; connection closed");
             continue;
         }
-        let (state, token, busy2) = (state.clone(), token.clone(), busy.clone());
+        let (snapshot, token, busy2) = (snapshot.clone(), token.clone(), busy.clone());
         let spawned = std::thread::Builder::new()
             .name("pvschedd-scrape".into())
             .spawn(move || {
-                if let Err(e) = answer(conn, &state, token.as_deref()) {
+                if let Err(e) = answer(conn, &*snapshot, token.as_deref()) {
                     tracing::debug!("metrics request failed: {e}");
                 }
                 busy2.fetch_sub(1, Ordering::AcqRel);
@@ -283,7 +292,11 @@ fn read_head(conn: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     Ok(req)
 }
 
-fn answer(mut conn: TcpStream, state: &Mutex<State>, token: Option<&str>) -> std::io::Result<()> {
+fn answer(
+    mut conn: TcpStream,
+    snapshot: &dyn Fn() -> (DaemonStatus, Vec<VmStatus>),
+    token: Option<&str>,
+) -> std::io::Result<()> {
     conn.set_write_timeout(Some(REQUEST_DEADLINE))?;
     let req = read_head(&mut conn)?;
     let text = String::from_utf8_lossy(&req);
@@ -310,8 +323,8 @@ fn answer(mut conn: TcpStream, state: &Mutex<State>, token: Option<&str>) -> std
         } else {
             VmLabel::Id
         };
-        let s = pvsched_util::lock(state);
-        ("200 OK", render(&s, None, label))
+        let (daemon, vms) = snapshot();
+        ("200 OK", render(daemon, vms, label))
     };
     write!(
         conn,

@@ -315,21 +315,96 @@ pub enum Reply {
     },
     /// Refused; nothing changed.
     Error {
-        /// Stable machine-readable kind (`malformed`, `invalid`,
-        /// `denied`, `exists`, `unknown_vm`, `caps`, `busy`, `internal`).
-        kind: String,
-        /// What failed and what to do.
+        /// Why, for programs.
+        kind: ErrorKind,
+        /// What failed and what to do, for people.
         message: String,
     },
 }
 
 impl Reply {
     /// An error reply.
-    pub fn error(kind: &str, message: impl Into<String>) -> Reply {
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
         Reply::Error {
-            kind: kind.into(),
+            kind,
             message: message.into(),
         }
+    }
+}
+
+/// Why a request was refused: the `kind` of a [`Reply::Error`], on the
+/// wire a stable string (`"unknown_vm"`). docs/operating.md lists each
+/// with what to do about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Not a request of this protocol: not JSON, an unknown `op` or
+    /// field, or larger than [`MAX_REQUEST`].
+    Malformed,
+    /// A value out of range or not true (a bad VM name, a thread listed
+    /// twice, a process that does not exist or exited, no region reserved
+    /// for a [`Region::Reserved`] registration).
+    Invalid,
+    /// Not this client's to do: root only, another process's threads or
+    /// VM, a VM file that does not name the VMM, a VM with no caps file
+    /// where one is required.
+    Denied,
+    /// A VM of that name is registered already (for `reserve`: without a
+    /// device region).
+    Exists,
+    /// No VM of that name is registered.
+    UnknownVm,
+    /// Caps not valid, above the operator's maximum, or from a VM file
+    /// that cannot be read.
+    Caps,
+    /// A limit is reached: clients, connections or VMs of one uid,
+    /// reserved regions, VMs the policy holds.
+    Busy,
+    /// No request came within `client_timeout_ms`; the connection is
+    /// closed.
+    Timeout,
+    /// pvschedd failed (a system call, a BPF map), not the request.
+    Internal,
+    /// A kind this build does not know, from a newer pvschedd: still a
+    /// refusal. pvschedd never sends it.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorKind {
+    /// Every kind pvschedd sends.
+    pub const ALL: [ErrorKind; 9] = [
+        ErrorKind::Malformed,
+        ErrorKind::Invalid,
+        ErrorKind::Denied,
+        ErrorKind::Exists,
+        ErrorKind::UnknownVm,
+        ErrorKind::Caps,
+        ErrorKind::Busy,
+        ErrorKind::Timeout,
+        ErrorKind::Internal,
+    ];
+
+    /// The kind as it is on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Malformed => "malformed",
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::Denied => "denied",
+            ErrorKind::Exists => "exists",
+            ErrorKind::UnknownVm => "unknown_vm",
+            ErrorKind::Caps => "caps",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Internal => "internal",
+            ErrorKind::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -524,6 +599,49 @@ mod tests {
             Err(ProtoError::TooLarge(MAX_REQUEST + 1))
         );
         assert!(parse_request(&serde_json::to_vec(&register(65)).unwrap()).is_err());
+    }
+
+    #[test]
+    fn error_kinds_keep_their_wire_strings() {
+        let wire = [
+            "malformed",
+            "invalid",
+            "denied",
+            "exists",
+            "unknown_vm",
+            "caps",
+            "busy",
+            "timeout",
+            "internal",
+        ];
+        assert_eq!(ErrorKind::ALL.len(), wire.len());
+        for (kind, s) in ErrorKind::ALL.into_iter().zip(wire) {
+            assert_eq!(kind.as_str(), s);
+            assert_eq!(kind.to_string(), s);
+            assert_eq!(serde_json::to_string(&kind).unwrap(), format!("\"{s}\""));
+            let back: ErrorKind = serde_json::from_str(&format!("\"{s}\"")).unwrap();
+            assert_eq!(back, kind);
+        }
+        let reply = Reply::error(ErrorKind::UnknownVm, "no VM named a");
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"reply":"error","kind":"unknown_vm","message":"no VM named a"}"#
+        );
+        // A kind from a newer pvschedd is still an error reply.
+        let newer: Reply =
+            serde_json::from_str(r#"{"reply":"error","kind":"overheated","message":"m"}"#).unwrap();
+        assert_eq!(newer, Reply::error(ErrorKind::Unknown, "m"));
+    }
+
+    #[test]
+    fn every_error_kind_is_documented() {
+        let doc = include_str!("../../../docs/operating.md");
+        for kind in ErrorKind::ALL {
+            assert!(
+                doc.contains(&format!("| `{kind}` |")),
+                "docs/operating.md has no row for error kind `{kind}`"
+            );
+        }
     }
 
     proptest! {

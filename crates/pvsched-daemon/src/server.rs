@@ -1,9 +1,13 @@
-//! The daemon: one [`Agent`] (the BPF policy, loaded once), a registry of
-//! VMs by name, and a single-threaded epoll loop over the listening
-//! socket, the clients, every VMM's pidfd and a signalfd. Each request is
-//! handled to the end before the next (registration is a few map updates),
-//! so no lock is held across I/O; the Prometheus HTTP endpoint runs on its
-//! own thread and reads the same state under its mutex.
+//! The daemon's socket side: a single-threaded epoll loop over the
+//! listening socket, the clients (their requests and reply queues), every
+//! VMM's pidfd and a signalfd. What a request does to the VMs is the
+//! registry's (`crate::registry`, which holds the [`Agent`]); this module
+//! decides who may ask for it, calls the registry under its mutex and
+//! sends the reply. Each request is handled to the end before the next
+//! (registration is a few map updates), so no lock is held across I/O;
+//! the Prometheus HTTP endpoint runs on its own thread and takes
+//! snapshots of the registry under the same mutex
+//! ([`Server::snapshots`]).
 //!
 //! Trust: a client is known by `SO_PEERCRED` and `SO_PEERPIDFD`. Root may
 //! register any process (`pvsched qemu-attach`) and change caps; anyone
@@ -13,15 +17,14 @@
 //! that registered it is open.
 
 use crate::config::Config;
-use crate::proto::{
-    self, DaemonStatus, Region, RegisterVm, Reply, Request, ThreadStatus, VmStatus,
-};
+use crate::proto::{self, DaemonStatus, ErrorKind, Region, RegisterVm, Reply, Request, VmStatus};
+use crate::registry::{Registry, unknown_vm};
 use crate::wire;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use pvsched_agent::{Agent, AgentConfig, RegionMmap, VmHandle, VmSpec};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use pvsched_agent::{Agent, AgentConfig};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
@@ -64,35 +67,8 @@ fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> ServerError {
     }
 }
 
-/// A registered VM.
-struct Vm {
-    handle: VmHandle,
-    pid: u32,
-    /// The uid of the client that registered it (its quota, and who may
-    /// see it in `status`).
-    uid: u32,
-    pidfd: Arc<OwnedFd>,
-    /// The connection whose close unregisters it (None: detached).
-    conn: Option<u64>,
-    region: &'static str,
-    caps_source: &'static str,
-}
-
-/// The state the loop and the metrics thread share.
-pub struct State {
-    cfg: Config,
-    agent: Agent,
-    vms: BTreeMap<String, Vm>,
-    /// Device regions created by `reserve` for VMs not registered yet.
-    reserved: BTreeMap<String, Arc<RegionMmap>>,
-    started: Instant,
-    clients: u32,
-    registrations: u64,
-    refused: u64,
-}
-
-fn lock(s: &Mutex<State>) -> MutexGuard<'_, State> {
-    pvsched_util::lock(s)
+fn lock(r: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
+    pvsched_util::lock(r)
 }
 
 /// A connected client.
@@ -160,7 +136,10 @@ impl Token {
 
 /// The running daemon.
 pub struct Server {
-    state: Arc<Mutex<State>>,
+    registry: Arc<Mutex<Registry>>,
+    /// The configuration, for the limits on clients (the registry has its
+    /// own copy for caps and quotas: reading these takes no lock).
+    cfg: Config,
     listener: OwnedFd,
     socket: PathBuf,
     epoll: Epoll,
@@ -224,18 +203,10 @@ impl Server {
                 EpollEvent::new(EpollFlags::EPOLLIN, Token::Signal.encode()),
             )
             .map_err(sys("epoll_ctl"))?;
-        let state = Arc::new(Mutex::new(State {
-            cfg,
-            agent,
-            vms: BTreeMap::new(),
-            reserved: BTreeMap::new(),
-            started: Instant::now(),
-            clients: 0,
-            registrations: 0,
-            refused: 0,
-        }));
+        let registry = Arc::new(Mutex::new(Registry::new(cfg.clone(), agent)));
         let mut server = Server {
-            state,
+            registry,
+            cfg,
             listener,
             socket,
             epoll,
@@ -250,9 +221,12 @@ impl Server {
         Ok(server)
     }
 
-    /// The shared state (for the metrics endpoint).
-    pub fn state(&self) -> Arc<Mutex<State>> {
-        self.state.clone()
+    /// What the metrics endpoint renders, for its thread
+    /// ([`crate::metrics::serve_http`]): each call takes the registry's
+    /// lock only to copy out the daemon's figures and every VM's status.
+    pub fn snapshots(&self) -> impl Fn() -> (DaemonStatus, Vec<VmStatus>) + Send + Sync + 'static {
+        let registry = self.registry.clone();
+        move || lock(&registry).snapshot(None)
     }
 
     /// Serves until SIGINT/SIGTERM; then unregisters every VM (restoring
@@ -318,31 +292,28 @@ impl Server {
                     return;
                 }
             };
-            let (max, timeout) = {
-                let s = lock(&self.state);
-                (s.cfg.max_clients, s.cfg.client_timeout())
-            };
+            let (max, timeout) = (self.cfg.max_clients, self.cfg.client_timeout());
             if self.clients.len() >= max {
                 let _ = reply(
                     &fd,
                     &Reply::error(
-                        "busy",
+                        ErrorKind::Busy,
                         format!("pvschedd serves {max} clients already; retry later"),
                     ),
                     None,
                 );
-                lock(&self.state).refused += 1;
+                lock(&self.registry).count_refused();
                 continue;
             }
             let Ok((pid, uid, _gid)) = wire::peer_cred(&fd) else {
                 continue;
             };
-            let per_uid = lock(&self.state).cfg.max_clients_per_uid;
+            let per_uid = self.cfg.max_clients_per_uid;
             if uid != 0 && self.clients.values().filter(|c| c.uid == uid).count() >= per_uid {
                 let _ = reply(
                     &fd,
                     &Reply::error(
-                        "busy",
+                        ErrorKind::Busy,
                         format!(
                             "uid {uid} has {per_uid} connections to pvschedd already \
                              (max_clients_per_uid); close one and retry"
@@ -350,7 +321,7 @@ impl Server {
                     ),
                     None,
                 );
-                lock(&self.state).refused += 1;
+                lock(&self.registry).count_refused();
                 continue;
             }
             let pidfd = wire::peer_pidfd(&fd)
@@ -379,7 +350,7 @@ impl Server {
                     interest: EpollFlags::EPOLLIN,
                 },
             );
-            lock(&self.state).clients = self.clients.len() as u32;
+            lock(&self.registry).set_clients(self.clients.len() as u32);
         }
     }
 
@@ -396,7 +367,7 @@ impl Server {
                 tracing::debug!(pid = c.pid, "closing a client that sent nothing in time");
                 let _ = reply(
                     &c.fd,
-                    &Reply::error("timeout", "no request in time; connection closed"),
+                    &Reply::error(ErrorKind::Timeout, "no request in time; connection closed"),
                     None,
                 );
             }
@@ -409,43 +380,50 @@ impl Server {
             return;
         };
         let _ = self.epoll.delete(&c.fd);
-        let state = self.state.clone();
-        let mut s = lock(&state);
-        s.clients = self.clients.len() as u32;
-        let owned: Vec<String> = s
-            .vms
-            .iter()
-            .filter(|(_, v)| v.conn == Some(id))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in owned {
+        let registry = self.registry.clone();
+        let mut reg = lock(&registry);
+        reg.set_clients(self.clients.len() as u32);
+        for name in reg.owned_by(id) {
             tracing::info!(vm = %name, "its VMM closed the connection: unregistering");
-            self.unregister(&mut s, &name);
+            self.unregister(&mut reg, &name);
         }
     }
 
-    /// Ends VM `name`'s registration: stops watching its VMM and drops its
-    /// handle (which restores every thread of the VM).
-    fn unregister(&mut self, s: &mut State, name: &str) {
-        if let Some(vm) = s.vms.remove(name) {
-            let _ = self.epoll.delete(vm.pidfd.as_fd());
-            if vm.conn.is_none() {
+    /// Ends VM `name`'s registration: stops watching its VMM, forgets its
+    /// detached record, then drops the VM (which restores every thread of
+    /// the VM).
+    fn unregister(&mut self, reg: &mut Registry, name: &str) {
+        if let Some(vm) = reg.unregister(name) {
+            let _ = self.epoll.delete(vm.pidfd());
+            if vm.detached() {
                 self.detached.forget(name);
             }
         }
         self.watches.retain(|_, n| n != name);
     }
 
+    /// Watches the VMM of VM `name` (its `pidfd`) for its exit.
+    fn watch(&mut self, pidfd: &OwnedFd, name: &str) -> nix::Result<()> {
+        let watch = self.next_id;
+        self.next_id += 1;
+        self.epoll.add(
+            pidfd.as_fd(),
+            EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
+        )?;
+        self.watches.insert(watch, name.to_owned());
+        Ok(())
+    }
+
     fn vm_exited(&mut self, watch: u64) {
         let Some(name) = self.watches.get(&watch).cloned() else {
             return;
         };
-        let state = self.state.clone();
-        let mut s = lock(&state);
-        if let Some(vm) = s.vms.get(&name) {
-            tracing::info!(vm = %name, pid = vm.pid, "its VMM exited: unregistering");
+        let registry = self.registry.clone();
+        let mut reg = lock(&registry);
+        if let Some(pid) = reg.pid_of(&name) {
+            tracing::info!(vm = %name, pid, "its VMM exited: unregistering");
         }
-        self.unregister(&mut s, &name);
+        self.unregister(&mut reg, &name);
     }
 
     fn serve(&mut self, id: u64) {
@@ -468,7 +446,7 @@ impl Server {
         let (answer, pass) = if got.truncated {
             (
                 Reply::error(
-                    "malformed",
+                    ErrorKind::Malformed,
                     format!("request larger than {} bytes refused", proto::MAX_REQUEST),
                 ),
                 None,
@@ -477,19 +455,19 @@ impl Server {
             match proto::parse_request(&self.buf[..got.len]) {
                 Ok(req) => self.handle(id, req),
                 Err(e @ proto::ProtoError::Invalid(_)) => {
-                    (Reply::error("invalid", e.to_string()), None)
+                    (Reply::error(ErrorKind::Invalid, e.to_string()), None)
                 }
-                Err(e) => (Reply::error("malformed", e.to_string()), None),
+                Err(e) => (Reply::error(ErrorKind::Malformed, e.to_string()), None),
             }
         };
-        let (holds_vm, timeout) = {
-            let mut s = lock(&self.state);
+        let holds_vm = {
+            let mut reg = lock(&self.registry);
             if matches!(answer, Reply::Error { .. }) {
-                s.refused += 1;
+                reg.count_refused();
             }
-            let holds_vm = s.vms.values().any(|v| v.conn == Some(id));
-            (holds_vm, s.cfg.client_timeout())
+            reg.holds_vm(id)
         };
+        let timeout = self.cfg.client_timeout();
         let Some(c) = self.clients.get_mut(&id) else {
             return;
         };
@@ -552,7 +530,7 @@ impl Server {
 
     fn handle(&mut self, id: u64, req: Request) -> (Reply, Option<OwnedFd>) {
         let Some(c) = self.clients.get(&id) else {
-            return (Reply::error("internal", "client gone"), None);
+            return (Reply::error(ErrorKind::Internal, "client gone"), None);
         };
         let (peer_pid, peer_uid, peer_pidfd) = (c.pid, c.uid, c.pidfd.clone());
         let root = peer_uid == 0;
@@ -562,7 +540,7 @@ impl Server {
                 if (target != peer_pid || req.detach || req.region == Region::Reserved) && !root {
                     return (
                         Reply::error(
-                            "denied",
+                            ErrorKind::Denied,
                             "only root may register another process's VM, detach it or give it a reserved region",
                         ),
                         None,
@@ -579,98 +557,91 @@ impl Server {
                 };
                 let Some(pidfd) = pidfd else {
                     return (
-                        Reply::error("invalid", format!("process {target} does not exist")),
+                        Reply::error(
+                            ErrorKind::Invalid,
+                            format!("process {target} does not exist"),
+                        ),
                         None,
                     );
                 };
                 let conn = (!req.detach).then_some(id);
                 let record = req.detach.then(|| req.clone());
-                let state = self.state.clone();
-                let mut s = lock(&state);
-                let quota = s.cfg.max_vms_per_uid;
-                if !root && s.vms.values().filter(|v| v.uid == peer_uid).count() >= quota {
-                    return (
-                        Reply::error(
-                            "busy",
-                            format!(
-                                "uid {peer_uid} has {quota} VMs registered already \
-                                 (max_vms_per_uid); unregister one first"
-                            ),
-                        ),
-                        None,
-                    );
+                let registry = self.registry.clone();
+                let mut reg = lock(&registry);
+                if !root && let Err(r) = reg.within_quota(peer_uid) {
+                    return (r, None);
                 }
-                match register(&mut s, req, target, peer_uid, pidfd, conn) {
+                let watched = pidfd.clone();
+                match reg.register(req, target, peer_uid, pidfd, conn) {
                     Ok((reply, fd, name)) => {
                         self.record_detached(target, record.as_ref());
-                        s.registrations += 1;
-                        let vm = &s.vms[&name];
-                        let watch = self.next_id;
-                        self.next_id += 1;
-                        if let Err(e) = self.epoll.add(
-                            vm.pidfd.as_fd(),
-                            EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
-                        ) {
+                        reg.count_registration();
+                        if let Err(e) = self.watch(&watched, &name) {
                             tracing::warn!(vm = %name, "cannot watch its VMM ({e}); unregistering");
-                            self.unregister(&mut s, &name);
-                            return (Reply::error("internal", format!("epoll_ctl: {e}")), None);
+                            self.unregister(&mut reg, &name);
+                            return (
+                                Reply::error(ErrorKind::Internal, format!("epoll_ctl: {e}")),
+                                None,
+                            );
                         }
-                        self.watches.insert(watch, name);
                         (reply, fd)
                     }
                     Err(r) => (r, None),
                 }
             }
             Request::Unregister { name } => {
-                let state = self.state.clone();
-                let mut s = lock(&state);
-                let Some(vm) = s.vms.get(&name) else {
-                    if root && s.reserved.remove(&name).is_some() {
+                let registry = self.registry.clone();
+                let mut reg = lock(&registry);
+                let Some(pid) = reg.pid_of(&name) else {
+                    if root && reg.drop_reservation(&name) {
                         tracing::info!(vm = %name, "reserved region dropped on request");
                         return (Reply::Ok { caps: None }, None);
                     }
                     return (unknown_vm(&name), None);
                 };
-                if !root && vm.pid != peer_pid {
+                if !root && pid != peer_pid {
                     return (
-                        Reply::error("denied", format!("VM {name} belongs to another process")),
+                        Reply::error(
+                            ErrorKind::Denied,
+                            format!("VM {name} belongs to another process"),
+                        ),
                         None,
                     );
                 }
-                self.unregister(&mut s, &name);
+                self.unregister(&mut reg, &name);
                 tracing::info!(vm = %name, "unregistered on request");
                 (Reply::Ok { caps: None }, None)
             }
             Request::Set { name, settings } => {
                 if !root {
                     return (
-                        Reply::error("denied", "only root may change a VM's caps"),
+                        Reply::error(ErrorKind::Denied, "only root may change a VM's caps"),
                         None,
                     );
                 }
-                let mut s = lock(&self.state);
-                (set_caps(&mut s, &name, &settings), None)
+                let mut reg = lock(&self.registry);
+                (reg.set_caps(&name, &settings), None)
             }
             Request::Reserve { name } => {
                 if !root {
                     return (
-                        Reply::error("denied", "only root may reserve a VM's region"),
+                        Reply::error(ErrorKind::Denied, "only root may reserve a VM's region"),
                         None,
                     );
                 }
-                match reserve(&mut lock(&self.state), &name) {
+                match lock(&self.registry).reserve(&name) {
                     Ok((reply, fd)) => (reply, Some(fd)),
                     Err(r) => (r, None),
                 }
             }
             // Anyone but root sees only the VMs it registered.
-            Request::Status => (status(&lock(&self.state), viewer(root, peer_uid)), None),
+            Request::Status => {
+                let (daemon, vms) = lock(&self.registry).snapshot(viewer(root, peer_uid));
+                (Reply::Status { daemon, vms }, None)
+            }
             Request::Metrics => {
-                let text = crate::metrics::render(
-                    &lock(&self.state),
-                    viewer(root, peer_uid),
-                    crate::metrics::VmLabel::Name,
-                );
+                let (daemon, vms) = lock(&self.registry).snapshot(viewer(root, peer_uid));
+                let text = crate::metrics::render(daemon, vms, crate::metrics::VmLabel::Name);
                 (Reply::Metrics { text }, None)
             }
         }
@@ -680,13 +651,12 @@ impl Server {
         // Detached VMs are unregistered (restored) like every VM, and kept
         // on record: the next pvschedd registers them again.
         self.detached.keep_all();
-        let state = self.state.clone();
-        let mut s = lock(&state);
-        let names: Vec<String> = s.vms.keys().cloned().collect();
-        for name in names {
-            self.unregister(&mut s, &name);
+        let registry = self.registry.clone();
+        let mut reg = lock(&registry);
+        for name in reg.names() {
+            self.unregister(&mut reg, &name);
         }
-        drop(s);
+        drop(reg);
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -719,37 +689,29 @@ impl Server {
                 self.detached.forget(&name);
                 continue;
             };
-            let state = self.state.clone();
-            let mut s = lock(&state);
+            let registry = self.registry.clone();
+            let mut reg = lock(&registry);
             // A device region reserved for it died with the previous
             // daemon: it gets a new one, which its device process gets by
             // asking again (`pvsched device --daemon-region`).
-            if rec.request.region == Region::Reserved && !s.reserved.contains_key(&name) {
-                let _ = reserve(&mut s, &name);
+            if rec.request.region == Region::Reserved && !reg.is_reserved(&name) {
+                let _ = reg.reserve(&name);
             }
             // Only root registers detached: uid 0, as it was asked.
-            let registered = register(&mut s, rec.request.clone(), rec.pid, 0, pidfd, None);
+            let watched = pidfd.clone();
+            let registered = reg.register(rec.request.clone(), rec.pid, 0, pidfd, None);
             let result = registered.and_then(|(_, _, name)| {
-                let watch = self.next_id;
-                self.next_id += 1;
-                let vm = &s.vms[&name];
-                self.epoll
-                    .add(
-                        vm.pidfd.as_fd(),
-                        EpollEvent::new(EpollFlags::EPOLLIN, Token::VmExit(watch).encode()),
-                    )
-                    .map_err(|e| Reply::error("internal", format!("epoll_ctl: {e}")))?;
-                self.watches.insert(watch, name);
-                Ok(())
+                self.watch(&watched, &name)
+                    .map_err(|e| Reply::error(ErrorKind::Internal, format!("epoll_ctl: {e}")))
             });
             match result {
                 Ok(()) => {
-                    s.registrations += 1;
+                    reg.count_registration();
                     tracing::info!(vm = %name, pid = rec.pid, "detached VM registered again after a restart");
                 }
                 Err(r) => {
                     tracing::warn!(vm = %name, pid = rec.pid, "registering the detached VM again failed: {r:?}");
-                    self.unregister(&mut s, &name);
+                    self.unregister(&mut reg, &name);
                     self.detached.forget(&name);
                 }
             }
@@ -757,331 +719,9 @@ impl Server {
     }
 }
 
-/// Most regions reserved at once (each is a 16 KiB BPF map).
-const MAX_RESERVED: usize = pvsched_agent::intf::MAX_VMS as usize;
-
-/// VM `name`'s device region for its device process: the registered VM's
-/// own region, the one reserved earlier, or a new one.
-fn reserve(s: &mut State, name: &str) -> Result<(Reply, OwnedFd), Reply> {
-    let region = match (s.vms.get(name), s.reserved.get(name)) {
-        (Some(vm), _) => vm.handle.region().ok_or_else(|| {
-            Reply::error(
-                "exists",
-                format!("VM {name} is registered without a device region"),
-            )
-        })?,
-        (None, Some(r)) => r.clone(),
-        (None, None) => {
-            if s.reserved.len() >= MAX_RESERVED {
-                return Err(Reply::error(
-                    "busy",
-                    format!(
-                        "{MAX_RESERVED} regions are reserved already; `pvsched vm unregister` unused ones"
-                    ),
-                ));
-            }
-            let r = s
-                .agent
-                .create_region()
-                .map_err(|e| Reply::error("internal", e.to_string()))?;
-            tracing::info!(vm = %name, "device region reserved");
-            s.reserved.insert(name.to_owned(), r.clone());
-            r
-        }
-    };
-    let fd = region
-        .fd()
-        .map_err(|e| Reply::error("internal", format!("dup of the region fd: {e}")))?;
-    Ok((
-        Reply::Reserved {
-            region_len: region.len() as u64,
-        },
-        fd,
-    ))
-}
-
-fn unknown_vm(name: &str) -> Reply {
-    Reply::error(
-        "unknown_vm",
-        format!("no VM named {name} is registered (see `pvsched status`)"),
-    )
-}
-
-/// Checks and registers VM `r` of process `pid` (held by `pidfd`), owned by
-/// connection `conn` unless detached; on success the reply, the region fd
-/// to pass and the name.
-fn register(
-    s: &mut State,
-    r: RegisterVm,
-    pid: u32,
-    uid: u32,
-    pidfd: Arc<OwnedFd>,
-    conn: Option<u64>,
-) -> Result<(Reply, Option<OwnedFd>, String), Reply> {
-    if s.vms.contains_key(&r.name) {
-        return Err(Reply::error(
-            "exists",
-            format!("a VM named {} is registered already", r.name),
-        ));
-    }
-    let file = s
-        .cfg
-        .vm_file_of(&r.name)
-        .map_err(|e| Reply::error("caps", e.to_string()))?;
-    // A name with a file is bound to the VMMs the file names: whoever
-    // registers (root's qemu-attach too), the VMM process must be one.
-    // A file that names none is for root's registrations only.
-    if let Some(f) = &file {
-        let path = s.cfg.vm_file(&r.name);
-        if f.owners.is_empty() && uid != 0 {
-            return Err(Reply::error(
-                "denied",
-                format!(
-                    "VM {} is bound by {}, which names no owner: only root may register it \
-                     (add owner_uids or owner_cgroups to let its VMM do so)",
-                    r.name,
-                    path.display()
-                ),
-            ));
-        }
-        if !f.owners.is_empty() {
-            let Some((vmm_uid, cgroup)) = crate::config::process_identity(pid) else {
-                return Err(Reply::error("invalid", format!("process {pid} exited")));
-            };
-            if !f.owners.admit(vmm_uid, &cgroup) {
-                return Err(Reply::error(
-                    "denied",
-                    format!(
-                        "VM {}'s file {} does not name its VMM (process {pid}, uid {vmm_uid}, \
-                         cgroup {cgroup}) in owner_uids or owner_cgroups",
-                        r.name,
-                        path.display()
-                    ),
-                ));
-            }
-        }
-    }
-    let file_caps = file.map(|f| f.caps);
-    if file_caps.is_none() && s.cfg.require_vm_file {
-        return Err(Reply::error(
-            "denied",
-            format!(
-                "VM {} has not opted in: pvschedd serves only VMs with a caps file ({} missing)",
-                r.name,
-                s.cfg.vm_file(&r.name).display()
-            ),
-        ));
-    }
-    let (caps, caps_source) = match (file_caps, r.caps) {
-        (Some(c), _) => (c, "file"),
-        (None, Some(c)) => (c, "client"),
-        (None, None) => (s.cfg.defaults.clone(), "default"),
-    };
-    caps.check_within(&s.cfg.max)
-        .map_err(|e| Reply::error("caps", e.to_string()))?;
-    // Every thread must be a thread of the VMM process, checked through
-    // its pidfd: if the process is gone after the check, a reused pid
-    // may have answered, so the check is void.
-    let tids: Vec<u32> = r
-        .vcpus
-        .iter()
-        .map(|v| v.tid)
-        .chain(r.emulator_tids.iter().copied())
-        .collect();
-    for &tid in &tids {
-        if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
-            return Err(Reply::error(
-                "denied",
-                format!("thread {tid} is not a thread of process {pid}"),
-            ));
-        }
-    }
-    if wire::exited(&pidfd) {
-        return Err(Reply::error("invalid", format!("process {pid} exited")));
-    }
-    let region_name = r.region.name();
-    let reserved = match r.region {
-        Region::Reserved => Some(s.reserved.get(&r.name).cloned().ok_or_else(|| {
-            Reply::error(
-                "invalid",
-                format!(
-                    "no region is reserved for VM {}: start its device process with \
-                     `pvsched device --daemon-region {}` first",
-                    r.name, r.name
-                ),
-            )
-        })?),
-        _ => None,
-    };
-    let send_fd = r.region == Region::Device;
-    let spec = VmSpec {
-        owner: Some(pid),
-        vcpu_tids: r.vcpus.iter().map(|v| v.tid).collect(),
-        emulator_tids: r.emulator_tids.clone(),
-        apic_ids: r.vcpus.iter().map(|v| v.apic_id).collect(),
-        caps: caps.clone(),
-        region: r.region.into(),
-    };
-    let registered = match reserved {
-        Some(region) => s.agent.register_vm_with_region(spec, region),
-        None => s.agent.register_vm(spec),
-    };
-    let handle = registered.map_err(|e| match e {
-        pvsched_agent::AgentError::Full => Reply::error("busy", e.to_string()),
-        pvsched_agent::AgentError::Invalid(_) => Reply::error("invalid", e.to_string()),
-        e => Reply::error("internal", e.to_string()),
-    })?;
-    s.reserved.remove(&r.name);
-    let (fd, region_len) = match handle.region().filter(|_| send_fd) {
-        Some(reg) => match reg.fd() {
-            Ok(fd) => (Some(fd), reg.len() as u64),
-            Err(e) => {
-                return Err(Reply::error(
-                    "internal",
-                    format!("dup of the region fd: {e}"),
-                ));
-            }
-        },
-        None => (None, 0),
-    };
-    let vm_id = handle.vm_id();
-    tracing::info!(
-        vm = %r.name, vm_id, pid, vcpus = r.vcpus.len(),
-        emulators = r.emulator_tids.len(), region = region_name, caps = caps_source,
-        "registered"
-    );
-    s.vms.insert(
-        r.name.clone(),
-        Vm {
-            handle,
-            pid,
-            uid,
-            pidfd,
-            conn,
-            region: region_name,
-            caps_source,
-        },
-    );
-    Ok((
-        Reply::Registered {
-            vm_id,
-            caps,
-            caps_source: caps_source.into(),
-            region_len,
-        },
-        fd,
-        r.name,
-    ))
-}
-
-fn set_caps(s: &mut State, name: &str, settings: &BTreeMap<String, String>) -> Reply {
-    let Some(vm) = s.vms.get_mut(name) else {
-        return unknown_vm(name);
-    };
-    let new = match vm
-        .handle
-        .caps()
-        .with_settings(settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .and_then(|c| c.check_within(&s.cfg.max).map(|()| c))
-    {
-        Ok(c) => c,
-        Err(e) => return Reply::error("caps", e.to_string()),
-    };
-    if let Err(e) = vm.handle.set_caps(new.clone()) {
-        return Reply::error("caps", e.to_string());
-    }
-    vm.caps_source = "set";
-    tracing::info!(vm = %name, ?settings, "caps changed");
-    Reply::Ok { caps: Some(new) }
-}
-
-fn thread_status(t: &pvsched_agent::agent::ThreadStats) -> ThreadStatus {
-    ThreadStatus {
-        tid: t.tid,
-        boosts: t.boosts,
-        throttles: t.throttles,
-        boosts_applied: t.boosts_applied,
-        boosted_ns: t.boosted_ns,
-        boost: boost_name(t.boost).into(),
-        boost_prio: t.boost_prio,
-        throttled: t.throttled != 0,
-        corrections: t.corrections,
-        errors: t.errors,
-    }
-}
-
-/// The name of an ABI boost kind, as in caps files.
-fn boost_name(kind: u32) -> &'static str {
-    use pvsched_policy::BoostKind;
-    match kind {
-        k if k == BoostKind::Rt.abi() => "rt",
-        k if k == BoostKind::Nice.abi() => "nice",
-        _ => "none",
-    }
-}
-
 /// Whose VMs a client may see: every VM (root: None) or its own uid's.
 fn viewer(root: bool, uid: u32) -> Option<u32> {
     (!root).then_some(uid)
-}
-
-/// The status of every VM `uid` registered (None: every VM) with its
-/// statistics.
-pub(crate) fn vm_statuses(s: &State, uid: Option<u32>) -> Vec<VmStatus> {
-    s.vms
-        .iter()
-        .filter(|(_, vm)| uid.is_none_or(|u| vm.uid == u))
-        .map(|(name, vm)| {
-            let st = vm.handle.stats();
-            VmStatus {
-                name: name.clone(),
-                vm_id: vm.handle.vm_id(),
-                pid: vm.pid,
-                region: vm.region.into(),
-                caps_source: vm.caps_source.into(),
-                caps: vm.handle.caps(),
-                vcpus: st.vcpus.iter().map(thread_status).collect(),
-                emulators: st.emulators.iter().map(thread_status).collect(),
-                decisions: st.decisions,
-                corrections: st.corrections,
-                apply_samples: st.apply_samples as u64,
-                apply_p50_ns: st.apply_p50_ns,
-                apply_p99_ns: st.apply_p99_ns,
-            }
-        })
-        .collect()
-}
-
-/// The daemon-wide figures.
-pub(crate) fn daemon_status(s: &State) -> DaemonStatus {
-    DaemonStatus {
-        pid: std::process::id(),
-        uptime_s: s.started.elapsed().as_secs(),
-        dropped: s.agent.bpf_stats().map(|b| b.dropped).unwrap_or(0),
-        clients: s.clients,
-        registrations: s.registrations,
-        refused: s.refused,
-        rss_kib: rss_kib(),
-    }
-}
-
-fn status(s: &State, uid: Option<u32>) -> Reply {
-    Reply::Status {
-        daemon: daemon_status(s),
-        vms: vm_statuses(s, uid),
-    }
-}
-
-/// VmRSS of this process, KiB.
-pub fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn reply(fd: &OwnedFd, r: &Reply, pass: Option<&OwnedFd>) -> io::Result<()> {

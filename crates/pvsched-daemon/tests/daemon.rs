@@ -12,7 +12,7 @@ use common::{need_bpf, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr};
 use pvsched_daemon::proto::{Region, Vcpu};
-use pvsched_daemon::{Client, ClientError, RegionMap, RegisterVm};
+use pvsched_daemon::{Client, ClientError, ErrorKind, RegionMap, RegisterVm};
 use pvsched_policy::Caps;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -299,7 +299,7 @@ fn three_vmms_each_within_its_own_caps() {
     // Above the operator maximum: refused, nothing changed.
     match admin.set("vm-b", BTreeMap::from([("max_rt_prio".into(), "6".into())])) {
         Err(ClientError::Refused { kind, message }) => {
-            assert_eq!(kind, "caps", "{message}");
+            assert_eq!(kind, ErrorKind::Caps, "{message}");
             assert!(message.contains("operator maximum"), "{message}");
         }
         other => panic!(
@@ -362,18 +362,27 @@ fn bad_registrations_are_refused_and_change_nothing() {
         max_rt_prio: 9,
         ..Caps::default()
     };
-    assert_eq!(refused(c.register(reg("hot", me, Some(hot)))), "caps");
+    assert_eq!(
+        refused(c.register(reg("hot", me, Some(hot)))),
+        ErrorKind::Caps
+    );
     // A thread that is not ours (pid 1's).
-    assert_eq!(refused(c.register(reg("init", 1, None))), "denied");
+    assert_eq!(refused(c.register(reg("init", 1, None))), ErrorKind::Denied);
     // Registered once; the same name or thread again is refused.
     c.register(reg("ok", me, None)).unwrap();
     let mut c2 = d.client();
-    assert_eq!(refused(c2.register(reg("ok", me, None))), "exists");
-    assert_eq!(refused(c2.register(reg("ok2", me, None))), "invalid");
+    assert_eq!(refused(c2.register(reg("ok", me, None))), ErrorKind::Exists);
+    assert_eq!(
+        refused(c2.register(reg("ok2", me, None))),
+        ErrorKind::Invalid
+    );
     // Unknown VM names.
     assert!(matches!(
         c2.set("nope", BTreeMap::from([("max_rt_prio".into(), "1".into())])),
-        Err(ClientError::Refused { kind, .. }) if kind == "unknown_vm"
+        Err(ClientError::Refused {
+            kind: ErrorKind::UnknownVm,
+            ..
+        })
     ));
     // Raw malformed and oversized messages on the socket.
     let raw = pvsched_daemon::wire::connect_to(&d.socket).unwrap();
@@ -638,7 +647,7 @@ fn a_reserved_region_becomes_the_vms_region_without_losing_a_byte() {
     // No reservation: refused, clearly.
     match FakeVmm::try_reserved_without_reservation(&d.socket) {
         Err(ClientError::Refused { kind, message }) => {
-            assert_eq!(kind, "invalid", "{message}");
+            assert_eq!(kind, ErrorKind::Invalid, "{message}");
             assert!(message.contains("--daemon-region"), "{message}");
         }
         other => panic!("Region::Reserved without a reservation: {other:?}"),

@@ -13,7 +13,7 @@ use common::{FakeVcpu, need_bpf, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_IDLE, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr};
 use pvsched_daemon::proto::{Region, Vcpu};
-use pvsched_daemon::{Client, ClientError, RegisterVm};
+use pvsched_daemon::{Client, ClientError, ErrorKind, RegisterVm};
 use pvsched_policy::Caps;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -304,7 +304,10 @@ fn hostile_vmm_child() {
                             ok += 1;
                             held.push(c);
                         }
-                        Err(ClientError::Refused { kind, .. }) if kind == "busy" => busy += 1,
+                        Err(ClientError::Refused {
+                            kind: ErrorKind::Busy,
+                            ..
+                        }) => busy += 1,
                         Err(_) => busy += 1,
                     }
                 }

@@ -111,10 +111,10 @@ fn main() -> ExitCode {
     if !metrics.is_empty() {
         match std::net::TcpListener::bind(&metrics) {
             Ok(l) => {
-                let state = server.state();
+                let snapshots = server.snapshots();
                 let spawned = std::thread::Builder::new()
                     .name("pvschedd-metrics".into())
-                    .spawn(move || pvsched_daemon::metrics::serve_http(l, state, token));
+                    .spawn(move || pvsched_daemon::metrics::serve_http(l, snapshots, token));
                 if let Err(e) = spawned {
                     tracing::error!("starting the metrics thread: {e}");
                     return ExitCode::FAILURE;
