@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 /// Errors that stop the daemon (request errors are replies, never these).
 #[derive(Debug, thiserror::Error)]
+// Each field is named by its variant's #[error] message.
+#[allow(missing_docs)]
 pub enum ServerError {
     /// The policy could not be loaded.
     #[error("{0}")]
@@ -52,7 +54,6 @@ pub enum ServerError {
     /// Some other system call failed.
     #[error("pvschedd: {what}: {source}")]
     Sys {
-        /// What.
         what: &'static str,
         /// The error the system call returned (errno).
         #[source]
