@@ -16,7 +16,10 @@
  * Slot writes follow the ABI's sequence protocol (seq odd, fields, seq even),
  * are per CPU, take no lock and never touch a device register, so the hot
  * path causes no VM exit. The tracepoints are not exported to modules; they
- * are found with for_each_kernel_tracepoint() (GPL-only).
+ * are found with for_each_kernel_tracepoint() (GPL-only). Each probe's
+ * prototype is checked at build time against the kernel's own declaration
+ * of its tracepoint (PVSCHED_TP), so a kernel that changes a tracepoint's
+ * arguments fails to build the module instead of calling a probe wrongly.
  *
  * wait_on is the one field another CPU writes: the CPU that runs a
  * synchronous call clears the waiter's wait_on when the call is done (the
@@ -45,11 +48,30 @@
 #include <linux/smp.h>
 #include <linux/string.h>
 #include <linux/tracepoint.h>
-#include <linux/version.h>
 #include <linux/workqueue.h>
 #include <asm/smp.h>
 #ifdef CONFIG_X86
 #include <asm/apicdef.h>
+#endif
+
+/*
+ * The tracepoints' declarations, for check_trace_callback_type_<name>()
+ * only (PVSCHED_TP). Without CREATE_TRACE_POINTS these headers define no
+ * tracepoint; nothing here references the unexported __tracepoint_<name>.
+ */
+#include <trace/events/irq.h>
+#include <trace/events/sched.h>
+/*
+ * The csd tracepoints came with their header (Linux 6.3): a kernel without
+ * the header has neither, and the wait_on probes are left out. Testing for
+ * the header rather than for a version also covers a kernel that backports
+ * them.
+ */
+#if __has_include(<trace/events/csd.h>)
+#include <trace/events/csd.h>
+#define PVSCHED_CSD_TRACEPOINTS 1
+#else
+#define PVSCHED_CSD_TRACEPOINTS 0
 #endif
 
 #include "pvsched_abi.h"
@@ -145,9 +167,11 @@ static bool pvsched_claiming;
 /* How long a slot writer waits for another writer to finish its update. */
 #define PVSCHED_CLAIM_SPINS 4096
 
+/* A tracepoint the driver hooks; entries are made by PVSCHED_TP. */
 struct pvsched_tp {
 	const char *name;
 	void *probe;
+	bool checked; /* the probe's prototype was checked: see PVSCHED_TP */
 	struct tracepoint *tp;
 	bool registered;
 };
@@ -262,16 +286,10 @@ static void pvsched_task_state(struct pvsched_cpu *pc,
 	}
 }
 
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(5, 18, 0)
 static void notrace pvsched_sched_switch(void *data, bool preempt,
 					 struct task_struct *prev,
 					 struct task_struct *next,
 					 unsigned int prev_state)
-#else
-static void notrace pvsched_sched_switch(void *data, bool preempt,
-					 struct task_struct *prev,
-					 struct task_struct *next)
-#endif
 {
 	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
 
@@ -323,6 +341,7 @@ static void notrace pvsched_softirq_exit(void *data, unsigned int vec_nr)
 	pvsched_publish(pc);
 }
 
+#if PVSCHED_CSD_TRACEPOINTS
 static bool pvsched_csd_sync(const call_single_data_t *csd)
 {
 	return csd && (READ_ONCE(csd->node.u_flags) & CSD_FLAG_TYPE_MASK) ==
@@ -403,20 +422,45 @@ static void notrace pvsched_csd_exit(void *data, smp_call_func_t func,
 		return;
 	}
 }
+#endif /* PVSCHED_CSD_TRACEPOINTS */
+
+/*
+ * PVSCHED_TP(name, probe): the pvsched_tps entry of tracepoint @name.
+ *
+ * The probe is registered through a void pointer (the tracepoint is found
+ * by name: register_trace_<name>() would need the unexported
+ * __tracepoint_<name>), so nothing checks its type there. The header that
+ * declares a tracepoint also declares check_trace_callback_type_<name>(),
+ * an empty static inline whose argument is a probe of exactly the
+ * tracepoint's prototype (the kernel's trace event code checks its own
+ * probes with it). Calling it inside sizeof, which is never evaluated (no
+ * code, no symbol reference), makes the compiler check @probe against the
+ * kernel's declaration; kernels build with -Werror=incompatible-pointer-types,
+ * so a mismatch fails the build. ->checked, always true, only gives the
+ * check a place in the initializer.
+ */
+#define PVSCHED_TP(_name, _probe)					\
+	{								\
+		.name = #_name,						\
+		.probe = _probe,					\
+		.checked = sizeof((check_trace_callback_type_##_name(_probe), 0)), \
+	}
 
 static struct pvsched_tp pvsched_tps[] = {
-	{ .name = "sched_switch", .probe = pvsched_sched_switch },
-	{ .name = "irq_handler_entry", .probe = pvsched_irq_entry },
-	{ .name = "irq_handler_exit", .probe = pvsched_irq_exit },
-	{ .name = "softirq_entry", .probe = pvsched_softirq_entry },
-	{ .name = "softirq_exit", .probe = pvsched_softirq_exit },
+	PVSCHED_TP(sched_switch, pvsched_sched_switch),
+	PVSCHED_TP(irq_handler_entry, pvsched_irq_entry),
+	PVSCHED_TP(irq_handler_exit, pvsched_irq_exit),
+	PVSCHED_TP(softirq_entry, pvsched_softirq_entry),
+	PVSCHED_TP(softirq_exit, pvsched_softirq_exit),
+#if PVSCHED_CSD_TRACEPOINTS
 	/*
 	 * The exit probe goes in first: a wait set once csd_queue_cpu's probe
 	 * is in is always ended by it (and the CPU hotplug teardown clears
 	 * every wait_on at unload).
 	 */
-	{ .name = "csd_function_exit", .probe = pvsched_csd_exit },
-	{ .name = "csd_queue_cpu", .probe = pvsched_csd_queue },
+	PVSCHED_TP(csd_function_exit, pvsched_csd_exit),
+	PVSCHED_TP(csd_queue_cpu, pvsched_csd_queue),
+#endif
 };
 
 static bool pvsched_is_csd(const struct pvsched_tp *t)
@@ -468,11 +512,17 @@ static void pvsched_tp_find(void)
 	for_each_kernel_tracepoint(pvsched_tp_lookup, NULL);
 }
 
-/* Both csd tracepoints exist (Linux >= 6.3): wait_on can be reported. */
+/*
+ * Both csd tracepoints exist (Linux >= 6.3): wait_on can be reported. Built
+ * without <trace/events/csd.h> the module has no csd probes; built with it,
+ * it still finds the tracepoints at run time, as every other.
+ */
 static bool pvsched_have_csd(void)
 {
 	size_t i;
 
+	if (!PVSCHED_CSD_TRACEPOINTS)
+		return false;
 	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
 		if (pvsched_is_csd(&pvsched_tps[i]) && !pvsched_tps[i].tp)
 			return false;
