@@ -101,14 +101,6 @@ module_param(health_ms, uint, 0444);
 MODULE_PARM_DESC(health_ms,
 		 "Read the device's STATUS every this many ms and stop reporting once the device is lost (0: never; default: 1000)");
 
-static ushort vendor_id = PVSCHED_PCI_VENDOR_ID;
-module_param(vendor_id, ushort, 0444);
-MODULE_PARM_DESC(vendor_id, "PCI vendor ID to bind to (default: 0x5056)");
-
-static ushort device_id = PVSCHED_PCI_DEVICE_ID;
-module_param(device_id, ushort, 0444);
-MODULE_PARM_DESC(device_id, "PCI device ID to bind to (default: 0x5c4e)");
-
 /* Per-CPU view of this CPU's slot and what we last reported in it. */
 struct pvsched_cpu {
 	struct pvsched_slot_guest *slot; /* NULL while not attached/online */
@@ -1033,7 +1025,15 @@ static void pvsched_remove(struct pci_dev *pdev)
 	dev_info(&pdev->dev, "detached, device reset\n");
 }
 
-static struct pci_device_id pvsched_ids[] = {
+/*
+ * The ABI's IDs. MODULE_DEVICE_TABLE makes them the module's alias, which
+ * is what udev loads the module by, so IDs given at load time could never
+ * get a device with other IDs autoloaded. A device shipped with a vendor's
+ * own IDs is bound through the PCI core's dynamic IDs instead: echo VENDOR
+ * DEVICE > /sys/bus/pci/drivers/pvsched/new_id, made persistent with a
+ * modprobe.d alias and install line (docs/guest-driver.md, "Vendor IDs").
+ */
+static const struct pci_device_id pvsched_ids[] = {
 	{ PCI_DEVICE(PVSCHED_PCI_VENDOR_ID, PVSCHED_PCI_DEVICE_ID) },
 	{ }
 };
@@ -1045,21 +1045,7 @@ static struct pci_driver pvsched_driver = {
 	.probe = pvsched_probe,
 	.remove = pvsched_remove,
 };
-
-static int __init pvsched_init(void)
-{
-	/* Module parameters may name the IDs a vendor ships the device with. */
-	pvsched_ids[0].vendor = vendor_id;
-	pvsched_ids[0].device = device_id;
-	return pci_register_driver(&pvsched_driver);
-}
-module_init(pvsched_init);
-
-static void __exit pvsched_exit(void)
-{
-	pci_unregister_driver(&pvsched_driver);
-}
-module_exit(pvsched_exit);
+module_pci_driver(pvsched_driver);
 
 MODULE_DESCRIPTION("pvsched paravirtual scheduling hints (guest driver)");
 MODULE_AUTHOR("pvsched developers");
