@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import time
 
+from . import abi
 from .host import Failure, run
 
 # The Debian cloud kernel's ABI the default guest runs (scripts/setup fetches it).
@@ -45,7 +46,15 @@ def build_module(repo, kdir, out):
     warnings = [l for l in text.splitlines() if "warning:" in l or "error:" in l]
     if warnings:
         raise Failure("module build warnings:\n" + "\n".join(warnings))
-    return out / "pvsched.ko", time.monotonic() - t0
+    ko = out / "pvsched.ko"
+    # The id table is the alias udev loads the module by: the ABI's IDs and
+    # only those (a vendor's own IDs are added through new_id at run time).
+    want = [f"pci:v{abi.PCI_VENDOR_ID:08X}d{abi.PCI_DEVICE_ID:08X}sv*sd*bc*sc*i*"]
+    modinfo = shutil.which("modinfo") or "/sbin/modinfo"
+    aliases = run([modinfo, "-F", "alias", str(ko)]).split()
+    if aliases != want:
+        raise Failure(f"{ko}: module aliases {aliases}, expected the ABI's {want}")
+    return ko, time.monotonic() - t0
 
 
 def matrix_kernel(cache, name):

@@ -145,6 +145,20 @@ def assert_main(b, cycles):
     check(cyc.get("bound_ok") == str(cycles), f"{b.name}: only {cyc} load/unload cycles bound", f)
     check(b.mark("probe").get("bound") == "1", f"{b.name}: driver not bound after insmod", f)
     check(b.mark("reinsmod").get("bound") == "1", f"{b.name}: second insmod did not bind", f)
+    # 8. vendor IDs go through the PCI core's dynamic IDs (init.sh
+    #    new_id_check): the ABI's pair is refused as already matched, another
+    #    pair is added (a second write is refused as a duplicate) and
+    #    removed, and the device stays bound.
+    nid = b.mark("new-id")
+    check(nid == {"abi_refused": "1", "added": "1", "dup_refused": "1", "removed": "1",
+                  "bound": "1"}, f"{b.name}: new_id/remove_id: {nid}", f)
+    if "pvload=modprobe" in getattr(b.args, "load_append", ""):
+        # The modprobe.d alias and install line of docs/guest-driver.md,
+        # loaded by modalias as udev does (init.sh vendor_load).
+        vl = b.mark("vendor-load")
+        check(vl == {"rc": "0", "dynamic_id": "1", "bound": "1"},
+              f"{b.name}: modprobe by a vendor's modalias with the documented "
+              f"modprobe.d lines: {vl}", f)
     check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
     return f
 

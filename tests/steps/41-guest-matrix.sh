@@ -5,7 +5,10 @@
 # scripts/setup.d/42-guest-matrix.sh prepared (a minimal Debian with the
 # kernels' headers, as on a guest image):
 #   1. `make dkms-src`, then `dkms add`, `dkms build` and `dkms install` for
-#      each kernel; its make.log must hold no warning; then `dkms remove`.
+#      each kernel; its make.log must hold no warning (a compile error, e.g. a
+#      probe whose prototype does not match the kernel's tracepoint, fails
+#      `dkms build` itself); modinfo's alias and depmod's modules.alias must
+#      be the ABI's IDs; then `dkms remove`.
 #   2. `apt install ./pvsched-dkms_*.deb`: its postinst builds and installs
 #      the module with DKMS; `dkms status` must say installed for each
 #      kernel. The package is built once, by `make deb` (dpkg-buildpackage,
@@ -34,6 +37,11 @@ for tool in qemu-system-x86_64 unshare readelf; do
 done
 mapfile -t kernels < <(pvsched_matrix_kernels)
 version=$(sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' "$root/guest-driver/dkms.conf")
+# The module alias udev loads the driver by: the ABI's IDs (a vendor's own
+# are added through new_id at run time, docs/guest-driver.md).
+abi_id() { sed -n "s/^#define $1 0x\([0-9a-fA-F]*\)$/\1/p" "$root/include/pvsched_abi.h"; }
+abi_alias=$(printf 'pci:v%08Xd%08Xsv*sd*bc*sc*i*' "0x$(abi_id PVSCHED_PCI_VENDOR_ID)" \
+	"0x$(abi_id PVSCHED_PCI_DEVICE_ID)")
 log() { printf 'guest-matrix: %s\n' "$*"; }
 
 # The suites, each with its kernels' releases.
@@ -88,12 +96,20 @@ for csuite in "${!suite_rels[@]}"; do
 		DKMS_DIR="/usr/src/pvsched-$version"
 	pvsched_in_chroot "$ch" dkms add -m pvsched -v "$version"
 	for r in $rels; do
-		pvsched_in_chroot "$ch" dkms build -m pvsched -v "$version" -k "$r"
+		built=1
+		pvsched_in_chroot "$ch" dkms build -m pvsched -v "$version" -k "$r" || built=0
 		# dkms 3.2 keeps the build log per kernel; 3.0 (bookworm) in build/.
 		mklog="$ch/var/lib/dkms/pvsched/$version/$r/x86_64/log/make.log"
 		[ -s "$mklog" ] || mklog="$ch/var/lib/dkms/pvsched/$version/build/make.log"
 		if [ ! -s "$mklog" ]; then
 			echo "FAIL: no DKMS make.log for $r" >&2
+			exit 1
+		fi
+		# A compile error (e.g. a probe whose prototype is not its
+		# tracepoint's in this kernel) fails dkms build: show it.
+		if [ "$built" = 0 ]; then
+			grep -E 'error:|note:' "$mklog" | head -n 20 >&2 || tail -n 30 "$mklog" >&2
+			echo "FAIL: dkms build of pvsched for $r failed (see $mklog)" >&2
 			exit 1
 		fi
 		if grep -E 'warning:|error:' "$mklog"; then
@@ -105,6 +121,12 @@ for csuite in "${!suite_rels[@]}"; do
 			echo "FAIL: modinfo -k $r pvsched does not show vermagic $r" >&2
 			exit 1
 		}
+		got=$(pvsched_in_chroot "$ch" modinfo -k "$r" -F alias pvsched)
+		if [ "$got" != "$abi_alias" ] ||
+			! grep -qxF "alias $abi_alias pvsched" "$ch/lib/modules/$r/modules.alias"; then
+			echo "FAIL: pvsched for $r: alias '$got' and modules.alias, expected '$abi_alias'" >&2
+			exit 1
+		fi
 	done
 	pvsched_in_chroot "$ch" dkms status -m pvsched
 	pvsched_in_chroot "$ch" dkms remove -m pvsched -v "$version" --all
