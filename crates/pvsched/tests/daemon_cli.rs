@@ -186,6 +186,8 @@ fn the_libvirt_hook_registers_a_started_domain() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../dist/libvirt/qemu.d/pvsched"
     );
+    // What the hook's background qemu-attach says (the journal otherwise).
+    let hook_log = run_dir.join("hook.log");
     let run_hook = |op: &str| {
         let o = Command::new(hook)
             .args(["dom-1", op, "begin", "-"])
@@ -193,12 +195,13 @@ fn the_libvirt_hook_registers_a_started_domain() {
             .env("PVSCHED_QMP_DIR", &qmp_dir)
             .env("PVSCHED_LIBVIRT_RUN", &run_dir)
             .env("PVSCHED_SOCKET", &d.socket)
+            .env("PVSCHED_HOOK_LOG", &hook_log)
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", text(&o));
     };
+    // Any other operation returns at once, having started nothing.
     run_hook("prepare");
-    std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(vms(&d.socket).len(), 0, "prepare registers nothing");
     // libvirt recorded another pid: the socket's QEMU is not the domain's.
     std::fs::write(&pidfile, "1\n").unwrap();
@@ -211,7 +214,13 @@ fn the_libvirt_hook_registers_a_started_domain() {
     assert!(!refused.status.success(), "{}", text(&refused));
     assert!(text(&refused).contains("not QEMU 1"), "{}", text(&refused));
     run_hook("started");
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The hook's qemu-attach refused (its message, once it exited) and
+    // registered nothing.
+    wait_for("the hook's qemu-attach refusing pid 1", LIMIT, || {
+        std::fs::read_to_string(&hook_log)
+            .ok()
+            .filter(|t| t.contains("not QEMU 1"))
+    });
     assert_eq!(vms(&d.socket).len(), 0, "another process's socket refused");
     std::fs::write(&pidfile, format!("{}\n", qemu.0.id())).unwrap();
     run_hook("started");
