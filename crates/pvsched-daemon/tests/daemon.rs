@@ -167,17 +167,7 @@ fn fake_vmm_child() {
         match words.next() {
             Some("boost") => {
                 let region = region.as_ref().expect("boost needs Region::Device");
-                for i in 0..nr {
-                    region.write_guest(
-                        nr,
-                        i,
-                        &SlotGuest {
-                            policy: POLICY_FIFO,
-                            rt_prio: 99,
-                            ..Default::default()
-                        },
-                    );
-                }
+                support::ask_rt99(region, nr);
                 println!("FAKE BOOSTING");
             }
             Some("register-foreign") => {

@@ -234,14 +234,7 @@ fn hostile_vmm_child() {
                 };
                 let r = client.register(RegisterVm {
                     name: name.clone(),
-                    vcpus: tids
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &tid)| Vcpu {
-                            tid,
-                            apic_id: i as u32,
-                        })
-                        .collect(),
+                    vcpus: support::vcpus(tids.iter().copied()),
                     emulator_tids: vec![],
                     region: Region::Device,
                     caps,

@@ -9,51 +9,18 @@
 
 #[path = "../../pvsched-agent/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use common::{need_bpf, wait_for};
-use pvsched_abi::{POLICY_BATCH, POLICY_FIFO, POLICY_NORMAL, SlotGuest};
+use pvsched_abi::POLICY_FIFO;
 use pvsched_agent::sched::{self, SchedAttr};
-use pvsched_daemon::proto::{Region, Vcpu};
+use pvsched_daemon::proto::Region;
 use pvsched_daemon::{Client, RegisterVm};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// Two threads of this process with distinct baselines (SCHED_OTHER nice
-/// 3, SCHED_BATCH nice 6), sleeping 1 ms in a loop.
-fn threads() -> Vec<(u32, SchedAttr)> {
-    let bases = [
-        SchedAttr {
-            policy: POLICY_NORMAL,
-            priority: 0,
-            nice: 3,
-            flags: 0,
-        },
-        SchedAttr {
-            policy: POLICY_BATCH,
-            priority: 0,
-            nice: 6,
-            flags: 0,
-        },
-    ];
-    bases
-        .into_iter()
-        .map(|base| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let tid = sched::gettid();
-                sched::set(tid, &base).unwrap();
-                tx.send(tid).unwrap();
-                loop {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            });
-            (rx.recv().unwrap(), base)
-        })
-        .collect()
-}
 
 /// A pvschedd process, killed when dropped (a failing test leaves none).
 struct Daemon(Child);
@@ -95,14 +62,7 @@ fn register_boosted(dir: &Path, name: &str, threads: &[(u32, SchedAttr)]) -> Cli
     let reg = c
         .register(RegisterVm {
             name: name.into(),
-            vcpus: threads
-                .iter()
-                .enumerate()
-                .map(|(i, &(tid, _))| Vcpu {
-                    tid,
-                    apic_id: i as u32,
-                })
-                .collect(),
+            vcpus: support::vcpus(threads.iter().map(|t| t.0)),
             emulator_tids: vec![],
             region: Region::Device,
             caps: None,
@@ -111,18 +71,7 @@ fn register_boosted(dir: &Path, name: &str, threads: &[(u32, SchedAttr)]) -> Cli
         })
         .unwrap();
     let region = reg.region.unwrap();
-    let nr = threads.len() as u32;
-    for i in 0..nr {
-        region.write_guest(
-            nr,
-            i,
-            &SlotGuest {
-                policy: POLICY_FIFO,
-                rt_prio: 99,
-                ..Default::default()
-            },
-        );
-    }
+    support::ask_rt99(&region, threads.len() as u32);
     for &(tid, _) in threads {
         wait_for("the boost", LIMIT, || {
             sched::get(tid).ok().filter(|a| a.policy == POLICY_FIFO)
@@ -187,7 +136,7 @@ fn daemon_and_guardian_killed_together_are_restored_from_the_ledger() {
         std::env::temp_dir().join(format!("pvschedd-restart-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let threads = threads();
+    let threads = support::baseline_threads();
 
     // 1. Killed together; the next pvschedd restores before anything else.
     let mut d = start(&dir);

@@ -25,33 +25,20 @@
 //! daemon does, `PVSCHED_SYSTEMD_UNIT=FILE` and `PVSCHED_SYSTEMD_PVSCHEDD=BIN`
 //! replace the shipped unit and the pvschedd just built.
 
-use pvsched_abi::{POLICY_BATCH, POLICY_FIFO, POLICY_NORMAL, SlotGuest};
+mod support;
+
+use pvsched_abi::POLICY_FIFO;
 use pvsched_agent::sched::{self, SchedAttr};
-use pvsched_daemon::proto::{Region, Vcpu};
+use pvsched_daemon::proto::Region;
 use pvsched_daemon::{Client, RegionMap, RegisterVm, Session};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::BASELINES;
 
 /// Liveness bound of every wait (not a timing assertion).
 const LIMIT: Duration = Duration::from_secs(30);
-
-/// The baselines the fake VMMs give their two threads.
-const BASELINES: [SchedAttr; 2] = [
-    SchedAttr {
-        policy: POLICY_NORMAL,
-        priority: 0,
-        nice: 3,
-        flags: 0,
-    },
-    SchedAttr {
-        policy: POLICY_BATCH,
-        priority: 0,
-        nice: 6,
-        flags: 0,
-    },
-];
 
 /// Where the container shares files with this test (bound in at
 /// `/run/pvs-test`).
@@ -76,30 +63,14 @@ fn systemd_vmm_child() {
     };
     let detach = std::env::var("FAKE_VMM_DETACH").is_ok();
     let socket = PathBuf::from(std::env::var("FAKE_VMM_SOCKET").unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    for base in BASELINES {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let tid = sched::gettid();
-            sched::set(tid, &base).unwrap();
-            tx.send(tid).unwrap();
-            loop {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        });
-    }
-    let mut tids: Vec<u32> = (0..BASELINES.len()).map(|_| rx.recv().unwrap()).collect();
+    let mut tids: Vec<u32> = support::baseline_threads()
+        .into_iter()
+        .map(|t| t.0)
+        .collect();
     tids.sort();
     let req = RegisterVm {
         name: name.clone(),
-        vcpus: tids
-            .iter()
-            .enumerate()
-            .map(|(i, &tid)| Vcpu {
-                tid,
-                apic_id: i as u32,
-            })
-            .collect(),
+        vcpus: support::vcpus(tids.iter().copied()),
         emulator_tids: vec![],
         region: Region::Device,
         caps: None,
@@ -108,19 +79,7 @@ fn systemd_vmm_child() {
     };
     // What the guest asks in every slot: RT 99 (the caps grant FIFO 4).
     let nr = tids.len() as u32;
-    let ask = |region: &RegionMap| {
-        for i in 0..nr {
-            region.write_guest(
-                nr,
-                i,
-                &SlotGuest {
-                    policy: POLICY_FIFO,
-                    rt_prio: 99,
-                    ..Default::default()
-                },
-            );
-        }
-    };
+    let ask = |region: &RegionMap| support::ask_rt99(region, nr);
     let state = |registrations: u32| {
         let path = Path::new(SHARE).join(&name);
         let tmp = path.with_extension("tmp");

@@ -2,7 +2,10 @@
 //! its own socket, configuration and VM directory.
 #![allow(dead_code)]
 
-use pvsched_daemon::Client;
+use pvsched_abi::{POLICY_BATCH, POLICY_FIFO, POLICY_NORMAL, SlotGuest};
+use pvsched_agent::sched::{self, SchedAttr};
+use pvsched_daemon::proto::Vcpu;
+use pvsched_daemon::{Client, RegionMap};
 use pvsched_testkit::wait_for;
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -101,4 +104,70 @@ pub fn http_get(addr: &str, path: &str, token: Option<&str>) -> Option<String> {
     s.read_to_string(&mut out).ok()?;
     let body = out.split_once("\r\n\r\n")?.1.to_string();
     out.starts_with("HTTP/1.0 200").then_some(body)
+}
+
+/// The baselines the tests' VMM threads start from: two that differ from
+/// each other and from a boost in policy and nice, so a thread left at
+/// the other's baseline, or at any boosted state, is told apart.
+pub const BASELINES: [SchedAttr; 2] = [
+    SchedAttr {
+        policy: POLICY_NORMAL,
+        priority: 0,
+        nice: 3,
+        flags: 0,
+    },
+    SchedAttr {
+        policy: POLICY_BATCH,
+        priority: 0,
+        nice: 6,
+        flags: 0,
+    },
+];
+
+/// One thread of this process per entry of [`BASELINES`], set to it and
+/// sleeping 1 ms in a loop until the process ends: `(tid, baseline)` in
+/// the order of [`BASELINES`].
+pub fn baseline_threads() -> Vec<(u32, SchedAttr)> {
+    BASELINES
+        .into_iter()
+        .map(|base| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let tid = sched::gettid();
+                sched::set(tid, &base).unwrap();
+                tx.send(tid).unwrap();
+                loop {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            (rx.recv().unwrap(), base)
+        })
+        .collect()
+}
+
+/// `tids` as vCPUs 0, 1, ... with APIC IDs 0, 1, ...
+pub fn vcpus(tids: impl IntoIterator<Item = u32>) -> Vec<Vcpu> {
+    tids.into_iter()
+        .enumerate()
+        .map(|(i, tid)| Vcpu {
+            tid,
+            apic_id: i as u32,
+        })
+        .collect()
+}
+
+/// Every one of the `nr` slots of `region` asks for SCHED_FIFO 99 (the
+/// caps decide what is granted).
+pub fn ask_rt99(region: &RegionMap, nr: u32) {
+    for i in 0..nr {
+        region.write_guest(
+            nr,
+            i,
+            &SlotGuest {
+                policy: POLICY_FIFO,
+                rt_prio: 99,
+                ..Default::default()
+            },
+        );
+    }
 }
