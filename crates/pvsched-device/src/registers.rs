@@ -380,6 +380,23 @@ impl Registers {
     }
 }
 
+/// The register offset of a BAR0 access of `len` bytes at `offset`, if the
+/// register file serves it: 4 bytes aligned, or 8 bytes at the low half of
+/// a 64-bit register, below `REG_END`.
+pub fn access_ok(offset: u64, len: usize) -> Option<u32> {
+    let off = u32::try_from(offset).ok()?;
+    let end = off.checked_add(len as u32)?;
+    let ok = match len {
+        4 => off.is_multiple_of(4),
+        8 => matches!(
+            off,
+            abi::REG_DEV_FEATURES_LO | abi::REG_DRV_FEATURES_LO | abi::REG_SHM_GPA_LO
+        ),
+        _ => false,
+    };
+    (ok && end <= abi::REG_END).then_some(off)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,21 +470,4 @@ mod tests {
         assert_eq!(r.read(0xffc), 0);
         assert_eq!(r.read(abi::REG_REGION_SIZE), 4096);
     }
-}
-
-/// The register offset of a BAR0 access of `len` bytes at `offset`, if the
-/// register file serves it: 4 bytes aligned, or 8 bytes at the low half of
-/// a 64-bit register, below `REG_END`.
-pub fn access_ok(offset: u64, len: usize) -> Option<u32> {
-    let off = u32::try_from(offset).ok()?;
-    let end = off.checked_add(len as u32)?;
-    let ok = match len {
-        4 => off.is_multiple_of(4),
-        8 => matches!(
-            off,
-            abi::REG_DEV_FEATURES_LO | abi::REG_DRV_FEATURES_LO | abi::REG_SHM_GPA_LO
-        ),
-        _ => false,
-    };
-    (ok && end <= abi::REG_END).then_some(off)
 }
