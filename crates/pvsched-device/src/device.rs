@@ -21,7 +21,7 @@ use crate::config_space::{ConfigSpace, PciIds};
 use crate::log_limit::{LogLimiter, warn_limited};
 use crate::pci::{BarIndex, BarInfo, ConfigWriteResult, PciDevice};
 use crate::region::{self, Mapping, RegionInfo, RegionMode, RegionView};
-use crate::registers::{Effect, Registers};
+use crate::registers::{self, Effect, Registers};
 use crate::sink::PolicySink;
 use crate::snapshot::{DeviceSnapshot, SNAPSHOT_FORMAT};
 use pvsched_abi as abi;
@@ -369,10 +369,9 @@ impl PvschedDevice {
                     None if !require_decoded => self.config.bar_programmed(bar2),
                     None => return Err(abi::ERR_REGION_UNMAPPED),
                 };
-                let backing = self.backing.clone().ok_or(abi::ERR_REGION_UNAVAILABLE)?;
-                let size = backing.size();
-                let m = Mapping::new(backing, 0, size).ok_or(abi::ERR_REGION_UNAVAILABLE)?;
-                (m, addr, size as u64)
+                let m = region::resolve_device_region(self.backing.clone())?;
+                let size = m.len() as u64;
+                (m, addr, size)
             }
             None => return Err(abi::ERR_NO_REGION_MODE),
         };
@@ -434,20 +433,6 @@ impl PvschedDevice {
         let size = b.size();
         Mapping::new(b, 0, size)
     }
-
-    fn reg_access_ok(&self, offset: u64, len: usize) -> Option<u32> {
-        let off = u32::try_from(offset).ok()?;
-        let end = off.checked_add(len as u32)?;
-        let ok = match len {
-            4 => off.is_multiple_of(4),
-            8 => matches!(
-                off,
-                abi::REG_DEV_FEATURES_LO | abi::REG_DRV_FEATURES_LO | abi::REG_SHM_GPA_LO
-            ),
-            _ => false,
-        };
-        (ok && end <= abi::REG_END).then_some(off)
-    }
 }
 
 impl PciDevice for PvschedDevice {
@@ -480,19 +465,14 @@ impl PciDevice for PvschedDevice {
         data.fill(0);
         let len = data.len();
         match bar.0 {
-            abi::REG_BAR => match self.reg_access_ok(offset, len) {
-                Some(off) => {
-                    let mut v = u64::from(self.regs.read(off));
-                    if len == 8 {
-                        v |= u64::from(self.regs.read(off + 4)) << 32;
-                    }
-                    data.copy_from_slice(&v.to_le_bytes()[..len]);
+            abi::REG_BAR => {
+                if !self.regs.read_bar(offset, data) {
+                    warn_limited!(
+                        self.bad_access,
+                        "pvsched: bad BAR0 read at {offset:#x} len {len}; reads 0"
+                    );
                 }
-                None => warn_limited!(
-                    self.bad_access,
-                    "pvsched: bad BAR0 read at {offset:#x} len {len}; reads 0"
-                ),
-            },
+            }
             abi::REGION_BAR
                 if self.config.bar_size(bar).is_some() && matches!(len, 1 | 2 | 4 | 8) =>
             {
@@ -516,7 +496,7 @@ impl PciDevice for PvschedDevice {
     fn write_bar(&mut self, bar: BarIndex, offset: u64, data: &[u8]) {
         let len = data.len();
         match bar.0 {
-            abi::REG_BAR => match self.reg_access_ok(offset, len) {
+            abi::REG_BAR => match registers::access_ok(offset, len) {
                 Some(off) => {
                     let mut bytes = [0u8; 8];
                     bytes[..len].copy_from_slice(data);

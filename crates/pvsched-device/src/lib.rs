@@ -30,6 +30,7 @@
 
 pub mod config_space;
 mod device;
+pub mod event;
 mod log_limit;
 pub mod pci;
 pub mod region;

@@ -204,6 +204,10 @@ impl Mapping {
         self.mmap.as_ptr() as usize + self.offset
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Pointer to `size` bytes at `off`, if in bounds and `size`-aligned.
     fn ptr(&self, off: usize, size: usize) -> Option<*mut u8> {
         let end = off.checked_add(size)?;
@@ -412,6 +416,15 @@ pub(crate) fn resolve_guest_region(
     Mapping::new(region.get_mmap(), offset, need as usize).ok_or(abi::ERR_REGION_UNALIGNED)
 }
 
+/// Map a device region: the whole BAR2 `backing`; the `ERR_*` code on
+/// refusal (no backing, or one that is not cache-line aligned).
+pub(crate) fn resolve_device_region(backing: Option<Arc<MmapRegion>>) -> Result<Mapping, u32> {
+    use pvsched_abi as abi;
+    let backing = backing.ok_or(abi::ERR_REGION_UNAVAILABLE)?;
+    let size = backing.size();
+    Mapping::new(backing, 0, size).ok_or(abi::ERR_REGION_UNAVAILABLE)
+}
+
 type Shared = Arc<RwLock<Option<Mapping>>>;
 
 /// Cloneable handle onto an attached region, usable from any thread.
@@ -452,8 +465,10 @@ impl RegionView {
     }
 
     /// Revoke every clone of this view. When this returns no access through
-    /// any clone is in flight.
-    pub(crate) fn revoke(&self) {
+    /// any clone is in flight. For the view's owner: the device, or a VMM
+    /// that built the view from a device process's event
+    /// ([`crate::event::view_of_reported_region`]) and is told it detached.
+    pub fn revoke(&self) {
         *pvsched_util::write(&self.shared) = None;
     }
 

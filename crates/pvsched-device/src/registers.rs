@@ -195,6 +195,24 @@ impl Registers {
         }
     }
 
+    /// Serve a BAR0 read of `data.len()` bytes at `offset`: an access
+    /// [`access_ok`] allows is filled little-endian (an 8-byte one from the
+    /// register and the one after it); anything else reads 0 and returns
+    /// false.
+    pub fn read_bar(&self, offset: u64, data: &mut [u8]) -> bool {
+        data.fill(0);
+        let Some(off) = access_ok(offset, data.len()) else {
+            return false;
+        };
+        let mut v = u64::from(self.read(off));
+        if data.len() == 8 {
+            v |= u64::from(self.read(off + 4)) << 32;
+        }
+        let len = data.len();
+        data.copy_from_slice(&v.to_le_bytes()[..len]);
+        true
+    }
+
     /// Write `value` to the register at `offset`.
     pub fn write(&mut self, offset: u32, value: u32) -> Effect {
         let driver_ok = self.state.status & abi::STATUS_DRIVER_OK != 0;
@@ -360,6 +378,23 @@ impl Registers {
         }
         Ok(())
     }
+}
+
+/// The register offset of a BAR0 access of `len` bytes at `offset`, if the
+/// register file serves it: 4 bytes aligned, or 8 bytes at the low half of
+/// a 64-bit register, below `REG_END`.
+pub fn access_ok(offset: u64, len: usize) -> Option<u32> {
+    let off = u32::try_from(offset).ok()?;
+    let end = off.checked_add(len as u32)?;
+    let ok = match len {
+        4 => off.is_multiple_of(4),
+        8 => matches!(
+            off,
+            abi::REG_DEV_FEATURES_LO | abi::REG_DRV_FEATURES_LO | abi::REG_SHM_GPA_LO
+        ),
+        _ => false,
+    };
+    (ok && end <= abi::REG_END).then_some(off)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! tests can drive them with either.
 
 use pvsched_abi as abi;
+use pvsched_device::registers::RegisterState;
 use pvsched_device::{BarIndex, PciDevice, PvschedDevice, RegionView};
 use vm_memory::GuestMemoryMmap;
 
@@ -23,6 +24,8 @@ pub trait TransportDevice: PciDevice {
     fn generation(&self) -> u32;
     /// View onto the attached region, if any.
     fn region_view(&self) -> Option<RegionView>;
+    /// The register file (what the event channel reports with each event).
+    fn registers(&self) -> RegisterState;
 }
 
 impl TransportDevice for PvschedDevice {
@@ -56,5 +59,9 @@ impl TransportDevice for PvschedDevice {
 
     fn region_view(&self) -> Option<RegionView> {
         PvschedDevice::region_view(self)
+    }
+
+    fn registers(&self) -> RegisterState {
+        self.snapshot().registers
     }
 }

@@ -6,7 +6,7 @@
 //! pvsched device --transport vfio-user --socket PATH --vcpus 2 [--apic-ids 0,1]
 //!                [--host-flags N] [--features N|0xN] [--no-sandbox]
 //!                [--fault wrong-magic|wrong-version|refuse-region|hostile-header]
-//!                [--dump-slots PATH]
+//!                [--dump-slots PATH] [--event-fd N]
 //! ```
 //!
 //! The device enters its sandbox before it reads the first guest data
@@ -139,6 +139,12 @@ pub struct DeviceArgs {
     /// fetches and passes pvschedd's.
     #[arg(long)]
     pub bar2_fd: Option<i32>,
+    /// Inherited SOCK_SEQPACKET socket fd on which the device reports
+    /// region attach/detach and kicks to the VMM that started it, each
+    /// before the reply to the access that caused it (vfio-user; the
+    /// reference VMM passes it, QEMU does not).
+    #[arg(long)]
+    pub event_fd: Option<i32>,
 }
 
 impl DeviceArgs {
@@ -157,6 +163,7 @@ impl DeviceArgs {
             sandbox: !self.no_sandbox,
             test_trigger: self.test_trigger.map(TestTrigger::from),
             bar2_fd: self.bar2_fd,
+            event_fd: self.event_fd,
         }
     }
 }

@@ -325,6 +325,10 @@ impl<D: TransportDevice> TransportDevice for FaultyDevice<D> {
     fn region_view(&self) -> Option<RegionView> {
         self.inner.region_view()
     }
+
+    fn registers(&self) -> pvsched_device::registers::RegisterState {
+        self.inner.registers()
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! - [`vfio_user`]: a vfio-user server (rust-vmm `vfio_user` crate); device
 //!   and guest region modes, BAR2 mmapable through its fd.
 //!
-//! Around them: [`backend::TransportDevice`] (what a transport needs from a
+//! Around them: [`events`] (the optional typed event channel to a VMM
+//! that drives a policy sink, e.g. the reference VMM), [`backend::TransportDevice`] (what a transport needs from a
 //! device), [`fault::FaultyDevice`] (injected misbehaviour for the guest
 //! driver's negative tests), [`monitor::TransportMonitor`] (what the transport saw)
 //! and [`slot_dump`] (a host-side JSON view of the region for tests).
@@ -17,6 +18,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod events;
 pub mod fault;
 pub mod guest_ram;
 pub mod monitor;

@@ -2,6 +2,7 @@
 //! enter the sandbox (unless `--no-sandbox`), serve, optionally dump the
 //! region for the host.
 
+use crate::events::{EventChannel, EventSink};
 use crate::fault::{Fault, FaultyDevice, TestTrigger};
 use crate::monitor::TransportMonitor;
 use crate::mpqemu::{MpqemuError, MpqemuPeer};
@@ -37,6 +38,14 @@ pub enum RunError {
     /// The BAR2 backing fd given is not open, or BAR2 is not served here.
     #[error("--bar2-fd {fd}: {why}")]
     Bar2Fd {
+        /// The fd number.
+        fd: RawFd,
+        /// Why it was rejected.
+        why: String,
+    },
+    /// The event fd given is not a usable event socket.
+    #[error("--event-fd {fd}: {why}")]
+    EventFd {
         /// The fd number.
         fd: RawFd,
         /// Why it was rejected.
@@ -108,6 +117,10 @@ pub struct DeviceOptions {
     /// Inherited fd backing BAR2 (vfio-user, device region), e.g. pvschedd's
     /// region map for this VM; `None`: a memfd of the device's own.
     pub bar2_fd: Option<RawFd>,
+    /// Inherited `SOCK_SEQPACKET` socket on which the device reports what
+    /// happens to the VMM that started it (vfio-user; see
+    /// [`crate::events`]); `None`: no events (QEMU).
+    pub event_fd: Option<RawFd>,
 }
 
 impl DeviceOptions {
@@ -126,6 +139,7 @@ impl DeviceOptions {
             sandbox: true,
             test_trigger: None,
             bar2_fd: None,
+            event_fd: None,
         }
     }
 }
@@ -137,6 +151,12 @@ pub fn run_mpqemu(opts: &DeviceOptions) -> Result<(), RunError> {
         return Err(RunError::Bar2Fd {
             fd,
             why: "QEMU's proxy (mpqemu) cannot map BAR2; use --transport vfio-user".into(),
+        });
+    }
+    if let Some(fd) = opts.event_fd {
+        return Err(RunError::EventFd {
+            fd,
+            why: "events are sent over vfio-user only (QEMU's proxy has no use for them)".into(),
         });
     }
     let st = fstat(opts.fd).map_err(|e| RunError::BadFd {
@@ -226,6 +246,19 @@ fn inherited_file(fd: RawFd) -> Result<std::fs::File, RunError> {
     Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
+/// Takes ownership of the inherited socket `fd` (`--event-fd`) after
+/// checking that it is an open socket other than stdin/stdout/stderr.
+fn inherited_socket(fd: RawFd) -> Result<OwnedFd, RunError> {
+    let bad = |why: String| RunError::EventFd { fd, why };
+    let st = fstat(fd).map_err(|e| bad(format!("not an open fd ({e})")))?;
+    if fd <= 2 || SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
+        return Err(bad("not a socket other than stdin/stdout/stderr".into()));
+    }
+    // SAFETY: the fd is open (fstat succeeded), was handed to this process
+    // for its events, and nothing else in the process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 fn open_dumper(opts: &DeviceOptions) -> Result<Option<SlotDumper>, RunError> {
     Ok(match &opts.dump_slots {
         Some(p) => Some(SlotDumper::open(
@@ -245,13 +278,28 @@ fn open_dumper(opts: &DeviceOptions) -> Result<Option<SlotDumper>, RunError> {
 /// sandbox is entered then, before the first message is read.
 pub fn run_vfio_user(socket: &Path, opts: &DeviceOptions) -> Result<(), RunError> {
     let cfg = device_config(opts)?;
-    let mut dev = PvschedDevice::new(cfg, Arc::new(HostFlagsSink(opts.host_flags)))
-        .map_err(RunError::Device)?;
+    let (sink, events): (Arc<dyn PolicySink>, _) = match opts.event_fd {
+        Some(fd) => {
+            let sink = Arc::new(EventSink::new(opts.host_flags));
+            let ch = EventChannel::new(inherited_socket(fd)?, sink.clone()).map_err(|e| {
+                RunError::EventFd {
+                    fd,
+                    why: e.to_string(),
+                }
+            })?;
+            (sink, Some(ch))
+        }
+        None => (Arc::new(HostFlagsSink(opts.host_flags)), None),
+    };
+    let mut dev = PvschedDevice::new(cfg, sink).map_err(RunError::Device)?;
     let given = opts.bar2_fd.map(inherited_file).transpose()?;
     let bar2 = attach_given_bar2_backing(&mut dev, given)?;
     let dev = FaultyDevice::new(dev, opts.fault).with_test_trigger(opts.test_trigger);
     let monitor = Arc::new(TransportMonitor::new());
     let mut backend = VfioUserDevice::with_backing(dev, bar2, monitor);
+    if let Some(ch) = events {
+        backend.set_event_channel(ch);
+    }
     if let Some(d) = open_dumper(opts)? {
         backend.set_dumper(d);
     }

@@ -46,6 +46,7 @@
 //! accepts (see [`crate::sandbox`]).
 
 use crate::backend::TransportDevice;
+use crate::events::EventChannel;
 use crate::guest_ram::GuestRamRefusal;
 use crate::monitor::TransportMonitor;
 use crate::slot_dump::SlotDumper;
@@ -173,6 +174,7 @@ pub struct VfioUserDevice<D: TransportDevice> {
     stats: Arc<VfioUserStats>,
     monitor: Arc<TransportMonitor>,
     dumper: Option<SlotDumper>,
+    events: Option<EventChannel>,
 }
 
 fn einval(what: &str) -> io::Error {
@@ -271,7 +273,16 @@ impl<D: TransportDevice> VfioUserDevice<D> {
             stats: Arc::new(VfioUserStats::default()),
             monitor,
             dumper: None,
+            events: None,
         }
+    }
+
+    /// Report what the device's sink hears to the VMM over `events` (the
+    /// device must have been built with that channel's
+    /// [`crate::events::EventSink`]). Each access's events are sent before
+    /// its reply.
+    pub fn set_event_channel(&mut self, events: EventChannel) {
+        self.events = Some(events);
     }
 
     /// Sample the region into `dumper` after every message, every sample
@@ -286,6 +297,7 @@ impl<D: TransportDevice> VfioUserDevice<D> {
     pub fn fds(&self) -> Vec<RawFd> {
         let mut v: Vec<RawFd> = self.bar2.iter().map(|(f, _)| f.as_raw_fd()).collect();
         v.extend(self.dumper.as_ref().map(SlotDumper::fd));
+        v.extend(self.events.as_ref().map(EventChannel::fd));
         v.extend(
             self.dma
                 .values()
@@ -348,7 +360,20 @@ impl<D: TransportDevice> VfioUserDevice<D> {
             .collect()
     }
 
+    /// Called once per message, before the crate sends its reply: events
+    /// first (so the VMM has them once it has the reply), then counters.
     fn served(&mut self, name: &str) {
+        if let Some(ch) = self.events.as_mut() {
+            let dev = &self.dev;
+            if let Err(e) = ch.flush(|| dev.registers()) {
+                // The VMM's side would no longer match the device: stop,
+                // and the VMM treats the device as lost.
+                log::error!(
+                    "vfio-user: cannot send events to the VMM ({e}); exiting so that the VMM sees the device lost"
+                );
+                std::process::exit(1);
+            }
+        }
         self.stats.messages.fetch_add(1, Ordering::SeqCst);
         self.monitor.after_message(name, &self.dev);
         if let Some(d) = self.dumper.as_mut() {

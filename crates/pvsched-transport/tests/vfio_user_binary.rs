@@ -12,7 +12,7 @@ mod vfio_client;
 use pvsched_abi as abi;
 use slot_dump_check::{FIFO8_WRITES, assert_fifo8_seen_in_slot1};
 use std::process::{Child, Command, Stdio};
-use vfio_client::{connect, driver_ok, map_bar2, map_bars, negotiate};
+use vfio_client::{connect, driver_ok, map_bar2, map_bars, negotiate, set_reg};
 
 #[test]
 fn serves_vfio_user_client_in_device_region_mode() {
@@ -172,4 +172,126 @@ fn a_bar2_fd_it_cannot_keep_is_refused() {
         assert!(!sock.exists(), "{args:?}: listened anyway");
     }
     std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// Every event the device has sent, read without blocking.
+fn events_waiting(fd: &std::os::fd::OwnedFd) -> Vec<pvsched_device::event::DeviceEvent> {
+    use std::os::fd::AsRawFd;
+    let mut out = Vec::new();
+    let mut buf = [0u8; pvsched_device::event::MAX_EVENT_SIZE];
+    loop {
+        // SAFETY: recv into a buffer of the length passed, on our own socket.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        let Ok(n) = usize::try_from(n) else {
+            return out;
+        };
+        out.push(pvsched_device::event::DeviceEvent::decode(&buf[..n]).expect("valid event"));
+    }
+}
+
+/// `--event-fd`: the sandboxed device reports attach, kick and detach on
+/// the SOCK_SEQPACKET socket it was given, each before its reply to the
+/// access that caused it: once the client has the reply, the event is
+/// there to read without waiting.
+#[test]
+fn events_arrive_before_the_reply() {
+    use pvsched_device::RegionMode;
+    use pvsched_device::event::{DetachReason, DeviceEvent};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let dir = std::env::temp_dir().join(format!("pvsched-events-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let sock = dir.join("sock");
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two fds into the array on success.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0);
+    // SAFETY: both fds were just created and are ours alone.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: fcntl(F_SETFD) on an fd we own: the child inherits it.
+    let rc = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) };
+    assert_eq!(rc, 0);
+    let mut child = serve(
+        &sock,
+        &["--event-fd", &theirs.as_raw_fd().to_string()],
+        None,
+    );
+    drop(theirs);
+    let mut c = connect(&sock, &mut child);
+    map_bars(&mut c);
+    negotiate(&mut c, abi::F_DEVICE_REGION | abi::F_KICK);
+    assert!(
+        events_waiting(&ours).is_empty(),
+        "no event before DRIVER_OK"
+    );
+    driver_ok(&mut c);
+    let ev = events_waiting(&ours);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    let DeviceEvent::RegionAttached { region, registers } = &ev[0] else {
+        panic!("{ev:?}");
+    };
+    assert_eq!(
+        (region.mode, region.nr_vcpus, region.generation),
+        (RegionMode::Device, 2, 1)
+    );
+    assert_eq!(
+        region.size,
+        pvsched_device::PvschedDevice::region_bar_size(2)
+    );
+    assert_ne!(registers.status & abi::STATUS_DRIVER_OK, 0);
+    set_reg(&mut c, abi::REG_KICK, 1);
+    assert_eq!(events_waiting(&ours), [DeviceEvent::Kick { slot: 1 }]);
+    set_reg(&mut c, abi::REG_KICK, 9); // out of range: no event
+    assert!(events_waiting(&ours).is_empty());
+    set_reg(&mut c, abi::REG_STATUS, 0);
+    let ev = events_waiting(&ours);
+    assert!(
+        matches!(
+            ev.as_slice(),
+            [DeviceEvent::RegionDetached {
+                why: DetachReason::Reset,
+                ..
+            }]
+        ),
+        "{ev:?}"
+    );
+    c.shutdown().expect("shutdown");
+    drop(c);
+    assert!(child.wait().expect("wait").success(), "no SIGSYS");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// QEMU's proxy gets no event channel: `--event-fd` with mpqemu is refused.
+#[test]
+fn mpqemu_refuses_an_event_fd() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pvsched-device"))
+        .args([
+            "--transport",
+            "mpqemu",
+            "--fd",
+            "0",
+            "--vcpus",
+            "1",
+            "--event-fd",
+            "5",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pvsched-device");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--event-fd"), "{err}");
 }

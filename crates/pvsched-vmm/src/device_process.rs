@@ -285,6 +285,19 @@ impl DeviceProcess {
         device_args: Vec<OsString>,
         on_exit: OnExit,
     ) -> Result<Self> {
+        Self::spawn_inheriting(program, device_args, None, on_exit)
+    }
+
+    /// [`DeviceProcess::spawn`], and the child inherits `inherit` under
+    /// its number (the caller names it in `device_args`, e.g. `--event-fd
+    /// N`). The fd is close-on-exec in this process, so no other child
+    /// started meanwhile gets it; it is closed here once the child exists.
+    pub fn spawn_inheriting(
+        program: &DeviceProgram,
+        device_args: Vec<OsString>,
+        inherit: Option<OwnedFd>,
+        on_exit: OnExit,
+    ) -> Result<Self> {
         let dir = private_dir()?;
         let socket = dir.join("device.sock");
         let mut cmd = Command::new(&program.program);
@@ -302,8 +315,9 @@ impl DeviceProcess {
             cmd.env("RUST_LOG", "warn");
         }
         let parent = std::process::id() as libc::pid_t;
+        let inherit_fd = inherit.as_ref().map(AsRawFd::as_raw_fd);
         // SAFETY: the closure runs in the forked child before exec and only
-        // makes async-signal-safe calls (prctl, getppid, _exit).
+        // makes async-signal-safe calls (prctl, getppid, fcntl, _exit).
         unsafe {
             cmd.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
@@ -312,6 +326,13 @@ impl DeviceProcess {
                 // The VMM died between fork and prctl: nobody will signal us.
                 if libc::getppid() != parent {
                     libc::_exit(1);
+                }
+                // The one fd the child keeps across exec: clear its
+                // close-on-exec flag in the child only.
+                if let Some(fd) = inherit_fd
+                    && libc::fcntl(fd, libc::F_SETFD, 0) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
@@ -368,7 +389,10 @@ impl DeviceProcess {
                 on_exit(info);
             })
             .map_err(Error::Thread)?;
-        let (pid, pidfd) = match rx.recv() {
+        let spawned = rx.recv();
+        // The child has its copy (or was never started): close ours.
+        drop(inherit);
+        let (pid, pidfd) = match spawned {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 let _ = watcher.join();

@@ -118,8 +118,9 @@ impl GuestMonitor {
     }
 
     /// Record how long the VMM took to serve one MMIO exit a BAR decoded
-    /// (device access included: a socket round trip per BAR0 read when
-    /// sandboxed; a write may add the state re-read of [`crate::remote`]).
+    /// (device access included: a socket round trip per BAR0 access when
+    /// sandboxed, and the non-blocking read of the events it caused; see
+    /// [`crate::remote`]).
     pub fn mmio_service(&self, write: bool, ns: u64) {
         let mut v = lock(&self.mmio_service_ns[usize::from(write)]);
         if v.len() < MMIO_SAMPLES_MAX {

@@ -170,8 +170,8 @@ pub struct RunReport {
     /// How long the VMM took to serve the guest's MMIO reads that hit a
     /// BAR (BAR0 registers: one socket round trip each when sandboxed).
     pub mmio_read_service: Summary,
-    /// The same for MMIO writes (sandboxed: the write's round trip, plus
-    /// the register re-read after STATUS writes, see `remote`).
+    /// The same for MMIO writes (sandboxed: the write's round trip and
+    /// draining the events it caused, see `remote`).
     pub mmio_write_service: Summary,
     /// Wall time the workload ran, seconds.
     pub duration_s: f64,

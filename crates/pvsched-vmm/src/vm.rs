@@ -25,15 +25,16 @@ use crate::memory;
 use crate::memslot::BarMemslot;
 use crate::monitor::GuestMonitor;
 use crate::pci_root::{PciRoot, SharedDevice};
-use crate::remote::{self, DeviceLoss, Link, OnLoss, RemoteDevice};
+use crate::remote::{self, DeviceLoss, HostView, Link, OnLoss, RemoteDevice};
 use crate::vcpu::{self, VcpuEnd};
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_msi, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use pvsched_abi as abi;
 use pvsched_device::{
-    BarIndex, DeviceConfig, NullSink, PciDevice, PolicySink, PvschedDevice, RegionMode, RegionView,
+    BarIndex, DeviceConfig, NullSink, PolicySink, PvschedDevice, RegionMode, RegionView,
 };
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
@@ -108,6 +109,9 @@ pub enum Error {
     /// Connecting to the device process.
     #[error("sandboxed device: {0}")]
     Remote(#[from] remote::Error),
+    /// The event socket to the device process could not be created.
+    #[error("creating the device process's event socket failed: {0}; check the fd limit")]
+    EventSocket(#[source] std::io::Error),
     /// Injecting an interrupt.
     #[error("injecting vector {vector:#x} into vCPU {vcpu} failed: {source}")]
     Inject {
@@ -223,7 +227,8 @@ pub struct Vm {
     cfg: VmConfig,
     vm: Arc<VmFd>,
     ram: GuestMemoryMmap,
-    device: Arc<Mutex<PvschedDevice>>,
+    device: Option<Arc<Mutex<PvschedDevice>>>,
+    host_view: Option<Arc<Mutex<HostView>>>,
     remote: Option<Arc<Mutex<RemoteDevice>>>,
     link: Option<Arc<Link>>,
     pci: Arc<PciRoot>,
@@ -319,9 +324,10 @@ impl Vm {
             .iter()
             .map(|s| (BarIndex(abi::REGION_BAR), s.clone()))
             .collect();
+        let bars = lock(&parts.shared).bars();
         pci.add(PVSCHED_DEVICE, parts.shared, slots);
         let pci = Arc::new(pci);
-        assign_bars(&pci, &parts.device)?;
+        assign_bars(&pci, bars)?;
 
         let program = guest::program::build().map_err(guest::Error::from)?;
         guest::load(
@@ -346,6 +352,7 @@ impl Vm {
             vm,
             ram,
             device: parts.device,
+            host_view: parts.host_view,
             remote: parts.remote,
             link: parts.link,
             pci,
@@ -403,9 +410,11 @@ fn map_ram(vm: &VmFd, ram_size: u64) -> Result<GuestMemoryMmap> {
 
 /// The device and what the VM keeps of it.
 struct DeviceParts {
-    /// The device model: the device itself in process, else the mirror the
-    /// VMM keeps of the sandboxed device's registers.
-    device: Arc<Mutex<PvschedDevice>>,
+    /// The device model, in process only (a sandboxed device's state is
+    /// its process's alone).
+    device: Option<Arc<Mutex<PvschedDevice>>>,
+    /// What the VMM knows of a sandboxed device from its events.
+    host_view: Option<Arc<Mutex<HostView>>>,
     /// What the PCI bus dispatches to.
     shared: SharedDevice,
     /// BAR2's memory, if the device offers a device region.
@@ -447,7 +456,8 @@ fn device_parts(
             let device = Arc::new(Mutex::new(dev));
             Ok(DeviceParts {
                 shared: device.clone(),
-                device,
+                device: Some(device),
+                host_view: None,
                 bar2_backing,
                 remote: None,
                 link: None,
@@ -460,14 +470,15 @@ fn device_parts(
                 ));
             }
             let args = device_args(&dcfg, sink.host_flags());
-            let mirror = Arc::new(Mutex::new(PvschedDevice::new(dcfg, sink)?));
-            let r = spawn_remote(program, args, &mirror, monitor, cfg, ram)?;
+            let host = Arc::new(Mutex::new(HostView::new(&dcfg, sink, ram.clone())));
+            let r = spawn_remote(program, args, &dcfg, &host, monitor, cfg, ram)?;
             let bar2_backing = r.bar2();
             let link = r.shared_link().clone();
             monitor.set_device_messages(link.message_counter());
             let remote = Arc::new(Mutex::new(r));
             Ok(DeviceParts {
-                device: mirror,
+                device: None,
+                host_view: Some(host),
                 shared: remote.clone(),
                 bar2_backing,
                 remote: Some(remote),
@@ -564,7 +575,10 @@ impl Vm {
                 "device-region mode is not offered (F_DEVICE_REGION off)".into(),
             ));
         };
-        lock(&self.device).set_device_region(backing.clone())?;
+        let Some(device) = &self.device else {
+            return Err(Error::Config("no device in this process".into()));
+        };
+        lock(device).set_device_region(backing.clone())?;
         bar2.set_backing(backing.clone())?;
         self.cfg.device_region = Some(backing);
         Ok(())
@@ -585,19 +599,23 @@ impl Vm {
         &self.cfg
     }
 
-    /// The pvsched device model in this process: the device itself
-    /// (in-process), or the mirror that follows the device process
-    /// (sandboxed; see [`crate::remote`]). Either way its region view and
-    /// policy sink are this process's.
-    pub fn device(&self) -> &Arc<Mutex<PvschedDevice>> {
-        &self.device
+    /// The pvsched device model, if it runs in this process
+    /// ([`DeviceMode::InProcess`]). A sandboxed device's state belongs to
+    /// its process alone: use [`Vm::region_view`] and [`Vm::device_status`].
+    pub fn device(&self) -> Option<&Arc<Mutex<PvschedDevice>>> {
+        self.device.as_ref()
     }
 
     /// A view of the attached region, if the guest reached DRIVER_OK. Its
     /// host addresses are in this process (guest RAM or BAR2's mapping) in
-    /// both device modes.
+    /// both device modes (sandboxed: built from the device's attach event
+    /// and checked against this process's memory; see [`crate::remote`]).
     pub fn region_view(&self) -> Option<RegionView> {
-        lock(&self.device).region_view()
+        match (&self.device, &self.host_view) {
+            (Some(d), _) => lock(d).region_view(),
+            (None, Some(h)) => lock(h).region_view(),
+            (None, None) => None,
+        }
     }
 
     /// STATUS and ERROR of the device (sandboxed: read from the device
@@ -606,8 +624,13 @@ impl Vm {
         if let Some(r) = &self.remote {
             return lock(r).status();
         }
-        let d = lock(&self.device);
-        (d.status(), d.error())
+        match &self.device {
+            Some(d) => {
+                let d = lock(d);
+                (d.status(), d.error())
+            }
+            None => (0, 0),
+        }
     }
 
     /// PID of the device process (sandboxed mode).
@@ -744,11 +767,13 @@ fn device_args(dcfg: &DeviceConfig, host_flags: u32) -> Vec<OsString> {
     args
 }
 
-/// Start the device process, connect, map BAR2, DMA-map RAM.
+/// Start the device process with an event socket, connect, map BAR2,
+/// DMA-map RAM.
 fn spawn_remote(
     program: &DeviceProgram,
-    args: Vec<OsString>,
-    mirror: &Arc<Mutex<PvschedDevice>>,
+    mut args: Vec<OsString>,
+    dcfg: &DeviceConfig,
+    host: &Arc<Mutex<HostView>>,
     monitor: &Arc<GuestMonitor>,
     cfg: &VmConfig,
     ram: &GuestMemoryMmap,
@@ -756,26 +781,56 @@ fn spawn_remote(
     // The link needs the PID, the watcher callback needs the link: hand
     // the link over once the child exists.
     let slot: Arc<Mutex<Option<Arc<Link>>>> = Arc::new(Mutex::new(None));
-    let (slot2, mirror2, monitor2) = (slot.clone(), mirror.clone(), monitor.clone());
+    let (slot2, host2, monitor2) = (slot.clone(), host.clone(), monitor.clone());
     let on_loss = cfg.on_device_lost.clone();
     let on_exit = Box::new(move |exit: device_process::ExitInfo| {
         let link = lock(&slot2).clone();
         if let Some(link) = link {
             let events = move || monitor2.total_events();
-            remote::on_exit(&link, &mirror2, &events, on_loss.as_ref(), exit);
+            remote::on_exit(&link, &host2, &events, on_loss.as_ref(), exit);
         }
     });
-    let process = Arc::new(DeviceProcess::spawn(program, args, on_exit)?);
+    let (ours, theirs) = event_socketpair().map_err(Error::EventSocket)?;
+    args.push("--event-fd".into());
+    args.push(theirs.as_raw_fd().to_string().into());
+    let process = Arc::new(DeviceProcess::spawn_inheriting(
+        program,
+        args,
+        Some(theirs),
+        on_exit,
+    )?);
     let link = RemoteDevice::link(process.pid());
     *lock(&slot) = Some(link.clone());
     let client = process.wait_for_socket(device_process::SOCKET_WAIT)?;
     Ok(RemoteDevice::new(
         client,
+        dcfg,
+        Some(ours),
         process,
         link,
-        mirror.clone(),
+        host.clone(),
         ram,
     )?)
+}
+
+/// The event socketpair (`SOCK_SEQPACKET`: one event per message, so reads
+/// are bounded and never split one), both ends close-on-exec.
+fn event_socketpair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two fds into the array on success.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Injects interrupts into a VM's vCPUs from any thread.
@@ -815,8 +870,7 @@ use pvsched_util::lock;
 
 /// Firmware: place every BAR of pvsched in the 32-bit MMIO hole (naturally
 /// aligned) and enable memory decoding.
-fn assign_bars(pci: &PciRoot, device: &Arc<Mutex<PvschedDevice>>) -> Result<()> {
-    let bars = lock(device).bars();
+fn assign_bars(pci: &PciRoot, bars: Vec<pvsched_device::BarInfo>) -> Result<()> {
     let mut next = MMIO_HOLE_BASE;
     for bar in bars {
         let size = bar.size.max(4096);

@@ -368,6 +368,71 @@ fn device_death_is_isolated() {
     );
 }
 
+/// Sandboxed: the device process tells the VMM what a register write did
+/// on its event socket before it replies, so a STATUS write (reset, every
+/// step of a new handshake) costs exactly its own vfio-user message, and
+/// the sink still hears the detach and the attach.
+#[test]
+fn a_status_write_costs_one_message() {
+    if !common::kvm("a_status_write_costs_one_message") {
+        return;
+    }
+    let sink = Arc::new(Recorder::default());
+    let mut cfg = config(sandboxed(), 2, Workload::Idle);
+    cfg.policy_sink = Some(sink.clone());
+    let run = start(cfg);
+    let vm = run.vm();
+    let first = vm.region_view().expect("region attached").info().clone();
+    let base = bar0(vm);
+    let count = || vm.device_messages().expect("sandboxed");
+    let before = count();
+    set_reg(vm, base, abi::REG_STATUS, 0);
+    assert_eq!(count(), before + 1, "a reset is one message");
+    assert_eq!(sink.events().last(), Some(&SinkEvent::Detached));
+    assert!(vm.region_view().is_none());
+    // The driver's handshake again, from the host: each write one message.
+    let before = count();
+    let s = abi::STATUS_ACKNOWLEDGE | abi::STATUS_DRIVER;
+    let writes = [
+        (abi::REG_STATUS, abi::STATUS_ACKNOWLEDGE),
+        (abi::REG_STATUS, s),
+        (
+            abi::REG_DRV_FEATURES_LO,
+            (abi::F_DEVICE_REGION | abi::F_KICK) as u32,
+        ),
+        (abi::REG_DRV_FEATURES_HI, 0),
+        (abi::REG_STATUS, s | abi::STATUS_FEATURES_OK),
+        (abi::REG_DRIVER_VERSION, abi::ABI_VERSION),
+        (
+            abi::REG_STATUS,
+            s | abi::STATUS_FEATURES_OK | abi::STATUS_DRIVER_OK,
+        ),
+    ];
+    for (off, v) in writes {
+        set_reg(vm, base, off, v);
+    }
+    assert_eq!(count(), before + writes.len() as u64, "no extra reads");
+    let view = vm.region_view().expect("attached again");
+    assert_eq!(view.info().generation, first.generation + 1);
+    assert_eq!(view.info().host_addr, first.host_addr, "BAR2's mapping");
+    assert_eq!(
+        sink.events().last(),
+        Some(&SinkEvent::Attached(
+            RegionMode::Device,
+            first.generation + 1,
+            first.guest_addr
+        ))
+    );
+    let r = run.finish();
+    assert!(r.clean_shutdown);
+    assert!(r.device_lost.is_none());
+    println!(
+        "reset: 1 message; handshake of {} register writes: {} messages",
+        writes.len(),
+        writes.len()
+    );
+}
+
 /// A device program that exits at once fails `Vm::new` clearly.
 #[test]
 fn a_device_program_that_dies_at_start_fails_clearly() {
@@ -418,7 +483,7 @@ fn a_hung_device_is_treated_as_lost() {
     assert_eq!(reg(vm, base, abi::REG_MAGIC), abi::MAGIC);
     // SAFETY: kill(2) of the device process this VM started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
-    let status = reg(vm, base, abi::REG_STATUS); // times out, then the mirror answers
+    let status = reg(vm, base, abi::REG_STATUS); // times out, then the VMM answers for the lost device
     assert_ne!(status & abi::STATUS_DEVICE_NEEDS_RESET, 0, "{status:#x}");
     let loss = wait_for("the loss recorded", LIMIT, || vm.device_lost());
     assert_eq!(loss.noticed_by, "socket");
