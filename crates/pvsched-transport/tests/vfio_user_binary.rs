@@ -204,23 +204,11 @@ fn events_waiting(fd: &std::os::fd::OwnedFd) -> Vec<pvsched_device::event::Devic
 fn events_arrive_before_the_reply() {
     use pvsched_device::RegionMode;
     use pvsched_device::event::{DetachReason, DeviceEvent};
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     let dir = std::env::temp_dir().join(format!("pvsched-events-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let sock = dir.join("sock");
-    let mut fds = [0; 2];
-    // SAFETY: socketpair writes two fds into the array on success.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    assert_eq!(rc, 0);
-    // SAFETY: both fds were just created and are ours alone.
-    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (ours, theirs) = pvsched_util::seqpacket_pair().unwrap();
     // SAFETY: fcntl(F_SETFD) on an fd we own: the child inherits it.
     let rc = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) };
     assert_eq!(rc, 0);

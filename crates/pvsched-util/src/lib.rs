@@ -72,6 +72,28 @@ fn pidfd_open_flags(pid: u32, flags: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A connected pair of `AF_UNIX` `SOCK_SEQPACKET` sockets, both ends
+/// close-on-exec: one message per send, so a reader's bounded read never
+/// splits one (the device process's event channel to its VMM).
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two fds into the array on success.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created by the kernel; nothing else owns
+    // them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

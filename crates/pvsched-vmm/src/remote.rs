@@ -890,22 +890,7 @@ mod tests {
     }
 
     fn pair() -> (OwnedFd, OwnedFd) {
-        let mut fds = [0; 2];
-        // SAFETY: socketpair writes two fds into the array on success.
-        let rc = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        };
-        assert_eq!(rc, 0);
-        // SAFETY: both fds were just created and are ours alone.
-        unsafe {
-            use std::os::fd::FromRawFd;
-            (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
-        }
+        pvsched_util::seqpacket_pair().unwrap()
     }
 
     fn send(fd: &OwnedFd, bytes: &[u8]) {

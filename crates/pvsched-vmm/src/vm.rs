@@ -34,7 +34,7 @@ use pvsched_device::{
     BarIndex, DeviceConfig, NullSink, PolicySink, PvschedDevice, RegionMode, RegionView,
 };
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
@@ -790,7 +790,7 @@ fn spawn_remote(
             remote::on_exit(&link, &host2, &events, on_loss.as_ref(), exit);
         }
     });
-    let (ours, theirs) = event_socketpair().map_err(Error::EventSocket)?;
+    let (ours, theirs) = pvsched_util::seqpacket_pair().map_err(Error::EventSocket)?;
     args.push("--event-fd".into());
     args.push(theirs.as_raw_fd().to_string().into());
     let process = Arc::new(DeviceProcess::spawn_inheriting(
@@ -811,26 +811,6 @@ fn spawn_remote(
         host.clone(),
         ram,
     )?)
-}
-
-/// The event socketpair (`SOCK_SEQPACKET`: one event per message, so reads
-/// are bounded and never split one), both ends close-on-exec.
-fn event_socketpair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair writes two fds into the array on success.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both fds were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Injects interrupts into a VM's vCPUs from any thread.
