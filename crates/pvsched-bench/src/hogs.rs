@@ -9,8 +9,8 @@
 //! fixed unit of integer work ([`UNIT_STEPS`] xorshift64 steps) — so a run
 //! can report how much CPU work the hogs got done beside the VM.
 
+use crate::report::LoadReport;
 use clap::ValueEnum;
-use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -80,12 +80,16 @@ impl Load {
     }
 
     /// `{kind, busy, sleepy}` for the JSON (`kind` is `none` without hogs).
-    pub fn to_json(self) -> Value {
-        json!({
-            "kind": if self.threads() == 0 { "none" } else { self.kind.name() },
-            "busy": self.busy_threads(),
-            "sleepy": self.sleepy_threads(),
-        })
+    pub fn report(self) -> LoadReport {
+        LoadReport {
+            kind: if self.threads() == 0 {
+                "none"
+            } else {
+                self.kind.name()
+            },
+            busy: self.busy_threads(),
+            sleepy: self.sleepy_threads(),
+        }
     }
 }
 
@@ -255,10 +259,10 @@ mod tests {
         assert_eq!(load(LoadKind::Sleepy, 3).busy_threads(), 0);
         assert_eq!(load(LoadKind::Mixed, 2).threads(), 4);
         assert_eq!(Load::NONE.threads(), 0);
-        assert_eq!(Load::NONE.to_json()["kind"], "none");
+        assert_eq!(Load::NONE.report().kind, "none");
         assert_eq!(
-            load(LoadKind::Mixed, 1).to_json(),
-            json!({"kind": "mixed", "busy": 1, "sleepy": 1})
+            crate::report::value(&load(LoadKind::Mixed, 1).report()),
+            serde_json::json!({"kind": "mixed", "busy": 1, "sleepy": 1})
         );
         for k in [LoadKind::Busy, LoadKind::Sleepy, LoadKind::Mixed] {
             assert_eq!(LoadKind::from_str(k.name(), false), Ok(k));

@@ -9,6 +9,8 @@
 //!   [`hogs`], counting the hogs' work; [`costs`] holds S3's host-only
 //!   measurements.
 //! * [`s4`]: relays `bench/s4.py` (Linux guest under QEMU TCG).
+//! * [`report`]: the typed parts of the JSON (variants, runs, ratios,
+//!   targets, BPF costs).
 //! * [`plot`] + [`font`]: PNG CDFs; [`stats`]: percentiles and medians;
 //!   [`machine`]: what it ran on.
 
@@ -17,6 +19,7 @@ pub mod font;
 pub mod hogs;
 pub mod machine;
 pub mod plot;
+pub mod report;
 pub mod runner;
 pub mod s4;
 pub mod scenario;

@@ -7,11 +7,15 @@ use super::BenchError;
 use super::costs;
 use super::hogs::Load;
 use super::plot::Series;
+use super::report::{
+    BpfReport, PolicyRun, ProgCost, Ratios, RunRow, Spread, Spreads, Target, VariantReport, value,
+};
 use super::runner::{self, Outcome, RunOpts, Variant};
 use super::stats::{self, median, ratio, spread};
 use super::worker::{BenchWorkload, VariantPolicy};
 use pvsched::summary::PolicySummary;
 use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
 
 /// S1–S3 and S5 (S4 is `bench/s4.py`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,26 +168,24 @@ fn policy_brief(o: &Outcome) -> String {
 }
 
 /// The per-run policy numbers: sums over vCPUs plus the VM's totals.
-fn policy_summary(p: Option<&PolicySummary>) -> Value {
-    let Some(p) = p else {
-        return Value::Null;
-    };
-    json!({
-        "decisions": p.decisions,
-        "dropped": p.dropped,
-        "boosts": p.vcpu_sum(|v| v.boosts),
-        "boosts_applied": p.vcpu_sum(|v| v.boosts_applied),
-        "throttles": p.vcpu_sum(|v| v.throttles),
-        "slot_hits": p.vcpu_sum(|v| v.slot_hits),
-        "ipis": p.vcpu_sum(|v| v.ipis),
-        "apply_samples": p.apply_samples,
-        "apply_p50_us": p.apply_p50_us,
-        "apply_p99_us": p.apply_p99_us,
+fn policy_run(p: Option<&PolicySummary>) -> Option<PolicyRun> {
+    let p = p?;
+    Some(PolicyRun {
+        decisions: p.decisions,
+        dropped: p.dropped,
+        boosts: p.vcpu_sum(|v| v.boosts),
+        boosts_applied: p.vcpu_sum(|v| v.boosts_applied),
+        throttles: p.vcpu_sum(|v| v.throttles),
+        slot_hits: p.vcpu_sum(|v| v.slot_hits),
+        ipis: p.vcpu_sum(|v| v.ipis),
+        apply_samples: p.apply_samples,
+        apply_p50_us: p.apply_p50_us,
+        apply_p99_us: p.apply_p99_us,
     })
 }
 
-/// One variant's object: medians over repetitions, spread, per-rep arrays.
-pub fn variant_json(r: &Runs) -> Value {
+/// One variant over every repetition: medians, spread, per-rep arrays.
+pub fn variant_report(r: &Runs) -> VariantReport {
     let o = &r.outcomes;
     let col = |f: fn(&stats::Latency) -> Option<f64>| -> Vec<Option<f64>> {
         o.iter().map(|x| f(&x.latency)).collect()
@@ -198,77 +200,87 @@ pub fn variant_json(r: &Runs) -> Value {
         .map(|x| x.hog.iterations().map(|n| n as f64))
         .collect();
     let hog_rate: Vec<Option<f64>> = o.iter().map(|x| x.hog.per_s()).collect();
-    let sp = |v: &[Option<f64>]| spread(v).map(|(lo, hi)| json!({ "min": lo, "max": hi }));
-    let runs: Vec<Value> = o
+    let runs = o
         .iter()
         .enumerate()
         .map(|(i, x)| {
             let l = &x.latency;
-            json!({
-                "rep": i + 1,
-                "p50_us": l.p50_us, "p90_us": l.p90_us, "p99_us": l.p99_us,
-                "p999_us": l.p999_us, "max_us": l.max_us, "samples": l.samples,
-                "events": x.report.events, "lost_wakeups": x.report.lost_wakeups,
-                "start_ms": x.report.start_ms,
-                "loadavg_1m_before": x.loadavg_1m_before,
-                "hog_iterations": x.hog.iterations(),
-                "hog_window_s": x.hog.window_s(),
-                "hog_iterations_per_s": x.hog.per_s(),
-                "policy": policy_summary(x.report.policy.as_ref()),
-            })
+            RunRow {
+                rep: i + 1,
+                p50_us: l.p50_us,
+                p90_us: l.p90_us,
+                p99_us: l.p99_us,
+                p999_us: l.p999_us,
+                max_us: l.max_us,
+                samples: l.samples,
+                events: x.report.events,
+                lost_wakeups: x.report.lost_wakeups,
+                start_ms: x.report.start_ms,
+                loadavg_1m_before: x.loadavg_1m_before,
+                hog_iterations: x.hog.iterations(),
+                hog_window_s: x.hog.window_s(),
+                hog_iterations_per_s: x.hog.per_s(),
+                policy: policy_run(x.report.policy.as_ref()),
+            }
         })
         .collect();
     let v = &r.variant;
-    json!({
-        "workload": v.workload.name(),
-        "vcpus": v.vcpus,
-        "hogs": v.load.threads(),
-        "load": v.load.to_json(),
-        "policy": v.policy_name(),
-        "caps": v.caps_name(),
-        "p50_us": median(&p50),
-        "p90_us": median(&p90),
-        "p99_us": median(&p99),
-        "p999_us": median(&p999),
-        "max_us": median(&max),
-        "p50_us_reps": p50,
-        "p99_us_reps": p99,
-        "max_us_reps": max,
-        "spread": { "p50_us": sp(&p50), "p99_us": sp(&p99), "max_us": sp(&max) },
-        "samples": o.iter().map(|x| x.latency.samples).sum::<usize>(),
-        "hog_iterations": median(&hog_it),
-        "hog_iterations_per_s": median(&hog_rate),
-        "hog_iterations_reps": hog_it,
-        "runs": runs,
-    })
+    VariantReport {
+        workload: v.workload.name(),
+        vcpus: v.vcpus,
+        hogs: v.load.threads(),
+        load: v.load.report(),
+        policy: v.policy_name(),
+        caps: v.caps_name(),
+        p50_us: median(&p50),
+        p90_us: median(&p90),
+        p99_us: median(&p99),
+        p999_us: median(&p999),
+        max_us: median(&max),
+        spread: Spreads {
+            p50_us: Spread::of(&p50),
+            p99_us: Spread::of(&p99),
+            max_us: Spread::of(&max),
+        },
+        p50_us_reps: p50,
+        p99_us_reps: p99,
+        max_us_reps: max,
+        samples: o.iter().map(|x| x.latency.samples).sum(),
+        hog_iterations: median(&hog_it),
+        hog_iterations_per_s: median(&hog_rate),
+        hog_iterations_reps: hog_it,
+        runs,
+        apply_p50_us_reps: None,
+        apply_p99_us_reps: None,
+        decisions_reps: None,
+        bpf: None,
+    }
 }
 
-/// `{ratio_p50, ratio_p99, ratio_max}` of `a` over `b`.
-pub fn ratios(a: &Value, b: &Value) -> Value {
-    let r = |k: &str| ratio(a[k].as_f64(), b[k].as_f64());
-    json!({ "ratio_p50": r("p50_us"), "ratio_p99": r("p99_us"), "ratio_max": r("max_us") })
+/// Every variant's report, by name.
+type Reports = BTreeMap<&'static str, VariantReport>;
+
+fn reports(runs: &[Runs]) -> Reports {
+    runs.iter()
+        .map(|r| (r.variant.name, variant_report(r)))
+        .collect()
 }
 
-/// A target: `value <= limit`.
-pub fn target(name: &str, goal: &str, value: Option<f64>, limit: f64) -> Value {
-    json!({
-        "name": name,
-        "goal": goal,
-        "limit": limit,
-        "value": value,
-        "met": value.is_some_and(|v| v <= limit),
-    })
+/// `a` over `b`, by variant name.
+fn ratios(v: &Reports, a: &str, b: &str) -> Ratios {
+    Ratios::of(v.get(a), v.get(b))
 }
 
-/// A target: `value >= limit`.
-pub fn target_at_least(name: &str, goal: &str, value: Option<f64>, limit: f64) -> Value {
-    json!({
-        "name": name,
-        "goal": goal,
-        "limit": limit,
-        "value": value,
-        "met": value.is_some_and(|v| v >= limit),
-    })
+/// The reports and the pvsched/vanilla ratios into `out`.
+fn put_variants(out: &mut Map<String, Value>, v: &Reports) -> Ratios {
+    for (name, r) in v {
+        out.insert((*name).into(), value(r));
+    }
+    let r = ratios(v, "pvsched", "vanilla");
+    if let Value::Object(m) = value(&r) {
+        out.extend(m);
+    }
+    r
 }
 
 /// Vanilla's loaded p99 over its idle p99 at or above which S1's load
@@ -277,11 +289,9 @@ pub const LOAD_SHOWS_PROBLEM: f64 = 5.0;
 
 /// pvsched's hog work over vanilla's: medians of iterations per second of
 /// measured time (the same `--duration` in both, so the ratio of totals).
-fn hog_ratio(out: &Map<String, Value>) -> Option<f64> {
-    ratio(
-        out["pvsched"]["hog_iterations_per_s"].as_f64(),
-        out["vanilla"]["hog_iterations_per_s"].as_f64(),
-    )
+fn hog_ratio(v: &Reports) -> Option<f64> {
+    let rate = |n: &str| v.get(n).and_then(|r| r.hog_iterations_per_s);
+    ratio(rate("pvsched"), rate("vanilla"))
 }
 
 /// The scenario's JSON fields (everything but the common header).
@@ -293,30 +303,19 @@ pub fn assemble(
     let mut out = Map::new();
     match s {
         Scenario::S1 | Scenario::S2 => {
-            for r in runs {
-                out.insert(r.variant.name.into(), variant_json(r));
-            }
-            let r = ratios(&out["pvsched"], &out["vanilla"]);
-            for k in ["ratio_p50", "ratio_p99", "ratio_max"] {
-                out.insert(k.into(), r[k].clone());
-            }
-            let mut more = Map::new();
-            let mut targets = Vec::new();
-            if s == Scenario::S1 {
+            let v = reports(runs);
+            let r = put_variants(&mut out, &v);
+            let mut more: BTreeMap<&str, Ratios> = BTreeMap::new();
+            let targets = if s == Scenario::S1 {
+                more.insert("idle", ratios(&v, "idle_pvsched", "idle_vanilla"));
+                let p99 = |n: &str| v.get(n).and_then(|x| x.p99_us);
+                let loaded_vs_idle = ratio(p99("pvsched"), p99("idle_vanilla"));
+                let vanilla_vs_idle = ratios(&v, "vanilla", "idle_vanilla");
+                let shows = vanilla_vs_idle.ratio_p99;
+                more.insert("vanilla_loaded_vs_idle", vanilla_vs_idle);
                 more.insert(
-                    "idle".into(),
-                    ratios(&out["idle_pvsched"], &out["idle_vanilla"]),
-                );
-                let loaded_vs_idle = ratio(
-                    out["pvsched"]["p99_us"].as_f64(),
-                    out["idle_vanilla"]["p99_us"].as_f64(),
-                );
-                let vanilla_vs_idle = ratios(&out["vanilla"], &out["idle_vanilla"]);
-                let shows = vanilla_vs_idle["ratio_p99"].as_f64();
-                more.insert("vanilla_loaded_vs_idle".into(), vanilla_vs_idle);
-                more.insert(
-                    "pvsched_loaded_vs_idle".into(),
-                    ratios(&out["pvsched"], &out["idle_vanilla"]),
+                    "pvsched_loaded_vs_idle",
+                    ratios(&v, "pvsched", "idle_vanilla"),
                 );
                 // Whether the load showed the problem at all: without it
                 // the latency targets say little.
@@ -325,65 +324,66 @@ pub fn assemble(
                     "load_shows_problem".into(),
                     json!(shows.is_some_and(|x| x >= LOAD_SHOWS_PROBLEM)),
                 );
-                targets.push(target(
-                    "s1_p99_vs_idle",
-                    "loaded host: pvsched p99 <= 1.5x the idle host's p99 (idle_vanilla)",
-                    loaded_vs_idle,
-                    1.5,
-                ));
-                targets.push(target(
-                    "s1_p99_ratio",
-                    "loaded host: pvsched p99 <= 0.2x vanilla p99",
-                    r["ratio_p99"].as_f64(),
-                    0.2,
-                ));
-                targets.push(target(
-                    "s1_max_ratio",
-                    "loaded host: pvsched max <= 0.2x vanilla max",
-                    r["ratio_max"].as_f64(),
-                    0.2,
-                ));
-                targets.push(target_at_least(
-                    "s1_host_cost",
-                    "pvsched hog iterations >= 0.95x vanilla (same run, per second of measured time)",
-                    hog_ratio(&out),
-                    0.95,
-                ));
+                vec![
+                    Target::at_most(
+                        "s1_p99_vs_idle",
+                        "loaded host: pvsched p99 <= 1.5x the idle host's p99 (idle_vanilla)",
+                        loaded_vs_idle,
+                        1.5,
+                    ),
+                    Target::at_most(
+                        "s1_p99_ratio",
+                        "loaded host: pvsched p99 <= 0.2x vanilla p99",
+                        r.ratio_p99,
+                        0.2,
+                    ),
+                    Target::at_most(
+                        "s1_max_ratio",
+                        "loaded host: pvsched max <= 0.2x vanilla max",
+                        r.ratio_max,
+                        0.2,
+                    ),
+                    Target::at_least(
+                        "s1_host_cost",
+                        "pvsched hog iterations >= 0.95x vanilla (same run, per second of measured time)",
+                        hog_ratio(&v),
+                        0.95,
+                    ),
+                ]
             } else {
-                more.insert("no_yield".into(), ratios(&out["no_yield"], &out["vanilla"]));
-                let spin = ratios(&out["spin_pvsched"], &out["spin_vanilla"]);
-                more.insert("spin".into(), spin.clone());
-                more.insert(
-                    "spin_no_yield".into(),
-                    ratios(&out["spin_no_yield"], &out["spin_vanilla"]),
-                );
-                targets.push(target(
-                    "ipi_p99_ratio",
-                    "ipi round trip: pvsched p99 <= 0.5x vanilla p99",
-                    r["ratio_p99"].as_f64(),
-                    0.5,
-                ));
-                targets.push(target(
-                    "spin_p99_ratio",
-                    "spin (wait_on) round trip: pvsched p99 <= 0.5x vanilla p99",
-                    spin["ratio_p99"].as_f64(),
-                    0.5,
-                ));
-                targets.push(target(
-                    "ipi_max_ratio",
-                    "ipi round trip: pvsched max <= 1.0x vanilla max (no worse tail)",
-                    r["ratio_max"].as_f64(),
-                    1.0,
-                ));
-                targets.push(target(
-                    "spin_max_ratio",
-                    "spin (wait_on) round trip: pvsched max <= 1.0x vanilla max (no worse tail)",
-                    spin["ratio_max"].as_f64(),
-                    1.0,
-                ));
-            }
-            out.insert("ratios".into(), Value::Object(more));
-            out.insert("targets".into(), Value::Array(targets));
+                more.insert("no_yield", ratios(&v, "no_yield", "vanilla"));
+                let spin = ratios(&v, "spin_pvsched", "spin_vanilla");
+                more.insert("spin", spin);
+                more.insert("spin_no_yield", ratios(&v, "spin_no_yield", "spin_vanilla"));
+                vec![
+                    Target::at_most(
+                        "ipi_p99_ratio",
+                        "ipi round trip: pvsched p99 <= 0.5x vanilla p99",
+                        r.ratio_p99,
+                        0.5,
+                    ),
+                    Target::at_most(
+                        "spin_p99_ratio",
+                        "spin (wait_on) round trip: pvsched p99 <= 0.5x vanilla p99",
+                        spin.ratio_p99,
+                        0.5,
+                    ),
+                    Target::at_most(
+                        "ipi_max_ratio",
+                        "ipi round trip: pvsched max <= 1.0x vanilla max (no worse tail)",
+                        r.ratio_max,
+                        1.0,
+                    ),
+                    Target::at_most(
+                        "spin_max_ratio",
+                        "spin (wait_on) round trip: pvsched max <= 1.0x vanilla max (no worse tail)",
+                        spin.ratio_max,
+                        1.0,
+                    ),
+                ]
+            };
+            out.insert("ratios".into(), value(&more));
+            out.insert("targets".into(), value(&targets));
         }
         Scenario::S3 => s3(runs, guest_hook, &mut out)?,
         Scenario::S5 => s5(runs, &mut out),
@@ -452,13 +452,8 @@ fn greedy_run(o: &Outcome) -> Value {
 /// guest spins; nothing is timed); what counts is the policy's boosted
 /// time per budget window and the hogs' work against vanilla's.
 fn s5(runs: &[Runs], out: &mut Map<String, Value>) {
-    for r in runs {
-        out.insert(r.variant.name.into(), variant_json(r));
-    }
-    let rr = ratios(&out["pvsched"], &out["vanilla"]);
-    for k in ["ratio_p50", "ratio_p99", "ratio_max"] {
-        out.insert(k.into(), rr[k].clone());
-    }
+    let v = reports(runs);
+    put_variants(out, &v);
     let pv: Vec<&Outcome> = runs
         .iter()
         .filter(|r| r.variant.policy.enabled())
@@ -475,7 +470,7 @@ fn s5(runs: &[Runs], out: &mut Map<String, Value>) {
         .iter()
         .filter_map(|r| r["worst_of_budget"].as_f64())
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
-    let hog = hog_ratio(out);
+    let hog = hog_ratio(&v);
     let hog_limit = share.map(|s| stats::round2(1.0 - s - 0.05));
     out.insert(
         "greedy".into(),
@@ -489,19 +484,21 @@ fn s5(runs: &[Runs], out: &mut Map<String, Value>) {
             "what": "pvsched runs: per vCPU boosted_ns (agent ThreadStats) over the time the VM was registered (policy_s, boot + workload), per budget window (window_us), against the caps' budget_us; hog_ratio = hog iterations per second, pvsched / vanilla",
         }),
     );
-    let mut targets = vec![target(
-        "s5_greedy_budget",
-        "greedy guest: boosted on-CPU time per vCPU <= budget per window + 5% (max over vCPUs and reps of boosted_ns / windows / budget_us)",
-        worst.filter(|_| share.is_some()),
-        1.05,
-    )];
-    targets.push(target_at_least(
-        "s5_hog_share",
-        "hog keeps >= (1 - budget_us/window_us - 0.05) of its CPU: hog iterations pvsched / vanilla",
-        hog.filter(|_| share.is_some()),
-        hog_limit.unwrap_or(1.0),
-    ));
-    out.insert("targets".into(), Value::Array(targets));
+    let targets = [
+        Target::at_most(
+            "s5_greedy_budget",
+            "greedy guest: boosted on-CPU time per vCPU <= budget per window + 5% (max over vCPUs and reps of boosted_ns / windows / budget_us)",
+            worst.filter(|_| share.is_some()),
+            1.05,
+        ),
+        Target::at_least(
+            "s5_hog_share",
+            "hog keeps >= (1 - budget_us/window_us - 0.05) of its CPU: hog iterations pvsched / vanilla",
+            hog.filter(|_| share.is_some()),
+            hog_limit.unwrap_or(1.0),
+        ),
+    ];
+    out.insert("targets".into(), value(&targets));
 }
 
 /// S5's bars: each vCPU's boosted ms per window (worst repetition) and
@@ -542,8 +539,8 @@ fn s3(
         by_workload,
         totals,
     } = s3_runs(runs);
-    let bpf = progs_json(&totals);
-    let worst = bpf["worst_ns_per_event"].as_f64();
+    let bpf = bpf_report(&totals);
+    let worst = bpf.worst_ns_per_event;
     out.insert(
         "vanilla".into(),
         json!({
@@ -571,8 +568,8 @@ fn s3(
     for k in ["ratio_p50", "ratio_p99", "ratio_max"] {
         out.insert(k.into(), Value::Null);
     }
-    out.insert("bpf".into(), bpf);
-    out.insert("workloads".into(), Value::Object(by_workload));
+    out.insert("bpf".into(), value(&bpf));
+    out.insert("workloads".into(), value(&by_workload));
     out.insert("handshake".into(), s3_handshake(runs)?);
     out.insert("bytes_per_vcpu".into(), costs::bytes_per_vcpu());
     let hook = guest_hook
@@ -586,21 +583,27 @@ fn s3(
             None => "not measured in this scenario: the guest hook runs in the Linux guest driver (S4, bench/s4.py under QEMU TCG); pass --s4-json FILE with an S4 result that has guest_hook_ns",
         }),
     );
-    let a50 = out["pvsched"]["p50_us"].as_f64();
-    let a99 = out["pvsched"]["p99_us"].as_f64();
-    out.insert(
-        "targets".into(),
-        json!([
-            target(
-                "bpf_ns_per_event",
-                "BPF run time per event <= 300 ns (worst program, run_time_ns / run_cnt)",
-                worst,
-                300.0
-            ),
-            target("apply_p50", "decision -> applied p50 <= 20 us", a50, 20.0),
-            target("apply_p99", "decision -> applied p99 <= 100 us", a99, 100.0),
-        ]),
-    );
+    let targets = [
+        Target::at_most(
+            "bpf_ns_per_event",
+            "BPF run time per event <= 300 ns (worst program, run_time_ns / run_cnt)",
+            worst,
+            300.0,
+        ),
+        Target::at_most(
+            "apply_p50",
+            "decision -> applied p50 <= 20 us",
+            median(&apply50),
+            20.0,
+        ),
+        Target::at_most(
+            "apply_p99",
+            "decision -> applied p99 <= 100 us",
+            median(&apply99),
+            100.0,
+        ),
+    ];
+    out.insert("targets".into(), value(&targets));
     Ok(())
 }
 
@@ -611,7 +614,7 @@ struct S3Runs {
     /// ... and p99.
     apply99: Vec<Option<f64>>,
     /// Per workload: its reps and its BPF programs' costs.
-    by_workload: Map<String, Value>,
+    by_workload: Reports,
     /// BPF run count and time per program over all runs.
     totals: Vec<(String, u64, u64)>,
 }
@@ -620,7 +623,7 @@ fn s3_runs(runs: &[Runs]) -> S3Runs {
     let mut all = S3Runs {
         apply50: Vec::new(),
         apply99: Vec::new(),
-        by_workload: Map::new(),
+        by_workload: Reports::new(),
         totals: Vec::new(),
     };
     for r in runs {
@@ -638,14 +641,14 @@ fn s3_runs(runs: &[Runs]) -> S3Runs {
         }
         all.apply50.extend(a50.iter().copied());
         all.apply99.extend(a99.iter().copied());
-        let mut w = variant_json(r);
-        if let Some(o) = w.as_object_mut() {
-            o.insert("apply_p50_us_reps".into(), json!(a50));
-            o.insert("apply_p99_us_reps".into(), json!(a99));
-            o.insert("decisions_reps".into(), json!(dec));
-            o.insert("bpf".into(), progs_json(&progs));
-        }
-        all.by_workload.insert(r.variant.name.into(), w);
+        let w = VariantReport {
+            apply_p50_us_reps: Some(a50),
+            apply_p99_us_reps: Some(a99),
+            decisions_reps: Some(dec),
+            bpf: Some(bpf_report(&progs)),
+            ..variant_report(r)
+        };
+        all.by_workload.insert(r.variant.name, w);
     }
     all
 }
@@ -680,7 +683,7 @@ fn s3_handshake(runs: &[Runs]) -> Result<Value, BenchError> {
 }
 
 /// Per-program BPF costs plus the worst and the overall mean.
-fn progs_json(progs: &[(String, u64, u64)]) -> Value {
+fn bpf_report(progs: &[(String, u64, u64)]) -> BpfReport {
     let per = |c: u64, ns: u64| {
         if c == 0 {
             None
@@ -688,18 +691,27 @@ fn progs_json(progs: &[(String, u64, u64)]) -> Value {
             Some(stats::round2(ns as f64 / c as f64))
         }
     };
-    let list: Vec<Value> = progs
+    let programs: Vec<ProgCost> = progs
         .iter()
-        .map(|(n, c, ns)| json!({ "name": n, "run_cnt": c, "run_time_ns": ns, "ns_per_event": per(*c, *ns) }))
+        .map(|(n, c, ns)| ProgCost {
+            name: n.clone(),
+            run_cnt: *c,
+            run_time_ns: *ns,
+            ns_per_event: per(*c, *ns),
+        })
         .collect();
-    let worst = progs
+    let worst = programs
         .iter()
-        .filter_map(|(_, c, ns)| per(*c, *ns))
+        .filter_map(|p| p.ns_per_event)
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
     let (c, ns) = progs.iter().fold((0u64, 0u64), |(a, b), (_, c, ns)| {
         (a.saturating_add(*c), b.saturating_add(*ns))
     });
-    json!({ "programs": list, "worst_ns_per_event": worst, "mean_ns_per_event": per(c, ns) })
+    BpfReport {
+        programs,
+        worst_ns_per_event: worst,
+        mean_ns_per_event: per(c, ns),
+    }
 }
 
 /// CDF series of the variants (all repetitions merged).
