@@ -9,7 +9,7 @@ mod common;
 use common::{FakeVcpu, need_bpf, vcpu_with_tid, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_IDLE, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched;
-use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec};
+use pvsched_agent::{Agent, AgentConfig, RegionMmap, RegionSpec, VmSpec};
 use pvsched_policy::{BoostKind, Caps};
 use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
@@ -46,6 +46,38 @@ fn setup(test: &str) -> Option<(Agent, Caps)> {
     Some((agent, caps))
 }
 
+/// What the registered thread's slot asks for throughout: SCHED_FIFO 99.
+fn rt99() -> SlotGuest {
+    SlotGuest {
+        policy: POLICY_FIFO,
+        rt_prio: 99,
+        ..Default::default()
+    }
+}
+
+/// For 500 ms, the one slot of `region` keeps asking for RT 99 (each
+/// write is an event the policy sees) while `new`, the thread that got the
+/// registered thread's `how` TID, is read back every millisecond: it must
+/// stay at its own SCHED_OTHER nice 0 throughout. Returns the samples read.
+fn never_touched(new: &FakeVcpu, region: &RegionMmap, how: &str) -> u32 {
+    let rt99 = rt99();
+    let t0 = Instant::now();
+    let mut samples = 0;
+    while t0.elapsed() < Duration::from_millis(500) {
+        region.write_guest(1, 0, &rt99);
+        let a = new.attr();
+        assert_eq!(
+            (a.policy, a.priority, a.nice),
+            (POLICY_NORMAL, 0, 0),
+            "the new thread with the {how} TID {} was touched",
+            new.tid
+        );
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    samples
+}
+
 #[test]
 fn a_reused_tid_is_never_boosted() {
     let Some((agent, caps)) = setup("a_reused_tid_is_never_boosted") else {
@@ -55,11 +87,7 @@ fn a_reused_tid_is_never_boosted() {
     let tid = old.tid;
     let vm = common::one_vcpu_vm(&agent, tid, caps);
     let region = vm.region().unwrap();
-    let rt99 = SlotGuest {
-        policy: POLICY_FIFO,
-        rt_prio: 99,
-        ..Default::default()
-    };
+    let rt99 = rt99();
     region.write_guest(1, 0, &rt99);
     wait_for("the registered thread boosted", LIMIT, || {
         Some(old.attr()).filter(|a| a.policy == POLICY_FIFO)
@@ -68,19 +96,7 @@ fn a_reused_tid_is_never_boosted() {
     drop(old);
     let new = vcpu_with_tid(tid).expect("a new thread with the old TID (ns_last_pid)");
     assert_eq!(new.tid, tid);
-    let t0 = Instant::now();
-    let mut samples = 0;
-    while t0.elapsed() < Duration::from_millis(500) {
-        region.write_guest(1, 0, &rt99);
-        let a = new.attr();
-        assert_eq!(
-            (a.policy, a.priority, a.nice),
-            (POLICY_NORMAL, 0, 0),
-            "the new thread with the reused TID {tid} was touched"
-        );
-        samples += 1;
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let samples = never_touched(&new, &region, "reused");
     let st = vm.stats();
     println!(
         "TID {tid} reused by a new thread: never boosted over {samples} samples in 500 ms \
@@ -156,11 +172,7 @@ fn an_execd_thread_is_forgotten_and_its_tid_never_touched() {
         })
         .expect("the VMM's thread registers");
     let region = vm.region().unwrap();
-    let rt99 = SlotGuest {
-        policy: POLICY_FIFO,
-        rt_prio: 99,
-        ..Default::default()
-    };
+    let rt99 = rt99();
     region.write_guest(1, 0, &rt99);
     wait_for("the registered thread boosted", LIMIT, || {
         sched::get(tid).ok().filter(|a| a.policy == POLICY_FIFO)
@@ -178,19 +190,7 @@ fn an_execd_thread_is_forgotten_and_its_tid_never_touched() {
     });
     // Its TID, freed by the exec, goes to a thread of this (root) process.
     let new = vcpu_with_tid(tid).expect("a new thread with the freed TID (ns_last_pid)");
-    let t0 = Instant::now();
-    let mut samples = 0;
-    while t0.elapsed() < Duration::from_millis(500) {
-        region.write_guest(1, 0, &rt99);
-        let a = new.attr();
-        assert_eq!(
-            (a.policy, a.priority, a.nice),
-            (POLICY_NORMAL, 0, 0),
-            "the new thread with the freed TID {tid} was touched"
-        );
-        samples += 1;
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let samples = never_touched(&new, &region, "freed");
     // Its real owner may register it, and the first VM's end leaves it be.
     let vm2 = common::one_vcpu_vm(&agent, tid, caps);
     drop(vm);

@@ -42,13 +42,7 @@ fn start(dir: &Path) -> Daemon {
         ),
     )
     .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_pvschedd"))
-        .arg("--config")
-        .arg(&cfg)
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap();
-    let d = Daemon(child);
+    let d = Daemon(support::spawn_pvschedd(&cfg));
     wait_for("pvschedd's socket", LIMIT, || {
         Client::connect(&dir.join("pvschedd.sock")).ok()
     });

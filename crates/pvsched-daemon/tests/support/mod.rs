@@ -50,12 +50,7 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_pvschedd"))
-            .arg("--config")
-            .arg(&cfg)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .unwrap();
+        let child = spawn_pvschedd(&cfg);
         let d = Daemon {
             child,
             dir,
@@ -79,6 +74,17 @@ impl Daemon {
     pub fn vm_file(&self, name: &str, caps: &str) {
         std::fs::write(self.dir.join("vms").join(format!("{name}.toml")), caps).unwrap();
     }
+}
+
+/// The pvschedd just built, with configuration file `cfg` (warnings only
+/// on stderr). The caller owns the child and waits for its socket.
+pub fn spawn_pvschedd(cfg: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_pvschedd"))
+        .arg("--config")
+        .arg(cfg)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .unwrap()
 }
 
 impl Drop for Daemon {
