@@ -11,7 +11,7 @@ use super::report::{
     BpfReport, PolicyRun, ProgCost, Ratios, RunRow, Spread, Spreads, Target, VariantReport, value,
 };
 use super::runner::{self, Outcome, RunOpts, Variant};
-use super::stats::{self, median, ratio, spread};
+use super::stats::{self, median, ratio};
 use super::worker::{BenchWorkload, VariantPolicy};
 use pvsched::summary::PolicySummary;
 use serde_json::{Map, Value, json};
@@ -559,8 +559,8 @@ fn s3(
             "p99_us_reps": apply99,
             "max_us_reps": [],
             "spread": {
-                "p50_us": spread(&apply50).map(|(a, b)| json!({"min": a, "max": b})),
-                "p99_us": spread(&apply99).map(|(a, b)| json!({"min": a, "max": b})),
+                "p50_us": Spread::of(&apply50),
+                "p99_us": Spread::of(&apply99),
             },
             "what": "decision -> applied latency (agent stats: BPF decision timestamp to sched_setattr done), all S3 runs; the agent keeps no max",
         }),

@@ -289,8 +289,9 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
     let (pid, n) = (reg.pid.unwrap_or(0), reg.vcpus.len());
     let tids: Vec<String> = reg.vcpus.iter().map(|v| v.tid.to_string()).collect();
     // Detached: the registration outlives this process (dropping it here
-    // does not end it); pvschedd ends it when QEMU exits.
-    let result = PolicyHost::daemon(&a.socket.socket).and_then(|h| h.register(reg));
+    // does not end it); pvschedd ends it when QEMU exits. The registration
+    // itself says whether pvschedd answers: no separate status round trip.
+    let result = PolicyHost::Daemon(a.socket.socket.clone()).register(reg);
     match result.as_ref().map(Registration::registered) {
         Ok(Some(r)) => {
             println!(
