@@ -19,12 +19,18 @@ use crate::region::{self, RegionInfo, RegionMode, RegionView};
 use crate::registers::RegisterState;
 use pvsched_abi as abi;
 use serde::{Deserialize, Serialize};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use vm_memory::{GuestMemoryMmap, MmapRegion};
 
 /// Largest encoded event. The largest real one (an attach with every
 /// register at its maximum) is about 330 bytes.
 pub const MAX_EVENT_SIZE: usize = 512;
+
+/// Most events one access can cause is three (an 8-byte STATUS write:
+/// detach, attach; a DMA map: detach, attach); more than this many waiting
+/// at once is a flood from a device that is not following the protocol.
+pub const MAX_EVENTS_PER_DRAIN: usize = 16;
 
 /// A region as the device attached it, without the device's host address
 /// (meaningless in another process).
@@ -122,6 +128,15 @@ pub enum EventError {
     /// Not a well-formed event.
     #[error("malformed event: {0}")]
     Malformed(String),
+    /// The device closed the event socket.
+    #[error("the event socket was closed")]
+    Closed,
+    /// More events waiting at once than one access can cause.
+    #[error("more than {0} events at once")]
+    TooMany(usize),
+    /// Reading the event socket failed.
+    #[error("reading the event socket: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 impl DeviceEvent {
@@ -146,6 +161,26 @@ impl DeviceEvent {
         }
         serde_json::from_slice(bytes).map_err(|e| EventError::Malformed(e.to_string()))
     }
+}
+
+/// Every event waiting on `fd` (the VMM's end of the event socket), read
+/// without blocking: at most `max`. A closed socket, an oversized or
+/// malformed message, or more than `max` waiting is an error: no device
+/// that follows the protocol sends that.
+pub fn read_ready(fd: BorrowedFd<'_>, max: usize) -> Result<Vec<DeviceEvent>, EventError> {
+    let mut buf = [0u8; MAX_EVENT_SIZE];
+    let mut out = Vec::new();
+    while let Some(n) = pvsched_util::recv_ready(fd, &mut buf)? {
+        if n == 0 {
+            return Err(EventError::Closed);
+        }
+        if out.len() == max {
+            return Err(EventError::TooMany(max));
+        }
+        let msg = buf.get(..n).ok_or(EventError::TooLarge(n))?;
+        out.push(DeviceEvent::decode(msg)?);
+    }
+    Ok(out)
 }
 
 /// Build this process's view of a region the device reported, after

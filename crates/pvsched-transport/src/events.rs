@@ -179,18 +179,9 @@ mod tests {
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     fn recv_all(fd: &OwnedFd) -> Vec<DeviceEvent> {
-        let mut out = Vec::new();
-        let mut buf = [0u8; MAX_EVENT_SIZE + 1];
-        loop {
-            match nix::sys::socket::recv(
-                fd.as_raw_fd(),
-                &mut buf,
-                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(n) => out.push(DeviceEvent::decode(&buf[..n]).expect("valid event")),
-                Err(_) => return out,
-            }
-        }
+        use pvsched_device::event::{MAX_EVENTS_PER_DRAIN, read_ready};
+        use std::os::fd::AsFd;
+        read_ready(fd.as_fd(), MAX_EVENTS_PER_DRAIN).expect("valid events")
     }
 
     #[test]

@@ -176,24 +176,9 @@ fn a_bar2_fd_it_cannot_keep_is_refused() {
 
 /// Every event the device has sent, read without blocking.
 fn events_waiting(fd: &std::os::fd::OwnedFd) -> Vec<pvsched_device::event::DeviceEvent> {
-    use std::os::fd::AsRawFd;
-    let mut out = Vec::new();
-    let mut buf = [0u8; pvsched_device::event::MAX_EVENT_SIZE];
-    loop {
-        // SAFETY: recv into a buffer of the length passed, on our own socket.
-        let n = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        let Ok(n) = usize::try_from(n) else {
-            return out;
-        };
-        out.push(pvsched_device::event::DeviceEvent::decode(&buf[..n]).expect("valid event"));
-    }
+    use std::os::fd::AsFd;
+    pvsched_device::event::read_ready(fd.as_fd(), pvsched_device::event::MAX_EVENTS_PER_DRAIN)
+        .expect("valid events")
 }
 
 /// `--event-fd`: the sandboxed device reports attach, kick and detach on

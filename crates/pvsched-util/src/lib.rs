@@ -12,7 +12,7 @@
 pub mod exit;
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Locks `m`, ignoring poisoning (see the crate docs).
@@ -92,6 +92,35 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: both fds were just created by the kernel; nothing else owns
     // them.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Receives one message from `fd` without blocking (EINTR retried):
+/// `None` if none is waiting, else the message's full length, which is
+/// larger than `buf` for a message that did not fit (`MSG_TRUNC`: its
+/// tail is dropped, so a reader can refuse it). A closed peer reads as
+/// `Some(0)`.
+pub fn recv_ready(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        // SAFETY: recv writes at most `buf.len()` bytes into `buf`, which
+        // stays borrowed for the call, on an fd the borrow keeps open.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+            )
+        };
+        if let Ok(n) = usize::try_from(n) {
+            return Ok(Some(n));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(None),
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -46,13 +46,15 @@
 use crate::device_process::{DeviceProcess, ExitInfo};
 use pvsched_abi as abi;
 use pvsched_device::config_space::ConfigSpace;
-use pvsched_device::event::{DeviceEvent, MAX_EVENT_SIZE, view_of_reported_region};
+use pvsched_device::event::{
+    DeviceEvent, MAX_EVENTS_PER_DRAIN, read_ready, view_of_reported_region,
+};
 use pvsched_device::registers::{RegisterState, Registers};
 use pvsched_device::{
     BarIndex, BarInfo, ConfigWriteResult, DeviceConfig, PciDevice, PolicySink, PvschedDevice,
     RegionMode, RegionView,
 };
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -65,11 +67,6 @@ const CONFIG_REGION: u32 = 7;
 
 /// How long the device gets to exit after the VMM closes its socket.
 const STOP_GRACE: Duration = Duration::from_secs(2);
-
-/// Most events one access can cause is three (an 8-byte STATUS write:
-/// detach, attach; a DMA map: detach, attach); more than this many waiting
-/// at once is a flood from a device that is not following the protocol.
-pub const MAX_EVENTS_PER_DRAIN: usize = 16;
 
 /// Errors connecting the remote device.
 #[derive(Debug, thiserror::Error)]
@@ -357,36 +354,10 @@ fn drain_events(
     host: &Mutex<HostView>,
     bar2_at: Option<u64>,
 ) -> std::result::Result<(), String> {
-    let mut buf = [0u8; MAX_EVENT_SIZE];
-    for _ in 0..=MAX_EVENTS_PER_DRAIN {
-        // SAFETY: recv into a buffer of the length passed, on our own open
-        // socket. MSG_TRUNC makes it return the message's full length, so
-        // an oversized one is seen as such.
-        let n = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-            )
-        };
-        let n = match usize::try_from(n) {
-            Ok(0) => return Err("the event socket was closed".into()),
-            Ok(n) if n > buf.len() => return Err(format!("an event of {n} bytes")),
-            Ok(n) => n,
-            Err(_) => {
-                let e = std::io::Error::last_os_error();
-                match e.kind() {
-                    std::io::ErrorKind::WouldBlock => return Ok(()),
-                    std::io::ErrorKind::Interrupted => continue,
-                    _ => return Err(format!("reading the event socket: {e}")),
-                }
-            }
-        };
-        let ev = DeviceEvent::decode(&buf[..n]).map_err(|e| e.to_string())?;
+    for ev in read_ready(fd.as_fd(), MAX_EVENTS_PER_DRAIN).map_err(|e| e.to_string())? {
         lock(host).apply(ev, bar2_at)?;
     }
-    Err(format!("more than {MAX_EVENTS_PER_DRAIN} events at once"))
+    Ok(())
 }
 
 /// The device behind a vfio-user socket.
@@ -741,8 +712,9 @@ impl Drop for RemoteDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pvsched_device::event::{DetachReason, ReportedRegion};
+    use pvsched_device::event::{DetachReason, MAX_EVENT_SIZE, ReportedRegion};
     use pvsched_device::{PolicySink, RegionInfo};
+    use std::os::fd::AsRawFd;
     use std::time::Instant;
     use vm_memory::GuestAddress;
 
