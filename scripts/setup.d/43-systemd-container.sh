@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# pvschedd under a real systemd (crates/pvsched-daemon/tests/systemd.rs):
+# pvschedd under a real systemd (crates/pvsched-daemon/tests/integration/systemd.rs):
 # PID 1 on these machines is not systemd, so the test boots one with
 # systemd-nspawn in a minimal Debian bookworm chroot that has systemd as
 # its init and nothing else ($PVSCHED_CACHE/systemd-bookworm). The test

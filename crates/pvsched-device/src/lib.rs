@@ -15,7 +15,7 @@
 //!
 //! Nothing the guest writes (configuration space, registers, region bytes)
 //! can make the device panic; see the property test
-//! `tests/proptest_sequences.rs` and the fuzz target in `fuzz/`.
+//! `tests/integration/proptest_sequences.rs` and the fuzz target in `fuzz/`.
 //!
 //! ```
 //! use pvsched_abi as abi;

@@ -1,5 +1,5 @@
 //! Test support shared by the unit tests, the property test
-//! (`tests/proptest_sequences.rs`), the fuzz target (`fuzz/`) and other
+//! (`tests/integration/proptest_sequences.rs`), the fuzz target (`fuzz/`) and other
 //! crates' tests: driver-side handshake helpers, and an operation language
 //! ([`Op`], decoded from bytes) with a [`Harness`] that applies operations to
 //! a device and checks its invariants after each one.

@@ -2,7 +2,7 @@
 //! once: the agent reads and writes the BPF maps with them and the
 //! reference model keeps its state in them ([`PvsVcpu`]; decisions are
 //! [`crate::Decision`], the `pvs_decision` ring record). The C header is the
-//! definition; `tests/intf_layout.rs` compiles it and checks every size,
+//! definition; `tests/integration/intf_layout.rs` compiles it and checks every size,
 //! offset and constant against this file (and the event constants of
 //! [`crate::event`]).
 
@@ -212,7 +212,7 @@ mod pod {
     // SAFETY: each type is #[repr(C)], made only of integers (and arrays and
     // structs of them) with natural alignment and no implicit padding (the
     // sizes are checked above and against the C compiler in
-    // tests/intf_layout.rs), so every bit pattern is a valid value.
+    // tests/integration/intf_layout.rs), so every bit pattern is a valid value.
     unsafe impl aya::Pod for PvsCaps {}
     // SAFETY: as above.
     unsafe impl aya::Pod for PvsVm {}

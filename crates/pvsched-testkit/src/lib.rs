@@ -7,6 +7,8 @@
 //! - [`root`]: that rule applied to "runs as root";
 //! - [`wait_for`]: bounded polling (a liveness bound, never a timing
 //!   assertion);
+//! - [`test_child`]: this test binary re-run for one test, as a child
+//!   process;
 //! - [`layout`]: the C ↔ Rust layout check of a header and its mirror.
 
 use std::time::{Duration, Instant};
@@ -42,6 +44,37 @@ pub fn root(test: &str, why: &str) -> bool {
         return true;
     }
     skip_or_fail(test, &format!("not root ({why} needs root)"))
+}
+
+/// A command that runs this test binary again for the one test `name` of
+/// the module `module` (the caller's `module_path!()`), with its output
+/// not captured: how a test gets a child process that does one thing
+/// (drops privileges, is SIGKILLed, plays a hostile VMM) while the parent
+/// asserts on what the child leaves behind. The child test tells that it
+/// is the child by an environment variable the caller sets.
+pub fn test_child(module: &str, name: &str) -> std::process::Command {
+    let exe = std::env::current_exe().expect("the test binary's path (/proc/self/exe)");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(test_child_args(module, name));
+    cmd
+}
+
+/// The arguments that make this test binary run only the test `name` of
+/// `module` ([`test_child`]'s, for a caller that starts the binary some
+/// other way, e.g. under `systemd-run`).
+pub fn test_child_args(module: &str, name: &str) -> [String; 4] {
+    // libtest names a test by its path without the crate: the first
+    // component of `module_path!()` is the test binary's crate.
+    let path = match module.split_once("::") {
+        Some((_, m)) => format!("{m}::{name}"),
+        None => name.to_string(),
+    };
+    [
+        "--exact".into(),
+        path,
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]
 }
 
 /// Polls `f` every 200 µs (short enough to catch a boost or a throttle

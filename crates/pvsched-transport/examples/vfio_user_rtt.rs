@@ -20,7 +20,7 @@
 //! ```
 
 use clap::Parser;
-#[path = "../tests/support/vfio_client.rs"]
+#[path = "../tests/integration/support/vfio_client.rs"]
 mod vfio_client;
 
 use pvsched_abi as abi;

@@ -16,8 +16,11 @@
 //! apply, each case serves a connection). The cargo-fuzz target
 //! `crates/pvsched-transport/fuzz` (`vfio_user_stream`) drives the same
 //! server with unstructured bytes.
+//!
+//! A test binary of its own: the allocation and fd checks are process-wide,
+//! so no other test may run beside these.
 
-#[path = "support/vfio_raw.rs"]
+#[path = "integration/support/vfio_raw.rs"]
 mod vfio_raw;
 
 use proptest::prelude::*;

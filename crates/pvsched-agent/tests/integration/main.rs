@@ -1,0 +1,16 @@
+//! The agent's integration tests, one module per concern, in one test
+//! binary: every test binary links the agent with aya and libbpf's
+//! loader, so one link instead of eight. Tests of different modules run
+//! side by side (`--test-threads`), like tests of one module: each test
+//! owns its threads, agents and temporary files.
+
+mod common;
+
+mod attach_cli;
+mod differential;
+mod kill9;
+mod lossless;
+mod no_privilege;
+mod real_threads;
+mod restorers;
+mod tid_reuse;

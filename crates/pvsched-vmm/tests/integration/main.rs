@@ -1,0 +1,14 @@
+//! The reference VMM's integration tests on real KVM (except `shutdown`,
+//! which counts this process's threads and so has a binary of its own), in
+//! one test binary: every test binary links the whole crate graph, so one
+//! link instead of one per file. Tests of different modules run side by side
+//! (`--test-threads`) like tests of one module: each owns its processes,
+//! threads and temporary files.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod embedder;
+mod handshake;
+mod held_start;
+mod workloads;
