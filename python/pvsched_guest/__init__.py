@@ -3,6 +3,9 @@ and the Linux-guest benchmarks (bench/s4.py) share.
 
   abi      the ABI constants and offsets, generated from the C/Rust layout
            list (never edited by hand)
+  policy   the BPF policy's constants (decision kinds and reasons, as in
+           the agent's trace) and records, generated the same way from
+           the bpf-policy/intf.h list
   host     host-side helpers: failures, commands, child processes, a
            thread's scheduling attributes
   qmp      one QMP command on QEMU's monitor socket

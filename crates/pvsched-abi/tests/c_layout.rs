@@ -199,7 +199,11 @@ fn python_abi_is_generated_from_this_list() {
     let (items, _) = expectations();
     let text = pvsched_testkit::layout::python_module(
         &items,
-        "crates/pvsched-abi/tests/c_layout.rs (python_abi_is_generated_from_this_list)",
+        &pvsched_testkit::layout::PythonHeader {
+            title: "The pvsched ABI (include/pvsched_abi.h) for Python harnesses.",
+            prefix: "PVSCHED_",
+            generated_by: "crates/pvsched-abi/tests/c_layout.rs (python_abi_is_generated_from_this_list)",
+        },
     );
     pvsched_testkit::layout::check_generated(
         &repo_root().join("python/pvsched_guest/abi.py"),

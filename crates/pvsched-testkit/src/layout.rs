@@ -186,17 +186,28 @@ pub fn compare_with_c(
     assert_eq!(c.len(), items.len(), "duplicate names in the layout list");
 }
 
+/// What a generated Python module says about itself.
+pub struct PythonHeader<'a> {
+    /// The docstring's first line, e.g. "The pvsched ABI
+    /// (include/pvsched_abi.h) for Python harnesses."
+    pub title: &'a str,
+    /// The constants' prefix in C, dropped in Python (`PVSCHED_`).
+    pub prefix: &'a str,
+    /// The test that generates and checks the module.
+    pub generated_by: &'a str,
+}
+
 /// The Python module restating `items` for the harnesses (`python/`): every
 /// constant (`PVSCHED_X` becomes `X`), every struct's size in `SIZEOF` and
 /// every field's offset in `OFFSETOF`, with the Rust values, which
 /// [`compare_with_c`] checks against C from the same list.
-pub fn python_module(items: &[Expect], generated_by: &str) -> String {
+pub fn python_module(items: &[Expect], header: &PythonHeader) -> String {
     let mut consts = String::new();
     let mut sizes = BTreeMap::new();
     let mut offsets: BTreeMap<&str, Vec<(&str, i128)>> = BTreeMap::new();
     for e in items {
         if let Some(c) = e.name.strip_prefix("const:") {
-            let name = c.strip_prefix("PVSCHED_").unwrap_or(c);
+            let name = c.strip_prefix(header.prefix).unwrap_or(c);
             consts.push_str(&format!("{name} = {}\n", e.rust));
         } else if let Some(s) = e.name.strip_prefix("sizeof:") {
             if !s.contains('.') {
@@ -210,8 +221,13 @@ pub fn python_module(items: &[Expect], generated_by: &str) -> String {
             offsets.entry(s).or_default().push((f, e.rust));
         }
     }
+    let PythonHeader {
+        title,
+        generated_by,
+        ..
+    } = header;
     let mut out = format!(
-        "\"\"\"The pvsched ABI (include/pvsched_abi.h) for Python harnesses.\n\n\
+        "\"\"\"{title}\n\n\
          Generated from the list that checks the C header against its Rust\n\
          mirror, by\n    {generated_by}\n\
          Do not edit: that test fails when this file is stale, and\n\

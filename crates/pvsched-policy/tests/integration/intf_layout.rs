@@ -168,3 +168,19 @@ fn intf_h_matches_rust() {
         &PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pvsched-intf-layout"),
     );
 }
+
+/// The Linux-guest tests read the agent's decision trace (reasons, kinds)
+/// through `python/pvsched_guest/policy.py`, generated from the same list.
+#[test]
+fn python_policy_is_generated_from_this_list() {
+    let text = pvsched_testkit::layout::python_module(
+        &expectations().0,
+        &pvsched_testkit::layout::PythonHeader {
+            title: "The BPF policy's records and constants (bpf-policy/intf.h) for Python harnesses.",
+            prefix: "PVS_",
+            generated_by: "crates/pvsched-policy/tests/integration/intf_layout.rs (python_policy_is_generated_from_this_list)",
+        },
+    );
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    pvsched_testkit::layout::check_generated(&root.join("python/pvsched_guest/policy.py"), &text);
+}

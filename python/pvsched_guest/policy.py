@@ -1,0 +1,138 @@
+"""The BPF policy's records and constants (bpf-policy/intf.h) for Python harnesses.
+
+Generated from the list that checks the C header against its Rust
+mirror, by
+    crates/pvsched-policy/tests/integration/intf_layout.rs (python_policy_is_generated_from_this_list)
+Do not edit: that test fails when this file is stale, and
+PVSCHED_BLESS=1 rewrites it.
+"""
+
+MAX_VMS = 64
+MAX_VCPUS_PER_VM = 64
+MAX_EMULATORS = 4
+TID_HINTS = 4096
+REGION_STRIDE = 16384
+GID_SHIFT = 10
+MODE_NONE = 0
+MODE_DEVICE = 1
+MODE_GUEST = 2
+ST_UNKNOWN = 0
+ST_RUNNING = 1
+ST_PREEMPTED = 2
+ST_HALTED = 3
+ST_WOKEN = 4
+EV_SWITCH_OUT = 1
+EV_SWITCH_IN = 2
+EV_WAKEUP = 3
+EV_VCPU_WAKEUP = 4
+EV_IPI = 5
+EV_USER_EXIT = 6
+EV_TICK = 7
+EV_EXIT = 8
+EV_MAX = 9
+R_NONE = 0
+R_CS = 1
+R_RT_TASK = 2
+R_NICE_TASK = 3
+R_HALT = 4
+R_YIELD = 5
+R_MAX_BOOST = 6
+R_BUDGET = 7
+R_THROTTLED = 8
+R_EXITED = 9
+
+SIZEOF = {
+    "pvs_caps": 88,
+    "pvs_decision": 48,
+    "pvs_stats": 152,
+    "pvs_vcpu": 176,
+    "pvs_vm": 120,
+}
+
+OFFSETOF = {
+    "pvs_caps": {
+        "allow_rt": 0,
+        "max_rt_prio": 4,
+        "nice_floor": 8,
+        "cs_rt_prio": 12,
+        "halt_kind": 16,
+        "halt_prio": 20,
+        "yield_kind": 24,
+        "yield_prio": 28,
+        "max_boost_ns": 32,
+        "throttle_ns": 40,
+        "budget_ns": 48,
+        "window_ns": 56,
+        "ipi_window_ns": 64,
+        "halt_hold_ns": 72,
+        "halt_always": 80,
+        "pad0": 84,
+    },
+    "pvs_decision": {
+        "ts": 0,
+        "tid": 8,
+        "gid": 12,
+        "kind": 16,
+        "prio": 20,
+        "reason": 24,
+        "event": 28,
+        "throttled_until": 32,
+        "waits_on": 40,
+        "pad0": 44,
+    },
+    "pvs_stats": {
+        "events": 0,
+        "decisions": 72,
+        "dropped": 80,
+        "boosts": 88,
+        "unboosts": 96,
+        "throttles": 104,
+        "ipi_pairs": 112,
+        "slot_hits": 120,
+        "torn_reads": 128,
+        "read_errors": 136,
+        "publish_busy": 144,
+    },
+    "pvs_vcpu": {
+        "tid": 0,
+        "vm_id": 4,
+        "index": 8,
+        "state": 12,
+        "slot_addr": 16,
+        "req_kind": 24,
+        "req_prio": 28,
+        "req_reason": 32,
+        "wait_on": 36,
+        "boost": 40,
+        "boost_prio": 44,
+        "boost_reason": 48,
+        "throttled": 52,
+        "acct_ns": 56,
+        "cont_ns": 64,
+        "window_start": 72,
+        "budget_used": 80,
+        "throttled_until": 88,
+        "ls_until": 96,
+        "last_ipi_target": 104,
+        "yield_slot": 108,
+        "last_ipi_ns": 112,
+        "yield_boosting": 120,
+        "fence": 124,
+        "yield_mask": 128,
+        "boosts": 136,
+        "throttles": 144,
+        "boosted_ns": 152,
+        "ipis": 160,
+        "slot_hits": 168,
+    },
+    "pvs_vm": {
+        "active": 0,
+        "nr_vcpus": 4,
+        "mode": 8,
+        "wait_on_enabled": 12,
+        "caps": 16,
+        "nr_emulators": 104,
+        "pad0": 108,
+        "ls_until": 112,
+    },
+}
