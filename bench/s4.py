@@ -86,7 +86,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -96,8 +95,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(REPO / "python"))
+from pvsched_guest.bench import Proc, between, loadavg, ratio, spread  # noqa: E402
 from pvsched_guest.boot import Boot  # noqa: E402
-from pvsched_guest.host import Failure, die_with_parent, run  # noqa: E402
+from pvsched_guest.host import Failure, run  # noqa: E402
 from pvsched_guest.kernel import KABI, build_initramfs, build_module, kernel_tree  # noqa: E402
 from pvsched_guest.region import guest_vcpus  # noqa: E402
 
@@ -119,55 +119,6 @@ class BenchError(Exception):
 
 
 # ---------------------------------------------------------------- host side
-
-class Proc:
-    """A host process we start and always stop (its own process group)."""
-
-    live = []
-
-    def __init__(self, name, cmd, logfile, cwd=None):
-        self.name = name
-        self.logf = open(logfile, "w")
-        self.p = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, cwd=cwd,
-                                  preexec_fn=_session_and_pdeathsig)
-        Proc.live.append(self)
-
-    def wait(self, timeout):
-        try:
-            return self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stop(self, sig=signal.SIGTERM, grace=10.0):
-        """Signals the whole process group, then SIGKILL after `grace`."""
-        if self in Proc.live:
-            Proc.live.remove(self)
-        for s, wait in ((sig, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.p.pid, s)
-            except ProcessLookupError:
-                break
-            if self.wait(wait) is not None:
-                # The leader is gone; make sure no worker of the group is left.
-                try:
-                    os.killpg(self.p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                break
-        self.p.poll()
-        self.logf.close()
-        return self.p.returncode
-
-    @classmethod
-    def stop_all(cls):
-        for p in list(cls.live):
-            p.stop()
-
-
-def _session_and_pdeathsig():
-    os.setsid()
-    die_with_parent()
-
 
 def host_cyclictest(out, dur):
     return Proc("host-cyclictest",
@@ -299,7 +250,7 @@ class BenchBoot:
             time.sleep(IDLE_SETTLE_S)
         tag = f"{load}-i{interval}"
         self.current = {"load": load, "interval_us": interval, "rep": self.rep,
-                        "variant": self.variant, "loadavg_start": _loadavg()}
+                        "variant": self.variant, "loadavg_start": loadavg()}
         self.host = host_cyclictest(self.dir / f"host-{tag}", self.args.duration)
         self.host_out = self.dir / f"host-{tag}.json"
         log(f"{self.name}: {tag} ({self.args.duration}s)")
@@ -307,7 +258,7 @@ class BenchBoot:
 
     def on_cyc_end(self, boot):
         rc = boot.mark("cyc-end").get("rc")
-        lines = _between(boot.serial, "@@ cyc-json-begin", "@@ cyc-end")
+        lines = between(boot.serial, "@@ cyc-json-begin", "@@ cyc-end")
         try:
             guest = parse_cyclictest(json.loads("\n".join(lines)))
         except (ValueError, KeyError) as e:
@@ -333,7 +284,7 @@ class BenchBoot:
             f"{h['avg_us']:.0f} p99 {h['p99_us']} max {h['max_us']} us")
 
     def on_stats_end(self, boot):
-        lines = _between(boot.serial, "@@ stats-begin", "@@ stats-end")
+        lines = between(boot.serial, "@@ stats-begin", "@@ stats-end")
         rows = [l.split() for l in lines]
         self.counters = [dict(zip(("cpu", "slot", "updates", "switches", "irqs", "softirqs"),
                                   map(int, r))) for r in rows if len(r) == 6 and r[0].isdigit()]
@@ -361,26 +312,6 @@ class BenchBoot:
             self.host.stop(signal.SIGINT)
 
 
-def _between(lines, begin, end):
-    """Lines strictly between the last `begin` marker and the `end` after it."""
-    start = max((i for i, l in enumerate(lines) if l.startswith(begin)), default=None)
-    if start is None:
-        return []
-    out = []
-    for l in lines[start + 1:]:
-        if l.startswith(end):
-            break
-        out.append(l)
-    return out
-
-
-def _loadavg():
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def run_boot(args, variant, rep, phases):
     bb = BenchBoot(args, variant, rep, phases)
     boot = Boot(args, bb.name, 2, "bench", hooks=bb.hooks())
@@ -396,18 +327,6 @@ def run_boot(args, variant, rep, phases):
 
 
 # ---------------------------------------------------------------- report
-
-def spread(vals):
-    """Median, min, max over reps; `reps` keeps every rep in order (None: a
-    p99 past the histogram), the statistics use the reps that have a value."""
-    vals = [round(v, 2) if isinstance(v, float) else v for v in vals]
-    have = [v for v in vals if v is not None]
-    if not have:
-        return {"median": None, "min": None, "max": None, "reps": vals}
-    med = statistics.median(have)
-    return {"median": round(med, 2) if isinstance(med, float) else med, "min": min(have),
-            "max": max(have), "reps": vals}
-
 
 def variant_summary(runs, load, agent_stats):
     out = {}
@@ -431,10 +350,6 @@ def variant_summary(runs, load, agent_stats):
     if agent_stats is not None:
         out["agent"] = agent_stats
     return out
-
-
-def ratio(a, b):
-    return round(a / b, 3) if a is not None and b not in (None, 0) else None
 
 
 def targets(van, pv):

@@ -1,0 +1,96 @@
+"""What the Linux-guest benchmarks (bench/s4.py, bench/s6.py) share on the
+host: processes started in their own process group and always stopped,
+console output between two marks, and the repetition statistics."""
+
+import os
+import signal
+import statistics
+import subprocess
+from pathlib import Path
+
+from .host import die_with_parent
+
+
+class Proc:
+    """A host process we start and always stop (its own process group)."""
+
+    live = []
+
+    def __init__(self, name, cmd, logfile, cwd=None):
+        self.name = name
+        self.logf = open(logfile, "w")
+        self.p = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, cwd=cwd,
+                                  preexec_fn=_session_and_pdeathsig)
+        Proc.live.append(self)
+
+    def wait(self, timeout):
+        try:
+            return self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, sig=signal.SIGTERM, grace=10.0):
+        """Signals the whole process group, then SIGKILL after `grace`."""
+        if self in Proc.live:
+            Proc.live.remove(self)
+        for s, wait in ((sig, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.p.pid, s)
+            except ProcessLookupError:
+                break
+            if self.wait(wait) is not None:
+                # The leader is gone; make sure no worker of the group is left.
+                try:
+                    os.killpg(self.p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                break
+        self.p.poll()
+        self.logf.close()
+        return self.p.returncode
+
+    @classmethod
+    def stop_all(cls):
+        for p in list(cls.live):
+            p.stop()
+
+
+def _session_and_pdeathsig():
+    os.setsid()
+    die_with_parent()
+
+
+def between(lines, begin, end):
+    """Lines strictly between the last `begin` marker and the `end` after it."""
+    start = max((i for i, l in enumerate(lines) if l.startswith(begin)), default=None)
+    if start is None:
+        return []
+    out = []
+    for l in lines[start + 1:]:
+        if l.startswith(end):
+            break
+        out.append(l)
+    return out
+
+
+def loadavg():
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def spread(vals):
+    """Median, min, max over reps; `reps` keeps every rep in order (None: a
+    p99 past the histogram), the statistics use the reps that have a value."""
+    vals = [round(v, 2) if isinstance(v, float) else v for v in vals]
+    have = [v for v in vals if v is not None]
+    if not have:
+        return {"median": None, "min": None, "max": None, "reps": vals}
+    med = statistics.median(have)
+    return {"median": round(med, 2) if isinstance(med, float) else med, "min": min(have),
+            "max": max(have), "reps": vals}
+
+
+def ratio(a, b):
+    return round(a / b, 3) if a is not None and b not in (None, 0) else None
