@@ -80,8 +80,10 @@ pvsched_matrix_fetch() {
 		local csuite=${suite%-backports}
 		local dir="$PVSCHED_CACHE/guest-matrix/chroot-$csuite"
 		local out="$PVSCHED_CACHE/guest-matrix/$name"
+		# build is a link to the headers, which only resolves inside the
+		# chroot when it is absolute (bookworm's): -L, not -e.
 		if [ -s "$out/release" ] && [ -s "$out/vmlinuz" ] &&
-			[ -e "$dir/lib/modules/$(cat "$out/release")/build" ] &&
+			[ -L "$dir/lib/modules/$(cat "$out/release")/build" ] &&
 			[ -e "$dir/lib/modules/$(cat "$out/release")/modules.dep" ]; then
 			continue
 		fi
