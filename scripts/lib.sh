@@ -1,14 +1,4 @@
-# Shared helpers for scripts/ and tests/steps/ (sourced, not run).
-
-# need_real WHAT WHY: a capability the test needs is missing. With
-# PVSCHED_REQUIRE_REAL=1 (CI) that is a failure; otherwise a printed skip.
-need_real() {
-	if [ "${PVSCHED_REQUIRE_REAL:-0}" = "1" ]; then
-		printf 'FAIL: %s is required (PVSCHED_REQUIRE_REAL=1): %s\n' "$1" "$2" >&2
-		exit 1
-	fi
-	printf 'SKIP: %s unavailable: %s\n' "$1" "$2" >&2
-}
+# Shared helpers for scripts/ and the tests (sourced, not run).
 
 # pvsched_in_chroot DIR CMD...: run CMD inside the Debian chroot DIR with
 # /proc and /dev mounted in a private mount namespace (gone when CMD ends)
@@ -28,6 +18,7 @@ pvsched_in_chroot() {
 # pvsched_matrix_kernels: the lines of tests/linux-guest/kernels.conf this
 # run covers (NAME SUITE RELEASE CI): every kernel with
 # PVSCHED_GUEST_MATRIX=all (scripts/test --guest-matrix), else the CI ones.
+# The tests select the same (tests/linux-guest/conftest.py, matrix_kernels).
 pvsched_matrix_kernels() {
 	local conf="${PVSCHED_ROOT:?}/tests/linux-guest/kernels.conf"
 	local all="${PVSCHED_GUEST_MATRIX:-}"

@@ -14,11 +14,21 @@ from .host import Failure, run
 KABI = os.environ.get("PVSCHED_GUEST_KABI", "6.1.0-56")
 
 
-def kernel_tree(cache):
+def guest_kabi(cache):
+    """The guest kernel's ABI: $PVSCHED_GUEST_KABI, else the one
+    scripts/setup fetched (it takes a newer 6.1 when Debian no longer
+    offers KABI's, and records it in CACHE/linux-guest/kabi), else KABI."""
+    recorded = cache / "linux-guest" / "kabi"
+    if "PVSCHED_GUEST_KABI" not in os.environ and recorded.is_file():
+        return recorded.read_text().strip() or KABI
+    return KABI
+
+
+def kernel_tree(cache, kabi=KABI):
     root = cache / "linux-guest" / "root"
     src = root / "usr" / "src"
-    vmlinuz = root / "boot" / f"vmlinuz-{KABI}-cloud-amd64"
-    trees = {f: src / f"linux-headers-{KABI}-{f}-amd64" for f in ("cloud", "rt")}
+    vmlinuz = root / "boot" / f"vmlinuz-{kabi}-cloud-amd64"
+    trees = {f: src / f"linux-headers-{kabi}-{f}-amd64" for f in ("cloud", "rt")}
     missing = [p for p in [vmlinuz, *trees.values()] if not p.exists()]
     if missing:
         raise FileNotFoundError(f"not fetched: {missing} (run scripts/setup)")
@@ -108,7 +118,7 @@ def modprobe_files(chroot, release):
     kos = sorted(mdir.glob("updates/dkms/pvsched.ko*"))
     if not kos:
         raise Failure(f"no DKMS-installed pvsched in {mdir}/updates/dkms "
-                      f"(tests/steps/41-guest-matrix.sh installs it)")
+                      f"(tests/linux-guest/test_guest_matrix.py installs it)")
     files = {f"/lib/modules/{release}/{p.relative_to(mdir)}": p for p in kos}
     files.update({f"/lib/modules/{release}/{p.name}": p for p in mdir.glob("modules.*")})
     files.update(chroot_binary(chroot, "/usr/bin/kmod", "/usr/sbin/modprobe"))

@@ -1,16 +1,17 @@
 # shellcheck shell=bash
-# Linux guest end-to-end test: QEMU 7.2 (multi-process proxy),
+# Linux guest end-to-end tests: Debian's pytest, which runs them
+# (/usr/bin/python3 -m pytest tests), QEMU 7.2 (multi-process proxy),
 # busybox-static + cpio for the initramfs, and the Debian 6.1 guest kernel
 # with matching headers (downloaded into the cache and unpacked, never
 # installed). Sourced by scripts/setup; idempotent.
 
-apt_install qemu-system-x86 busybox-static cpio kmod
+apt_install python3-pytest qemu-system-x86 busybox-static cpio kmod
 
 pvsched_guest_fetch() {
 	local dir="$PVSCHED_CACHE/linux-guest"
 	# The tested kernel ABI is 6.1.0-56. Debian's mirrors keep only recent
 	# 6.1 builds: when that one is gone, take the newest 6.1 cloud image that
-	# apt still offers, and record the choice for tests/steps/40-linux-guest.sh.
+	# apt still offers, and record the choice for the tests (tests/linux-guest).
 	local abi="${PVSCHED_GUEST_KABI:-}"
 	if [ -z "$abi" ] && [ -s "$dir/kabi" ]; then
 		abi=$(cat "$dir/kabi")

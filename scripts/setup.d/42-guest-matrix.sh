@@ -5,8 +5,8 @@
 # minimal Debian chroot of its suite (debootstrap) with gcc, dkms, kmod,
 # debhelper and dh-dkms, the kernel's headers installed in it, as on a guest
 # image, and the kernel image's vmlinuz in $PVSCHED_CACHE/guest-matrix/NAME/.
-# tests/steps/41-guest-matrix.sh builds and installs the driver there with
-# DKMS. The host's own apt state is not touched (beyond debootstrap).
+# tests/linux-guest/test_guest_matrix.py builds and installs the driver
+# there with DKMS. The host's own apt state is not touched (beyond debootstrap).
 # Sourced by scripts/setup; idempotent.
 
 # shellcheck source=../lib.sh
@@ -80,8 +80,10 @@ pvsched_matrix_fetch() {
 		local csuite=${suite%-backports}
 		local dir="$PVSCHED_CACHE/guest-matrix/chroot-$csuite"
 		local out="$PVSCHED_CACHE/guest-matrix/$name"
+		# build is a link to the headers, which only resolves inside the
+		# chroot when it is absolute (bookworm's): -L, not -e.
 		if [ -s "$out/release" ] && [ -s "$out/vmlinuz" ] &&
-			[ -e "$dir/lib/modules/$(cat "$out/release")/build" ] &&
+			[ -L "$dir/lib/modules/$(cat "$out/release")/build" ] &&
 			[ -e "$dir/lib/modules/$(cat "$out/release")/modules.dep" ]; then
 			continue
 		fi

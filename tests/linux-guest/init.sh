@@ -1,6 +1,6 @@
 #!/bin/busybox sh
 # /init of the pvsched Linux-guest test initramfs. Prints "@@ <event>"
-# markers on the serial console; the host harness (run.py) asserts on the
+# markers on the serial console; the host harness (pytest) asserts on the
 # device's view of the region, and uses these lines only to pace itself and
 # as supplementary evidence. Mode from the kernel command line:
 #   pvtest=main      attach, schedule, FIFO loop, irqs, 20 load/unload cycles
@@ -70,7 +70,7 @@ ncpu=$(nproc)
 # swaps the probe array and patches nothing. The patching those two need is
 # done with the other CPUs offline, where no vCPU can race it. pvpin=0 turns
 # this off. Not needed on hardware or KVM. $pinned counts the events enabled
-# (two per hooked tracepoint this kernel has; run.py checks it).
+# (two per hooked tracepoint this kernel has; the host checks it).
 pinned=0
 pin_events() {
 	t=/sys/kernel/tracing
@@ -163,7 +163,7 @@ EOF
 }
 
 # host_sync KEY [FIELDS]: print "@@ KEY FIELDS", then wait for the host's
-# answer on the console (in $answer). run.py answers once it holds the
+# answer on the console (in $answer). The host answers once it holds the
 # device's view of the region for that mark, so the view is from before
 # whatever the guest does next: a check on what happened between two marks
 # then depends on what the guest did, not on how fast the host looked.

@@ -1,49 +1,33 @@
-#!/usr/bin/env python3
-"""Real-Linux-guest end-to-end test of the pvsched guest driver.
+"""The Linux-guest scenarios: each boots a real Linux guest with the pvsched
+guest driver under QEMU TCG, with the device served by `pvsched-device`, and
+checks it from the host side, from the device's own JSON view of the region
+(`--dump-slots`), not from guest log lines alone.
 
-Builds the guest driver against the Debian 6.1 cloud kernel headers (and
-build-tests it against the PREEMPT_RT headers), builds a busybox-static
-initramfs holding the module, a static helper and /init (init.sh), then boots
-QEMU TCG with the pvsched device served by `pvsched-device`: QEMU 7.2 over
-the multi-process proxy (x-pci-proxy-dev, guest-region mode), and QEMU 11
-(scripts/setup.d/41-qemu11.sh) over vfio-user (vfio-user-pci) in
-device-region mode (BAR2 mmapped by QEMU from the device's fd) and in
-guest-region mode. The assertions are made on the host,
-from the device's own JSON view of the region (`--dump-slots`), not from
-guest log lines alone.
+test_guest.py runs them on the Debian 6.1 cloud kernel with the module built
+on the host; test_guest_matrix.py runs main, wait and hostile on each kernel
+of kernels.conf with the module DKMS installed in the kernel's suite chroot,
+loaded with `modprobe`.
 
-With `--kernel NAME` (tests/linux-guest/kernels.conf) the guest boots that
-kernel instead, and the module is the one DKMS installed in the kernel's
-suite chroot (tests/steps/41-guest-matrix.sh): the initramfs carries its
-/lib/modules tree and kmod, and the guest loads it with `modprobe`.
-
-Every QEMU and device process is killed at the end, whatever happens, and
-every boot has a timeout.
+Each scenario takes `g`, the guest fixture (what pvsched_guest.boot.Boot
+reads, with the test options: cycles, rounds, churn), and `report`, which
+prints a result line; it returns the failures of every check made, so one
+expensive boot shows all that is wrong with it. A boot that cannot go on
+(timeout, soft lockup, a mark the guest never reached) raises
+pvsched_guest.host.Failure instead. Boot.run kills QEMU and the device
+process however the boot ends; the agent and pvschedd are stopped in
+`finally` blocks here.
 """
 
-import argparse
-import os
 import re
 import signal
-import sys
 import time
-from pathlib import Path
 
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-from pvsched_guest import abi  # noqa: E402
-from pvsched_guest.boot import Boot  # noqa: E402
-from pvsched_guest.host import Failure  # noqa: E402
-from pvsched_guest.kernel import (KABI, build_initramfs, build_module, kernel_tree,  # noqa: E402
-                                  matrix_kernel, modprobe_files)
-from pvsched_guest.qmp import qmp  # noqa: E402
-from agent_loop import AgentLoop  # noqa: E402
-from daemon_loop import DaemonLoop  # noqa: E402
-from wait_loop import WaitLoop  # noqa: E402
-
-
-def log(msg):
-    print(f"linux-guest: {msg}", flush=True)
+from pvsched_guest import abi
+from pvsched_guest.boot import Boot
+from pvsched_guest.qmp import qmp
+from agent_loop import AgentLoop
+from daemon_loop import DaemonLoop
+from wait_loop import WaitLoop
 
 
 def answer_go(b):
@@ -66,9 +50,56 @@ MAIN_HOOKS = {"churn-start": answer_go, "each-cpu-start": answer_go,
 
 
 def check(cond, msg, failures):
+    """Adds `msg` to `failures` unless `cond`; returns `cond`."""
     if not cond:
         failures.append(msg)
     return cond
+
+
+def region_modes(b):
+    """The region modes the driver logged it attached in."""
+    return {m.group(1) for m in (re.search(r"attached: (\w+) region", l) for l in b.serial) if m}
+
+
+def dmesg_clean(b, f):
+    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+
+
+def main(g, report, smp):
+    """`pvtest=main` over QEMU 7.2's multi-process proxy (guest region):
+    attach, every slot written, the FIFO loop, irq bits, CPU hotplug, the
+    load/unload cycles, dynamic IDs; and the pipe round trip without and
+    with the module (reported, not asserted)."""
+    b = Boot(g, f"main-smp{smp}", smp, "main", hooks=MAIN_HOOKS,
+             extra_append=f"pvcycles={g.cycles} pvrounds={g.rounds}").run()
+    f = assert_main(b, g.cycles)
+    off, on = bench(b, "bench-off"), bench(b, "bench-on")
+    ratio = f"{on / off:.3f}" if off and on else "n/a"
+    report(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff; pipe round trip "
+           f"{off} ns without module, {on} ns with (ratio {ratio})")
+    return f
+
+
+def vfio(g, report, region):
+    """`pvtest=main` over vfio-user (QEMU 11, vfio-user-pci) in `region`
+    mode: device (BAR2 mmapped by QEMU from the device's fd; with a churn
+    that must cross no socket) or guest."""
+    append = f"pvcycles={g.cycles} pvrounds={g.rounds} pvregion={region}"
+    if region == "device":
+        append += f" pvchurn={g.churn}"
+    b = Boot(g, f"vfio-{region}-smp2", 2, "main", extra_append=append,
+             transport="vfio-user", hooks=MAIN_HOOKS).run()
+    f = assert_main(b, g.cycles)
+    modes = region_modes(b)
+    check(modes == {region}, f"{b.name}: driver attached in {modes or 'no'} region mode, "
+          f"expected {region}", f)
+    extra = ""
+    if region == "device":
+        churn_f, extra = assert_no_messages_during_churn(b)
+        f += churn_f
+        extra = "; " + extra
+    report(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff over vfio-user ({region} region){extra}")
+    return f
 
 
 def assert_main(b, cycles):
@@ -159,7 +190,7 @@ def assert_main(b, cycles):
         check(vl == {"rc": "0", "dynamic_id": "1", "bound": "1"},
               f"{b.name}: modprobe by a vendor's modalias with the documented "
               f"modprobe.d lines: {vl}", f)
-    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    dmesg_clean(b, f)
     return f
 
 
@@ -187,7 +218,10 @@ def assert_no_messages_during_churn(b):
                f"messages (the driver's 1/s STATUS health check), none per update")
 
 
-def assert_negative(b, fault):
+def negative(g, report, fault):
+    """`pvsched-device --fault FAULT`: the probe must be refused and the
+    device left reset."""
+    b = Boot(g, f"neg-{fault}", 2, "negative", fault=fault).run()
     f = []
     dev = b.final["device"]
     b.mark("done")
@@ -207,11 +241,12 @@ def assert_negative(b, fault):
     want = {"wrong-magic": "wrong MAGIC", "wrong-version": "version mismatch",
             "refuse-region": "region outside guest RAM"}[fault]
     check(any(want in l for l in b.serial), f"{b.name}: guest log does not name '{want}'", f)
-    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    dmesg_clean(b, f)
+    report(f"{b.name}: {b.seconds:.1f}s, probe refused")
     return f
 
 
-def loss_boot(args, how):
+def loss(g, report, how):
     """The device goes away while the driver is bound, over vfio-user:
     `kill` SIGKILLs the device process mid-run, `unplug` asks QEMU to
     device_del it (PCIe root port, the guest's hotplug driver unbinds)."""
@@ -227,7 +262,7 @@ def loss_boot(args, how):
         acted["at"] = time.monotonic() - b.t0
         b.answer("go")
 
-    b = Boot(args, f"vfio-{how}-smp2", 2, "loss", hooks={"loss-wait": act},
+    b = Boot(g, f"vfio-{how}-smp2", 2, "loss", hooks={"loss-wait": act},
              transport="vfio-user", hotplug=(how == "unplug"))
     b.run()
     f = []
@@ -257,13 +292,14 @@ def loss_boot(args, how):
         check(not lost_lines, f"{b.name}: an unplug was reported as a lost device", f)
     rm = b.mark("loss-rmmod")
     check(rm.get("rc") == "0" and rm.get("bound") == "0", f"{b.name}: rmmod {rm}", f)
-    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    dmesg_clean(b, f)
     what = (f"device SIGKILLed at {acted.get('at', 0):.1f}s, driver saw STATUS "
             f"{status:#x}" if how == "kill" and status is not None else
             f"device_del at {acted.get('at', 0):.1f}s")
-    return b, f, (f"{what}; guest done at {b.marks['done'][0]:.1f}s, QEMU exited "
-                  f"{b.exit_s:.1f}s later; guest went on {after.get('waited_ms')} ms later with "
-                  f"bound={after.get('bound')}, rmmod rc={rm.get('rc')}, no oops")
+    report(f"{b.name}: {b.seconds:.1f}s; {what}; guest done at {b.marks['done'][0]:.1f}s, QEMU "
+           f"exited {b.exit_s:.1f}s later; guest went on {after.get('waited_ms')} ms later with "
+           f"bound={after.get('bound')}, rmmod rc={rm.get('rc')}, no oops")
+    return f
 
 
 HOSTILE_REFUSALS = {
@@ -275,12 +311,12 @@ HOSTILE_REFUSALS = {
 }
 
 
-def hostile_boot(args):
+def hostile(g, report):
     """The device corrupts the region header after DRIVER_OK (--fault
     hostile-header): the first four probes are refused, each naming what is
     wrong; the fifth header is rewritten with garbage after the driver
     validated it, and the driver goes on with what it validated."""
-    b = Boot(args, "hostile-smp2", 2, "hostile", fault="hostile-header",
+    b = Boot(g, "hostile-smp2", 2, "hostile", fault="hostile-header",
              hooks={"hostile-rewrite": answer_go}).run()
     f = []
     b.mark("done")
@@ -313,18 +349,20 @@ def hostile_boot(args):
     check(dev["status"] == 0, f"{b.name}: device left in STATUS {dev['status']:#x}", f)
     rm = b.mark("rmmod")
     check(rm.get("rc") == "0" and rm.get("bound") == "0", f"{b.name}: rmmod {rm}", f)
-    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
+    dmesg_clean(b, f)
     nr = f"{s1['header'][2]:#x}" if s1 and s1.get("header") else "?"
-    return b, f, (f"{refused} hostile headers refused ({', '.join(HOSTILE_REFUSALS)}), each "
-                  f"named in the guest log; the 5th rewritten with garbage after validation "
-                  f"(device header now nr_vcpus {nr}), the driver still writes both slots at "
-                  f"the validated offsets through a CPU hotplug, rmmod rc={rm.get('rc')}, no oops")
+    report(f"{b.name}: {b.seconds:.1f}s; {refused} hostile headers refused "
+           f"({', '.join(HOSTILE_REFUSALS)}), each named in the guest log; the 5th rewritten with "
+           f"garbage after validation (device header now nr_vcpus {nr}), the driver still writes "
+           f"both slots at the validated offsets through a CPU hotplug, rmmod rc={rm.get('rc')}, "
+           f"no oops")
+    return f
 
 
-def loop_boot(args, loop, name, mode, **boot_kw):
+def loop_boot(g, loop, name, mode, **boot_kw):
     """A 2-vCPU boot driven by `loop`'s hooks (agent_loop.py and its kin),
     whose agent is stopped however the boot ends."""
-    b = Boot(args, name, 2, mode, hooks=loop.hooks(), **boot_kw)
+    b = Boot(g, name, 2, mode, hooks=loop.hooks(), **boot_kw)
     try:
         b.run()
     finally:
@@ -332,14 +370,48 @@ def loop_boot(args, loop, name, mode, **boot_kw):
     return b
 
 
-def wait_boot(args):
+def agent(g, report):
+    """pvsched-agent-attach on QEMU's vCPU threads, guest region over the
+    multi-process proxy (agent_loop.py)."""
+    name = "agent-smp2"
+    loop = AgentLoop(g, g.out / name)
+    b = loop_boot(g, loop, name, "agent")
+    f, summary = loop.check(b)
+    report(f"{b.name}: {b.seconds:.1f}s; {summary}")
+    report(f"{b.name}: attach {loop.info}")
+    return f
+
+
+def daemon(g, report):
+    """Policy on a QEMU guest in device-region mode: BAR2 is pvschedd's
+    region map (daemon_loop.py); pvschedd is stopped however the boot
+    ends."""
+    name = "vfio-daemon-smp2"
+    loop = DaemonLoop(g, g.out / name)
+    loop.start_daemon()
+    try:
+        b = loop_boot(g, loop, name, "agent", transport="vfio-user",
+                      device_cmd=loop.device_cmd())
+    finally:
+        loop.stop_daemon()
+    f, summary = loop.check(b)
+    modes = region_modes(b)
+    check(modes == {"device"}, f"{b.name}: driver attached in {modes or 'no'} region mode, "
+          f"expected device", f)
+    report(f"{b.name}: {b.seconds:.1f}s; {summary}")
+    report(f"{b.name}: attach {loop.info}")
+    return f
+
+
+def wait(g, report):
     """wait_on from the guest and the policy's directed yield (wait_loop.py)."""
     name = "wait-smp2"
-    loop = WaitLoop(args, args.out / (name + args.tag))
-    b = loop_boot(args, loop, name, "wait")
+    loop = WaitLoop(g, g.out / (name + g.tag))
+    b = loop_boot(g, loop, name, "wait")
     f, summary = loop.check(b)
-    check(b.mark("dmesg-bad").get("count") == "0", f"{b.name}: guest dmesg has BUG/Oops/WARNING", f)
-    return b, f, summary
+    dmesg_clean(b, f)
+    report(f"{b.name}: {b.seconds:.1f}s; {summary}")
+    return f
 
 
 def bench(b, key):
@@ -347,178 +419,3 @@ def bench(b, key):
     vals = sorted(float(m[1]["ns_per_round_trip"]) for k, m in b.marks.items()
                   if k.startswith(key + "-") and "ns_per_round_trip" in m[1])
     return vals[len(vals) // 2] if vals else None
-
-
-def main():
-    here = Path(__file__).resolve().parent
-    repo = here.parent.parent
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("PVSCHED_CACHE", repo / ".cache")))
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--device-bin", type=Path, required=True)
-    ap.add_argument("--smp", default="2,4")
-    ap.add_argument("--cycles", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=3000, help="pipe round trips per hook-cost run")
-    ap.add_argument("--timeout", type=int, default=240, help="seconds per boot")
-    ap.add_argument("--skip-negative", action="store_true")
-    ap.add_argument("--agent-bin", type=Path, default=None,
-                    help="pvsched-agent-attach: also run the agent-in-the-loop boot")
-    ap.add_argument("--pvsched-bin", type=Path, default=None,
-                    help="pvsched (vfio-daemon; default: beside --device-bin)")
-    ap.add_argument("--pvschedd-bin", type=Path, default=None,
-                    help="pvschedd (vfio-daemon; default: beside --device-bin)")
-    ap.add_argument("--scenarios",
-                    default="main,negative,agent,vfio-device,vfio-guest,vfio-daemon,vfio-kill,"
-                            "vfio-unplug,wait,hostile",
-                    help="main/negative/agent: QEMU 7.2 mpqemu; vfio-device/vfio-guest: QEMU 11 "
-                         "vfio-user in device-/guest-region mode; vfio-daemon: pvschedd's region "
-                         "as BAR2; vfio-kill/vfio-unplug: the device SIGKILLed / device_del'd "
-                         "while the driver is bound; wait: wait_on and the policy's directed "
-                         "yield; hostile: hostile region headers")
-    ap.add_argument("--qemu11", type=Path, default=None,
-                    help="QEMU >= 10.1 (default: CACHE/qemu11/qemu-system-x86_64)")
-    ap.add_argument("--churn", type=int, default=60000,
-                    help="pipe round trips of the device-region no-message check")
-    ap.add_argument("--kernel", default=None,
-                    help="boot this kernel of tests/linux-guest/kernels.conf with its "
-                         "DKMS-installed module (default: the host-built module on "
-                         "$PVSCHED_GUEST_KABI's cloud kernel)")
-    ap.add_argument("--kernel-log", action="store_true", help="boot without 'quiet'")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    args = ap.parse_args()
-    args.out = args.out or args.cache / "linux-guest" / "run"
-    args.qemu11 = args.qemu11 or args.cache / "qemu11" / "qemu-system-x86_64"
-    args.pvsched_bin = args.pvsched_bin or args.device_bin.parent / "pvsched"
-    args.pvschedd_bin = args.pvschedd_bin or args.device_bin.parent / "pvschedd"
-    args.out.mkdir(parents=True, exist_ok=True)
-    t_all = time.monotonic()
-
-    if args.kernel:
-        release, chroot, args.vmlinuz = matrix_kernel(args.cache, args.kernel)
-        args.out = args.out / args.kernel
-        args.out.mkdir(parents=True, exist_ok=True)
-        args.initrd = build_initramfs(here, None, args.out,
-                                      extra_files=modprobe_files(chroot, release))
-        args.tag, args.load_append = f"@{args.kernel}", "pvload=modprobe"
-        log(f"kernel {args.kernel}: {release}, the module DKMS installed in {chroot}, "
-            f"loaded with modprobe")
-    else:
-        args.vmlinuz, trees = kernel_tree(args.cache)
-        ko, secs = build_module(repo, trees["cloud"], args.out / "build-cloud")
-        log(f"module built against {KABI}-cloud-amd64 in {secs:.1f}s")
-        _, secs = build_module(repo, trees["rt"], args.out / "build-rt")
-        log(f"module build-tested against {KABI}-rt-amd64 (PREEMPT_RT) in {secs:.1f}s")
-        args.initrd = build_initramfs(here, ko, args.out)
-        args.tag, args.load_append = "", ""
-
-    failures, results = [], []
-    scenarios = set(args.scenarios.split(","))
-    for smp in [int(x) for x in args.smp.split(",")] if "main" in scenarios else []:
-        b = Boot(args, f"main-smp{smp}", smp, "main", hooks=MAIN_HOOKS,
-                 extra_append=f"pvcycles={args.cycles} pvrounds={args.rounds}").run()
-        failures += assert_main(b, args.cycles)
-        off, on = bench(b, "bench-off"), bench(b, "bench-on")
-        ratio = f"{on / off:.3f}" if off and on else "n/a"
-        results.append(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff; pipe round trip "
-                       f"{off} ns without module, {on} ns with (ratio {ratio})")
-        log(results[-1])
-    for region in ("device", "guest"):
-        if f"vfio-{region}" not in scenarios:
-            continue
-        if not args.qemu11.exists():
-            raise FileNotFoundError(f"{args.qemu11} (QEMU >= 10.1: run scripts/setup)")
-        append = f"pvcycles={args.cycles} pvrounds={args.rounds} pvregion={region}"
-        if region == "device":
-            append += f" pvchurn={args.churn}"
-        b = Boot(args, f"vfio-{region}-smp2", 2, "main", extra_append=append,
-                 transport="vfio-user", hooks=MAIN_HOOKS).run()
-        failures += assert_main(b, args.cycles)
-        modes = {m.group(1) for m in (re.search(r"attached: (\w+) region", l) for l in b.serial) if m}
-        check(modes == {region}, f"{b.name}: driver attached in {modes or 'no'} region mode, "
-              f"expected {region}", failures)
-        extra = ""
-        if region == "device":
-            f, extra = assert_no_messages_during_churn(b)
-            failures += f
-            extra = "; " + extra
-        results.append(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff over vfio-user "
-                       f"({region} region){extra}")
-        log(results[-1])
-    if args.agent_bin and "agent" in scenarios:
-        name = "agent-smp2"
-        loop = AgentLoop(args, args.out / name)
-        b = loop_boot(args, loop, name, "agent")
-        f, summary = loop.check(b)
-        failures += f
-        results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
-        log(results[-1])
-        log(f"{b.name}: attach {loop.info}")
-    if "vfio-daemon" in scenarios:
-        # Policy on a QEMU guest in device-region mode: BAR2 is pvschedd's
-        # region map (daemon_loop.py).
-        if not args.qemu11.exists():
-            raise FileNotFoundError(f"{args.qemu11} (QEMU >= 10.1: run scripts/setup)")
-        name = "vfio-daemon-smp2"
-        loop = DaemonLoop(args, args.out / name)
-        loop.start_daemon()
-        try:
-            b = loop_boot(args, loop, name, "agent", transport="vfio-user",
-                          device_cmd=loop.device_cmd())
-        finally:
-            loop.stop_daemon()
-        f, summary = loop.check(b)
-        modes = {m.group(1) for m in (re.search(r"attached: (\w+) region", l) for l in b.serial) if m}
-        check(modes == {"device"}, f"{b.name}: driver attached in {modes or 'no'} region mode, "
-              f"expected device", f)
-        failures += f
-        results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
-        log(results[-1])
-        log(f"{b.name}: attach {loop.info}")
-    for how in ("kill", "unplug"):
-        if f"vfio-{how}" not in scenarios:
-            continue
-        if not args.qemu11.exists():
-            raise FileNotFoundError(f"{args.qemu11} (QEMU >= 10.1: run scripts/setup)")
-        b, f, summary = loss_boot(args, how)
-        failures += f
-        results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
-        log(results[-1])
-    for scenario, fn in (("wait", wait_boot), ("hostile", hostile_boot)):
-        if scenario not in scenarios or (scenario == "wait" and not args.agent_bin):
-            continue
-        b, f, summary = fn(args)
-        failures += f
-        results.append(f"{b.name}: {b.seconds:.1f}s; {summary}")
-        log(results[-1])
-    if not args.skip_negative and "negative" in scenarios:
-        for fault in ("wrong-magic", "wrong-version", "refuse-region"):
-            b = Boot(args, f"neg-{fault}", 2, "negative", fault=fault).run()
-            failures += assert_negative(b, fault)
-            results.append(f"{b.name}: {b.seconds:.1f}s, probe refused")
-            log(results[-1])
-
-    log(f"total {time.monotonic() - t_all:.1f}s")
-    if failures:
-        for x in failures:
-            log(f"FAIL: {x}")
-        return 1
-    log("all Linux guest checks passed")
-    return 0
-
-
-def _terminate(signum, _frame):
-    raise Failure(f"terminated by signal {signum}")
-
-
-if __name__ == "__main__":
-    # SIGTERM (e.g. from `timeout`) unwinds like an error so every QEMU and
-    # device process is killed by the finally blocks.
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        sys.exit(main())
-    except FileNotFoundError as e:
-        print(f"linux-guest: MISSING: {e}", file=sys.stderr)
-        sys.exit(3)
-    except Failure as e:
-        print(f"linux-guest: FAIL: {e}", file=sys.stderr)
-        sys.exit(1)
