@@ -1,5 +1,5 @@
 """The QEMU guest harness: what the Linux-guest tests (tests/linux-guest)
-and the Linux-guest benchmarks (bench/s4.py) share.
+and the Linux-guest benchmarks (bench/s4.py, bench/s6.py) share.
 
   abi      the ABI constants and offsets, generated from the C/Rust layout
            list (never edited by hand)
@@ -12,6 +12,9 @@ and the Linux-guest benchmarks (bench/s4.py) share.
   region   the guest region inside QEMU's memfd RAM: finding it, reading
            it, and the vCPU threads and slot addresses an agent attaches to
   kernel   guest kernels, the module built against them, initramfs images
+  bench    what the Linux-guest benchmarks share on the host: processes
+           always stopped, console output between marks, repetition
+           statistics
   boot     one QEMU boot with its pvsched-device peer, its serial console
            marks and the device's view of the region at each mark
 

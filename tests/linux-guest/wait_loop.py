@@ -28,12 +28,9 @@ import json
 import re
 
 from agent_loop import BASE_NICE, AgentLoop, fmt, hist
-from pvsched_guest import abi
+from pvsched_guest import abi, policy
 
 YIELD_PRIO = 3
-# The decision trace's reason for a directed-yield boost (bpf-policy/intf.h
-# PVS_R_YIELD, pvsched_policy::event::R_YIELD).
-REASON_YIELD = 5
 CAPS = f"""# pvsched caps for the Linux-guest wait_on test: a directed-yield target
 # gets SCHED_FIFO {YIELD_PRIO}; no halt boost (TCG has no KVM halts anyway).
 allow_rt = true
@@ -90,7 +87,7 @@ class WaitLoop(AgentLoop):
         t0 = boot.t0
         lo, hi = (t0 + start) * 1e9, (t0 + end) * 1e9
         trace = self.read_trace()
-        yields = [d for d in trace if d["reason"] == REASON_YIELD]
+        yields = [d for d in trace if d["reason"] == policy.R_YIELD]
         to_dst = [d for d in yields if d["tid"] == dst_tid and lo <= d["ts"] <= hi
                   and d["kind"] == abi.BOOST_RT and d["prio"] == YIELD_PRIO]
         # Outside the loop the guest may make synchronous calls the other way
