@@ -71,18 +71,17 @@ static __always_inline void caps_clamp(const struct pvs_caps *c, __u32 *kind, __
 /* Derive the capped request from guest fields; store it in v. */
 static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now,
 					__u32 kern_cs, __u32 policy, __s32 nice,
-					__u32 rt_prio, __u32 wait_on)
+					__u32 rt_prio, __u32 wait_on, __u32 flags)
 {
 	__u32 kind = PVSCHED_BOOST_NONE, reason = PVS_R_NONE;
 	__s32 prio = 0;
 	__u32 tkind = PVSCHED_BOOST_NONE, treason = PVS_R_NONE;
 	__s32 tprio = 0;
 
-	if (kern_cs & PVSCHED_CS_ALL) {
+	/* cs_rt_prio 0: critical sections ask for nothing. */
+	if ((kern_cs & PVSCHED_CS_ALL) && vm->caps.cs_rt_prio) {
 		kind = PVSCHED_BOOST_RT;
 		prio = vm->caps.cs_rt_prio > 99 ? 99 : (__s32)vm->caps.cs_rt_prio;
-		if (prio < 1)
-			prio = 1;
 		reason = PVS_R_CS;
 	}
 	if (policy == PVSCHED_POLICY_FIFO || policy == PVSCHED_POLICY_RR) {
@@ -109,8 +108,16 @@ static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, _
 	v->req_kind = kind;
 	v->req_prio = prio;
 	v->req_reason = reason;
-	/* An RT task or a critical section makes the vCPU latency-sensitive. */
-	if (reason == PVS_R_CS || reason == PVS_R_RT_TASK) {
+	/* The guest's own RT task makes the vCPU latency-sensitive, whether or
+	 * not a critical section at the same priority is the reason of the
+	 * boost. A kernel thread's RT does not (every guest runs the stopper
+	 * at FIFO 99 for the soft-lockup watchdog every few seconds), nor does
+	 * a critical section alone (every guest takes timer interrupts and
+	 * softirqs): a batch guest would hold the halt boost, and spend its
+	 * budget at FIFO, for ever. Those boosts last while the slot shows
+	 * them. */
+	if (treason == PVS_R_RT_TASK && !(flags & PVSCHED_TASK_F_KTHREAD) &&
+	    kind != PVSCHED_BOOST_NONE) {
 		v->ls_until = now + vm->caps.halt_hold_ns;
 		/* The VM's emulator threads follow its latest latency-sensitive
 		 * vCPU (a lost race between two CPUs only shortens a hold that
@@ -142,6 +149,7 @@ static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *v
 		g.nice = READ_ONCE(s->guest.nice);
 		g.rt_prio = READ_ONCE(s->guest.rt_prio);
 		g.wait_on = READ_ONCE(s->guest.wait_on);
+		g.flags = READ_ONCE(s->guest.flags);
 		barrier();
 		seq2 = READ_ONCE(s->guest.seq);
 	} else if (vm->mode == PVS_MODE_GUEST) {
@@ -160,7 +168,7 @@ static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *v
 		STAT_INC(torn_reads);
 		return;
 	}
-	set_request(v, vm, now, g.kern_cs, g.policy, g.nice, g.rt_prio, g.wait_on);
+	set_request(v, vm, now, g.kern_cs, g.policy, g.nice, g.rt_prio, g.wait_on, g.flags);
 }
 
 /* Publish v's host-visible state into the host half of its device slot.

@@ -6,7 +6,9 @@
  * (include/pvsched_abi.h, docs/abi.md) and then, from tracepoint probes,
  * writes into the slot of the CPU it runs on:
  *
- *   sched_switch                 policy, nice and rt_prio of the next task
+ *   sched_switch                 policy, nice and rt_prio of the next task,
+ *                                and whether it is a kernel thread (flags,
+ *                                with PVSCHED_F_TASK_FLAGS)
  *   irq_handler_entry/exit       PVSCHED_CS_HARDIRQ
  *   softirq_entry/exit           PVSCHED_CS_SOFTIRQ
  *   csd_queue_cpu                wait_on: this CPU queued a synchronous
@@ -109,6 +111,7 @@ struct pvsched_cpu {
 	u32 policy;
 	s32 nice;
 	u32 rt_prio;
+	u32 task_flags; /* PVSCHED_TASK_F_*, with PVSCHED_F_TASK_FLAGS */
 	u32 hardirq_depth;
 	/*
 	 * The synchronous call this CPU waits for: set by this CPU when it
@@ -155,6 +158,14 @@ static struct pvsched_dev *pvsched_active;
 
 /* Slot writers claim seq with a compare-and-swap (wait_on reporting on). */
 static bool pvsched_claiming;
+
+/*
+ * PVSCHED_F_TASK_FLAGS negotiated: slots say whether the running task is a
+ * kernel thread. A host then knows that an RT task is the kernel's own
+ * (the stopper every CPU runs for the soft-lockup watchdog, IRQ threads)
+ * and not the guest's latency-sensitive work. Otherwise flags stay 0.
+ */
+static bool pvsched_task_flags;
 
 /* How long a slot writer waits for another writer to finish its update. */
 #define PVSCHED_CLAIM_SPINS 4096
@@ -254,6 +265,7 @@ static void notrace pvsched_publish(struct pvsched_cpu *pc)
 		WRITE_ONCE(slot->policy, pc->policy);
 		WRITE_ONCE(slot->nice, pc->nice);
 		WRITE_ONCE(slot->rt_prio, pc->rt_prio);
+		WRITE_ONCE(slot->flags, pc->task_flags);
 		WRITE_ONCE(slot->wait_on, READ_ONCE(pc->wait_on));
 		WRITE_ONCE(slot->updates, slot->updates + 1);
 		smp_wmb();
@@ -269,6 +281,8 @@ static void pvsched_task_state(struct pvsched_cpu *pc,
 	u32 policy = p->policy;
 
 	pc->policy = policy;
+	pc->task_flags = READ_ONCE(pvsched_task_flags) && (p->flags & PF_KTHREAD) ?
+				 PVSCHED_TASK_F_KTHREAD : 0;
 	if (policy == SCHED_FIFO || policy == SCHED_RR) {
 		pc->rt_prio = p->rt_priority;
 		pc->nice = 0;
@@ -611,6 +625,7 @@ static int pvsched_cpu_offline(unsigned int cpu)
 	pc->policy = PVSCHED_POLICY_NORMAL;
 	pc->nice = 0;
 	pc->rt_prio = 0;
+	pc->task_flags = 0;
 	WRITE_ONCE(pc->wait_csd, NULL);
 	WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_NONE);
 	pvsched_publish(pc);
@@ -854,7 +869,7 @@ static int pvsched_handshake(struct pvsched_dev *pd)
 		return -ENODEV;
 	}
 	wanted = dev_region ? PVSCHED_F_DEVICE_REGION : PVSCHED_F_GUEST_REGION;
-	wanted |= offered & PVSCHED_F_KICK;
+	wanted |= offered & (PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS);
 	pvsched_tp_find();
 	if (report_wait && (offered & PVSCHED_F_WAIT_ON)) {
 		if (pvsched_have_csd())
@@ -903,6 +918,7 @@ static void pvsched_detach(struct pvsched_dev *pd)
 {
 	pvsched_tp_unregister();
 	WRITE_ONCE(pvsched_claiming, false);
+	WRITE_ONCE(pvsched_task_flags, false);
 	if (pd->cpuhp_state > 0)
 		cpuhp_remove_state(pd->cpuhp_state);
 	pd->cpuhp_state = 0;
@@ -976,6 +992,7 @@ static int pvsched_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		goto err_reset;
 
 	WRITE_ONCE(pvsched_active, pd);
+	WRITE_ONCE(pvsched_task_flags, pd->features & PVSCHED_F_TASK_FLAGS);
 	ret = cpuhp_setup_state(CPUHP_AP_ONLINE_DYN, "pvsched:online",
 				pvsched_cpu_online, pvsched_cpu_offline);
 	if (ret < 0)

@@ -30,7 +30,7 @@
  * Minor additions are announced by feature bits; old drivers ignore them.
  */
 #define PVSCHED_ABI_MAJOR 1
-#define PVSCHED_ABI_MINOR 0
+#define PVSCHED_ABI_MINOR 1
 #define PVSCHED_ABI_VERSION ((PVSCHED_ABI_MAJOR << 16) | PVSCHED_ABI_MINOR)
 #define PVSCHED_VERSION_MAJOR(v) (((v) >> 16) & 0xffff)
 #define PVSCHED_VERSION_MINOR(v) ((v) & 0xffff)
@@ -92,9 +92,10 @@
 #define PVSCHED_F_GUEST_REGION (1ULL << 1)  /* region is guest RAM at SHM_GPA */
 #define PVSCHED_F_WAIT_ON (1ULL << 2)	    /* host honours slot.wait_on */
 #define PVSCHED_F_KICK (1ULL << 3)	    /* KICK register is wired to the policy */
+#define PVSCHED_F_TASK_FLAGS (1ULL << 4)    /* slot.flags describes the running task (1.1) */
 #define PVSCHED_F_ALL                                                   \
 	(PVSCHED_F_DEVICE_REGION | PVSCHED_F_GUEST_REGION | PVSCHED_F_WAIT_ON | \
-	 PVSCHED_F_KICK)
+	 PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS)
 
 /* ------------------------------------------------------------------------ */
 /* STATUS (virtio device status bits and values)                             */
@@ -178,6 +179,10 @@ struct pvsched_region_header {
 #define PVSCHED_NICE_MAX 19
 #define PVSCHED_RT_PRIO_MAX 99
 
+/* Guest half: flags bits (with PVSCHED_F_TASK_FLAGS; 0 otherwise). */
+#define PVSCHED_TASK_F_KTHREAD (1U << 0) /* the running task is a kernel thread */
+#define PVSCHED_TASK_F_ALL PVSCHED_TASK_F_KTHREAD
+
 /* wait_on: slot index + 1 of the vCPU this vCPU waits for; 0 = not waiting. */
 #define PVSCHED_WAIT_NONE 0
 
@@ -189,7 +194,7 @@ struct pvsched_slot_guest {
 	__s32 nice;	/* -20..19 (SCHED_NORMAL/BATCH/IDLE) */
 	__u32 rt_prio;	/* 1..99 (FIFO/RR), else 0 */
 	__u32 wait_on;	/* slot index + 1, or PVSCHED_WAIT_NONE */
-	__u32 flags;	/* reserved, zero */
+	__u32 flags;	/* PVSCHED_TASK_F_* with F_TASK_FLAGS, else 0 */
 	__u32 reserved0;
 	__u64 updates;	/* number of completed updates (informational) */
 	__u32 reserved[6];

@@ -29,7 +29,7 @@ use core::mem::{offset_of, size_of};
 /// ABI major version. A major mismatch is refused at DRIVER_OK.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version. Minor additions are announced by feature bits.
-pub const ABI_MINOR: u32 = 0;
+pub const ABI_MINOR: u32 = 1;
 /// `(major << 16) | minor`, as found in the VERSION register and region header.
 pub const ABI_VERSION: u32 = (ABI_MAJOR << 16) | ABI_MINOR;
 
@@ -123,8 +123,10 @@ pub const F_GUEST_REGION: u64 = 1 << 1;
 pub const F_WAIT_ON: u64 = 1 << 2;
 /// The KICK register is wired to the policy.
 pub const F_KICK: u64 = 1 << 3;
+/// `slot.flags` describes the running task ([`TASK_F_KTHREAD`]); ABI 1.1.
+pub const F_TASK_FLAGS: u64 = 1 << 4;
 /// Every feature bit ABI v1 defines.
-pub const F_ALL: u64 = F_DEVICE_REGION | F_GUEST_REGION | F_WAIT_ON | F_KICK;
+pub const F_ALL: u64 = F_DEVICE_REGION | F_GUEST_REGION | F_WAIT_ON | F_KICK | F_TASK_FLAGS;
 
 // ---------------------------------------------------------------------------
 // STATUS: virtio's device status values, taken from virtio-bindings.
@@ -215,6 +217,11 @@ pub const CS_PREEMPT_OFF: u32 = 1 << 3;
 /// Every defined `kern_cs` bit; others are reserved and ignored.
 pub const CS_ALL: u32 = CS_NMI | CS_HARDIRQ | CS_SOFTIRQ | CS_PREEMPT_OFF;
 
+/// `flags` bit (with [`F_TASK_FLAGS`]): the running task is a kernel thread.
+pub const TASK_F_KTHREAD: u32 = 1 << 0;
+/// Every defined `flags` bit; others are reserved and ignored.
+pub const TASK_F_ALL: u32 = TASK_F_KTHREAD;
+
 /// `policy`: SCHED_NORMAL.
 pub const POLICY_NORMAL: u32 = 0;
 /// `policy`: SCHED_FIFO.
@@ -296,7 +303,7 @@ pub struct SlotGuest {
     pub rt_prio: u32,
     /// Slot index + 1 of the vCPU waited for, or [`WAIT_NONE`].
     pub wait_on: u32,
-    /// Reserved, zero.
+    /// `TASK_F_*` bits of the running task with [`F_TASK_FLAGS`], else 0.
     pub flags: u32,
     /// Reserved, zero.
     pub reserved0: u32,

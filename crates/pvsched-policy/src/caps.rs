@@ -189,7 +189,8 @@ pub struct Caps {
     pub max_rt_prio: u32,
     /// Lowest nice value granted (-20..=19).
     pub nice_floor: i32,
-    /// RT priority for a guest kernel critical section (NMI/IRQ/softirq/preempt-off).
+    /// RT priority for a guest kernel critical section (NMI/IRQ/softirq/preempt-off);
+    /// 0: critical sections ask for no boost.
     pub cs_rt_prio: u32,
     /// Boost a latency-sensitive vCPU holds while it halts (so the interrupt
     /// that wakes it preempts host batch work at once) and keeps when it

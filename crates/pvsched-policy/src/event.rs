@@ -90,6 +90,9 @@ pub struct GuestFields {
     pub rt_prio: u32,
     /// Slot index + 1 of the vCPU waited for, or 0.
     pub wait_on: u32,
+    /// `TASK_F_*` bits of the running guest task (0 from a driver that did
+    /// not negotiate `F_TASK_FLAGS`: a user task).
+    pub flags: u32,
 }
 
 /// One trace event for one vCPU (slot index).

@@ -14,7 +14,7 @@ use crate::event::*;
 use crate::intf::PvsVcpu;
 use pvsched_abi::{
     BOOST_NICE, BOOST_NONE, BOOST_RT, CS_ALL, NICE_MIN, POLICY_BATCH, POLICY_DEADLINE, POLICY_FIFO,
-    POLICY_NORMAL, POLICY_RR, WAIT_NONE,
+    POLICY_NORMAL, POLICY_RR, TASK_F_KTHREAD, WAIT_NONE,
 };
 
 /// Model of one VM: caps, vCPUs, the guest halves of the slots, APIC IDs.
@@ -247,16 +247,14 @@ impl VmModel {
         let v = &mut self.vcpus[i];
         let (mut kind, mut prio, mut reason) = (BOOST_NONE, 0i32, R_NONE);
         let (mut tkind, mut tprio, mut treason) = (BOOST_NONE, 0i32, R_NONE);
-        if g.kern_cs & CS_ALL != 0 {
+        // cs_rt_prio 0: critical sections ask for nothing.
+        if g.kern_cs & CS_ALL != 0 && c.cs_rt_prio != 0 {
             kind = BOOST_RT;
             prio = if c.cs_rt_prio > 99 {
                 99
             } else {
                 c.cs_rt_prio as i32
             };
-            if prio < 1 {
-                prio = 1;
-            }
             reason = R_CS;
         }
         if g.policy == POLICY_FIFO || g.policy == POLICY_RR {
@@ -290,7 +288,10 @@ impl VmModel {
         v.req_kind = kind;
         v.req_prio = prio;
         v.req_reason = reason;
-        if reason == R_CS || reason == R_RT_TASK {
+        // Only the guest's own RT task makes the vCPU latency-sensitive,
+        // whichever reason won; not a kernel thread's, not a critical
+        // section (slot.bpf.h says why).
+        if treason == R_RT_TASK && g.flags & TASK_F_KTHREAD == 0 && kind != BOOST_NONE {
             v.ls_until = now.wrapping_add(Caps::ns(c.halt_hold_us));
             if self.ls_until < v.ls_until {
                 self.ls_until = v.ls_until;
@@ -582,7 +583,7 @@ impl VmModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pvsched_abi::{CS_HARDIRQ, CS_PREEMPT_OFF, POLICY_FIFO};
+    use pvsched_abi::{CS_HARDIRQ, CS_PREEMPT_OFF, CS_SOFTIRQ, POLICY_FIFO};
 
     const MS: u64 = 1_000_000;
 
@@ -615,7 +616,7 @@ mod tests {
     }
 
     #[test]
-    fn cs_boost_is_held_while_latency_sensitive_then_dropped() {
+    fn cs_boost_lasts_while_the_slot_shows_it_and_holds_nothing() {
         let mut vm = vm2();
         write(
             &mut vm,
@@ -631,20 +632,54 @@ mod tests {
             (d[0].kind, d[0].prio, d[0].reason, d[0].tid),
             (BOOST_RT, 1, R_CS, 10)
         );
-        // The guest stops asking: the halt boost (same RT 1) holds for halt_hold.
-        write(&mut vm, 0, GuestFields::default());
+        // Still in the section when it runs again: the boost stays.
         assert!(vm.step(20, Event::SwitchIn { vcpu: 0 }).is_empty());
-        assert_eq!(vm.vcpus[0].boost_reason, R_HALT);
-        assert!(vm.step(30, out(0, false)).is_empty());
-        assert_eq!(vm.vcpus[0].boost_reason, R_HALT);
-        // 20..30 on a CPU, boosted: charged; halted time is not.
-        assert_eq!(vm.vcpus[0].boosted_ns, 10);
-        let d = vm.step(
-            10 + Caps::ns(Caps::default().halt_hold_us),
-            Event::Tick { vcpu: 0 },
-        );
+        // The section ended: the next event drops the boost. A critical
+        // section does not make the vCPU latency-sensitive (every guest
+        // takes interrupts), so no halt boost follows.
+        write(&mut vm, 0, GuestFields::default());
+        let d = vm.step(30, Event::Tick { vcpu: 0 });
         assert_eq!((d[0].kind, d[0].reason), (BOOST_NONE, R_NONE));
+        // 20..30 on a CPU, boosted: charged.
         assert_eq!(vm.vcpus[0].boosted_ns, 10);
+        assert!(vm.step(40, out(0, false)).is_empty());
+        assert_eq!(vm.vcpus[0].boost, BOOST_NONE);
+        assert!(vm.step(50, Event::VcpuWakeup { vcpu: 0 }).is_empty());
+        assert_eq!(vm.vcpus[0].boost, BOOST_NONE);
+        assert_eq!(vm.ls_until, 0);
+    }
+
+    #[test]
+    fn cs_rt_prio_0_turns_critical_sections_off() {
+        let caps = Caps {
+            cs_rt_prio: 0,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(caps, &[1], &[0]);
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                kern_cs: CS_HARDIRQ | CS_SOFTIRQ,
+                ..Default::default()
+            },
+        );
+        assert!(vm.step(5, out(0, true)).is_empty());
+        assert_eq!(vm.vcpus[0].req_kind, BOOST_NONE);
+        // An RT task still asks.
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                kern_cs: CS_HARDIRQ,
+                ..rt(2)
+            },
+        );
+        let d = vm.step(6, Event::SwitchIn { vcpu: 0 });
+        assert_eq!(
+            (d[0].kind, d[0].prio, d[0].reason),
+            (BOOST_RT, 2, R_RT_TASK)
+        );
     }
 
     #[test]
@@ -686,6 +721,54 @@ mod tests {
         let mut vm = VmModel::new(caps, &[1], &[0]);
         let d = vm.step(5, out(0, false));
         assert_eq!((d[0].kind, d[0].prio, d[0].reason), (BOOST_RT, 1, R_HALT));
+    }
+
+    #[test]
+    fn an_rt_task_in_a_critical_section_is_latency_sensitive() {
+        // FIFO 1 inside a hard IRQ: the section's reason wins at the same
+        // priority, and the RT task still makes the vCPU latency-sensitive.
+        let mut vm = vm2();
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                kern_cs: CS_HARDIRQ,
+                ..rt(1)
+            },
+        );
+        let d = vm.step(MS, Event::SwitchIn { vcpu: 0 });
+        assert_eq!((d[0].kind, d[0].prio, d[0].reason), (BOOST_RT, 1, R_CS));
+        write(&mut vm, 0, GuestFields::default());
+        assert!(vm.step(2 * MS, out(0, false)).is_empty());
+        assert_eq!(vm.vcpus[0].boost_reason, R_HALT);
+        assert_eq!(
+            vm.vcpus[0].ls_until,
+            MS + Caps::ns(Caps::default().halt_hold_us)
+        );
+    }
+
+    #[test]
+    fn a_kernel_threads_rt_is_boosted_but_holds_nothing() {
+        // The stopper (FIFO 99, a kernel thread) runs on every guest CPU
+        // every few seconds: boosted while it runs, no halt hold after.
+        let mut vm = vm2();
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                flags: pvsched_abi::TASK_F_KTHREAD,
+                ..rt(99)
+            },
+        );
+        let d = vm.step(MS, Event::SwitchIn { vcpu: 0 });
+        assert_eq!(
+            (d[0].kind, d[0].prio, d[0].reason),
+            (BOOST_RT, 4, R_RT_TASK)
+        );
+        write(&mut vm, 0, GuestFields::default());
+        let d = vm.step(2 * MS, out(0, false));
+        assert_eq!((d[0].kind, d[0].reason), (BOOST_NONE, R_NONE));
+        assert_eq!((vm.vcpus[0].ls_until, vm.ls_until), (0, 0));
     }
 
     #[test]

@@ -98,6 +98,7 @@ fn gen_event(r: &mut Rng, nr: u32, nemu: u32) -> Event {
                 nice: r.below(46) as i32 - 25,
                 rt_prio: r.pick(&[0, 1, 5, 50, 99, 120]),
                 wait_on: r.below(nr as u64 + 2) as u32,
+                flags: r.pick(&[0, 0, 1, 2, 3]),
             },
         },
     }
@@ -178,6 +179,7 @@ fn bpf_and_model_agree_on_1000_traces() {
                         nice: guest.nice,
                         rt_prio: guest.rt_prio,
                         wait_on: guest.wait_on,
+                        flags: guest.flags,
                         ..Default::default()
                     };
                     assert!(region.write_guest(nr, vcpu, &g));

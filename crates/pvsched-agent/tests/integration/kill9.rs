@@ -10,7 +10,7 @@
 use crate::common;
 
 use common::{FakeVcpu, need_bpf, wait_for};
-use pvsched_abi::{CS_HARDIRQ, POLICY_FIFO, SlotGuest};
+use pvsched_abi::{POLICY_FIFO, SlotGuest};
 use pvsched_agent::sched::{capture_baselines, restore_baselines};
 use pvsched_agent::watch::PidfdWatcher;
 use pvsched_agent::{Agent, AgentConfig};
@@ -40,11 +40,14 @@ fn agent_process_child() {
         ..Caps::default()
     };
     let vm = common::one_vcpu_vm(&agent, tid, caps);
+    // An RT task: latency-sensitive, so the thread holds the halt boost
+    // while it sleeps too and is boosted at every moment of the test.
     vm.region().unwrap().write_guest(
         1,
         0,
         &SlotGuest {
-            kern_cs: CS_HARDIRQ,
+            policy: POLICY_FIFO,
+            rt_prio: 1,
             ..Default::default()
         },
     );

@@ -97,6 +97,8 @@ fn event(nr: u32) -> impl Strategy<Value = Event> {
                         nice,
                         rt_prio,
                         wait_on: wait_on % 6,
+                        // The kernel-thread bit from the same draw.
+                        flags: (wait_on >> 8) & 1,
                     },
                 }
             }),
