@@ -170,6 +170,7 @@ class Matrix:
 
     def __init__(self, cache, base, report, kernels):
         self.cache, self.base, self.report = cache, base, report
+        self.kernels = [name for name, _ in kernels]
         self.memo = {}
         self.version = next(l.split('"')[1] for l in (REPO / "guest-driver" / "dkms.conf")
                             .read_text().splitlines() if l.startswith("PACKAGE_VERSION="))

@@ -1,0 +1,633 @@
+#!/usr/bin/env python3
+"""S6: throughput of real Linux guests under overcommit, per host
+CPU-second, vanilla against pvsched and what a user would pick instead.
+
+What it runs
+------------
+N guests of V vCPUs each (`--topology NxV`, default 1x2), Debian kernel
+`--kernel` of tests/linux-guest/kernels.conf (default 7.3-cloud) under
+QEMU 11 TCG (`-accel tcg,thread=multi`), each with the pvsched device over
+vfio-user in device-region mode and the DKMS-built module loaded (by
+modprobe) in every variant. The workloads are Debian's programs from the
+kernel's suite chroot (scripts/setup.d/46-s6.sh), copied with their
+libraries into the initramfs; bench/s6/bench.sh runs them:
+
+  cpu         stress-ng --cpu V --cpu-method int64 (control: compute, no
+              synchronisation; must not regress)
+  tlb         stress-ng --tlb-shootdown V (TLB-shootdown IPIs)
+  membarrier  stress-ng --membarrier V (expedited membarrier IPIs)
+  hackbench   hackbench -g 2 -f 10 -l 100 in a loop (sockets, wakeups)
+  dbench      dbench 2V on tmpfs (VFS, locks)
+
+Beside the guests, unless --hogs 0: `stress-ng --cpu H --cpu-method int64`
+on the host (H = --hogs, default one per host CPU), whose bogo ops are the
+host work a variant leaves to others.
+
+Variants (--variants, each booted fresh, repetitions interleaved):
+
+  vanilla   every QEMU thread SCHED_OTHER nice 0, in the root cpu cgroup
+            with the hogs
+  pvsched   pvschedd (started once), the device's BAR2 its region map
+            (`pvsched device --daemon-region`), the VM registered by
+            `pvsched qemu-attach --device-region` with the daemon's default
+            caps (printed), QEMU's main loop as the emulator thread
+  pvsched-nocs, pvsched-nowait
+            ablations: the same with the guest's critical sections
+            ignored (cs_rt_prio = 0), or its wait_on hints (wait_on = false)
+  fifo1     every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
+            libvirt's <vcpusched scheduler='fifo' priority='1'/>)
+  weight    QEMU in its own cpu cgroup with cpu.shares 4096 (cgroup v1;
+            cgroup v2's cpu.weight 400), the hogs in the root group
+
+Per workload, topology and variant: the tool's own throughput (stress-ng
+bogo ops per second, hackbench messages per second, dbench MB/s), summed
+over the VMs; the CPU time the VMs' QEMU processes used (utime + stime
+from /proc) and the throughput per CPU-second; the hogs' bogo ops; and for
+pvsched, pvschedd's boosts, throttles and boosted on-CPU time of the VMs'
+threads. Ratios are against vanilla's median.
+
+Usage
+-----
+  scripts/setup            # QEMU 11, the matrix kernels' chroots, the workloads
+  cargo build --release -p pvsched-transport --bin pvsched-device \\
+      -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd
+  python3 bench/s6.py [--quick] [--reps 5] [--duration 20] \\
+      [--topology 1x2,2x2,3x2,1x4] [--workloads cpu,tlb,hackbench,dbench] \\
+      [--variants vanilla,pvsched,fifo1,weight] [--hogs 2] [--json s6.json]
+
+Run as root. Exit 0 on success, 1 on a failed run, 3 when something is
+missing, 130 on Ctrl-C. Every QEMU, device, daemon and hog process is
+stopped however the run ends, and the weight variant's cgroup is removed.
+"""
+
+import argparse
+import json
+import os
+import platform
+import queue
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.dont_write_bytecode = True
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
+from pvsched_guest.bench import Proc, between, loadavg, ratio  # noqa: E402
+from pvsched_guest.boot import Boot  # noqa: E402
+from pvsched_guest.host import Failure  # noqa: E402
+from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
+                                  modprobe_files)
+from pvsched_guest.qmp import qmp  # noqa: E402
+
+WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
+VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "fifo1", "weight")
+# The pvsched ablations: the daemon's default caps but for one line each
+# (pvschedd reads them from its vm_dir, NAME.toml).
+ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n"}
+# The weight variant's cgroup (v1 cpu controller; shares 1024 = nice 0).
+WEIGHT_SHARES = 4096
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+DAEMON_READY_S = 20.0
+# Seconds a boot may take to reach its first command (TCG, 4 vCPUs, load).
+BOOT_S = 240
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(msg):
+    print(f"s6: {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- host side
+
+def qemu_cpu_s(pid):
+    """CPU seconds (user + system) of process `pid`, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def thread_cpu_s(pid):
+    """CPU seconds of each thread of `pid` by kind: `vcpus` (QEMU's
+    "CPU n/TCG" threads), `main` (the main loop, tid = pid) and `other`."""
+    out = {"vcpus": 0.0, "main": 0.0, "other": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kind = "main" if tid == str(pid) else "vcpus" if comm.startswith("CPU ") else "other"
+        out[kind] += (int(f[11]) + int(f[12])) / CLK_TCK
+    return out
+
+
+def stress_ng_ops(text, stressor):
+    """Bogo ops of `stressor` from stress-ng's -Y YAML (or its brief
+    metrics lines when the YAML is missing)."""
+    m = re.search(rf"stressor: {stressor}\s*\n\s*bogo-ops: (\d+)", text)
+    if m:
+        return int(m.group(1))
+    m = re.search(rf"metrc:.*\] {stressor}\s+(\d+)\s", text)
+    return int(m.group(1)) if m else None
+
+
+class Daemon:
+    """pvschedd for the pvsched variants, with its own socket and caps
+    directory (`vms`): a VM gets the daemon's default caps unless its
+    variant writes NAME.toml there."""
+
+    def __init__(self, args, out):
+        self.args, self.dir = args, out / "pvschedd"
+        # Each variant's caps, as pvschedd reports them (printed once).
+        self.caps = {}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.socket = self.dir / "pvschedd.sock"
+        vms = self.vms = self.dir / "vms"
+        vms.mkdir(exist_ok=True)
+        cfg = self.dir / "pvschedd.toml"
+        cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
+                       f'metrics_listen = ""\n')
+        if self.socket.exists():
+            self.socket.unlink()
+        self.proc = Proc("pvschedd", [str(args.pvschedd_bin), "--config", str(cfg)],
+                         self.dir / "pvschedd.log")
+        deadline = time.monotonic() + DAEMON_READY_S
+        while self.pvsched("status", check=False).returncode != 0:
+            if self.proc.p.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"pvschedd did not come up (see {self.dir}/pvschedd.log)")
+            time.sleep(0.1)
+
+    def pvsched(self, *argv, check=True):
+        r = subprocess.run([str(self.args.pvsched_bin), *argv], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=30,
+                           env={**os.environ, "PVSCHED_SOCKET": str(self.socket)})
+        if check and r.returncode != 0:
+            raise BenchError(f"pvsched {' '.join(argv)}: rc {r.returncode}: {r.stdout.strip()}")
+        return r
+
+    def status(self):
+        return json.loads(self.pvsched("status", "--json").stdout)
+
+    def device_cmd(self, name):
+        return [str(self.args.pvsched_bin), "device", "--daemon-region", name,
+                "--daemon-socket", str(self.socket)]
+
+    def stop(self):
+        self.proc.stop()
+
+
+def thread_stats(status, name):
+    """Sum of boosts, throttles and boosted ns over VM `name`'s threads."""
+    vm = next((v for v in status.get("vms", []) if v["name"] == name), None)
+    tot = {"boosts": 0, "throttles": 0, "boosted_ns": 0}
+    if vm is None:
+        return None
+    for t in vm["vcpus"] + vm["emulators"]:
+        for k in tot:
+            tot[k] += t[k]
+    return tot
+
+
+# ---------------------------------------------------------------- one guest
+
+class Guest:
+    """One QEMU guest serving bench/s6/bench.sh's commands. Its boot runs in
+    a thread; the "@@ bench-wait" hook hands control to the main thread
+    (self.ready) and blocks until it sends the next command (self.cmd)."""
+
+    def __init__(self, args, name, vcpus, variant, daemon):
+        self.args, self.name, self.vcpus, self.variant = args, name, vcpus, variant
+        self.daemon = daemon
+        self.ready, self.cmd = queue.Queue(), queue.Queue()
+        self.error = None
+        self.results = []
+        dev = None
+        if variant.startswith("pvsched"):
+            dev = daemon.device_cmd(name)
+            caps = daemon.vms / f"{name}.toml"
+            if variant in ABLATION_CAPS:
+                caps.write_text(ABLATION_CAPS[variant])
+            elif caps.exists():
+                caps.unlink()
+        self.boot = Boot(args, name, vcpus, "bench", transport="vfio-user", device_cmd=dev,
+                         hooks={"bench-wait": self._on_wait},
+                         extra_append="pvload=modprobe")
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self):
+        try:
+            self.boot.run()
+        except BaseException as e:  # noqa: B036 (handed to the main thread)
+            self.error = e
+        finally:
+            self.ready.put(None)
+
+    def _on_wait(self, boot):
+        r = between(boot.serial, "@@ out-begin", "@@ out-end")
+        res = boot.marks.get("result")
+        if res is not None and res[0] > getattr(self, "_last_result", -1):
+            self._last_result = res[0]
+            self.results.append((res[1], r))
+        self.ready.put(True)
+        line = self.cmd.get()
+        boot.answer(line)
+
+    def wait_ready(self, timeout):
+        try:
+            ok = self.ready.get(timeout=timeout)
+        except queue.Empty:
+            raise BenchError(f"{self.name}: no '@@ bench-wait' within {timeout:.0f}s "
+                             f"(see {self.boot.dir}/serial.log)")
+        if not ok:
+            raise BenchError(f"{self.name}: the boot ended: {self.error or 'no error'} "
+                             f"(see {self.boot.dir}/serial.log)")
+
+    def vcpu_tids(self):
+        cpus = qmp(self.boot.qmp_path, "query-cpus-fast")
+        return [c["thread-id"] for c in sorted(cpus, key=lambda c: c["cpu-index"])]
+
+
+def apply_variant(g, variant, daemon, cgroup):
+    """Puts guest `g` under `variant` once it waits for its first command."""
+    pid = g.boot.qemu.pid
+    if variant.startswith("pvsched"):
+        daemon.pvsched("qemu-attach", "--qmp", str(g.boot.qmp_path), "--name", g.name,
+                       "--device-region")
+        if variant not in daemon.caps:
+            vm = next(v for v in daemon.status()["vms"] if v["name"] == g.name)
+            daemon.caps[variant] = {"source": vm["caps_source"], **vm["caps"]}
+            log(f"{variant} caps ({vm['caps_source']}): {vm['caps']}")
+    elif variant == "fifo1":
+        for t in g.vcpu_tids():
+            os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(1))
+    elif variant == "weight":
+        (cgroup / "cgroup.procs").write_text(str(pid))
+
+
+def weight_cgroup():
+    """The weight variant's cgroup: created once, shares WEIGHT_SHARES."""
+    d = CGROUP_CPU / "pvsched-s6-vm"
+    if not CGROUP_CPU.is_dir():
+        raise FileNotFoundError(f"{CGROUP_CPU} (the cgroup v1 cpu controller)")
+    d.mkdir(exist_ok=True)
+    (d / "cpu.shares").write_text(str(WEIGHT_SHARES))
+    return d
+
+
+def remove_cgroup(d):
+    if d is None or not d.exists():
+        return
+    for pid in (d / "cgroup.procs").read_text().split():
+        try:
+            (CGROUP_CPU / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass
+    try:
+        d.rmdir()
+    except OSError as e:
+        log(f"could not remove {d}: {e}")
+
+
+# ---------------------------------------------------------------- one round
+
+def run_round(args, topo, variant, rep, daemon, cgroup):
+    """Boots topo's guests under `variant`, runs every workload on all of
+    them at once (with the hogs), and returns one row per workload."""
+    nvm, vcpus = topo
+    tag = f"{nvm}x{vcpus}-{variant}-r{rep}"
+    guests = [Guest(args, f"s6-{tag}-vm{i}", vcpus, variant, daemon) for i in range(nvm)]
+    rows = []
+    try:
+        for g in guests:
+            g.thread.start()
+        for g in guests:
+            g.wait_ready(BOOT_S)
+            apply_variant(g, variant, daemon, cgroup)
+        for w in args.workloads:
+            rows.append(run_workload(args, tag, guests, w, variant, daemon))
+            log(f"{tag} {w}: {rows[-1]['brief']}")
+        for g in guests:
+            g.cmd.put("quit")
+        for g in guests:
+            g.thread.join(timeout=120)
+    finally:
+        for g in guests:
+            if g.thread.is_alive():
+                g.cmd.put("quit")
+        for g in guests:
+            g.thread.join(timeout=60)
+        if daemon is not None:
+            for g in guests:
+                daemon.pvsched("vm", "unregister", g.name, check=False)
+    for g in guests:
+        if g.error is not None:
+            raise BenchError(f"{g.name}: {g.error}")
+    return rows
+
+
+def run_workload(args, tag, guests, w, variant, daemon):
+    dur = args.duration
+    cpu0 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
+    thr0 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
+    st0 = daemon.status() if variant.startswith("pvsched") else None
+    la = loadavg()
+    hogs = None
+    if args.hogs:
+        hog_dir = args.out / "hogs"
+        hog_dir.mkdir(parents=True, exist_ok=True)
+        yaml = hog_dir / f"{tag}-{w}.yaml"
+        hogs = Proc("hogs", ["stress-ng", "--cpu", str(args.hogs), "--cpu-method", "int64",
+                             "-t", str(dur), "--metrics-brief", "-Y", str(yaml)],
+                    hog_dir / f"{tag}-{w}.log")
+    t0 = time.monotonic()
+    for g in guests:
+        g.cmd.put(f"run {w} {dur}")
+    for g in guests:
+        g.wait_ready(dur + 600)
+    wall = time.monotonic() - t0
+    cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
+    thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
+    hog_ops = None
+    if hogs is not None:
+        hogs.wait(dur + 60)
+        hogs.stop()
+        hog_ops = stress_ng_ops(yaml.read_text() if yaml.exists() else "", "cpu")
+    vms = []
+    for g, c0, c1, t0, t1 in zip(guests, cpu0, cpu1, thr0, thr1):
+        if not g.results:
+            raise BenchError(f"{g.name}: no result for {w} (see {g.boot.dir}/serial.log)")
+        fields, out = g.results[-1]
+        if fields.get("w") != w or fields.get("rc") != "0":
+            raise BenchError(f"{g.name}: {w} failed: {fields} {out[-5:]}")
+        vms.append({"vm": g.name, "throughput": throughput(w, fields, out),
+                    "guest_secs": float(fields["secs"]), "cpu_s": round(c1 - c0, 2),
+                    "threads_cpu_s": {k: round(t1[k] - t0[k], 2) for k in t0}})
+    tp = sum(v["throughput"] for v in vms)
+    cpu = sum(v["cpu_s"] for v in vms)
+    row = {"workload": w, "variant": variant, "tag": tag, "throughput": round(tp, 2),
+           "vm_cpu_s": round(cpu, 2), "per_cpu_s": round(tp / cpu, 4) if cpu else None,
+           "hog_ops": hog_ops, "wall_s": round(wall, 1), "loadavg_start": la, "vms": vms}
+    if st0 is not None:
+        st1 = daemon.status()
+        pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0}
+        for g in guests:
+            a, b = thread_stats(st0, g.name), thread_stats(st1, g.name)
+            if a and b:
+                for k in pol:
+                    pol[k] += b[k] - a[k]
+        row["policy"] = {"boosts": pol["boosts"], "throttles": pol["throttles"],
+                         "boosted_s": round(pol["boosted_ns"] / 1e9, 3)}
+    split = {k: round(sum(v["threads_cpu_s"][k] for v in vms), 1) for k in ("vcpus", "main", "other")}
+    row["brief"] = (f"throughput {tp:.1f}, VM CPU {cpu:.1f}s {split}, per CPU-s "
+                    f"{row['per_cpu_s']}, hogs {hog_ops}"
+                    + (f", policy {row['policy']}" if "policy" in row else ""))
+    return row
+
+
+def throughput(w, fields, out):
+    """The tool's own throughput metric of workload `w`, per second."""
+    text = "\n".join(out)
+    secs = float(fields["secs"])
+    if w in ("cpu", "tlb", "membarrier"):
+        stressor = {"cpu": "cpu", "tlb": "tlb-shootdown", "membarrier": "membarrier"}[w]
+        ops = stress_ng_ops(text, stressor)
+        if ops is None:
+            raise BenchError(f"no bogo ops of {stressor} in: {out[-5:]}")
+        return ops / secs
+    if w == "hackbench":
+        # 2 groups x 10 senders x 10 receivers x 100 loops per run.
+        return int(fields["iters"]) * 2 * 10 * 10 * 100 / secs
+    m = re.search(r"Throughput ([0-9.]+) MB/sec", text)
+    if not m:
+        raise BenchError(f"no dbench throughput in: {out[-5:]}")
+    return float(m.group(1))
+
+
+# ---------------------------------------------------------------- report
+
+def summarize(rows, variants):
+    """Per (topology, workload): each variant's medians and spread, and
+    ratios to vanilla's median."""
+    out = {}
+    keys = sorted({(r["topology"], r["workload"]) for r in rows})
+    for topo, w in keys:
+        cell = {}
+        for v in variants:
+            rs = [r for r in rows if r["topology"] == topo and r["workload"] == w
+                  and r["variant"] == v]
+            if not rs:
+                continue
+            s = {}
+            for k in ("throughput", "vm_cpu_s", "per_cpu_s", "hog_ops"):
+                vals = [r[k] for r in rs if r[k] is not None]
+                s[k] = stats(vals)
+            if any("policy" in r for r in rs):
+                s["policy"] = [r.get("policy") for r in rs]
+            cell[v] = s
+        van = cell.get("vanilla")
+        if van:
+            vrows = {r["rep"]: r for r in rows if r["topology"] == topo and r["workload"] == w
+                     and r["variant"] == "vanilla"}
+            for v, s in cell.items():
+                if v == "vanilla":
+                    continue
+                s["ratio"] = {k: ratio(s[k]["median"], van[k]["median"])
+                              for k in ("throughput", "per_cpu_s", "vm_cpu_s", "hog_ops")}
+                # The same rep's vanilla ran next to it, under the same
+                # outer-host conditions (this host is itself a VM): the
+                # median of the per-rep ratios is the steadier figure.
+                paired = {}
+                for k in ("throughput", "per_cpu_s", "vm_cpu_s", "hog_ops"):
+                    rs = [ratio(r[k], vrows[r["rep"]][k]) for r in rows
+                          if r["topology"] == topo and r["workload"] == w and r["variant"] == v
+                          and r["rep"] in vrows]
+                    paired[k] = stats([x for x in rs if x is not None])
+                s["paired_ratio"] = paired
+        out[f"{topo}/{w}"] = cell
+    return out
+
+
+def stats(vals):
+    if not vals:
+        return {"median": None, "mean": None, "min": None, "max": None, "reps": []}
+    return {"median": round(statistics.median(vals), 4), "mean": round(statistics.mean(vals), 4),
+            "min": min(vals), "max": max(vals), "reps": vals}
+
+
+def machine(args, release):
+    def first(cmd):
+        try:
+            return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True, timeout=10).stdout.splitlines()[0].strip()
+        except (OSError, IndexError, subprocess.SubprocessError):
+            return None
+    return {"cpus": os.cpu_count(), "host_kernel": platform.release(),
+            "qemu": first([str(args.qemu11), "--version"]), "accel": "tcg,thread=multi",
+            "guest_kernel": release, "guest_mem": "512M",
+            "stress_ng_host": first(["stress-ng", "--version"]),
+            "loadavg_start": loadavg(),
+            "cgroups": {"vanilla, pvsched, fifo1": "every QEMU thread and the hogs in the root "
+                        "cpu cgroup (cgroup v1, cpu.shares 1024 each thread's nice-0 weight)",
+                        "weight": f"each VM's QEMU in {CGROUP_CPU}/pvsched-s6-vm, cpu.shares "
+                        f"{WEIGHT_SHARES}; the hogs in the root cgroup"},
+            "note": "emulated guests (QEMU TCG) on a shared 2-CPU host"}
+
+
+def initramfs_extras(chroot, release):
+    files = modprobe_files(chroot, release)
+    for b in ("/usr/bin/stress-ng", "/usr/bin/hackbench", "/usr/bin/dbench"):
+        if not (chroot / b.lstrip("/")).exists():
+            raise FileNotFoundError(f"{chroot}{b} (scripts/setup.d/46-s6.sh installs it)")
+        files.update(chroot_binary(chroot, b, b))
+    files["/usr/share/dbench/client.txt"] = chroot / "usr/share/dbench/client.txt"
+    files["/bench.sh"] = HERE / "s6" / "bench.sh"
+    return files
+
+
+def parse_topology(text):
+    out = []
+    for t in text.split(","):
+        m = re.fullmatch(r"(\d+)x(\d+)", t.strip())
+        if not m:
+            raise argparse.ArgumentTypeError(f"topology '{t}': expected NxV, e.g. 2x2")
+        out.append((int(m.group(1)), int(m.group(2))))
+    return out
+
+
+def main():
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release"
+    cache = Path(os.environ.get("PVSCHED_CACHE", REPO / ".cache"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", default="7.3-cloud", help="a kernel of kernels.conf")
+    ap.add_argument("--topology", type=parse_topology, default=parse_topology("1x2"),
+                    help="NxV[,NxV...]: N guests of V vCPUs (default 1x2)")
+    ap.add_argument("--workloads", default="cpu,tlb,hackbench,dbench",
+                    help=f"comma-separated, of {','.join(WORKLOADS)}")
+    ap.add_argument("--variants", default="vanilla,pvsched,fifo1,weight",
+                    help=f"comma-separated, of {','.join(VARIANTS)}")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--duration", type=int, default=20, help="seconds per workload")
+    ap.add_argument("--hogs", type=int, default=os.cpu_count(),
+                    help="host CPU hogs beside the guests (0: none)")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 rep, 8 s per workload, workloads cpu,hackbench")
+    ap.add_argument("--json", default=None, help="write the result here ('-': stdout)")
+    ap.add_argument("--cache", type=Path, default=cache)
+    ap.add_argument("--out", type=Path, default=None, help="work files (default CACHE/bench-s6)")
+    ap.add_argument("--device-bin", type=Path, default=target / "pvsched-device")
+    ap.add_argument("--pvsched-bin", type=Path, default=target / "pvsched")
+    ap.add_argument("--pvschedd-bin", type=Path, default=target / "pvschedd")
+    ap.add_argument("--qemu11", type=Path, default=None)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.reps, args.duration = 1, 8
+        if args.workloads == ap.get_default("workloads"):
+            args.workloads = "cpu,hackbench"
+    args.workloads = args.workloads.split(",")
+    variants = args.variants.split(",")
+    for w in args.workloads:
+        if w not in WORKLOADS:
+            ap.error(f"unknown workload {w}")
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v}")
+    args.out = args.out or args.cache / "bench-s6"
+    args.qemu11 = args.qemu11 or args.cache / "qemu11" / "qemu-system-x86_64"
+    for p in (args.device_bin, args.pvsched_bin, args.pvschedd_bin, args.qemu11):
+        if not p.exists():
+            raise FileNotFoundError(f"{p} (build it: see bench/s6.py's usage)")
+    if os.geteuid() != 0:
+        raise BenchError("run as root (BPF, RT priorities, cgroups)")
+    # Boot's settings (pvsched_guest.boot.Boot).
+    args.timeout = BOOT_S + len(args.workloads) * (args.duration + 600)
+    args.kernel_log = False
+    args.tag, args.load_append = "", ""
+    release, chroot, args.vmlinuz = matrix_kernel(args.cache, args.kernel)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.initrd = build_initramfs(REPO / "tests" / "linux-guest", None, args.out,
+                                  extra_files=initramfs_extras(chroot, release))
+    log(f"guest kernel {release}; workloads {','.join(args.workloads)}; variants "
+        f"{','.join(variants)}; {args.reps} reps of {args.duration} s; hogs {args.hogs}; "
+        f"load average {loadavg()}")
+    daemon = cgroup = None
+    rows = []
+    t_all = time.monotonic()
+    try:
+        if any(v.startswith("pvsched") for v in variants):
+            daemon = Daemon(args, args.out)
+        if "weight" in variants:
+            cgroup = weight_cgroup()
+        for topo in args.topology:
+            for rep in range(args.reps):
+                # Interleaved, the order rotated per rep.
+                order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+                for v in order:
+                    for r in run_round(args, topo, v, rep, daemon, cgroup):
+                        r["topology"] = f"{topo[0]}x{topo[1]}"
+                        r["rep"] = rep
+                        rows.append(r)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        remove_cgroup(cgroup)
+    result = {"scenario": "s6", "quick": args.quick,
+              "caps": daemon.caps if daemon is not None else None, "reps": args.reps,
+              "duration_s": args.duration, "hogs": args.hogs, "kernel": args.kernel,
+              "machine": machine(args, release), "command": " ".join(sys.argv),
+              "seconds": round(time.monotonic() - t_all, 1),
+              "summary": summarize(rows, variants), "runs": rows}
+    text = json.dumps(result, indent=1)
+    if args.json == "-":
+        print(text)
+    elif args.json:
+        Path(args.json).write_text(text + "\n")
+    print_table(result["summary"], variants)
+    return 0
+
+
+def print_table(summary, variants):
+    for key, cell in summary.items():
+        log(f"{key}:")
+        for v in variants:
+            s = cell.get(v)
+            if not s:
+                continue
+            r = {k: x["median"] for k, x in s.get("paired_ratio", {}).items()}
+            log(f"  {v:14} throughput {s['throughput']['median']} "
+                f"(x{r.get('throughput', 1.0)}), per CPU-s {s['per_cpu_s']['median']} "
+                f"(x{r.get('per_cpu_s', 1.0)}), VM CPU {s['vm_cpu_s']['median']} s "
+                f"(x{r.get('vm_cpu_s', 1.0)}), hogs kept x{r.get('hog_ops', 1.0)} "
+                f"(paired medians)")
+
+
+def _terminate(signum, _frame):
+    raise BenchError(f"terminated by signal {signum}")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminate)
+    rc = 1
+    try:
+        rc = main()
+    except FileNotFoundError as e:
+        print(f"s6: MISSING: {e}", file=sys.stderr)
+        rc = 3
+    except (BenchError, Failure) as e:
+        print(f"s6: FAIL: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("s6: interrupted", file=sys.stderr)
+        rc = 130
+    finally:
+        Proc.stop_all()
+    sys.exit(rc)

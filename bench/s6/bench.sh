@@ -1,0 +1,113 @@
+# Guest side of the S6 benchmark (bench/s6.py): sourced by the test
+# initramfs's /init (tests/linux-guest/init.sh) in `pvtest=bench` mode, which
+# then prints "@@ done" and powers off.
+#
+# Loads the pvsched module (the DKMS-built one, by modprobe), then serves
+# commands the host writes on the console, one per "@@ bench-wait":
+#   run WORKLOAD DURATION_S
+#       runs WORKLOAD (below) on every CPU for about DURATION_S seconds and
+#       prints "@@ result w=WORKLOAD rc=RC secs=ELAPSED iters=N", with the
+#       tool's own output between "@@ out-begin" and "@@ out-end"
+#   stats   the driver's debugfs counters between "@@ stats-begin" and
+#           "@@ stats-end"
+#   quit    (or anything else, or no command within 15 minutes): unload.
+#
+# Workloads (Debian's programs, from the kernel's suite chroot):
+#   cpu         stress-ng --cpu N --cpu-method int64: compute-bound, almost
+#               no synchronisation (the control that must not regress)
+#   tlb         stress-ng --tlb-shootdown N: mprotect/munmap of memory the
+#               other CPUs' threads touch (TLB-shootdown IPIs)
+#   membarrier  stress-ng --membarrier N: membarrier(2) expedited (IPIs)
+#   hackbench   hackbench -g 2 -f 10 -l 100 (sockets, 2 groups of 20
+#               processes) again and again until the duration has passed
+#   dbench      dbench -t DURATION 2N on tmpfs (VFS and its locks)
+# N is the number of online CPUs.
+
+# stress-ng needs /dev/shm; dbench writes its files under /tmp/dbench.
+mkdir -p /dev/shm /tmp/dbench
+mount -t tmpfs tmpfs /dev/shm
+load
+echo "@@ probe bound=$(bound)"
+
+uptime_s() {
+	read -r up _ </proc/uptime
+	echo "$up"
+}
+
+# Elapsed seconds between two /proc/uptime readings (two decimals).
+elapsed() {
+	awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'
+}
+
+run_workload() {
+	w=$1
+	dur=$2
+	iters=1
+	case "$w" in
+	cpu | tlb | membarrier)
+		case "$w" in
+		cpu) opt="--cpu $ncpu --cpu-method int64" ;;
+		tlb) opt="--tlb-shootdown $ncpu" ;;
+		membarrier) opt="--membarrier $ncpu" ;;
+		esac
+		# shellcheck disable=SC2086
+		/usr/bin/stress-ng $opt -t "$dur" --metrics-brief -Y /tmp/out.yaml >/tmp/out.log 2>&1
+		rc=$?
+		cat /tmp/out.yaml /tmp/out.log
+		;;
+	hackbench)
+		end=$(awk -v a="$(uptime_s)" -v d="$dur" 'BEGIN { print a + d }')
+		iters=0
+		rc=0
+		: >/tmp/out.log
+		while awk -v now="$(uptime_s)" -v end="$end" 'BEGIN { exit !(now < end) }'; do
+			/usr/bin/hackbench -g 2 -f 10 -l 100 >>/tmp/out.log 2>&1 || {
+				rc=$?
+				break
+			}
+			iters=$((iters + 1))
+		done
+		grep -E '^Time:' /tmp/out.log
+		[ "$rc" = 0 ] || tail -n 5 /tmp/out.log
+		;;
+	dbench)
+		rm -rf /tmp/dbench/*
+		/usr/bin/dbench -c /usr/share/dbench/client.txt -D /tmp/dbench -t "$dur" \
+			$((2 * ncpu)) >/tmp/out.log 2>&1
+		rc=$?
+		grep -E '^Throughput|Operation|^ *[A-Z][A-Za-z]+ +[0-9]' /tmp/out.log | tail -n 20
+		rm -rf /tmp/dbench/*
+		;;
+	*)
+		echo "unknown workload $w"
+		rc=2
+		;;
+	esac
+}
+
+while :; do
+	echo "@@ bench-wait"
+	if ! read -t 900 -r cmd arg1 arg2; then
+		echo "@@ bench-timeout"
+		break
+	fi
+	case "$cmd" in
+	run)
+		t0=$(uptime_s)
+		echo "@@ out-begin w=$arg1"
+		run_workload "$arg1" "$arg2"
+		echo "@@ out-end w=$arg1"
+		echo "@@ result w=$arg1 rc=$rc secs=$(elapsed "$t0" "$(uptime_s)") iters=$iters"
+		;;
+	stats)
+		echo "@@ stats-begin"
+		cat /sys/kernel/debug/pvsched/stats
+		echo "@@ stats-end"
+		;;
+	*)
+		break
+		;;
+	esac
+done
+rmmod pvsched
+echo "@@ rmmod rc=$? bound=$(bound)"
