@@ -34,6 +34,9 @@ Variants (--variants, each booted fresh, repetitions interleaved):
   pvsched-nocs, pvsched-nowait
             ablations: the same with the guest's critical sections
             ignored (cs_rt_prio = 0), or its wait_on hints (wait_on = false)
+  pvsched-none
+            the control: registered the same way, every boost clamped to
+            nothing (allow_rt = false, nice_floor = 0)
   fifo1     every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
             libvirt's <vcpusched scheduler='fifo' priority='1'/>)
   weight    QEMU in its own cpu cgroup with cpu.shares 4096 (cgroup v1;
@@ -87,10 +90,13 @@ from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,
 from pvsched_guest.qmp import qmp  # noqa: E402
 
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
-VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "fifo1", "weight")
-# The pvsched ablations: the daemon's default caps but for one line each
-# (pvschedd reads them from its vm_dir, NAME.toml).
-ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n"}
+VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-none", "fifo1",
+            "weight")
+# The pvsched ablations: the daemon's default caps but for a line or two
+# (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
+# control: registered, every boost clamped to nothing.
+ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n",
+                 "pvsched-none": "allow_rt = false\nnice_floor = 0\n"}
 # The weight variant's cgroup (v1 cpu controller; shares 1024 = nice 0).
 WEIGHT_SHARES = 4096
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")

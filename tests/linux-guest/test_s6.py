@@ -1,8 +1,10 @@
 """The S6 benchmark's smoke run: `bench/s6.py` boots a 7.3 guest per
 variant (vanilla, then pvsched with pvschedd and `pvsched qemu-attach`),
 runs its `cpu` workload beside host CPU hogs and writes its JSON. The test
-asserts the run happened and its report has what a full run reports; it
-asserts no figure (those are the benchmark's, docs/benchmarks.md)."""
+asserts the run happened and its report has what a full run reports; its
+only figure is the batch guest's boosted time, which the policy bounds by
+construction (no timing, no ratio: those are the benchmark's,
+docs/benchmarks.md)."""
 
 import json
 import os
@@ -33,9 +35,17 @@ def test_s6_smoke(matrix, release_bins, qemu11, repo, cache, tmp_path, report, n
     assert set(runs) == {("vanilla", "cpu"), ("pvsched", "cpu")}
     for x in runs.values():
         assert x["throughput"] > 0 and x["vm_cpu_s"] > 0 and x["hog_ops"] > 0, x
-    assert "policy" in runs[("pvsched", "cpu")], "no pvschedd statistics for the pvsched run"
+    pv = runs[("pvsched", "cpu")]
+    assert "policy" in pv, "no pvschedd statistics for the pvsched run"
+    # A guest that runs only batch work (stress-ng --cpu, no RT task of its
+    # own) is not latency-sensitive: its only boosts are its kernel
+    # threads' RT while the slot shows them (the stopper, every 4 s), each
+    # ending at the next event, 5 ms at most. 2 % of its CPU time would be
+    # hundreds of them; before critical sections and kernel threads lost
+    # the latency hold it was 31 % (3.5 s of 11.2 s in an 8 s run).
+    assert pv["policy"]["boosted_s"] <= 0.02 * pv["vm_cpu_s"], pv
     assert doc["caps"]["pvsched"]["source"] == "default"
     cell = doc["summary"]["1x2/cpu"]
     assert set(cell["pvsched"]["ratio"]) == {"throughput", "per_cpu_s", "vm_cpu_s", "hog_ops"}
     report(f"s6 smoke: {doc['seconds']} s; pvsched/vanilla {cell['pvsched']['ratio']}, "
-           f"policy {runs[('pvsched', 'cpu')]['policy']}")
+           f"policy {pv['policy']}, VM CPU {pv['vm_cpu_s']} s")

@@ -229,7 +229,7 @@ impl Default for Caps {
             allow_rt: true,
             max_rt_prio: 4,
             nice_floor: -10,
-            cs_rt_prio: 1,
+            cs_rt_prio: 0,
             halt_boost: BoostKind::Rt,
             halt_prio: 1,
             halt_hold_us: 1_000_000,

@@ -16,7 +16,8 @@
 //! use pvsched_policy::{Caps, Event, GuestFields, VmModel};
 //! let caps = Caps::default();
 //! let mut vm = VmModel::new(caps, &[100, 101], &[0, 1]);
-//! vm.step(0, Event::GuestWrite { vcpu: 0, guest: GuestFields { kern_cs: pvsched_abi::CS_HARDIRQ, ..Default::default() } });
+//! let fifo = GuestFields { policy: pvsched_abi::POLICY_FIFO, rt_prio: 2, ..Default::default() };
+//! vm.step(0, Event::GuestWrite { vcpu: 0, guest: fifo });
 //! let d = vm.step(1_000, Event::SwitchOut { vcpu: 0, preempted: true });
 //! assert_eq!(d[0].kind, pvsched_abi::BOOST_RT);
 //! ```

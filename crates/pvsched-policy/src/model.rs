@@ -591,6 +591,15 @@ mod tests {
         VmModel::new(Caps::default(), &[10, 11], &[0, 1])
     }
 
+    /// vm2 with critical sections asking for FIFO 1 (off by default).
+    fn vm2_cs() -> VmModel {
+        let caps = Caps {
+            cs_rt_prio: 1,
+            ..Caps::default()
+        };
+        VmModel::new(caps, &[10, 11], &[0, 1])
+    }
+
     fn write(vm: &mut VmModel, vcpu: u32, guest: GuestFields) {
         vm.step(0, Event::GuestWrite { vcpu, guest });
     }
@@ -617,7 +626,7 @@ mod tests {
 
     #[test]
     fn cs_boost_lasts_while_the_slot_shows_it_and_holds_nothing() {
-        let mut vm = vm2();
+        let mut vm = vm2_cs();
         write(
             &mut vm,
             0,
@@ -694,6 +703,7 @@ mod tests {
     fn rt_not_allowed_becomes_nice_floor() {
         let caps = Caps {
             allow_rt: false,
+            cs_rt_prio: 1,
             ..Caps::default()
         };
         let mut vm = VmModel::new(caps, &[1], &[0]);
@@ -727,7 +737,7 @@ mod tests {
     fn an_rt_task_in_a_critical_section_is_latency_sensitive() {
         // FIFO 1 inside a hard IRQ: the section's reason wins at the same
         // priority, and the RT task still makes the vCPU latency-sensitive.
-        let mut vm = vm2();
+        let mut vm = vm2_cs();
         write(
             &mut vm,
             0,
@@ -895,7 +905,7 @@ mod tests {
 
     #[test]
     fn a_waiting_pair_is_throttled_as_one_unit() {
-        let mut vm = vm2();
+        let mut vm = vm2_cs();
         // vCPU 0 spins in a critical section waiting on vCPU 1.
         write(
             &mut vm,
@@ -937,7 +947,7 @@ mod tests {
             "a throttled sender lends nothing"
         );
         // Throttled the receiver first: the waiting sender goes with it.
-        let mut vm = vm2();
+        let mut vm = vm2_cs();
         write(&mut vm, 0, waits(2));
         write(&mut vm, 1, rt(1));
         vm.step(0, Event::SwitchIn { vcpu: 1 });
