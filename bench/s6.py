@@ -470,7 +470,7 @@ def stats(vals):
             "min": min(vals), "max": max(vals), "reps": vals}
 
 
-def machine(args, release):
+def machine(args, release, loadavg_start):
     def first(cmd):
         try:
             return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -481,7 +481,7 @@ def machine(args, release):
             "qemu": first([str(args.qemu11), "--version"]), "accel": "tcg,thread=multi",
             "guest_kernel": release, "guest_mem": "512M",
             "stress_ng_host": first(["stress-ng", "--version"]),
-            "loadavg_start": loadavg(),
+            "loadavg_start": loadavg_start,
             "cgroups": {"vanilla, pvsched, fifo1": "every QEMU thread and the hogs in the root "
                         "cpu cgroup (cgroup v1, cpu.shares 1024 each thread's nice-0 weight)",
                         "weight": f"each VM's QEMU in {CGROUP_CPU}/pvsched-s6-vm, cpu.shares "
@@ -563,9 +563,10 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     args.initrd = build_initramfs(REPO / "tests" / "linux-guest", None, args.out,
                                   extra_files=initramfs_extras(chroot, release))
+    la0 = loadavg()
     log(f"guest kernel {release}; workloads {','.join(args.workloads)}; variants "
         f"{','.join(variants)}; {args.reps} reps of {args.duration} s; hogs {args.hogs}; "
-        f"load average {loadavg()}")
+        f"load average {la0}")
     daemon = cgroup = None
     rows = []
     t_all = time.monotonic()
@@ -590,7 +591,7 @@ def main():
     result = {"scenario": "s6", "quick": args.quick,
               "caps": daemon.caps if daemon is not None else None, "reps": args.reps,
               "duration_s": args.duration, "hogs": args.hogs, "kernel": args.kernel,
-              "machine": machine(args, release), "command": " ".join(sys.argv),
+              "machine": machine(args, release, la0), "command": " ".join(sys.argv),
               "seconds": round(time.monotonic() - t_all, 1),
               "summary": summarize(rows, variants), "runs": rows}
     text = json.dumps(result, indent=1)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Markdown tables for docs/benchmarks.md from `pvsched-bench` JSON results.
+"""Markdown tables for docs/benchmarks.md from `pvsched-bench` and
+`bench/s6.py` JSON results.
 
     python3 bench/tables.py docs/bench/s1.json docs/bench/s2.json ...
 
@@ -63,10 +64,43 @@ def targets(d):
     return "\n".join(rows)
 
 
+def s6_table(d):
+    """S6: per topology and workload, each variant's paired ratios to
+    vanilla (median, min-max over reps), the VMs' CPU time and pvschedd's
+    boosts and boosted seconds per run."""
+    rows = ["| topology / workload | variant | throughput ×vanilla | per CPU-s ×vanilla | "
+            "VM CPU s | hogs kept ×vanilla | boosts, boosted s per run |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+
+    def pr(s, k):
+        x = s.get("paired_ratio", {}).get(k)
+        if not x or x["median"] is None:
+            return "1"
+        return f"{x['median']:.2f} ({x['min']:.2f}–{x['max']:.2f})"
+
+    for key, cell_ in d["summary"].items():
+        for v, s in cell_.items():
+            pol = s.get("policy")
+            pol_txt = ", ".join(f"{x['boosts']}/{x['boosted_s']}" for x in pol if x) if pol else "-"
+            cpu = s["vm_cpu_s"]
+            rows.append(f"| {key} | {v} | {pr(s, 'throughput')} | {pr(s, 'per_cpu_s')} | "
+                        f"{cpu['median']} ({cpu['min']}–{cpu['max']}) | {pr(s, 'hog_ops')} | "
+                        f"{pol_txt} |")
+    return "\n".join(rows)
+
+
 def main(paths):
     for p in paths:
         d = json.load(open(p))
         m = d.get("machine", {})
+        if d.get("scenario") == "s6":
+            print(f"### {p}\n")
+            print(f"`{d.get('command')}` — {m.get('cpus')} CPUs, host kernel "
+                  f"{m.get('host_kernel')}, guest {m.get('guest_kernel')}, {d['reps']} reps of "
+                  f"{d['duration_s']} s, {d['hogs']} hogs, 1-min load average at start "
+                  f"{m.get('loadavg_start')}\n")
+            print(s6_table(d) + "\n")
+            continue
         print(f"### {p}\n")
         print(f"`{d.get('command')}` — {m.get('cpus')} CPUs, kernel {m.get('kernel')}, "
               f"1-min load average at start {m.get('loadavg_at_start')}\n")
