@@ -95,9 +95,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(REPO / "python"))
-from pvsched_guest.bench import Proc, between, loadavg, ratio, spread  # noqa: E402
+from pvsched_guest.bench import (BenchError, Proc, between, loadavg, ratio, run_main,  # noqa: E402
+                                 spread)
 from pvsched_guest.boot import Boot  # noqa: E402
-from pvsched_guest.host import Failure, run  # noqa: E402
+from pvsched_guest.host import run  # noqa: E402
 from pvsched_guest.kernel import KABI, build_initramfs, build_module, kernel_tree  # noqa: E402
 from pvsched_guest.region import guest_vcpus  # noqa: E402
 
@@ -112,10 +113,6 @@ AGENT_READY_S = 20.0
 
 def log(msg):
     print(f"s4: {msg}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    pass
 
 
 # ---------------------------------------------------------------- host side
@@ -523,23 +520,5 @@ def _agent_brief(stats):
     return out
 
 
-def _terminate(signum, _frame):
-    raise BenchError(f"terminated by signal {signum}")
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminate)
-    rc = 1
-    try:
-        rc = main()
-    except FileNotFoundError as e:
-        print(f"s4: MISSING: {e}", file=sys.stderr)
-        rc = 3
-    except (BenchError, Failure) as e:
-        print(f"s4: FAIL: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("s4: interrupted", file=sys.stderr)
-        rc = 130
-    finally:
-        Proc.stop_all()
-    sys.exit(rc)
+    run_main("s4", main)

@@ -69,7 +69,6 @@ import os
 import platform
 import queue
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -82,9 +81,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
-from pvsched_guest.bench import Proc, between, loadavg, ratio  # noqa: E402
+from pvsched_guest.bench import BenchError, Proc, between, loadavg, ratio, run_main  # noqa: E402
 from pvsched_guest.boot import Boot  # noqa: E402
-from pvsched_guest.host import Failure  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
 from pvsched_guest.qmp import qmp  # noqa: E402
@@ -108,10 +106,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def log(msg):
     print(f"s6: {msg}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    pass
 
 
 # ---------------------------------------------------------------- host side
@@ -618,23 +612,5 @@ def print_table(summary, variants):
                 f"(paired medians)")
 
 
-def _terminate(signum, _frame):
-    raise BenchError(f"terminated by signal {signum}")
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminate)
-    rc = 1
-    try:
-        rc = main()
-    except FileNotFoundError as e:
-        print(f"s6: MISSING: {e}", file=sys.stderr)
-        rc = 3
-    except (BenchError, Failure) as e:
-        print(f"s6: FAIL: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("s6: interrupted", file=sys.stderr)
-        rc = 130
-    finally:
-        Proc.stop_all()
-    sys.exit(rc)
+    run_main("s6", main)

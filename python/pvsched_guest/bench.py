@@ -6,9 +6,39 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
-from .host import die_with_parent
+from .host import Failure, die_with_parent
+
+
+class BenchError(Exception):
+    """A benchmark run failed; the message says what (and where its logs are)."""
+
+
+def run_main(name, main):
+    """Runs a benchmark's `main()` and exits with its code: 0 on success,
+    1 on a failed run, 3 when something it needs is missing
+    (FileNotFoundError), 130 on Ctrl-C. SIGTERM unwinds like a failure, and
+    every Proc is stopped however the run ends."""
+    def terminate(signum, _frame):
+        raise BenchError(f"terminated by signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)
+    rc = 1
+    try:
+        rc = main()
+    except FileNotFoundError as e:
+        print(f"{name}: MISSING: {e}", file=sys.stderr)
+        rc = 3
+    except (BenchError, Failure) as e:
+        print(f"{name}: FAIL: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        rc = 130
+    finally:
+        Proc.stop_all()
+    sys.exit(rc)
 
 
 class Proc:
