@@ -58,6 +58,12 @@ Usage
       [--topology 1x2,2x2,3x2,1x4] [--workloads cpu,tlb,hackbench,dbench] \\
       [--variants vanilla,pvsched,fifo1,weight] [--hogs 2] [--json s6.json]
 
+A guest that does not report a workload within --duration + 120 s (static
+FIFO under overcommit can starve QEMU's main loop, which raises a TCG
+guest's timers) is recorded as no result for that workload and the rest of
+its round (`error` in the run, `no_result` in the summary); the benchmark
+goes on with the next round.
+
 Run as root. Exit 0 on success, 1 on a failed run, 3 when something is
 missing, 130 on Ctrl-C. Every QEMU, device, daemon and hog process is
 stopped however the run ends, and the weight variant's cgroup is removed.
@@ -102,6 +108,10 @@ DAEMON_READY_S = 20.0
 # Seconds a boot may take to reach its first command (TCG, 4 vCPUs, load).
 BOOT_S = 240
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Seconds past --duration a guest may take to report a workload before it
+# counts as making no progress (static FIFO under overcommit can starve
+# QEMU's main loop, which raises a TCG guest's timers).
+PROGRESS_S = 120
 
 
 def log(msg):
@@ -139,6 +149,10 @@ def stress_ng_ops(text, stressor):
         return int(m.group(1))
     m = re.search(rf"metrc:.*\] {stressor}\s+(\d+)\s", text)
     return int(m.group(1)) if m else None
+
+
+class NoProgress(BenchError):
+    """A guest did not report its workload in time: the variant starved it."""
 
 
 class Daemon:
@@ -246,7 +260,7 @@ class Guest:
         try:
             ok = self.ready.get(timeout=timeout)
         except queue.Empty:
-            raise BenchError(f"{self.name}: no '@@ bench-wait' within {timeout:.0f}s "
+            raise NoProgress(f"{self.name}: no '@@ bench-wait' within {timeout:.0f}s "
                              f"(see {self.boot.dir}/serial.log)")
         if not ok:
             raise BenchError(f"{self.name}: the boot ended: {self.error or 'no error'} "
@@ -307,6 +321,8 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
     tag = f"{nvm}x{vcpus}-{variant}-r{rep}"
     guests = [Guest(args, f"s6-{tag}-vm{i}", vcpus, variant, daemon) for i in range(nvm)]
     rows = []
+    # Why the guests stopped answering, once they have.
+    stuck = None
     try:
         for g in guests:
             g.thread.start()
@@ -314,8 +330,21 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
             g.wait_ready(BOOT_S)
             apply_variant(g, variant, daemon, cgroup)
         for w in args.workloads:
-            rows.append(run_workload(args, tag, guests, w, variant, daemon))
+            if stuck is not None:
+                rows.append(no_progress_row(w, variant, tag, f"not run: {stuck}"))
+                log(f"{tag} {w}: {rows[-1]['brief']}")
+                continue
+            try:
+                rows.append(run_workload(args, tag, guests, w, variant, daemon))
+            except NoProgress as e:
+                # Recorded, not fatal: the variant starved its guests. They
+                # cannot take another command; QEMU is stopped below.
+                stuck = str(e)
+                rows.append(no_progress_row(w, variant, tag, stuck))
             log(f"{tag} {w}: {rows[-1]['brief']}")
+        if stuck is not None:
+            for g in guests:
+                g.boot.qemu.kill()
         for g in guests:
             g.cmd.put("quit")
         for g in guests:
@@ -330,9 +359,17 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
             for g in guests:
                 daemon.pvsched("vm", "unregister", g.name, check=False)
     for g in guests:
-        if g.error is not None:
+        if g.error is not None and stuck is None:
             raise BenchError(f"{g.name}: {g.error}")
     return rows
+
+
+def no_progress_row(w, variant, tag, why):
+    """The row of a workload that gave no result: it counts as a failed
+    run of its variant, with no figures."""
+    return {"workload": w, "variant": variant, "tag": tag, "throughput": None, "vm_cpu_s": None,
+            "per_cpu_s": None, "hog_ops": None, "error": why, "vms": [],
+            "brief": f"NO RESULT: {why}"}
 
 
 def run_workload(args, tag, guests, w, variant, daemon):
@@ -352,8 +389,12 @@ def run_workload(args, tag, guests, w, variant, daemon):
     t0 = time.monotonic()
     for g in guests:
         g.cmd.put(f"run {w} {dur}")
-    for g in guests:
-        g.wait_ready(dur + 600)
+    try:
+        for g in guests:
+            g.wait_ready(dur + PROGRESS_S)
+    finally:
+        if hogs is not None and hogs.p.poll() is None and sys.exc_info()[0] is not None:
+            hogs.stop()
     wall = time.monotonic() - t0
     cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
     thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
@@ -431,6 +472,7 @@ def summarize(rows, variants):
             for k in ("throughput", "vm_cpu_s", "per_cpu_s", "hog_ops"):
                 vals = [r[k] for r in rs if r[k] is not None]
                 s[k] = stats(vals)
+            s["no_result"] = [r["error"] for r in rs if r.get("error")]
             if any("policy" in r for r in rs):
                 s["policy"] = [r.get("policy") for r in rs]
             cell[v] = s
