@@ -86,7 +86,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,8 +94,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(REPO / "python"))
-from pvsched_guest.bench import (BenchError, Proc, between, loadavg, ratio, run_main,  # noqa: E402
-                                 spread)
+from pvsched_guest.bench import (BenchError, Proc, between, first_line, loadavg,  # noqa: E402
+                                 ratio, run_main, spread)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.host import run  # noqa: E402
 from pvsched_guest.kernel import KABI, build_initramfs, build_module, kernel_tree  # noqa: E402
@@ -373,22 +372,16 @@ def compare(runs, load, agent_stats):
 
 
 def machine(args):
-    def first(cmd):
-        try:
-            return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                  text=True, timeout=10).stdout.splitlines()[0].strip()
-        except (OSError, IndexError, subprocess.SubprocessError):
-            return None
     model = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                   if l.startswith("model name")), None)
     mem = next((int(l.split()[1]) // 1024 for l in Path("/proc/meminfo").read_text().splitlines()
                 if l.startswith("MemTotal")), None)
     return {"cpus": os.cpu_count(), "cpu_model": model, "mem_mib": mem,
-            "host_kernel": platform.release(), "qemu": first(["qemu-system-x86_64", "--version"]),
+            "host_kernel": platform.release(), "qemu": first_line(["qemu-system-x86_64", "--version"]),
             "accel": "tcg,thread=multi", "guest_smp": 2, "guest_mem": "512M",
             "guest_kernel": f"{KABI}-cloud-amd64",
-            "cyclictest": first(["cyclictest", "--help"]),
-            "stress_ng": first(["stress-ng", "--version"]),
+            "cyclictest": first_line(["cyclictest", "--help"]),
+            "stress_ng": first_line(["stress-ng", "--version"]),
             "note": "emulated guest (QEMU TCG) on a shared host; other work may run beside it"}
 
 

@@ -87,7 +87,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
-from pvsched_guest.bench import BenchError, Proc, between, loadavg, ratio, run_main  # noqa: E402
+from pvsched_guest.bench import (BenchError, Proc, between, first_line, loadavg,  # noqa: E402
+                                 ratio, run_main)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
@@ -120,10 +121,15 @@ def log(msg):
 
 # ---------------------------------------------------------------- host side
 
+def stat_cpu_s(path):
+    """CPU seconds (utime + stime) of a /proc .../stat file."""
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 def qemu_cpu_s(pid):
     """CPU seconds (user + system) of process `pid`, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return stat_cpu_s(f"/proc/{pid}/stat")
 
 
 def thread_cpu_s(pid):
@@ -133,11 +139,11 @@ def thread_cpu_s(pid):
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu = stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue
         kind = "main" if tid == str(pid) else "vcpus" if comm.startswith("CPU ") else "other"
-        out[kind] += (int(f[11]) + int(f[12])) / CLK_TCK
+        out[kind] += cpu
     return out
 
 
@@ -224,7 +230,10 @@ class Guest:
         self.daemon = daemon
         self.ready, self.cmd = queue.Queue(), queue.Queue()
         self.error = None
+        # (fields of "@@ result", the tool's output) per workload run, and
+        # the boot time of the last "@@ result" taken.
         self.results = []
+        self.last_result_at = -1
         dev = None
         if variant.startswith("pvsched"):
             dev = daemon.device_cmd(name)
@@ -249,8 +258,8 @@ class Guest:
     def _on_wait(self, boot):
         r = between(boot.serial, "@@ out-begin", "@@ out-end")
         res = boot.marks.get("result")
-        if res is not None and res[0] > getattr(self, "_last_result", -1):
-            self._last_result = res[0]
+        if res is not None and res[0] > self.last_result_at:
+            self.last_result_at = res[0]
             self.results.append((res[1], r))
         self.ready.put(True)
         line = self.cmd.get()
@@ -507,16 +516,10 @@ def stats(vals):
 
 
 def machine(args, release, loadavg_start):
-    def first(cmd):
-        try:
-            return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                  text=True, timeout=10).stdout.splitlines()[0].strip()
-        except (OSError, IndexError, subprocess.SubprocessError):
-            return None
     return {"cpus": os.cpu_count(), "host_kernel": platform.release(),
-            "qemu": first([str(args.qemu11), "--version"]), "accel": "tcg,thread=multi",
+            "qemu": first_line([str(args.qemu11), "--version"]), "accel": "tcg,thread=multi",
             "guest_kernel": release, "guest_mem": "512M",
-            "stress_ng_host": first(["stress-ng", "--version"]),
+            "stress_ng_host": first_line(["stress-ng", "--version"]),
             "loadavg_start": loadavg_start,
             "cgroups": {"vanilla, pvsched, fifo1": "every QEMU thread and the hogs in the root "
                         "cpu cgroup (cgroup v1, cpu.shares 1024 each thread's nice-0 weight)",

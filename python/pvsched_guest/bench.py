@@ -90,6 +90,16 @@ def _session_and_pdeathsig():
     die_with_parent()
 
 
+def first_line(cmd):
+    """The first line `cmd` prints (a version string), or None if it cannot
+    run: for a benchmark's record of the machine."""
+    try:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, timeout=10).stdout.splitlines()[0].strip()
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return None
+
+
 def between(lines, begin, end):
     """Lines strictly between the last `begin` marker and the `end` after it."""
     start = max((i for i, l in enumerate(lines) if l.startswith(begin)), default=None)
