@@ -94,8 +94,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(REPO / "python"))
-from pvsched_guest.bench import (BenchError, Proc, between, first_line, loadavg,  # noqa: E402
-                                 ratio, run_main, spread)
+from pvsched_guest.bench import (BenchError, Proc, between, driver_counters,  # noqa: E402
+                                 first_line, loadavg, ratio, run_main, spread)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.host import run  # noqa: E402
 from pvsched_guest.kernel import KABI, build_initramfs, build_module, kernel_tree  # noqa: E402
@@ -280,10 +280,7 @@ class BenchBoot:
             f"{h['avg_us']:.0f} p99 {h['p99_us']} max {h['max_us']} us")
 
     def on_stats_end(self, boot):
-        lines = between(boot.serial, "@@ stats-begin", "@@ stats-end")
-        rows = [l.split() for l in lines]
-        self.counters = [dict(zip(("cpu", "slot", "updates", "switches", "irqs", "softirqs"),
-                                  map(int, r))) for r in rows if len(r) == 6 and r[0].isdigit()]
+        self.counters = driver_counters(between(boot.serial, "@@ stats-begin", "@@ stats-end"))
 
     def stop_load(self):
         if self.load is not None:

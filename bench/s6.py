@@ -87,21 +87,24 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
-from pvsched_guest.bench import (BenchError, Proc, between, first_line, loadavg,  # noqa: E402
-                                 ratio, run_main)
+from pvsched_guest.bench import (BenchError, Proc, between, driver_counters,  # noqa: E402
+                                 first_line, loadavg, ratio, run_main)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
 from pvsched_guest.qmp import qmp  # noqa: E402
 
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
-VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-none", "fifo1",
-            "weight")
+VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
+            "pvsched-none", "fifo1", "weight")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
 # control: registered, every boost clamped to nothing.
 ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n",
+                 "pvsched-nolock": "lock_wait = false\n",
                  "pvsched-none": "allow_rt = false\nnice_floor = 0\n"}
+# The guest driver's debugfs counters kept per workload (summed over CPUs).
+GUEST_COUNTERS = ("updates", "waits", "lock_waits")
 # The weight variant's cgroup (v1 cpu controller; shares 1024 = nice 0).
 WEIGHT_SHARES = 4096
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
@@ -234,6 +237,8 @@ class Guest:
         # the boot time of the last "@@ result" taken.
         self.results = []
         self.last_result_at = -1
+        # The driver's counters at the last `stats` (cumulative since load).
+        self.counters = {}
         dev = None
         if variant.startswith("pvsched"):
             dev = daemon.device_cmd(name)
@@ -274,6 +279,19 @@ class Guest:
         if not ok:
             raise BenchError(f"{self.name}: the boot ended: {self.error or 'no error'} "
                              f"(see {self.boot.dir}/serial.log)")
+
+    def guest_counters(self):
+        """The driver's GUEST_COUNTERS since the last call, summed over CPUs
+        (None when the driver shows no stats: no device attached)."""
+        self.cmd.put("stats")
+        self.wait_ready(60)
+        rows = driver_counters(between(self.boot.serial, "@@ stats-begin", "@@ stats-end"))
+        if not rows:
+            return None
+        now = {k: sum(r.get(k, 0) for r in rows) for k in GUEST_COUNTERS}
+        delta = {k: now[k] - self.counters.get(k, 0) for k in GUEST_COUNTERS}
+        self.counters = now
+        return delta
 
     def vcpu_tids(self):
         cpus = qmp(self.boot.qmp_path, "query-cpus-fast")
@@ -338,6 +356,8 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
         for g in guests:
             g.wait_ready(BOOT_S)
             apply_variant(g, variant, daemon, cgroup)
+            if variant.startswith("pvsched"):
+                g.guest_counters()  # the baseline: boot and attach
         for w in args.workloads:
             if stuck is not None:
                 rows.append(no_progress_row(w, variant, tag, f"not run: {stuck}"))
@@ -422,6 +442,8 @@ def run_workload(args, tag, guests, w, variant, daemon):
         vms.append({"vm": g.name, "throughput": throughput(w, fields, out),
                     "guest_secs": float(fields["secs"]), "cpu_s": round(c1 - c0, 2),
                     "threads_cpu_s": {k: round(t1[k] - t0[k], 2) for k in t0}})
+        if variant.startswith("pvsched"):
+            vms[-1]["guest_counters"] = g.guest_counters()
     tp = sum(v["throughput"] for v in vms)
     cpu = sum(v["cpu_s"] for v in vms)
     row = {"workload": w, "variant": variant, "tag": tag, "throughput": round(tp, 2),
@@ -437,10 +459,14 @@ def run_workload(args, tag, guests, w, variant, daemon):
                     pol[k] += b[k] - a[k]
         row["policy"] = {"boosts": pol["boosts"], "throttles": pol["throttles"],
                          "boosted_s": round(pol["boosted_ns"] / 1e9, 3)}
+    gc = [v["guest_counters"] for v in vms if v.get("guest_counters")]
+    if gc:
+        row["guest_counters"] = {k: sum(c[k] for c in gc) for k in GUEST_COUNTERS}
     split = {k: round(sum(v["threads_cpu_s"][k] for v in vms), 1) for k in ("vcpus", "main", "other")}
     row["brief"] = (f"throughput {tp:.1f}, VM CPU {cpu:.1f}s {split}, per CPU-s "
                     f"{row['per_cpu_s']}, hogs {hog_ops}"
-                    + (f", policy {row['policy']}" if "policy" in row else ""))
+                    + (f", policy {row['policy']}" if "policy" in row else "")
+                    + (f", guest {row['guest_counters']}" if "guest_counters" in row else ""))
     return row
 
 

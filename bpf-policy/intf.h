@@ -88,7 +88,7 @@ struct pvs_vm {
 	__u32 wait_on_enabled; /* honour slot.wait_on (PVSCHED_F_WAIT_ON) */
 	struct pvs_caps caps;
 	__u32 nr_emulators; /* emulator threads after the vCPUs */
-	__u32 pad0;
+	__u32 lock_wait_enabled; /* honour wait_on = PVSCHED_WAIT_ANY (F_LOCK_WAIT) */
 	__u64 ls_until;	    /* some vCPU is latency-sensitive until (BPF-owned) */
 };
 

@@ -2,8 +2,9 @@
 /*
  * pvsched BPF policy: IPI-aware directed yield. kvm_apic_ipi gives unicast
  * sender -> receiver pairs (APIC ID -> slot through the `apics` map); a
- * vCPU's directed-yield slot holds the guest's wait_on hint, else its
- * receiver confirmed within ipi_window_ns; while the slot holds and the
+ * vCPU's directed-yield slot holds the guest's wait_on hint (for a lock
+ * spinner, WAIT_ANY, one of the VM's preempted vCPUs), else its receiver
+ * confirmed within ipi_window_ns; while the slot holds and the
  * sender is not throttled, the slot's target carries a bit for it in
  * yield_mask, which gives it the VM's yield boost (a sender that says it
  * spins on it, wait_on, is kept one step below it: budget.bpf.h).
@@ -33,6 +34,62 @@ static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 
 	STAT_INC(ipi_pairs);
 }
 
+struct pick_ctx {
+	__u32 vm_id;
+	__u32 self;
+	__u32 nr;
+	__u32 found; /* slot index + 1, 0 = none */
+};
+
+/* bpf_loop callback: the k-th vCPU after ctx->self (in slot order, wrapping)
+ * is the pick if it is preempted. */
+static long pick_preempted_cb(__u32 k, void *data)
+{
+	struct pick_ctx *p = data;
+	__u32 j = p->self + 1 + k;
+	struct pvs_vcpu *t;
+
+	if (p->nr == 0 || k >= p->nr)
+		return 1;
+	if (j >= p->nr)
+		j -= p->nr;
+	t = vcpu_by_index(p->vm_id, j);
+	if (t && READ_ONCE(t->state) == PVS_ST_PREEMPTED) {
+		p->found = j + 1;
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * The vCPU a lock spinner (wait_on = WAIT_ANY) lends its yield boost to: the
+ * lock's holder is not known, but it is another vCPU of the VM that is on a
+ * CPU or was preempted (a halted vCPU holds no spinlock). The current slot
+ * stays while its vCPU is one of those, so a boosted holder that starts
+ * running keeps its boost; otherwise the first preempted vCPU after the
+ * spinner, in slot order. 0 when every other vCPU runs or halts: there is
+ * nobody to give the time to.
+ */
+static __always_inline __u32 lock_target(const struct pvs_vcpu *s, const struct pvs_vm *vm)
+{
+	struct pick_ctx p = { .vm_id = s->vm_id, .self = s->index, .nr = vm->nr_vcpus };
+	__u32 cur = s->yield_slot, st;
+	struct pvs_vcpu *t;
+
+	if (cur && cur <= p.nr && cur != s->index + 1) {
+		t = vcpu_by_index(s->vm_id, cur - 1);
+		if (t) {
+			st = READ_ONCE(t->state);
+			if (st == PVS_ST_RUNNING || st == PVS_ST_PREEMPTED)
+				return cur;
+		}
+	}
+	if (p.nr < 2 || p.nr > PVS_MAX_VCPUS_PER_VM || s->index >= p.nr)
+		return 0;
+	bpf_loop(p.nr - 1, pick_preempted_cb, &p, 0);
+	return p.found;
+}
+
 /* Recompute s's directed-yield slot; returns the target to re-evaluate
  * through *old_t / *new_t (slot index + 1, 0 = none). */
 static __always_inline void yield_update(struct pvs_vcpu *s, const struct pvs_vm *vm, __u64 now,
@@ -42,7 +99,9 @@ static __always_inline void yield_update(struct pvs_vcpu *s, const struct pvs_vm
 
 	*old_t = 0;
 	*new_t = 0;
-	if (s->wait_on)
+	if (s->wait_on == PVSCHED_WAIT_ANY)
+		slot = lock_target(s, vm);
+	else if (s->wait_on)
 		slot = s->wait_on;
 	else if (s->last_ipi_target && now - s->last_ipi_ns <= vm->caps.ipi_window_ns)
 		slot = s->last_ipi_target;

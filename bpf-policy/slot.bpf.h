@@ -125,8 +125,14 @@ static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, _
 		if (vm->ls_until < v->ls_until)
 			vm->ls_until = v->ls_until;
 	}
-	if (!vm->wait_on_enabled || wait_on > vm->nr_vcpus || wait_on == v->index + 1)
+	/* WAIT_ANY (a lock spinner; F_LOCK_WAIT) is kept as it is: yield_update()
+	 * resolves it to a vCPU each time the slot is read. */
+	if (wait_on == PVSCHED_WAIT_ANY) {
+		if (!vm->lock_wait_enabled || vm->nr_vcpus < 2)
+			wait_on = PVSCHED_WAIT_NONE;
+	} else if (!vm->wait_on_enabled || wait_on > vm->nr_vcpus || wait_on == v->index + 1) {
 		wait_on = PVSCHED_WAIT_NONE;
+	}
 	v->wait_on = wait_on;
 }
 

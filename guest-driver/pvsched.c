@@ -14,6 +14,9 @@
  *   csd_queue_cpu                wait_on: this CPU queued a synchronous
  *                                cross-CPU call and spins until it is done
  *   csd_function_exit            ...and that call is done (Linux >= 6.3)
+ *   contention_begin/end         wait_on = PVSCHED_WAIT_ANY: this CPU spins
+ *                                on a contended spinlock, rwlock or mutex
+ *                                owner (Linux >= 5.19, PVSCHED_F_LOCK_WAIT)
  *
  * Slot writes follow the ABI's sequence protocol (seq odd, fields, seq even),
  * are per CPU, take no lock and never touch a device register, so the hot
@@ -76,6 +79,18 @@
 #define PVSCHED_CSD_TRACEPOINTS 0
 #endif
 
+/*
+ * The lock contention tracepoints came with Linux 5.19, in a header that
+ * existed before them, so the test is the version.
+ */
+#include <linux/version.h>
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(5, 19, 0)
+#include <trace/events/lock.h>
+#define PVSCHED_LOCK_TRACEPOINTS 1
+#else
+#define PVSCHED_LOCK_TRACEPOINTS 0
+#endif
+
 #include "pvsched_abi.h"
 
 static bool use_device_region = true;
@@ -98,6 +113,11 @@ module_param(report_wait, bool, 0444);
 MODULE_PARM_DESC(report_wait,
 		 "Report wait_on, the CPU a synchronous cross-CPU call waits for, when the kernel has csd tracepoints (Linux >= 6.3) and the device honours it (default: 1)");
 
+static bool report_lock = true;
+module_param(report_lock, bool, 0444);
+MODULE_PARM_DESC(report_lock,
+		 "Report a CPU spinning on a contended lock (wait_on = any) from the lock contention tracepoints (Linux >= 5.19), when the device honours it (default: 1)");
+
 static uint health_ms = 1000;
 module_param(health_ms, uint, 0444);
 MODULE_PARM_DESC(health_ms,
@@ -117,8 +137,15 @@ struct pvsched_cpu {
 	 * The synchronous call this CPU waits for: set by this CPU when it
 	 * queues the call, cleared by the CPU that runs it.
 	 */
-	u32 wait_on; /* slot index + 1, or PVSCHED_WAIT_NONE */
+	u32 wait_on; /* slot index + 1, PVSCHED_WAIT_NONE or _ANY */
 	call_single_data_t *wait_csd;
+	/*
+	 * Contended spinlocks this CPU is spinning on, nested (task, softirq,
+	 * hardirq, NMI each have their own), and whether its task spins on a
+	 * mutex's owner. While either holds, wait_on is PVSCHED_WAIT_ANY.
+	 */
+	u32 lock_depth;
+	bool mutex_spin;
 	/* Counters, shown in debugfs. Written by this CPU only. */
 	u64 updates;
 	u64 switches;
@@ -126,6 +153,7 @@ struct pvsched_cpu {
 	u64 softirqs;
 	u64 waits;     /* synchronous calls queued to a CPU with a slot */
 	u64 wait_ends; /* waits of other CPUs this CPU ended */
+	u64 lock_waits; /* contended lock spins reported */
 };
 
 static DEFINE_PER_CPU(struct pvsched_cpu, pvsched_pcpu);
@@ -141,6 +169,7 @@ struct pvsched_dev {
 	u64 features;
 	int cpuhp_state;
 	bool wait_on; /* PVSCHED_F_WAIT_ON negotiated */
+	bool lock_wait; /* PVSCHED_F_LOCK_WAIT negotiated */
 	struct dentry *debugfs;
 	/*
 	 * Validated at DRIVER_OK and never read from the region again: the
@@ -430,6 +459,70 @@ static void notrace pvsched_csd_exit(void *data, smp_call_func_t func,
 }
 #endif /* PVSCHED_CSD_TRACEPOINTS */
 
+#if PVSCHED_LOCK_TRACEPOINTS
+/* wait_on follows this CPU's lock spins, unless a precise wait holds it. */
+static void notrace pvsched_lock_update(struct pvsched_cpu *pc)
+{
+	bool spins = pc->lock_depth || pc->mutex_spin;
+	u32 w = READ_ONCE(pc->wait_on);
+
+	if (spins && w == PVSCHED_WAIT_NONE) {
+		pc->lock_waits++;
+		WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_ANY);
+		pvsched_publish(pc);
+	} else if (!spins && w == PVSCHED_WAIT_ANY) {
+		WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_NONE);
+		pvsched_publish(pc);
+	}
+}
+
+/*
+ * contention_begin: a spinlock or rwlock waiter (LCB_F_SPIN alone, or with
+ * READ/WRITE) spins until the matching contention_end, and each context
+ * nests its own. A mutex waiter first spins on the owner (LCB_F_MUTEX |
+ * LCB_F_SPIN), and says LCB_F_MUTEX alone when it goes to sleep instead;
+ * one contention_end ends either. The holder is not known here (a queued
+ * spinlock has no owner field): the host picks one of this VM's preempted
+ * vCPUs. Sleeping waits (rwsem, percpu-rwsem, rtmutex) cost the host
+ * nothing and are not reported.
+ */
+static void notrace pvsched_lock_begin(void *data, void *lock,
+				       unsigned int flags)
+{
+	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
+
+	/* An NMI could land inside this CPU's own slot update. */
+	if (in_nmi() || (flags & (LCB_F_RT | LCB_F_PERCPU)))
+		return;
+	if (flags & LCB_F_MUTEX)
+		pc->mutex_spin = flags & LCB_F_SPIN;
+	else if (flags & LCB_F_SPIN)
+		pc->lock_depth++;
+	else
+		return;
+	pvsched_lock_update(pc);
+}
+
+/*
+ * contention_end: the innermost wait ended. A spinlock in an interrupt
+ * nests inside a task's mutex spin, never the other way round.
+ */
+static void notrace pvsched_lock_end(void *data, void *lock, int ret)
+{
+	struct pvsched_cpu *pc = this_cpu_ptr(&pvsched_pcpu);
+
+	if (in_nmi())
+		return;
+	if (pc->lock_depth)
+		pc->lock_depth--;
+	else if (pc->mutex_spin)
+		pc->mutex_spin = false;
+	else
+		return;
+	pvsched_lock_update(pc);
+}
+#endif /* PVSCHED_LOCK_TRACEPOINTS */
+
 /*
  * PVSCHED_TP(name, probe): the pvsched_tps entry of tracepoint @name.
  *
@@ -467,11 +560,21 @@ static struct pvsched_tp pvsched_tps[] = {
 	PVSCHED_TP(csd_function_exit, pvsched_csd_exit),
 	PVSCHED_TP(csd_queue_cpu, pvsched_csd_queue),
 #endif
+#if PVSCHED_LOCK_TRACEPOINTS
+	/* The end probe first, as for csd. */
+	PVSCHED_TP(contention_end, pvsched_lock_end),
+	PVSCHED_TP(contention_begin, pvsched_lock_begin),
+#endif
 };
 
 static bool pvsched_is_csd(const struct pvsched_tp *t)
 {
 	return !strncmp(t->name, "csd_", 4);
+}
+
+static bool pvsched_is_lock(const struct pvsched_tp *t)
+{
+	return !strncmp(t->name, "contention_", 11);
 }
 
 static bool pvsched_tp_wanted(const struct pvsched_tp *t,
@@ -481,6 +584,8 @@ static bool pvsched_tp_wanted(const struct pvsched_tp *t,
 		return report_sched;
 	if (pvsched_is_csd(t))
 		return pd->wait_on;
+	if (pvsched_is_lock(t))
+		return pd->lock_wait;
 	return report_irq;
 }
 
@@ -531,6 +636,19 @@ static bool pvsched_have_csd(void)
 		return false;
 	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
 		if (pvsched_is_csd(&pvsched_tps[i]) && !pvsched_tps[i].tp)
+			return false;
+	return true;
+}
+
+/* Both lock contention tracepoints exist (Linux >= 5.19). */
+static bool pvsched_have_lock(void)
+{
+	size_t i;
+
+	if (!PVSCHED_LOCK_TRACEPOINTS)
+		return false;
+	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
+		if (pvsched_is_lock(&pvsched_tps[i]) && !pvsched_tps[i].tp)
 			return false;
 	return true;
 }
@@ -606,6 +724,8 @@ static int pvsched_cpu_online(unsigned int cpu)
 	pc->slot_index = index;
 	pc->kern_cs = 0;
 	pc->hardirq_depth = 0;
+	pc->lock_depth = 0;
+	pc->mutex_spin = false;
 	WRITE_ONCE(pc->wait_csd, NULL);
 	WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_NONE);
 	pvsched_task_state(pc, current);
@@ -626,6 +746,8 @@ static int pvsched_cpu_offline(unsigned int cpu)
 	pc->nice = 0;
 	pc->rt_prio = 0;
 	pc->task_flags = 0;
+	pc->lock_depth = 0;
+	pc->mutex_spin = false;
 	WRITE_ONCE(pc->wait_csd, NULL);
 	WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_NONE);
 	pvsched_publish(pc);
@@ -642,20 +764,21 @@ static int pvsched_stats_show(struct seq_file *m, void *v)
 	struct pvsched_dev *pd = m->private;
 	unsigned int cpu;
 
-	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\nlost %d\nwait_on %d\n",
+	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\nlost %d\nwait_on %d\nlock_wait %d\n",
 		   pd->device_region ? "device" : "guest", pd->nr_vcpus,
 		   pd->generation, pd->features, READ_ONCE(pd->lost),
-		   pd->wait_on);
-	seq_puts(m, "cpu slot updates switches irqs softirqs waits wait_ends\n");
+		   pd->wait_on, pd->lock_wait);
+	seq_puts(m, "cpu slot updates switches irqs softirqs waits wait_ends lock_waits\n");
 	for_each_possible_cpu(cpu) {
 		const struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
 		bool attached = READ_ONCE(pc->slot);
 
-		seq_printf(m, "%u %d %llu %llu %llu %llu %llu %llu\n", cpu,
+		seq_printf(m, "%u %d %llu %llu %llu %llu %llu %llu %llu\n", cpu,
 			   attached ? (int)pc->slot_index : -1,
 			   READ_ONCE(pc->updates), READ_ONCE(pc->switches),
 			   READ_ONCE(pc->irqs), READ_ONCE(pc->softirqs),
-			   READ_ONCE(pc->waits), READ_ONCE(pc->wait_ends));
+			   READ_ONCE(pc->waits), READ_ONCE(pc->wait_ends),
+			   READ_ONCE(pc->lock_waits));
 	}
 	return 0;
 }
@@ -878,6 +1001,13 @@ static int pvsched_handshake(struct pvsched_dev *pd)
 			dev_info(dev, "wait_on not reported: this kernel has no csd tracepoints (Linux < 6.3)\n");
 	}
 	pd->wait_on = wanted & PVSCHED_F_WAIT_ON;
+	if (report_lock && (offered & PVSCHED_F_LOCK_WAIT)) {
+		if (pvsched_have_lock())
+			wanted |= PVSCHED_F_LOCK_WAIT;
+		else
+			dev_info(dev, "lock waits not reported: this kernel has no lock contention tracepoints (Linux < 5.19)\n");
+	}
+	pd->lock_wait = wanted & PVSCHED_F_LOCK_WAIT;
 	pd->features = wanted;
 	pvsched_wr(pd, PVSCHED_REG_DRV_FEATURES_LO, lower_32_bits(wanted));
 	pvsched_wr(pd, PVSCHED_REG_DRV_FEATURES_HI, upper_32_bits(wanted));

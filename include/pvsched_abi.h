@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
 /*
- * pvsched guest/host ABI, version 1.
+ * pvsched guest/host ABI, version 1 (minor 2).
  *
  * This header is the single C definition of the ABI. It is used by the Linux
  * guest driver (guest-driver/), by the BPF policy (bpf-policy/) and, through
@@ -30,7 +30,7 @@
  * Minor additions are announced by feature bits; old drivers ignore them.
  */
 #define PVSCHED_ABI_MAJOR 1
-#define PVSCHED_ABI_MINOR 1
+#define PVSCHED_ABI_MINOR 2
 #define PVSCHED_ABI_VERSION ((PVSCHED_ABI_MAJOR << 16) | PVSCHED_ABI_MINOR)
 #define PVSCHED_VERSION_MAJOR(v) (((v) >> 16) & 0xffff)
 #define PVSCHED_VERSION_MINOR(v) ((v) & 0xffff)
@@ -93,9 +93,10 @@
 #define PVSCHED_F_WAIT_ON (1ULL << 2)	    /* host honours slot.wait_on */
 #define PVSCHED_F_KICK (1ULL << 3)	    /* KICK register is wired to the policy */
 #define PVSCHED_F_TASK_FLAGS (1ULL << 4)    /* slot.flags describes the running task (1.1) */
+#define PVSCHED_F_LOCK_WAIT (1ULL << 5)	    /* slot.wait_on may be PVSCHED_WAIT_ANY (1.2) */
 #define PVSCHED_F_ALL                                                   \
 	(PVSCHED_F_DEVICE_REGION | PVSCHED_F_GUEST_REGION | PVSCHED_F_WAIT_ON | \
-	 PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS)
+	 PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS | PVSCHED_F_LOCK_WAIT)
 
 /* ------------------------------------------------------------------------ */
 /* STATUS (virtio device status bits and values)                             */
@@ -185,6 +186,11 @@ struct pvsched_region_header {
 
 /* wait_on: slot index + 1 of the vCPU this vCPU waits for; 0 = not waiting. */
 #define PVSCHED_WAIT_NONE 0
+/*
+ * wait_on, with PVSCHED_F_LOCK_WAIT (1.2): this vCPU spins on a contended
+ * lock; the holder is some other vCPU of this VM, which one is not known.
+ */
+#define PVSCHED_WAIT_ANY 0xffffffffU
 
 /* Guest-written half: one cache line, only the guest writes it. */
 struct pvsched_slot_guest {
@@ -193,7 +199,7 @@ struct pvsched_slot_guest {
 	__u32 policy;	/* PVSCHED_POLICY_* of the running task */
 	__s32 nice;	/* -20..19 (SCHED_NORMAL/BATCH/IDLE) */
 	__u32 rt_prio;	/* 1..99 (FIFO/RR), else 0 */
-	__u32 wait_on;	/* slot index + 1, or PVSCHED_WAIT_NONE */
+	__u32 wait_on;	/* slot index + 1, PVSCHED_WAIT_NONE or _ANY */
 	__u32 flags;	/* PVSCHED_TASK_F_* with F_TASK_FLAGS, else 0 */
 	__u32 reserved0;
 	__u64 updates;	/* number of completed updates (informational) */

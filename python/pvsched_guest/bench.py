@@ -113,6 +113,18 @@ def between(lines, begin, end):
     return out
 
 
+def driver_counters(lines):
+    """The guest driver's per-CPU debugfs counters (the table under the
+    "cpu slot ..." header of /sys/kernel/debug/pvsched/stats) as one dict
+    of ints per CPU, by column name."""
+    head = next((l.split() for l in lines if l.startswith("cpu slot ")), None)
+    if head is None:
+        return []
+    rows = [dict(zip(head, l.split())) for l in lines]
+    return [{k: int(v) for k, v in r.items()} for r in rows
+            if len(r) == len(head) and r["cpu"].isdigit()]
+
+
 def loadavg():
     try:
         return float(Path("/proc/loadavg").read_text().split()[0])

@@ -132,7 +132,7 @@ OFFSETOF = {
         "wait_on_enabled": 12,
         "caps": 16,
         "nr_emulators": 104,
-        "pad0": 108,
+        "lock_wait_enabled": 108,
         "ls_until": 112,
     },
 }

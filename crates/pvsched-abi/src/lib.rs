@@ -29,7 +29,7 @@ use core::mem::{offset_of, size_of};
 /// ABI major version. A major mismatch is refused at DRIVER_OK.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version. Minor additions are announced by feature bits.
-pub const ABI_MINOR: u32 = 1;
+pub const ABI_MINOR: u32 = 2;
 /// `(major << 16) | minor`, as found in the VERSION register and region header.
 pub const ABI_VERSION: u32 = (ABI_MAJOR << 16) | ABI_MINOR;
 
@@ -125,8 +125,12 @@ pub const F_WAIT_ON: u64 = 1 << 2;
 pub const F_KICK: u64 = 1 << 3;
 /// `slot.flags` describes the running task ([`TASK_F_KTHREAD`]); ABI 1.1.
 pub const F_TASK_FLAGS: u64 = 1 << 4;
+/// `slot.wait_on` may be [`WAIT_ANY`] (a vCPU spinning on a contended lock);
+/// ABI 1.2.
+pub const F_LOCK_WAIT: u64 = 1 << 5;
 /// Every feature bit ABI v1 defines.
-pub const F_ALL: u64 = F_DEVICE_REGION | F_GUEST_REGION | F_WAIT_ON | F_KICK | F_TASK_FLAGS;
+pub const F_ALL: u64 =
+    F_DEVICE_REGION | F_GUEST_REGION | F_WAIT_ON | F_KICK | F_TASK_FLAGS | F_LOCK_WAIT;
 
 // ---------------------------------------------------------------------------
 // STATUS: virtio's device status values, taken from virtio-bindings.
@@ -244,6 +248,9 @@ pub const RT_PRIO_MAX: u32 = 99;
 
 /// `wait_on` value meaning "not waiting"; otherwise slot index + 1.
 pub const WAIT_NONE: u32 = 0;
+/// `wait_on` with [`F_LOCK_WAIT`]: the vCPU spins on a contended lock whose
+/// holder is some other vCPU of the VM, which one is not known.
+pub const WAIT_ANY: u32 = 0xffff_ffff;
 
 /// `vcpu_state`: not known yet.
 pub const VCPU_UNKNOWN: u32 = 0;
@@ -301,7 +308,7 @@ pub struct SlotGuest {
     pub nice: i32,
     /// RT priority, 1..99 for FIFO/RR, else 0.
     pub rt_prio: u32,
-    /// Slot index + 1 of the vCPU waited for, or [`WAIT_NONE`].
+    /// Slot index + 1 of the vCPU waited for, [`WAIT_NONE`] or [`WAIT_ANY`].
     pub wait_on: u32,
     /// `TASK_F_*` bits of the running task with [`F_TASK_FLAGS`], else 0.
     pub flags: u32,

@@ -25,7 +25,7 @@
 use pvsched_abi::{
     CS_ALL, HEADER_SIZE, NICE_MAX, NICE_MIN, POLICY_BATCH, POLICY_DEADLINE, POLICY_FIFO,
     POLICY_IDLE, POLICY_NORMAL, POLICY_RR, RT_PRIO_MAX, RegionHeader, SLOT_SIZE, SlotGuest,
-    SlotHost, WAIT_NONE,
+    SlotHost, WAIT_ANY, WAIT_NONE,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
@@ -119,8 +119,11 @@ pub struct GuestSlotState {
     pub nice: i32,
     /// RT priority: `1..=RT_PRIO_MAX` for FIFO/RR, 0 for every other policy.
     pub rt_prio: u32,
-    /// Slot index waited for; `None` if not waiting or out of range.
+    /// Slot index waited for; `None` if not waiting, out of range, or a
+    /// lock wait (`lock_wait`).
     pub wait_on: Option<u32>,
+    /// The vCPU spins on a contended lock, holder unknown (`WAIT_ANY`).
+    pub lock_wait: bool,
     /// Completed updates counter, as written.
     pub updates: u64,
     /// Some field was out of range and was clamped.
@@ -156,8 +159,9 @@ impl GuestSlotState {
             0
         };
         clamped |= rt_prio != raw.rt_prio;
+        let lock_wait = raw.wait_on == WAIT_ANY;
         let wait_on = match raw.wait_on {
-            WAIT_NONE => None,
+            WAIT_NONE | WAIT_ANY => None,
             v if v - 1 < nr_vcpus => Some(v - 1),
             _ => {
                 clamped = true;
@@ -171,6 +175,7 @@ impl GuestSlotState {
             nice,
             rt_prio,
             wait_on,
+            lock_wait,
             updates: raw.updates,
             clamped,
         }
@@ -641,5 +646,14 @@ mod tests {
             2,
         );
         assert!(!s.clamped);
+        // A lock wait is a wait with no slot, not an out-of-range value.
+        let s = GuestSlotState::from_raw(
+            &SlotGuest {
+                wait_on: WAIT_ANY,
+                ..Default::default()
+            },
+            2,
+        );
+        assert_eq!((s.wait_on, s.lock_wait, s.clamped), (None, true, false));
     }
 }

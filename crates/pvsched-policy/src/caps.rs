@@ -221,6 +221,10 @@ pub struct Caps {
     pub ipi_window_us: u64,
     /// Honour the guest's `wait_on` hint.
     pub wait_on: bool,
+    /// Honour a guest vCPU that says it spins on a contended lock
+    /// (`wait_on` = `WAIT_ANY`): lend the yield boost to one of the VM's
+    /// preempted vCPUs, the likely holder.
+    pub lock_wait: bool,
 }
 
 impl Default for Caps {
@@ -242,6 +246,7 @@ impl Default for Caps {
             window_us: 1_000_000,
             ipi_window_us: 50_000,
             wait_on: true,
+            lock_wait: true,
         }
     }
 }

@@ -93,18 +93,20 @@ pub struct PvsVm {
     pub caps: PvsCaps,
     /// Emulator threads after the vCPUs.
     pub nr_emulators: u32,
-    /// Zero.
-    pub pad0: u32,
+    /// Honour `wait_on` = `WAIT_ANY` (a vCPU spinning on a lock).
+    pub lock_wait_enabled: u32,
     /// Some vCPU is latency-sensitive until (written by BPF).
     pub ls_until: u64,
 }
 
 impl PvsVm {
     /// This VM configuration with `caps` in force (the caps proper and the
-    /// `wait_on` switch, which the BPF side keeps beside them).
+    /// `wait_on` and `lock_wait` switches, which the BPF side keeps beside
+    /// them).
     pub fn with_caps(self, caps: &Caps) -> PvsVm {
         PvsVm {
             wait_on_enabled: caps.wait_on as u32,
+            lock_wait_enabled: caps.lock_wait as u32,
             caps: caps.into(),
             ..self
         }

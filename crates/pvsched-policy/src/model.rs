@@ -14,7 +14,7 @@ use crate::event::*;
 use crate::intf::PvsVcpu;
 use pvsched_abi::{
     BOOST_NICE, BOOST_NONE, BOOST_RT, CS_ALL, NICE_MIN, POLICY_BATCH, POLICY_DEADLINE, POLICY_FIFO,
-    POLICY_NORMAL, POLICY_RR, TASK_F_KTHREAD, WAIT_NONE,
+    POLICY_NORMAL, POLICY_RR, TASK_F_KTHREAD, WAIT_ANY, WAIT_NONE,
 };
 
 /// Model of one VM: caps, vCPUs, the guest halves of the slots, APIC IDs.
@@ -297,18 +297,54 @@ impl VmModel {
                 self.ls_until = v.ls_until;
             }
         }
+        // WAIT_ANY (a lock spinner) is kept as it is: yield_update resolves
+        // it to a vCPU each time the slot is read.
         let mut wait_on = g.wait_on;
-        if !c.wait_on || wait_on > nr || wait_on == v.index + 1 {
+        if wait_on == WAIT_ANY {
+            if !c.lock_wait || nr < 2 {
+                wait_on = WAIT_NONE;
+            }
+        } else if !c.wait_on || wait_on > nr || wait_on == v.index + 1 {
             wait_on = WAIT_NONE;
         }
         v.wait_on = wait_on;
     }
 
+    /// The vCPU lock spinner `i` (`wait_on` = `WAIT_ANY`) lends its yield
+    /// boost to (`lock_target` in ipi.bpf.h): its current slot while that
+    /// vCPU runs or is preempted, else the first preempted vCPU after it in
+    /// slot order, else none.
+    fn lock_target(&self, i: usize) -> u32 {
+        let nr = self.nr();
+        let s = &self.vcpus[i];
+        let cur = s.yield_slot;
+        if cur != 0 && cur <= nr && cur != s.index + 1 {
+            let st = self.vcpus[(cur - 1) as usize].state;
+            if st == ST_RUNNING || st == ST_PREEMPTED {
+                return cur;
+            }
+        }
+        if !(2..=MAX_VCPUS_PER_VM).contains(&nr) || s.index >= nr {
+            return 0;
+        }
+        (1..nr)
+            .map(|k| (s.index + k) % nr)
+            .find(|&j| self.vcpus[j as usize].state == ST_PREEMPTED)
+            .map_or(0, |j| j + 1)
+    }
+
     fn yield_update(&mut self, i: usize, now: u64) -> (u32, u32) {
         let win = Caps::ns(self.caps.ipi_window_us);
+        let any = if self.vcpus[i].wait_on == WAIT_ANY {
+            self.lock_target(i)
+        } else {
+            0
+        };
         let v = &mut self.vcpus[i];
         let mut slot = 0;
-        if v.wait_on != 0 {
+        if v.wait_on == WAIT_ANY {
+            slot = any;
+        } else if v.wait_on != 0 {
             slot = v.wait_on;
         } else if v.last_ipi_target != 0 && now.wrapping_sub(v.last_ipi_ns) <= win {
             slot = v.last_ipi_target;
@@ -982,6 +1018,61 @@ mod tests {
         write(&mut vm, 1, waits(9));
         vm.step(3, Event::SwitchIn { vcpu: 1 });
         assert_eq!(vm.vcpus[1].wait_on, 0);
+    }
+
+    #[test]
+    fn a_lock_spinner_lends_to_a_preempted_vcpu_and_keeps_it_while_it_runs() {
+        let mut vm = VmModel::new(Caps::default(), &[10, 11, 12], &[0, 1, 2]);
+        // vCPU 1 halts, vCPU 2 is preempted: vCPU 0 spins on a lock.
+        vm.step(1, out(1, false));
+        vm.step(2, out(2, true));
+        write(&mut vm, 0, waits(WAIT_ANY));
+        let d = vm.step(3, Event::SwitchIn { vcpu: 0 });
+        assert_eq!(
+            vm.vcpus[0].yield_slot, 3,
+            "the preempted vCPU, not the halted one"
+        );
+        assert!(
+            d.iter()
+                .any(|d| d.tid == 12 && d.kind == BOOST_RT && d.reason == R_YIELD)
+        );
+        // The spinner itself gets nothing: burning a CPU is no reason.
+        assert_eq!(vm.vcpus[0].boost, BOOST_NONE);
+        // The boosted vCPU runs: the spinner keeps lending to it, even
+        // though vCPU 1 is now preempted too.
+        vm.step(4, Event::SwitchIn { vcpu: 2 });
+        vm.step(5, Event::Wakeup { vcpu: 1 });
+        vm.step(6, out(1, true));
+        vm.step(7, Event::Tick { vcpu: 0 });
+        assert_eq!(vm.vcpus[0].yield_slot, 3);
+        // It halts (the lock was passed on): the next preempted vCPU.
+        vm.step(8, out(2, false));
+        vm.step(9, Event::Tick { vcpu: 0 });
+        assert_eq!(vm.vcpus[0].yield_slot, 2);
+        assert_eq!(vm.vcpus[1].boost, BOOST_RT);
+        // The lock is taken: the loan ends.
+        write(&mut vm, 0, waits(WAIT_NONE));
+        vm.step(10, Event::Tick { vcpu: 0 });
+        assert_eq!((vm.vcpus[0].yield_slot, vm.vcpus[1].boost), (0, BOOST_NONE));
+    }
+
+    #[test]
+    fn a_lock_spinner_with_nobody_preempted_or_lock_wait_off_lends_nothing() {
+        let mut vm = vm2();
+        write(&mut vm, 0, waits(WAIT_ANY));
+        vm.step(1, Event::SwitchIn { vcpu: 0 });
+        vm.step(2, out(1, false));
+        vm.step(3, Event::Tick { vcpu: 0 });
+        assert_eq!(vm.vcpus[0].yield_slot, 0, "vCPU 1 is halted");
+        let caps = Caps {
+            lock_wait: false,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(caps, &[10, 11], &[0, 1]);
+        vm.step(1, out(1, true));
+        write(&mut vm, 0, waits(WAIT_ANY));
+        vm.step(2, Event::SwitchIn { vcpu: 0 });
+        assert_eq!((vm.vcpus[0].wait_on, vm.vcpus[0].yield_slot), (0, 0));
     }
 
     #[test]

@@ -82,7 +82,8 @@ pub struct SlotStats {
     pub changes: u64,
     /// Samples per `"policy/rt_prio/nice"` seen.
     pub seen: BTreeMap<String, u64>,
-    /// Samples per `wait_on` seen: the slot index waited for, or `"none"`.
+    /// Samples per `wait_on` seen: the slot index waited for, `"lock"` (a
+    /// lock wait, `WAIT_ANY`) or `"none"`.
     pub waits: BTreeMap<String, u64>,
 }
 
@@ -236,9 +237,11 @@ pub fn sample(monitor: &TransportMonitor, dump: &mut Dump) {
                     *st.seen
                         .entry(format!("{}/{}/{}", g.policy, g.rt_prio, g.nice))
                         .or_default() += 1;
-                    let wait = g
-                        .wait_on
-                        .map_or_else(|| "none".to_owned(), |w| w.to_string());
+                    let wait = match g.wait_on {
+                        Some(w) => w.to_string(),
+                        None if g.lock_wait => "lock".to_owned(),
+                        None => "none".to_owned(),
+                    };
                     *st.waits.entry(wait).or_default() += 1;
                 }
                 Err(_) => st.failed_samples += 1,

@@ -50,6 +50,7 @@ fn gen_caps(r: &mut Rng) -> Caps {
         window_us: r.pick(&[1_000, 10_000, 50_000]),
         ipi_window_us: r.pick(&[0, 500, 50_000]),
         wait_on: r.below(3) != 0,
+        lock_wait: r.below(3) != 0,
     }
 }
 
@@ -97,7 +98,12 @@ fn gen_event(r: &mut Rng, nr: u32, nemu: u32) -> Event {
                 policy: r.pick(&[0, 0, 1, 2, 3, 5, 6, 9]),
                 nice: r.below(46) as i32 - 25,
                 rt_prio: r.pick(&[0, 1, 5, 50, 99, 120]),
-                wait_on: r.below(nr as u64 + 2) as u32,
+                // WAIT_ANY, a lock spinner, now and then.
+                wait_on: if r.below(4) == 0 {
+                    pvsched_abi::WAIT_ANY
+                } else {
+                    r.below(nr as u64 + 2) as u32
+                },
                 flags: r.pick(&[0, 0, 1, 2, 3]),
             },
         },

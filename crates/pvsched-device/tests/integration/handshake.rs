@@ -117,6 +117,7 @@ fn guest_region_handshake_reaches_driver_ok() {
             nice: 0,
             rt_prio: 42,
             wait_on: Some(2),
+            lock_wait: false,
             updates: 7,
             clamped: false
         }

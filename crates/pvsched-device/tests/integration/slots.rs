@@ -164,7 +164,7 @@ fn clamping() {
         ),
         (
             abi::SlotGuest {
-                wait_on: u32::MAX,
+                wait_on: u32::MAX - 1,
                 ..base
             },
             abi::POLICY_NORMAL,
@@ -172,6 +172,18 @@ fn clamping() {
             0,
             None,
             true,
+        ),
+        // WAIT_ANY (u32::MAX) is a lock wait with no slot: not clamped.
+        (
+            abi::SlotGuest {
+                wait_on: abi::WAIT_ANY,
+                ..base
+            },
+            abi::POLICY_NORMAL,
+            0,
+            0,
+            None,
+            false,
         ),
     ];
     for (raw, policy, nice, rt_prio, wait_on, clamped) in cases {

@@ -53,7 +53,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             wait_on_enabled,
             caps,
             nr_emulators,
-            pad0,
+            lock_wait_enabled,
             ls_until
         ]
     );

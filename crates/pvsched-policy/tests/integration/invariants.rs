@@ -63,6 +63,7 @@ fn caps() -> impl Strategy<Value = Caps> {
                 window_us: wi,
                 ipi_window_us: iw,
                 wait_on: true,
+                lock_wait: true,
             },
         )
 }
@@ -96,7 +97,12 @@ fn event(nr: u32) -> impl Strategy<Value = Event> {
                         policy: policy % 8,
                         nice,
                         rt_prio,
-                        wait_on: wait_on % 6,
+                        // WAIT_ANY (a lock spinner) for one draw in 7.
+                        wait_on: if wait_on % 7 == 6 {
+                            pvsched_abi::WAIT_ANY
+                        } else {
+                            wait_on % 6
+                        },
                         // The kernel-thread bit from the same draw.
                         flags: (wait_on >> 8) & 1,
                     },
