@@ -62,7 +62,8 @@ A guest that does not report a workload within --duration + 120 s (static
 FIFO under overcommit can starve QEMU's main loop, which raises a TCG
 guest's timers) is recorded as no result for that workload and the rest of
 its round (`error` in the run, `no_result` in the summary); the benchmark
-goes on with the next round.
+goes on with the next round. A workload that exits non-zero in a guest is
+recorded the same way, and the round goes on with the next workload.
 
 Run as root. Exit 0 on success, 1 on a failed run, 3 when something is
 missing, 130 on Ctrl-C. Every QEMU, device, daemon and hog process is
@@ -90,13 +91,14 @@ sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
 from pvsched_guest.bench import (BenchError, Proc, between, driver_counters,  # noqa: E402
                                  first_line, loadavg, ratio, run_main)
 from pvsched_guest.boot import Boot  # noqa: E402
+from pvsched_guest.host import fair_slice, set_fair_slice  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
 from pvsched_guest.qmp import qmp  # noqa: E402
 
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
-            "pvsched-none", "fifo1", "weight")
+            "pvsched-none", "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
 # control: registered, every boost clamped to nothing.
@@ -105,6 +107,9 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  "pvsched-none": "allow_rt = false\nnice_floor = 0\n"}
 # The guest driver's debugfs counters kept per workload (summed over CPUs).
 GUEST_COUNTERS = ("updates", "waits", "lock_waits")
+# The slice variant: every vCPU thread SCHED_OTHER nice 0 with this custom
+# slice (sched_attr.sched_runtime; the host kernel gives 1.4 ms by default).
+SLICE_NS = 24_000_000
 # The weight variant's cgroup (v1 cpu controller; shares 1024 = nice 0).
 WEIGHT_SHARES = 4096
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
@@ -158,6 +163,10 @@ def stress_ng_ops(text, stressor):
         return int(m.group(1))
     m = re.search(rf"metrc:.*\] {stressor}\s+(\d+)\s", text)
     return int(m.group(1)) if m else None
+
+
+class WorkloadFailed(BenchError):
+    """A guest's workload exited non-zero; the guests still answer."""
 
 
 class NoProgress(BenchError):
@@ -313,6 +322,12 @@ def apply_variant(g, variant, daemon, cgroup):
             os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(1))
     elif variant == "weight":
         (cgroup / "cgroup.procs").write_text(str(pid))
+    elif variant == "slice":
+        for t in g.vcpu_tids():
+            set_fair_slice(t, SLICE_NS)
+            if fair_slice(t) != SLICE_NS:
+                raise BenchError(f"vCPU thread {t}: slice {fair_slice(t)} ns after setting "
+                                 f"{SLICE_NS}")
 
 
 def weight_cgroup():
@@ -365,6 +380,8 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
                 continue
             try:
                 rows.append(run_workload(args, tag, guests, w, variant, daemon))
+            except WorkloadFailed as e:
+                rows.append(no_progress_row(w, variant, tag, str(e)))
             except NoProgress as e:
                 # Recorded, not fatal: the variant starved its guests. They
                 # cannot take another command; QEMU is stopped below.
@@ -432,18 +449,24 @@ def run_workload(args, tag, guests, w, variant, daemon):
         hogs.wait(dur + 60)
         hogs.stop()
         hog_ops = stress_ng_ops(yaml.read_text() if yaml.exists() else "", "cpu")
-    vms = []
+    vms, failed = [], []
     for g, c0, c1, t0, t1 in zip(guests, cpu0, cpu1, thr0, thr1):
         if not g.results:
             raise BenchError(f"{g.name}: no result for {w} (see {g.boot.dir}/serial.log)")
+        # Every guest's counters, a failed one's too: the next workload's
+        # are taken against them.
+        counters = g.guest_counters() if variant.startswith("pvsched") else None
         fields, out = g.results[-1]
         if fields.get("w") != w or fields.get("rc") != "0":
-            raise BenchError(f"{g.name}: {w} failed: {fields} {out[-5:]}")
+            failed.append(f"{g.name}: {w} failed: {fields} {out[-5:]}")
+            continue
         vms.append({"vm": g.name, "throughput": throughput(w, fields, out),
                     "guest_secs": float(fields["secs"]), "cpu_s": round(c1 - c0, 2),
                     "threads_cpu_s": {k: round(t1[k] - t0[k], 2) for k in t0}})
-        if variant.startswith("pvsched"):
-            vms[-1]["guest_counters"] = g.guest_counters()
+        if counters is not None:
+            vms[-1]["guest_counters"] = counters
+    if failed:
+        raise WorkloadFailed("; ".join(failed))
     tp = sum(v["throughput"] for v in vms)
     cpu = sum(v["cpu_s"] for v in vms)
     row = {"workload": w, "variant": variant, "tag": tag, "throughput": round(tp, 2),

@@ -76,6 +76,7 @@ run_workload() {
 			$((2 * ncpu)) >/tmp/out.log 2>&1
 		rc=$?
 		grep -E '^Throughput|Operation|^ *[A-Z][A-Za-z]+ +[0-9]' /tmp/out.log | tail -n 20
+		[ "$rc" = 0 ] || tail -n 5 /tmp/out.log
 		rm -rf /tmp/dbench/*
 		;;
 	*)

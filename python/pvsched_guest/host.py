@@ -38,6 +38,43 @@ def kill(p):
         p.wait()
 
 
+SYS_SCHED_SETATTR = 314  # x86_64
+SYS_SCHED_GETATTR = 315
+
+
+def _sched_attr():
+    import ctypes
+
+    class SchedAttr(ctypes.Structure):
+        _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32),
+                    ("sched_flags", ctypes.c_uint64), ("sched_nice", ctypes.c_int32),
+                    ("sched_priority", ctypes.c_uint32), ("sched_runtime", ctypes.c_uint64),
+                    ("sched_deadline", ctypes.c_uint64), ("sched_period", ctypes.c_uint64)]
+    return ctypes, SchedAttr
+
+
+def set_fair_slice(tid, slice_ns):
+    """SCHED_OTHER nice 0 with a custom slice (sched_attr.sched_runtime, fair
+    class, Linux >= 6.12; the kernel clamps it to 0.1..100 ms)."""
+    ctypes, SchedAttr = _sched_attr()
+    libc = ctypes.CDLL(None, use_errno=True)
+    a = SchedAttr(size=ctypes.sizeof(SchedAttr), sched_policy=0, sched_runtime=slice_ns)
+    if libc.syscall(SYS_SCHED_SETATTR, tid, ctypes.byref(a), 0) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"sched_setattr({tid}, slice {slice_ns} ns): {os.strerror(e)}")
+
+
+def fair_slice(tid):
+    """The custom slice of thread `tid` in ns (0: the kernel's default)."""
+    ctypes, SchedAttr = _sched_attr()
+    libc = ctypes.CDLL(None, use_errno=True)
+    a = SchedAttr()
+    if libc.syscall(SYS_SCHED_GETATTR, tid, ctypes.byref(a), ctypes.sizeof(a), 0) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"sched_getattr({tid}): {os.strerror(e)}")
+    return a.sched_runtime
+
+
 def attrs(tid):
     """(policy, rt priority, nice) of thread `tid`, as the kernel reports them."""
     return (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority,

@@ -117,6 +117,17 @@ stat_of() {
 	awk -v k="$1" '$1 == k { print $2 }' /sys/kernel/debug/pvsched/stats 2>/dev/null
 }
 
+# column_sum NAME: column NAME of the driver's per-CPU counter table,
+# summed over CPUs.
+column_sum() {
+	awk -v k="$1" '$1 == "cpu" && $2 == "slot" {
+		for (i = 1; i <= NF; i++) if ($i == k) c = i
+		next
+	}
+	c && $1 ~ /^[0-9]+$/ { n += $c }
+	END { print n + 0 }' /sys/kernel/debug/pvsched/stats
+}
+
 # slot_of CPU: the slot debugfs shows for CPU (-1 while it has none).
 slot_of() {
 	awk -v c="$1" '$1 == c && NF >= 6 { print $2 }' /sys/kernel/debug/pvsched/stats
@@ -259,9 +270,10 @@ fi
 
 if [ "$mode" = wait ]; then
 	# The host attaches the policy after DRIVER_OK and answers "go"; then
-	# CPU 0 makes synchronous calls to CPU 1 (membarrier) for 3 s.
+	# CPU 0 makes synchronous calls to CPU 1 (membarrier) for 3 s, then
+	# CPUs 0 and 1 contend for one pipe's mutex for 3 s (lock waits).
 	load
-	echo "@@ probe bound=$(bound) wait_on=$(stat_of wait_on)"
+	echo "@@ probe bound=$(bound) wait_on=$(stat_of wait_on) lock_wait=$(stat_of lock_wait)"
 	echo "@@ agent-wait"
 	read -t 120 -r answer
 	echo "@@ agent-go answer=$answer"
@@ -269,6 +281,10 @@ if [ "$mode" = wait ]; then
 	echo "@@ wait-start from=0 to=1"
 	out=$(/pvsched-helper membarrier 3 0 1)
 	echo "@@ wait-end $out"
+	n0=$(column_sum lock_waits)
+	echo "@@ lock-start"
+	out=$(/pvsched-helper lock 3 0 1)
+	echo "@@ lock-end $out lock_waits=$(($(column_sum lock_waits) - n0))"
 	cat /sys/kernel/debug/pvsched/stats
 	sleep 2
 	host_sync idle-end

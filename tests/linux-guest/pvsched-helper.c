@@ -11,8 +11,16 @@
  *                                          expedited membarriers: each one is a
  *                                          synchronous cross-CPU call FROM -> TO
  *                                          (the guest driver's wait_on)
+ *   pvsched-helper lock SECONDS CPU CPU    a thread on each CPU writes 4 KiB to
+ *                                          one non-blocking pipe and reads it
+ *                                          back, again and again: both take the
+ *                                          pipe's mutex, and a waiter spins on
+ *                                          its running owner (the guest
+ *                                          driver's lock waits)
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
@@ -161,6 +169,63 @@ static int membarrier_loop(double secs, int from, int to)
 	return 0;
 }
 
+struct locker {
+	int cpu;
+	int fd[2];
+	double end;
+	long rounds;
+	int failed;
+};
+
+static void *locker(void *arg)
+{
+	struct locker *l = arg;
+	char buf[4096];
+
+	memset(buf, 0x5a, sizeof(buf));
+	if (pin(l->cpu)) {
+		l->failed = 1;
+		return NULL;
+	}
+	while (now() < l->end) {
+		/* A full or empty pipe is EAGAIN: the mutex was taken anyway. */
+		if (write(l->fd[1], buf, sizeof(buf)) < 0 && errno != EAGAIN)
+			break;
+		if (read(l->fd[0], buf, sizeof(buf)) < 0 && errno != EAGAIN)
+			break;
+		l->rounds++;
+	}
+	return NULL;
+}
+
+static int lock_loop(double secs, int cpu0, int cpu1)
+{
+	struct locker l[2] = { { .cpu = cpu0 }, { .cpu = cpu1 } };
+	pthread_t t[2];
+	int fd[2], i;
+
+	if (pipe2(fd, O_NONBLOCK)) {
+		perror("pipe2");
+		return 1;
+	}
+	for (i = 0; i < 2; i++) {
+		l[i].fd[0] = fd[0];
+		l[i].fd[1] = fd[1];
+		l[i].end = now() + secs;
+		if (pthread_create(&t[i], NULL, locker, &l[i])) {
+			perror("pthread_create");
+			return 1;
+		}
+	}
+	for (i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	if (l[0].failed || l[1].failed)
+		return 1;
+	printf("rounds=%ld,%ld cpus=%d,%d\n", l[0].rounds, l[1].rounds, cpu0,
+	       cpu1);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
@@ -171,8 +236,10 @@ int main(int argc, char **argv)
 	if (argc == 5 && !strcmp(argv[1], "membarrier"))
 		return membarrier_loop(atof(argv[2]), atoi(argv[3]),
 				       atoi(argv[4]));
+	if (argc == 5 && !strcmp(argv[1], "lock"))
+		return lock_loop(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	fprintf(stderr,
-		"usage: %s spin SECONDS PRIO CPU | pingpong ROUNDS CPU | membarrier SECONDS FROM TO\n",
+		"usage: %s spin SECONDS PRIO CPU | pingpong ROUNDS CPU | membarrier SECONDS FROM TO | lock SECONDS CPU CPU\n",
 		argv[0]);
 	return 2;
 }

@@ -22,6 +22,16 @@ Host-side evidence, none of it from guest log lines:
 On a kernel without the csd tracepoints (before 6.3) the driver must say it
 does not report wait_on, the slot must never name a vCPU, and the policy
 must make no YIELD decision.
+
+Then guest CPUs 0 and 1 contend for one pipe's mutex for 3 s (each writes 4
+KiB and reads it back, non-blocking): a waiter spins on the running owner,
+which the driver reports from lock:contention_begin/end (Linux >= 5.19) as
+wait_on = WAIT_ANY. The driver must say it reports lock waits and count
+some during the loop, and the device's samples of the two slots (every
+500 us) must catch wait_on = any: each spin on the pipe's mutex is short,
+but there are some 100 000 of them per second. The policy's answer to a
+lock wait needs a preempted vCPU, which this idle host does not make: the
+differential test and S6 cover it.
 """
 
 import json
@@ -40,13 +50,27 @@ halt_boost = "none"
 yield_boost = "rt"
 yield_prio = {YIELD_PRIO}
 wait_on = true
+# Lock waits (wait_on = any) are checked in the guest's slot, not in the
+# policy: off here, so every YIELD decision comes from a csd wait_on.
+lock_wait = false
 """
+
+
+def kernel_at_least(release, version):
+    """Kernel `release` ("7.3.4+deb13-cloud-amd64") is `version` (major,
+    minor) or newer."""
+    m = re.match(r"(\d+)\.(\d+)", release or "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= version
 
 
 def has_csd(release):
     """The csd tracepoints exist from Linux 6.3 on."""
-    m = re.match(r"(\d+)\.(\d+)", release or "")
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (6, 3)
+    return kernel_at_least(release, (6, 3))
+
+
+def has_lock_tracepoints(release):
+    """lock:contention_begin/end exist from Linux 5.19 on."""
+    return kernel_at_least(release, (5, 19))
 
 
 class WaitLoop(AgentLoop):
@@ -82,7 +106,8 @@ class WaitLoop(AgentLoop):
         before, after = a["slots"][src]["waits"], b["slots"][src]["waits"]
         waits = {k: after.get(k, 0) - before.get(k, 0) for k in after}
         named = waits.get(str(dst), 0)
-        others = {k: v for k, v in waits.items() if k not in ("none", str(dst)) and v}
+        # "lock": a lock wait (wait_on = any) of the helper's own syscalls.
+        others = {k: v for k, v in waits.items() if k not in ("none", "lock", str(dst)) and v}
         # 2. The policy's decisions during the loop (CLOCK_MONOTONIC ns).
         t0 = boot.t0
         lo, hi = (t0 + start) * 1e9, (t0 + end) * 1e9
@@ -132,6 +157,8 @@ class WaitLoop(AgentLoop):
                 f.append(f"wait: slot {src} named a vCPU on {release}: {waits}")
             if yields:
                 f.append(f"wait: {len(yields)} YIELD decisions on {release} without wait_on")
+        lock_f, lock_summary = self.check_locks(boot, release)
+        f += lock_f
         if self.rc != 0:
             f.append(f"wait: pvsched-agent-attach exited with {self.rc}")
         if self.after_stop != self.baseline:
@@ -148,5 +175,36 @@ class WaitLoop(AgentLoop):
                    + f"; slot {src} slot_hits {hits}; thread {dst_tid} samples during the "
                    f"loop: {hist(during)}; sender {src_tid}: "
                    f"{hist([s for t, s in self.sampler.samples[src_tid] if start <= t <= end])}; "
-                   f"after stop {[fmt(x) for x in self.after_stop.values()]}; agent rc {self.rc}")
+                   f"after stop {[fmt(x) for x in self.after_stop.values()]}; agent rc {self.rc}"
+                   f"; {lock_summary}")
         return f, summary
+
+    def check_locks(self, boot, release):
+        """The lock loop: (failures, summary)."""
+        f = []
+        driver = boot.mark("probe").get("lock_wait")
+        end = boot.mark("lock-end")
+        try:
+            waits = int(end.get("lock_waits", ""))
+        except ValueError:
+            return [f"lock: no lock_waits count at lock-end ({end})"], "lock: no count"
+        a, b = boot.snapshots.get("lock-start"), boot.snapshots.get("lock-end")
+        samples = None
+        if a and b:
+            samples = [b["slots"][i]["waits"].get("lock", 0) - a["slots"][i]["waits"].get("lock", 0)
+                       for i in range(min(len(a["slots"]), len(b["slots"])))]
+        if has_lock_tracepoints(release):
+            if driver != "1":
+                f.append(f"lock: driver reports lock_wait={driver} on {release} (the lock "
+                         f"contention tracepoints exist from 5.19)")
+            if waits <= 0:
+                f.append(f"lock: the driver counted no lock waits in 3 s of pipe-mutex "
+                         f"contention ({end})")
+            if not samples or not any(samples):
+                f.append(f"lock: the device's samples never saw wait_on = any during the "
+                         f"loop ({samples})")
+        elif driver != "0" or waits:
+            f.append(f"lock: driver reports lock_wait={driver}, {waits} waits on {release}")
+        return f, (f"lock: driver lock_wait={driver}; {end.get('rounds', '?')} pipe rounds on "
+                   f"cpus 0,1; {waits} lock waits; device samples of wait_on = any per slot "
+                   f"during the loop {samples}")
