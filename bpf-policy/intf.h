@@ -46,7 +46,8 @@
 #define PVS_EV_USER_EXIT 6  /* a = exit reason */
 #define PVS_EV_TICK 7	    /* agent timer or device KICK: re-evaluate */
 #define PVS_EV_EXIT 8	    /* the registered thread exits (sched_process_exit) */
-#define PVS_EV_MAX 9
+#define PVS_EV_KICK 9	    /* this vCPU's thread woke sibling vCPU a (slot index) */
+#define PVS_EV_MAX 10
 
 /* Decision reasons. */
 #define PVS_R_NONE 0	   /* the guest no longer asks */
@@ -77,7 +78,7 @@ struct pvs_caps {
 	__u64 ipi_window_ns; /* how long an IPI pair stays confirmed */
 	__u64 halt_hold_ns;  /* latency-sensitive this long after the guest last asked */
 	__u32 halt_always;   /* every vCPU is latency-sensitive */
-	__u32 pad0;
+	__u32 kick_pairs;    /* a sibling vCPU's wakeup confirms a pair as an IPI does */
 };
 
 /* Per-VM record (`vms` array, key = vm_id). */

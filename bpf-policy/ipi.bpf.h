@@ -34,6 +34,22 @@ static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 
 	STAT_INC(ipi_pairs);
 }
 
+/* s's thread woke vCPU `target`'s thread (caps.kick_pairs): the pair is
+ * confirmed as by an IPI. Under QEMU TCG this is the IPI itself (the sender
+ * kicks the halted receiver's thread); under KVM it doubles the
+ * kvm_apic_ipi record of a kick, or is a paravirtual unhalt. */
+static __always_inline void kick_record(struct pvs_vcpu *s, const struct pvs_vm *vm,
+					__u32 target, __u64 now)
+{
+	if (!vm->caps.kick_pairs || target == s->index || target >= vm->nr_vcpus ||
+	    target >= PVS_MAX_VCPUS_PER_VM)
+		return;
+	s->last_ipi_target = target + 1;
+	s->last_ipi_ns = now;
+	s->ipis++;
+	STAT_INC(ipi_pairs);
+}
+
 struct pick_ctx {
 	__u32 vm_id;
 	__u32 self;

@@ -49,6 +49,10 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 		if (v->index < vm->nr_vcpus)
 			ipi_record(v, (__u32)a, (__u32)b, now);
 		break;
+	case PVS_EV_KICK: /* a vCPU woke a sibling; the waker is never an emulator thread */
+		if (v->index < vm->nr_vcpus)
+			kick_record(v, vm, (__u32)a, now);
+		break;
 	default:
 		break;
 	}

@@ -72,12 +72,26 @@ int BPF_PROG(pvs_sched_process_exec, struct task_struct *p, pid_t old_pid,
 	return 0;
 }
 
+/*
+ * A vCPU thread is woken. When the waker is a sibling vCPU's thread, that
+ * vCPU kicked it (under QEMU TCG an IPI is exactly that): the waker's event
+ * goes first, so the woken vCPU's own event already sees the loan.
+ */
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
 {
-	struct pvs_vcpu *v = vcpu_by_tid((__u32)p->pid);
+	struct pvs_vcpu *v = vcpu_by_tid((__u32)p->pid), *s;
+	__u32 cur = current_tid();
+	__u64 now;
 
-	if (v)
-		handle_event(v, PVS_EV_WAKEUP, 0, 0, bpf_ktime_get_ns(), current_tid());
+	if (!v)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (cur != (__u32)p->pid) {
+		s = vcpu_by_tid(cur);
+		if (s && s->vm_id == v->vm_id)
+			handle_event(s, PVS_EV_KICK, v->index, 0, now, cur);
+	}
+	handle_event(v, PVS_EV_WAKEUP, 0, 0, now, cur);
 	return 0;
 }

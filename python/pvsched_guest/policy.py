@@ -29,7 +29,8 @@ EV_IPI = 5
 EV_USER_EXIT = 6
 EV_TICK = 7
 EV_EXIT = 8
-EV_MAX = 9
+EV_KICK = 9
+EV_MAX = 10
 R_NONE = 0
 R_CS = 1
 R_RT_TASK = 2
@@ -44,7 +45,7 @@ R_EXITED = 9
 SIZEOF = {
     "pvs_caps": 88,
     "pvs_decision": 48,
-    "pvs_stats": 152,
+    "pvs_stats": 160,
     "pvs_vcpu": 176,
     "pvs_vm": 120,
 }
@@ -66,7 +67,7 @@ OFFSETOF = {
         "ipi_window_ns": 64,
         "halt_hold_ns": 72,
         "halt_always": 80,
-        "pad0": 84,
+        "kick_pairs": 84,
     },
     "pvs_decision": {
         "ts": 0,
@@ -82,16 +83,16 @@ OFFSETOF = {
     },
     "pvs_stats": {
         "events": 0,
-        "decisions": 72,
-        "dropped": 80,
-        "boosts": 88,
-        "unboosts": 96,
-        "throttles": 104,
-        "ipi_pairs": 112,
-        "slot_hits": 120,
-        "torn_reads": 128,
-        "read_errors": 136,
-        "publish_busy": 144,
+        "decisions": 80,
+        "dropped": 88,
+        "boosts": 96,
+        "unboosts": 104,
+        "throttles": 112,
+        "ipi_pairs": 120,
+        "slot_hits": 128,
+        "torn_reads": 136,
+        "read_errors": 144,
+        "publish_busy": 152,
     },
     "pvs_vcpu": {
         "tid": 0,

@@ -152,6 +152,13 @@ mod tests {
         assert!(ident.is_alive());
         stop_tx.send(()).unwrap();
         t.join().unwrap();
+        // join() returns once the kernel cleared the thread's TID word,
+        // which it does in do_exit() before the thread is reaped: give the
+        // exit a moment to complete (bounded) rather than race it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while ident.is_alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert!(!ident.is_alive(), "thread {tid} exited");
         assert!(matches!(
             ThreadIdent::open(tid, None),

@@ -219,6 +219,10 @@ pub struct Caps {
     pub window_us: u64,
     /// How long an IPI sender→receiver pair stays confirmed, µs.
     pub ipi_window_us: u64,
+    /// A vCPU thread that wakes a sibling vCPU's thread (under QEMU TCG the
+    /// IPI itself: the sender kicks the halted receiver) confirms the pair
+    /// as an IPI would.
+    pub kick_pairs: bool,
     /// Honour the guest's `wait_on` hint.
     pub wait_on: bool,
     /// Honour a guest vCPU that says it spins on a contended lock
@@ -245,6 +249,7 @@ impl Default for Caps {
             budget_us: 200_000,
             window_us: 1_000_000,
             ipi_window_us: 50_000,
+            kick_pairs: true,
             wait_on: true,
             lock_wait: true,
         }

@@ -17,8 +17,11 @@ pub const EV_USER_EXIT: u32 = 6;
 pub const EV_TICK: u32 = 7;
 /// `PVS_EV_*`: the registered thread exits (sched_process_exit).
 pub const EV_EXIT: u32 = 8;
+/// `PVS_EV_*`: the vCPU's thread woke a sibling vCPU's thread (`a` = its
+/// slot index).
+pub const EV_KICK: u32 = 9;
 /// Number of event kinds (array size in the statistics).
-pub const EV_MAX: u32 = 9;
+pub const EV_MAX: u32 = 10;
 
 /// `PVS_R_*`: the guest no longer asks.
 pub const R_NONE: u32 = 0;
@@ -136,6 +139,14 @@ pub enum Event {
         /// KVM exit reason.
         reason: u32,
     },
+    /// sched_wakeup of vCPU `target`'s thread, in vCPU `vcpu`'s thread
+    /// (the BPF program runs it just before the target's [`Event::Wakeup`]).
+    Kick {
+        /// Slot index of the waking vCPU.
+        vcpu: u32,
+        /// Slot index of the woken vCPU.
+        target: u32,
+    },
     /// Agent timer.
     Tick {
         /// Slot index.
@@ -165,6 +176,7 @@ impl Event {
                 icr_low,
             } => (EV_IPI, vcpu, dest_id as u64, icr_low as u64),
             Event::UserExit { vcpu, reason } => (EV_USER_EXIT, vcpu, reason as u64, 0),
+            Event::Kick { vcpu, target } => (EV_KICK, vcpu, target as u64, 0),
             Event::Tick { vcpu } => (EV_TICK, vcpu, 0, 0),
             Event::GuestWrite { .. } => return None,
         })

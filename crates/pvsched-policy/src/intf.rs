@@ -50,8 +50,8 @@ pub struct PvsCaps {
     pub halt_hold_ns: u64,
     /// Every vCPU is latency-sensitive.
     pub halt_always: u32,
-    /// Zero.
-    pub pad0: u32,
+    /// A sibling vCPU's wakeup confirms a pair as an IPI does.
+    pub kick_pairs: u32,
 }
 
 impl From<&Caps> for PvsCaps {
@@ -72,7 +72,7 @@ impl From<&Caps> for PvsCaps {
             ipi_window_ns: Caps::ns(c.ipi_window_us),
             halt_hold_ns: Caps::ns(c.halt_hold_us),
             halt_always: c.halt_always as u32,
-            pad0: 0,
+            kick_pairs: c.kick_pairs as u32,
         }
     }
 }

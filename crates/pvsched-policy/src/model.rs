@@ -194,6 +194,9 @@ impl VmModel {
         if code == EV_IPI && vcpu < self.nr_vcpus {
             self.ipi_record(i, a as u32, b as u32, now);
         }
+        if code == EV_KICK && vcpu < self.nr_vcpus {
+            self.kick_record(i, a as u32, now);
+        }
         self.refresh_request(i, now);
         let (old_t, new_t) = self.yield_update(i, now);
         if old_t != new_t {
@@ -233,6 +236,19 @@ impl VmModel {
             return;
         }
         v.last_ipi_target = idx + 1;
+        v.last_ipi_ns = now;
+        v.ipis += 1;
+    }
+
+    /// vCPU `i`'s thread woke vCPU `target`'s (`kick_record` in ipi.bpf.h).
+    fn kick_record(&mut self, i: usize, target: u32, now: u64) {
+        let nr = self.nr();
+        let v = &mut self.vcpus[i];
+        if !self.caps.kick_pairs || target == v.index || target >= nr || target >= MAX_VCPUS_PER_VM
+        {
+            return;
+        }
+        v.last_ipi_target = target + 1;
         v.last_ipi_ns = now;
         v.ipis += 1;
     }
@@ -1073,6 +1089,36 @@ mod tests {
         write(&mut vm, 0, waits(WAIT_ANY));
         vm.step(2, Event::SwitchIn { vcpu: 0 });
         assert_eq!((vm.vcpus[0].wait_on, vm.vcpus[0].yield_slot), (0, 0));
+    }
+
+    #[test]
+    fn a_kick_confirms_a_pair_like_an_ipi() {
+        let mut vm = vm2();
+        vm.step(1, out(1, false));
+        // vCPU 0's thread wakes vCPU 1's (the sender's event first, as the
+        // BPF program runs them): vCPU 1 is lent the yield boost.
+        let d = vm.step(2, Event::Kick { vcpu: 0, target: 1 });
+        assert_eq!(vm.vcpus[0].yield_slot, 2);
+        assert!(
+            d.iter()
+                .any(|d| d.tid == 11 && d.kind == BOOST_RT && d.reason == R_YIELD)
+        );
+        vm.step(2, Event::Wakeup { vcpu: 1 });
+        assert_eq!(vm.vcpus[1].boost, BOOST_RT);
+        // The pair lapses after ipi_window_us like an IPI's.
+        vm.step(2 + 51 * MS, Event::Tick { vcpu: 0 });
+        assert_eq!((vm.vcpus[0].yield_slot, vm.vcpus[1].boost), (0, BOOST_NONE));
+        // A kick of itself or out of range, or with kick_pairs off, is none.
+        vm.step(200 * MS, Event::Kick { vcpu: 0, target: 0 });
+        vm.step(200 * MS, Event::Kick { vcpu: 0, target: 5 });
+        assert_eq!(vm.vcpus[0].yield_slot, 0);
+        let caps = Caps {
+            kick_pairs: false,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(caps, &[10, 11], &[0, 1]);
+        vm.step(1, Event::Kick { vcpu: 0, target: 1 });
+        assert_eq!(vm.vcpus[0].yield_slot, 0);
     }
 
     #[test]

@@ -49,6 +49,7 @@ fn gen_caps(r: &mut Rng) -> Caps {
         budget_us: r.pick(&[0, 1_000, 4_000]),
         window_us: r.pick(&[1_000, 10_000, 50_000]),
         ipi_window_us: r.pick(&[0, 500, 50_000]),
+        kick_pairs: r.below(3) != 0,
         wait_on: r.below(3) != 0,
         lock_wait: r.below(3) != 0,
     }
@@ -58,11 +59,11 @@ fn gen_caps(r: &mut Rng) -> Caps {
 /// the `nemu` emulator threads after them.
 fn gen_event(r: &mut Rng, nr: u32, nemu: u32) -> Event {
     let mut vcpu = r.below(nr as u64) as u32;
-    let kind = r.below(9);
+    let kind = r.below(10);
     // Scheduler events and ticks for any thread; now and then a KVM event
     // for an emulator thread too, which the policy must shrug off (guest
     // writes only for vCPUs: an emulator thread has no slot).
-    if kind <= 2 || kind == 6 || (kind < 7 && r.below(8) == 0) {
+    if kind <= 2 || kind == 6 || ((kind < 7 || kind == 8) && r.below(8) == 0) {
         vcpu = r.below((nr + nemu) as u64) as u32;
     }
     match kind {
@@ -87,6 +88,11 @@ fn gen_event(r: &mut Rng, nr: u32, nemu: u32) -> Event {
             reason: r.below(30) as u32,
         },
         6 => Event::Tick { vcpu },
+        // A vCPU (now and then an emulator thread) wakes one of the vCPUs.
+        8 => Event::Kick {
+            vcpu,
+            target: r.below(nr as u64 + 1) as u32,
+        },
         _ => Event::GuestWrite {
             vcpu,
             guest: GuestFields {

@@ -38,7 +38,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             ipi_window_ns,
             halt_hold_ns,
             halt_always,
-            pad0
+            kick_pairs
         ]
     );
     layout_struct!(
@@ -142,7 +142,8 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         PVS_EV_SWITCH_OUT => ev::EV_SWITCH_OUT, PVS_EV_SWITCH_IN => ev::EV_SWITCH_IN,
         PVS_EV_WAKEUP => ev::EV_WAKEUP, PVS_EV_VCPU_WAKEUP => ev::EV_VCPU_WAKEUP,
         PVS_EV_IPI => ev::EV_IPI, PVS_EV_USER_EXIT => ev::EV_USER_EXIT,
-        PVS_EV_TICK => ev::EV_TICK, PVS_EV_EXIT => ev::EV_EXIT, PVS_EV_MAX => ev::EV_MAX,
+        PVS_EV_TICK => ev::EV_TICK, PVS_EV_EXIT => ev::EV_EXIT, PVS_EV_KICK => ev::EV_KICK,
+        PVS_EV_MAX => ev::EV_MAX,
         PVS_R_NONE => ev::R_NONE, PVS_R_CS => ev::R_CS, PVS_R_RT_TASK => ev::R_RT_TASK,
         PVS_R_NICE_TASK => ev::R_NICE_TASK, PVS_R_HALT => ev::R_HALT, PVS_R_YIELD => ev::R_YIELD,
         PVS_R_MAX_BOOST => ev::R_MAX_BOOST, PVS_R_BUDGET => ev::R_BUDGET, PVS_R_THROTTLED => ev::R_THROTTLED, PVS_R_EXITED => ev::R_EXITED,

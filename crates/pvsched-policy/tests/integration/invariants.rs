@@ -35,7 +35,7 @@ fn caps() -> impl Strategy<Value = Caps> {
             1u64..20_000,
             0u64..5_000,
         ),
-        (0u64..5_000, any::<bool>()),
+        (0u64..5_000, any::<bool>(), any::<bool>()),
     )
         .prop_map(
             |(
@@ -45,7 +45,7 @@ fn caps() -> impl Strategy<Value = Caps> {
                 cs_rt_prio,
                 (hk, hp, yk, yp),
                 (mb, th, bu, wi, iw),
-                (hold, always),
+                (hold, always, kick_pairs),
             )| Caps {
                 allow_rt,
                 max_rt_prio,
@@ -62,6 +62,7 @@ fn caps() -> impl Strategy<Value = Caps> {
                 budget_us: bu,
                 window_us: wi,
                 ipi_window_us: iw,
+                kick_pairs,
                 wait_on: true,
                 lock_wait: true,
             },
@@ -76,6 +77,7 @@ fn event(nr: u32) -> impl Strategy<Value = Event> {
         v.clone().prop_map(|vcpu| Event::SwitchIn { vcpu }),
         v.clone().prop_map(|vcpu| Event::Wakeup { vcpu }),
         v.clone().prop_map(|vcpu| Event::Tick { vcpu }),
+        (v.clone(), 0..nr + 1).prop_map(|(vcpu, target)| Event::Kick { vcpu, target }),
         (v.clone(), any::<u32>(), any::<u32>()).prop_map(|(vcpu, dest_id, icr_low)| Event::Ipi {
             vcpu,
             dest_id: dest_id % 8,
