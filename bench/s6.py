@@ -98,12 +98,12 @@ from pvsched_guest.qmp import qmp  # noqa: E402
 
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
-            "pvsched-nokick", "pvsched-none", "fifo1", "weight", "slice")
+            "pvsched-kick", "pvsched-none", "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
 # control: registered, every boost clamped to nothing.
 ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n",
-                 "pvsched-nolock": "lock_wait = false\n", "pvsched-nokick": "kick_pairs = false\n",
+                 "pvsched-nolock": "lock_wait = false\n", "pvsched-kick": "kick_pairs = true\n",
                  "pvsched-none": "allow_rt = false\nnice_floor = 0\n"}
 # The guest driver's debugfs counters kept per workload (summed over CPUs).
 GUEST_COUNTERS = ("updates", "waits", "lock_waits")

@@ -129,6 +129,9 @@ struct pvs_vcpu {
 	__u64 boosted_ns;      /* boosted on-CPU ns */
 	__u64 ipis;
 	__u64 slot_hits;
+	__u32 guest_idle;      /* the guest ran its idle task at the last slot read */
+	__u32 last_kick_target; /* slot index + 1 of the vCPU this one last kicked, or 0 */
+	__u64 last_kick_ns;
 };
 
 /* Decision record (`decisions` ring buffer): sent when a thread's boost

@@ -34,16 +34,35 @@ static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 
 	STAT_INC(ipi_pairs);
 }
 
-/* s's thread woke vCPU `target`'s thread (caps.kick_pairs): the pair is
+/*
+ * s's thread woke vCPU `target`'s thread (caps.kick_pairs): the pair is
  * confirmed as by an IPI. Under QEMU TCG this is the IPI itself (the sender
  * kicks the halted receiver's thread); under KVM it doubles the
- * kvm_apic_ipi record of a kick, or is a paravirtual unhalt. */
+ * kvm_apic_ipi record of a kick, or is a paravirtual unhalt. Only when the
+ * target's guest was idle at its last slot read (it halted): a TCG vCPU
+ * thread also wakes a sibling that waited for QEMU's global lock, which is
+ * no IPI and would lend a busy vCPU the boost. And only the second kick of
+ * the same vCPU within ipi_window_ns confirms the pair: a guest that
+ * communicates kicks its siblings again and again, a batch guest's odd
+ * IPI (a timer, a load balance) lends nothing.
+ */
 static __always_inline void kick_record(struct pvs_vcpu *s, const struct pvs_vm *vm,
 					__u32 target, __u64 now)
 {
+	struct pvs_vcpu *t;
+
 	if (!vm->caps.kick_pairs || target == s->index || target >= vm->nr_vcpus ||
 	    target >= PVS_MAX_VCPUS_PER_VM)
 		return;
+	t = vcpu_by_index(s->vm_id, target);
+	if (!t || !READ_ONCE(t->guest_idle))
+		return;
+	if (s->last_kick_target != target + 1 || now - s->last_kick_ns > vm->caps.ipi_window_ns) {
+		s->last_kick_target = target + 1;
+		s->last_kick_ns = now;
+		return;
+	}
+	s->last_kick_ns = now;
 	s->last_ipi_target = target + 1;
 	s->last_ipi_ns = now;
 	s->ipis++;

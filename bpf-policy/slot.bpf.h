@@ -134,6 +134,7 @@ static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, _
 		wait_on = PVSCHED_WAIT_NONE;
 	}
 	v->wait_on = wait_on;
+	v->guest_idle = !!(flags & PVSCHED_TASK_F_IDLE);
 }
 
 /* Refresh v's request from its slot if this context can read it. */

@@ -7,8 +7,8 @@
  * writes into the slot of the CPU it runs on:
  *
  *   sched_switch                 policy, nice and rt_prio of the next task,
- *                                and whether it is a kernel thread (flags,
- *                                with PVSCHED_F_TASK_FLAGS)
+ *                                and whether it is a kernel thread or the
+ *                                idle task (flags, with PVSCHED_F_TASK_FLAGS)
  *   irq_handler_entry/exit       PVSCHED_CS_HARDIRQ
  *   softirq_entry/exit           PVSCHED_CS_SOFTIRQ
  *   csd_queue_cpu                wait_on: this CPU queued a synchronous
@@ -192,7 +192,9 @@ static bool pvsched_claiming;
  * PVSCHED_F_TASK_FLAGS negotiated: slots say whether the running task is a
  * kernel thread. A host then knows that an RT task is the kernel's own
  * (the stopper every CPU runs for the soft-lockup watchdog, IRQ threads)
- * and not the guest's latency-sensitive work. Otherwise flags stay 0.
+ * and not the guest's latency-sensitive work, and that a CPU runs its idle
+ * task (a halted vCPU woken by a sibling was sent an IPI, not a vCPU that
+ * waited for the VMM). Otherwise flags stay 0.
  */
 static bool pvsched_task_flags;
 
@@ -310,8 +312,13 @@ static void pvsched_task_state(struct pvsched_cpu *pc,
 	u32 policy = p->policy;
 
 	pc->policy = policy;
-	pc->task_flags = READ_ONCE(pvsched_task_flags) && (p->flags & PF_KTHREAD) ?
-				 PVSCHED_TASK_F_KTHREAD : 0;
+	pc->task_flags = 0;
+	if (READ_ONCE(pvsched_task_flags)) {
+		if (p->flags & PF_KTHREAD)
+			pc->task_flags |= PVSCHED_TASK_F_KTHREAD;
+		if (is_idle_task(p))
+			pc->task_flags |= PVSCHED_TASK_F_IDLE;
+	}
 	if (policy == SCHED_FIFO || policy == SCHED_RR) {
 		pc->rt_prio = p->rt_priority;
 		pc->nice = 0;

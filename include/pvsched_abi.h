@@ -182,7 +182,8 @@ struct pvsched_region_header {
 
 /* Guest half: flags bits (with PVSCHED_F_TASK_FLAGS; 0 otherwise). */
 #define PVSCHED_TASK_F_KTHREAD (1U << 0) /* the running task is a kernel thread */
-#define PVSCHED_TASK_F_ALL PVSCHED_TASK_F_KTHREAD
+#define PVSCHED_TASK_F_IDLE (1U << 1)	 /* the CPU runs its idle task (1.2) */
+#define PVSCHED_TASK_F_ALL (PVSCHED_TASK_F_KTHREAD | PVSCHED_TASK_F_IDLE)
 
 /* wait_on: slot index + 1 of the vCPU this vCPU waits for; 0 = not waiting. */
 #define PVSCHED_WAIT_NONE 0

@@ -46,7 +46,7 @@ SIZEOF = {
     "pvs_caps": 88,
     "pvs_decision": 48,
     "pvs_stats": 160,
-    "pvs_vcpu": 176,
+    "pvs_vcpu": 192,
     "pvs_vm": 120,
 }
 
@@ -125,6 +125,9 @@ OFFSETOF = {
         "boosted_ns": 152,
         "ipis": 160,
         "slot_hits": 168,
+        "guest_idle": 176,
+        "last_kick_target": 180,
+        "last_kick_ns": 184,
     },
     "pvs_vm": {
         "active": 0,

@@ -223,8 +223,11 @@ pub const CS_ALL: u32 = CS_NMI | CS_HARDIRQ | CS_SOFTIRQ | CS_PREEMPT_OFF;
 
 /// `flags` bit (with [`F_TASK_FLAGS`]): the running task is a kernel thread.
 pub const TASK_F_KTHREAD: u32 = 1 << 0;
+/// `flags` bit (with [`F_TASK_FLAGS`], ABI 1.2): the CPU runs its idle task
+/// (it is about to halt, or halted).
+pub const TASK_F_IDLE: u32 = 1 << 1;
 /// Every defined `flags` bit; others are reserved and ignored.
-pub const TASK_F_ALL: u32 = TASK_F_KTHREAD;
+pub const TASK_F_ALL: u32 = TASK_F_KTHREAD | TASK_F_IDLE;
 
 /// `policy`: SCHED_NORMAL.
 pub const POLICY_NORMAL: u32 = 0;

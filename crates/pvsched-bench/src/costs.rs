@@ -131,8 +131,8 @@ mod tests {
     fn bytes_follow_the_abi() {
         let b = bytes_per_vcpu();
         assert_eq!(b["region_slot"], 128);
-        assert_eq!(b["map_vcpus_entry"], 180);
-        assert_eq!(b["maps_total"], 180 + 8 + 12);
+        assert_eq!(b["map_vcpus_entry"], 196);
+        assert_eq!(b["maps_total"], 196 + 8 + 12);
         assert_eq!(b["region_size"][1]["region_bytes"], abi::region_size(2));
     }
 }

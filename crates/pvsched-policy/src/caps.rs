@@ -219,9 +219,12 @@ pub struct Caps {
     pub window_us: u64,
     /// How long an IPI sender→receiver pair stays confirmed, µs.
     pub ipi_window_us: u64,
-    /// A vCPU thread that wakes a sibling vCPU's thread (under QEMU TCG the
-    /// IPI itself: the sender kicks the halted receiver) confirms the pair
-    /// as an IPI would.
+    /// A vCPU thread that wakes a sibling vCPU's idle, halted thread twice
+    /// within `ipi_window_us` (under QEMU TCG that is the IPI itself: the
+    /// sender kicks the halted receiver) confirms the pair as an IPI would.
+    /// Off by default: it buys IPI-heavy TCG guests throughput per CPU
+    /// second with the host's CPU, and lends a batch guest's odd wake-ups a
+    /// boost too (docs/benchmarks.md, S6).
     pub kick_pairs: bool,
     /// Honour the guest's `wait_on` hint.
     pub wait_on: bool,
@@ -249,7 +252,7 @@ impl Default for Caps {
             budget_us: 200_000,
             window_us: 1_000_000,
             ipi_window_us: 50_000,
-            kick_pairs: true,
+            kick_pairs: false,
             wait_on: true,
             lock_wait: true,
         }

@@ -179,6 +179,12 @@ pub struct PvsVcpu {
     pub ipis: u64,
     /// Times this vCPU's slot target was boosted.
     pub slot_hits: u64,
+    /// The guest ran its idle task at the last slot read (`TASK_F_IDLE`).
+    pub guest_idle: u32,
+    /// Slot index + 1 of the vCPU this one last kicked, or 0.
+    pub last_kick_target: u32,
+    /// When.
+    pub last_kick_ns: u64,
 }
 
 /// `struct pvs_stats`.
@@ -202,7 +208,7 @@ pub struct PvsStats {
 const _: () = {
     assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4);
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 16);
-    assert!(size_of::<PvsVcpu>() == 176);
+    assert!(size_of::<PvsVcpu>() == 192);
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 10) * 8);
 };

@@ -14,7 +14,7 @@ use crate::event::*;
 use crate::intf::PvsVcpu;
 use pvsched_abi::{
     BOOST_NICE, BOOST_NONE, BOOST_RT, CS_ALL, NICE_MIN, POLICY_BATCH, POLICY_DEADLINE, POLICY_FIFO,
-    POLICY_NORMAL, POLICY_RR, TASK_F_KTHREAD, WAIT_ANY, WAIT_NONE,
+    POLICY_NORMAL, POLICY_RR, TASK_F_IDLE, TASK_F_KTHREAD, WAIT_ANY, WAIT_NONE,
 };
 
 /// Model of one VM: caps, vCPUs, the guest halves of the slots, APIC IDs.
@@ -243,11 +243,23 @@ impl VmModel {
     /// vCPU `i`'s thread woke vCPU `target`'s (`kick_record` in ipi.bpf.h).
     fn kick_record(&mut self, i: usize, target: u32, now: u64) {
         let nr = self.nr();
-        let v = &mut self.vcpus[i];
-        if !self.caps.kick_pairs || target == v.index || target >= nr || target >= MAX_VCPUS_PER_VM
+        if !self.caps.kick_pairs
+            || target == self.vcpus[i].index
+            || target >= nr
+            || target >= MAX_VCPUS_PER_VM
+            || self.vcpus[target as usize].guest_idle == 0
         {
             return;
         }
+        let win = Caps::ns(self.caps.ipi_window_us);
+        let v = &mut self.vcpus[i];
+        // The second kick of the same vCPU within the window confirms.
+        if v.last_kick_target != target + 1 || now.wrapping_sub(v.last_kick_ns) > win {
+            v.last_kick_target = target + 1;
+            v.last_kick_ns = now;
+            return;
+        }
+        v.last_kick_ns = now;
         v.last_ipi_target = target + 1;
         v.last_ipi_ns = now;
         v.ipis += 1;
@@ -324,6 +336,7 @@ impl VmModel {
             wait_on = WAIT_NONE;
         }
         v.wait_on = wait_on;
+        v.guest_idle = u32::from(g.flags & TASK_F_IDLE != 0);
     }
 
     /// The vCPU lock spinner `i` (`wait_on` = `WAIT_ANY`) lends its yield
@@ -1093,10 +1106,31 @@ mod tests {
 
     #[test]
     fn a_kick_confirms_a_pair_like_an_ipi() {
-        let mut vm = vm2();
+        let caps = Caps {
+            kick_pairs: true,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(caps, &[10, 11], &[0, 1]);
+        // vCPU 1 halts in a busy guest (it waits for QEMU's lock): a wake-up
+        // by vCPU 0 then is no IPI.
+        vm.step(1, out(1, false));
+        vm.step(1, Event::Kick { vcpu: 0, target: 1 });
+        assert_eq!(vm.vcpus[0].yield_slot, 0);
+        // Its guest goes idle, and it halts.
+        write(
+            &mut vm,
+            1,
+            GuestFields {
+                flags: TASK_F_IDLE,
+                ..Default::default()
+            },
+        );
         vm.step(1, out(1, false));
         // vCPU 0's thread wakes vCPU 1's (the sender's event first, as the
-        // BPF program runs them): vCPU 1 is lent the yield boost.
+        // BPF program runs them), twice within the window: vCPU 1 is lent
+        // the yield boost.
+        vm.step(1, Event::Kick { vcpu: 0, target: 1 });
+        assert_eq!(vm.vcpus[0].yield_slot, 0, "one kick confirms nothing");
         let d = vm.step(2, Event::Kick { vcpu: 0, target: 1 });
         assert_eq!(vm.vcpus[0].yield_slot, 2);
         assert!(
@@ -1112,12 +1146,16 @@ mod tests {
         vm.step(200 * MS, Event::Kick { vcpu: 0, target: 0 });
         vm.step(200 * MS, Event::Kick { vcpu: 0, target: 5 });
         assert_eq!(vm.vcpus[0].yield_slot, 0);
-        let caps = Caps {
-            kick_pairs: false,
-            ..Caps::default()
+        // The default: off, whatever the guest does.
+        let mut vm = vm2();
+        let idle = GuestFields {
+            flags: TASK_F_IDLE,
+            ..Default::default()
         };
-        let mut vm = VmModel::new(caps, &[10, 11], &[0, 1]);
+        write(&mut vm, 1, idle);
+        vm.step(1, out(1, false));
         vm.step(1, Event::Kick { vcpu: 0, target: 1 });
+        vm.step(2, Event::Kick { vcpu: 0, target: 1 });
         assert_eq!(vm.vcpus[0].yield_slot, 0);
     }
 

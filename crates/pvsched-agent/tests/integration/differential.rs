@@ -250,8 +250,16 @@ fn bpf_and_model_agree_on_1000_traces() {
                     b.slot_hits,
                     b.budget_used,
                     b.wait_on,
+                    b.guest_idle,
                 ),
-                (b.acct_ns, b.cont_ns, b.throttled_until, b.ls_until),
+                (
+                    b.acct_ns,
+                    b.cont_ns,
+                    b.throttled_until,
+                    b.ls_until,
+                    b.last_kick_target,
+                    b.last_kick_ns,
+                ),
             );
             let ms = (
                 (
@@ -272,8 +280,16 @@ fn bpf_and_model_agree_on_1000_traces() {
                     m.slot_hits,
                     m.budget_used,
                     m.wait_on,
+                    m.guest_idle,
                 ),
-                (m.acct_ns, m.cont_ns, m.throttled_until, m.ls_until),
+                (
+                    m.acct_ns,
+                    m.cont_ns,
+                    m.throttled_until,
+                    m.ls_until,
+                    m.last_kick_target,
+                    m.last_kick_ns,
+                ),
             );
             assert_eq!(bs, ms, "seed {seed} vcpu {i} final state");
             if i >= nr {

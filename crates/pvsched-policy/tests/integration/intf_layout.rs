@@ -92,7 +92,10 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             throttles,
             boosted_ns,
             ipis,
-            slot_hits
+            slot_hits,
+            guest_idle,
+            last_kick_target,
+            last_kick_ns
         ]
     );
     layout_struct!(
