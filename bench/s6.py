@@ -155,6 +155,29 @@ def thread_cpu_s(pid):
     return out
 
 
+def tree_cpu_s(pid):
+    """CPU seconds of process `pid` and every process below it (a process
+    that already exited is not counted)."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += stat_cpu_s(f"/proc/{p}/stat")
+        except OSError:
+            continue
+        todo += children.get(p, [])
+    return total
+
+
 def stress_ng_ops(text, stressor):
     """Bogo ops of `stressor` from stress-ng's -Y YAML (or its brief
     metrics lines when the YAML is missing)."""
@@ -422,6 +445,9 @@ def run_workload(args, tag, guests, w, variant, daemon):
     dur = args.duration
     cpu0 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
     thr0 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
+    # The host processes beside the guests: each guest's device process
+    # (every variant has one) and, for pvsched, the daemon.
+    aux0 = host_aux_cpu_s(guests, daemon, variant)
     st0 = daemon.status() if variant.startswith("pvsched") else None
     la = loadavg()
     hogs = None
@@ -444,6 +470,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
     wall = time.monotonic() - t0
     cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
     thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
+    aux1 = host_aux_cpu_s(guests, daemon, variant)
     hog_ops = None
     if hogs is not None:
         hogs.wait(dur + 60)
@@ -482,6 +509,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
                     pol[k] += b[k] - a[k]
         row["policy"] = {"boosts": pol["boosts"], "throttles": pol["throttles"],
                          "boosted_s": round(pol["boosted_ns"] / 1e9, 3)}
+    row["aux_cpu_s"] = {k: round(aux1[k] - aux0[k], 3) for k in aux0}
     gc = [v["guest_counters"] for v in vms if v.get("guest_counters")]
     if gc:
         row["guest_counters"] = {k: sum(c[k] for c in gc) for k in GUEST_COUNTERS}
@@ -489,8 +517,17 @@ def run_workload(args, tag, guests, w, variant, daemon):
     row["brief"] = (f"throughput {tp:.1f}, VM CPU {cpu:.1f}s {split}, per CPU-s "
                     f"{row['per_cpu_s']}, hogs {hog_ops}"
                     + (f", policy {row['policy']}" if "policy" in row else "")
-                    + (f", guest {row['guest_counters']}" if "guest_counters" in row else ""))
+                    + (f", guest {row['guest_counters']}" if "guest_counters" in row else "")
+                    + f", beside {row['aux_cpu_s']}")
     return row
+
+
+def host_aux_cpu_s(guests, daemon, variant):
+    """CPU seconds so far of the guests' device processes and of pvschedd."""
+    out = {"devices": sum(tree_cpu_s(g.boot.dev.pid) for g in guests if g.boot.dev is not None)}
+    if variant.startswith("pvsched"):
+        out["pvschedd"] = tree_cpu_s(daemon.proc.p.pid)
+    return out
 
 
 def throughput(w, fields, out):
