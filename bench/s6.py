@@ -155,9 +155,8 @@ def thread_cpu_s(pid):
     return out
 
 
-def tree_cpu_s(pid):
-    """CPU seconds of process `pid` and every process below it (a process
-    that already exited is not counted)."""
+def process_children():
+    """{ppid: [pid, ...]} of every process now."""
     children = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -167,6 +166,13 @@ def tree_cpu_s(pid):
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(d))
+    return children
+
+
+def tree_cpu_s(pid, children):
+    """CPU seconds of process `pid` and every process below it in
+    `children` (process_children(); a process that already exited is not
+    counted)."""
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
@@ -524,9 +530,11 @@ def run_workload(args, tag, guests, w, variant, daemon):
 
 def host_aux_cpu_s(guests, daemon, variant):
     """CPU seconds so far of the guests' device processes and of pvschedd."""
-    out = {"devices": sum(tree_cpu_s(g.boot.dev.pid) for g in guests if g.boot.dev is not None)}
+    children = process_children()
+    out = {"devices": sum(tree_cpu_s(g.boot.dev.pid, children) for g in guests
+                          if g.boot.dev is not None)}
     if variant.startswith("pvsched"):
-        out["pvschedd"] = tree_cpu_s(daemon.proc.p.pid)
+        out["pvschedd"] = tree_cpu_s(daemon.proc.p.pid, children)
     return out
 
 

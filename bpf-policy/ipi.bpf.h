@@ -12,6 +12,15 @@
 #ifndef PVSCHED_IPI_BPF_H
 #define PVSCHED_IPI_BPF_H
 
+/* s's pair with slot `idx` is confirmed now (an IPI or a second kick). */
+static __always_inline void pair_confirm(struct pvs_vcpu *s, __u32 idx, __u64 now)
+{
+	s->last_ipi_target = idx + 1;
+	s->last_ipi_ns = now;
+	s->ipis++;
+	STAT_INC(ipi_pairs);
+}
+
 /* Record a unicast fixed physical IPI from s. */
 static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 icr_low, __u64 now)
 {
@@ -28,10 +37,7 @@ static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 
 	idx = bpf_map_lookup_elem(&apics, &key);
 	if (!idx || *idx == s->index || *idx >= PVS_MAX_VCPUS_PER_VM)
 		return;
-	s->last_ipi_target = *idx + 1;
-	s->last_ipi_ns = now;
-	s->ipis++;
-	STAT_INC(ipi_pairs);
+	pair_confirm(s, *idx, now);
 }
 
 /*
@@ -63,10 +69,7 @@ static __always_inline void kick_record(struct pvs_vcpu *s, const struct pvs_vm 
 		return;
 	}
 	s->last_kick_ns = now;
-	s->last_ipi_target = target + 1;
-	s->last_ipi_ns = now;
-	s->ipis++;
-	STAT_INC(ipi_pairs);
+	pair_confirm(s, target, now);
 }
 
 struct pick_ctx {

@@ -574,14 +574,10 @@ static struct pvsched_tp pvsched_tps[] = {
 #endif
 };
 
-static bool pvsched_is_csd(const struct pvsched_tp *t)
+/* @t is one of the tracepoints whose names start with @prefix. */
+static bool pvsched_tp_in(const struct pvsched_tp *t, const char *prefix)
 {
-	return !strncmp(t->name, "csd_", 4);
-}
-
-static bool pvsched_is_lock(const struct pvsched_tp *t)
-{
-	return !strncmp(t->name, "contention_", 11);
+	return !strncmp(t->name, prefix, strlen(prefix));
 }
 
 static bool pvsched_tp_wanted(const struct pvsched_tp *t,
@@ -589,9 +585,9 @@ static bool pvsched_tp_wanted(const struct pvsched_tp *t,
 {
 	if (!strcmp(t->name, "sched_switch"))
 		return report_sched;
-	if (pvsched_is_csd(t))
+	if (pvsched_tp_in(t, "csd_"))
 		return pd->wait_on;
-	if (pvsched_is_lock(t))
+	if (pvsched_tp_in(t, "contention_"))
 		return pd->lock_wait;
 	return report_irq;
 }
@@ -631,31 +627,20 @@ static void pvsched_tp_find(void)
 }
 
 /*
- * Both csd tracepoints exist (Linux >= 6.3): wait_on can be reported. Built
- * without <trace/events/csd.h> the module has no csd probes; built with it,
- * it still finds the tracepoints at run time, as every other.
+ * Every tracepoint of a group (names starting with @prefix) exists: the csd
+ * pair (Linux >= 6.3) for wait_on, the lock contention pair (>= 5.19) for
+ * lock waits. @built is false when the module was built without the
+ * group's probes (no <trace/events/csd.h>, or a kernel before 5.19); built
+ * with them, it still finds the tracepoints at run time, as every other.
  */
-static bool pvsched_have_csd(void)
+static bool pvsched_have_all(const char *prefix, bool built)
 {
 	size_t i;
 
-	if (!PVSCHED_CSD_TRACEPOINTS)
+	if (!built)
 		return false;
 	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
-		if (pvsched_is_csd(&pvsched_tps[i]) && !pvsched_tps[i].tp)
-			return false;
-	return true;
-}
-
-/* Both lock contention tracepoints exist (Linux >= 5.19). */
-static bool pvsched_have_lock(void)
-{
-	size_t i;
-
-	if (!PVSCHED_LOCK_TRACEPOINTS)
-		return false;
-	for (i = 0; i < ARRAY_SIZE(pvsched_tps); i++)
-		if (pvsched_is_lock(&pvsched_tps[i]) && !pvsched_tps[i].tp)
+		if (pvsched_tp_in(&pvsched_tps[i], prefix) && !pvsched_tps[i].tp)
 			return false;
 	return true;
 }
@@ -1002,14 +987,14 @@ static int pvsched_handshake(struct pvsched_dev *pd)
 	wanted |= offered & (PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS);
 	pvsched_tp_find();
 	if (report_wait && (offered & PVSCHED_F_WAIT_ON)) {
-		if (pvsched_have_csd())
+		if (pvsched_have_all("csd_", PVSCHED_CSD_TRACEPOINTS))
 			wanted |= PVSCHED_F_WAIT_ON;
 		else
 			dev_info(dev, "wait_on not reported: this kernel has no csd tracepoints (Linux < 6.3)\n");
 	}
 	pd->wait_on = wanted & PVSCHED_F_WAIT_ON;
 	if (report_lock && (offered & PVSCHED_F_LOCK_WAIT)) {
-		if (pvsched_have_lock())
+		if (pvsched_have_all("contention_", PVSCHED_LOCK_TRACEPOINTS))
 			wanted |= PVSCHED_F_LOCK_WAIT;
 		else
 			dev_info(dev, "lock waits not reported: this kernel has no lock contention tracepoints (Linux < 5.19)\n");

@@ -231,10 +231,16 @@ impl VmModel {
             return;
         };
         let idx = idx as u32;
-        let v = &mut self.vcpus[i];
-        if idx == v.index || idx >= MAX_VCPUS_PER_VM {
+        if idx == self.vcpus[i].index || idx >= MAX_VCPUS_PER_VM {
             return;
         }
+        self.pair_confirm(i, idx, now);
+    }
+
+    /// vCPU `i`'s pair with slot `idx` is confirmed now (`pair_confirm` in
+    /// ipi.bpf.h).
+    fn pair_confirm(&mut self, i: usize, idx: u32, now: u64) {
+        let v = &mut self.vcpus[i];
         v.last_ipi_target = idx + 1;
         v.last_ipi_ns = now;
         v.ipis += 1;
@@ -260,9 +266,7 @@ impl VmModel {
             return;
         }
         v.last_kick_ns = now;
-        v.last_ipi_target = target + 1;
-        v.last_ipi_ns = now;
-        v.ipis += 1;
+        self.pair_confirm(i, target, now);
     }
 
     fn refresh_request(&mut self, i: usize, now: u64) {
@@ -364,20 +368,19 @@ impl VmModel {
 
     fn yield_update(&mut self, i: usize, now: u64) -> (u32, u32) {
         let win = Caps::ns(self.caps.ipi_window_us);
-        let any = if self.vcpus[i].wait_on == WAIT_ANY {
-            self.lock_target(i)
-        } else {
-            0
+        let slot = match self.vcpus[i].wait_on {
+            WAIT_ANY => self.lock_target(i),
+            WAIT_NONE => {
+                let v = &self.vcpus[i];
+                if v.last_ipi_target != 0 && now.wrapping_sub(v.last_ipi_ns) <= win {
+                    v.last_ipi_target
+                } else {
+                    0
+                }
+            }
+            w => w,
         };
         let v = &mut self.vcpus[i];
-        let mut slot = 0;
-        if v.wait_on == WAIT_ANY {
-            slot = any;
-        } else if v.wait_on != 0 {
-            slot = v.wait_on;
-        } else if v.last_ipi_target != 0 && now.wrapping_sub(v.last_ipi_ns) <= win {
-            slot = v.last_ipi_target;
-        }
         v.yield_slot = slot;
         // The slot's target is lent the yield boost for as long as the slot
         // holds (the guest's wait_on, or a pair confirmed within the IPI
