@@ -16,7 +16,7 @@
 
 pub mod costs;
 pub mod font;
-pub mod hogs;
+pub use pvsched::hogs;
 pub mod machine;
 pub mod plot;
 pub mod report;

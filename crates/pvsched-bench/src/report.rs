@@ -4,16 +4,7 @@
 
 use serde::Serialize;
 
-/// The host load of a variant.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LoadReport {
-    /// `busy`, `sleepy`, `mixed`, or `none` without hogs.
-    pub kind: &'static str,
-    /// Busy hog threads.
-    pub busy: usize,
-    /// Sleepy hog threads.
-    pub sleepy: usize,
-}
+pub use pvsched::hogs::LoadReport;
 
 /// The smallest and largest value over repetitions.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

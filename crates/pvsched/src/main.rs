@@ -1,6 +1,7 @@
 //! `pvsched` command line. Each subcommand lives in its own module; this
 //! file only parses and dispatches.
 
+mod compare;
 mod daemon_cli;
 mod device_cmd;
 mod exit;

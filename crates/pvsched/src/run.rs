@@ -4,6 +4,7 @@
 use crate::exit::Exit;
 use clap::{Args, ValueEnum};
 use pvsched::embedded::{Embedded, EmbeddedError};
+use pvsched::hogs::{Hogs, Load, LoadKind};
 use pvsched::launch::{self, LaunchError};
 use pvsched::summary;
 use pvsched_agent::{AgentConfig, AgentError, VmStats};
@@ -18,6 +19,9 @@ use std::time::Instant;
 /// Host policy to run beside the VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Policy {
+    /// The pvsched BPF policy in this process if it loads here (root, BPF
+    /// with BTF); otherwise the run says why and goes on without it.
+    Auto,
     /// No host policy: the device only negotiates the region.
     None,
     /// The pvsched BPF policy, loaded in this process (needs root).
@@ -89,12 +93,22 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Region::Device)]
     pub region: Region,
     /// Host policy.
-    #[arg(long, value_enum, default_value_t = Policy::None)]
+    #[arg(long, value_enum, default_value_t = Policy::Auto)]
     pub policy: Policy,
-    /// Admin caps of the VM for `--policy embedded` (TOML, see
+    /// Admin caps of the VM for the policy (TOML, see
     /// bpf-policy/caps.example.toml); default: the built-in caps.
     #[arg(long)]
     pub policy_file: Option<PathBuf>,
+    /// Run twice on a loaded host, first without the host policy, then
+    /// with it, and print both side by side: latency, boosts, throttles
+    /// and how much of their work the host's other threads kept.
+    #[arg(long)]
+    pub compare: bool,
+    /// Load the host with this many busy threads (SCHED_OTHER, nice 0)
+    /// during the run and report the work they got done; default 0, and
+    /// two per online CPU with `--compare`.
+    #[arg(long)]
+    pub hogs: Option<usize>,
     /// With `--policy embedded`: write every policy record (boosts,
     /// throttles, waiting pairs) to this file, one JSON object per line.
     #[arg(long)]
@@ -158,6 +172,12 @@ pub enum RunError {
     /// `--trace` without the embedded policy.
     #[error("--trace needs --policy embedded (pvschedd has no trace option yet)")]
     TraceWithoutEmbedded,
+    /// `--compare` with `--policy none`.
+    #[error("--compare runs with and without the host policy; it cannot run with --policy none")]
+    CompareWithoutPolicy,
+    /// The host load's threads could not be started.
+    #[error("starting the host load's threads (--hogs) failed: {0}")]
+    Hogs(#[source] std::io::Error),
     /// The sandboxed device process is this binary, which could not be
     /// found (the message says to use --device-mode in-process).
     #[error("{0}")]
@@ -194,10 +214,13 @@ impl RunError {
     pub fn exit(&self) -> Exit {
         match self {
             RunError::PolicyFileWithoutPolicy | RunError::PolicyFile(_) => Exit::PolicyFile,
-            RunError::TraceWithoutEmbedded => Exit::Usage,
+            RunError::TraceWithoutEmbedded | RunError::CompareWithoutPolicy => Exit::Usage,
             RunError::Policy(e) => policy_exit(e),
             RunError::Vm(e) => exit_for(e),
-            RunError::CurrentExe(_) | RunError::Json(_) | RunError::Write(_) => Exit::Failure,
+            RunError::CurrentExe(_)
+            | RunError::Hogs(_)
+            | RunError::Json(_)
+            | RunError::Write(_) => Exit::Failure,
         }
     }
 }
@@ -217,17 +240,23 @@ pub fn main(args: &RunArgs) -> Exit {
     }
 }
 
-/// Checks the flags, loads the policy, runs the VM, prints the summary;
-/// the verdict ([`verdict`]) or why it stopped.
+/// Checks the flags, loads the policy, runs the VM (twice with
+/// `--compare`), prints the summary; the verdict ([`verdict`]) or why it
+/// stopped.
 fn run(args: &RunArgs) -> Result<Exit, RunError> {
     let policy_kind = args.policy();
     if policy_kind == Policy::None && args.policy_file.is_some() {
         return Err(RunError::PolicyFileWithoutPolicy);
     }
-    if policy_kind != Policy::Embedded && args.trace.is_some() {
+    if matches!(policy_kind, Policy::None | Policy::Daemon) && args.trace.is_some() {
         return Err(RunError::TraceWithoutEmbedded);
     }
-    let vm = vm_config(args)?;
+    if args.compare {
+        if policy_kind == Policy::None {
+            return Err(RunError::CompareWithoutPolicy);
+        }
+        return crate::compare::main(args);
+    }
     // Declared before the run: dropped (unregistered, baselines restored)
     // only after the VM is shut down.
     let mut policy = load_policy(args)?;
@@ -236,17 +265,16 @@ fn run(args: &RunArgs) -> Result<Exit, RunError> {
         args.vcpus,
         Workload::from(args.workload),
         region_name(args.region),
-        vm.device_mode.name(),
+        device_mode_name(args.device_mode),
         humantime::format_duration(args.duration),
-        policy_name(args.policy())
+        policy.name
     );
-    let run = launch::start(vm, args.duration, policy.as_mut())?.run;
-    let report = wait_with_progress(run, args.duration);
-    let stats = policy.as_ref().and_then(Embedded::stats);
+    let mut m = measure(args, policy.policy.as_mut(), args.hogs.unwrap_or(0))?;
+    m.stats = policy.policy.as_ref().and_then(Embedded::stats);
     // Unregister (restores every vCPU thread) before printing.
-    drop(policy);
-    print_report(args, &report, stats.as_ref())?;
-    Ok(verdict(&report))
+    drop(policy.policy.take());
+    print_report(args, &policy, &m)?;
+    Ok(verdict(&m.report))
 }
 
 /// The VM's configuration from the flags (the device program is this
@@ -263,68 +291,185 @@ fn vm_config(args: &RunArgs) -> Result<VmConfig, RunError> {
     Ok(vm)
 }
 
+/// The host policy of a run, as `--policy` resolved.
+pub(crate) struct LoadedPolicy {
+    /// The policy, `None` for none.
+    pub policy: Option<Embedded>,
+    /// What runs: `embedded`, `daemon` or `none`.
+    pub name: &'static str,
+    /// Why `--policy auto` runs without it.
+    pub unavailable: Option<String>,
+}
+
 /// The embedded policy or the pvschedd registration `--policy` asks for,
-/// with the caps of `--policy-file`; `None` for `--policy none`.
-fn load_policy(args: &RunArgs) -> Result<Option<Embedded>, RunError> {
+/// with the caps of `--policy-file`. `--policy auto` without a caps file
+/// or a trace falls back to none, saying why; `strict` (for `--compare`,
+/// which needs the policy) turns that into an error.
+pub(crate) fn load_policy_as(args: &RunArgs, strict: bool) -> Result<LoadedPolicy, RunError> {
     let kind = args.policy();
+    let loaded = |policy, name| LoadedPolicy {
+        policy: Some(policy),
+        name,
+        unavailable: None,
+    };
     if kind == Policy::None {
-        return Ok(None);
+        return Ok(LoadedPolicy {
+            policy: None,
+            name: "none",
+            unavailable: None,
+        });
     }
     let caps = load_caps(args.policy_file.as_ref()).map_err(RunError::PolicyFile)?;
-    let loaded = if kind == Policy::Embedded {
-        let cfg = AgentConfig {
-            trace: args.trace.clone(),
-            ..AgentConfig::default()
-        };
-        Embedded::load(caps, cfg)
-    } else {
+    if kind == Policy::Daemon {
         let name = args
             .vm_name
             .clone()
             .unwrap_or_else(|| format!("pvsched-run-{}", std::process::id()));
-        Embedded::daemon(caps, &args.daemon_socket, &name)
+        return Embedded::daemon(caps, &args.daemon_socket, &name)
+            .map(|p| loaded(p, "daemon"))
+            .map_err(RunError::Policy);
+    }
+    let cfg = AgentConfig {
+        trace: args.trace.clone(),
+        ..AgentConfig::default()
     };
-    loaded.map(Some).map_err(RunError::Policy)
+    let fallback =
+        kind == Policy::Auto && !strict && args.policy_file.is_none() && args.trace.is_none();
+    match Embedded::load(caps, cfg) {
+        Ok(p) => Ok(loaded(p, "embedded")),
+        Err(e) if fallback => {
+            let why = e.to_string();
+            eprintln!(
+                "pvsched run: running WITHOUT the host policy: {why}\n  (run as root for the \
+                 embedded policy, or --policy daemon to register with a running pvschedd; \
+                 --policy none runs without it silently)"
+            );
+            Ok(LoadedPolicy {
+                policy: None,
+                name: "none",
+                unavailable: Some(why),
+            })
+        }
+        Err(e) => Err(RunError::Policy(e)),
+    }
+}
+
+fn load_policy(args: &RunArgs) -> Result<LoadedPolicy, RunError> {
+    load_policy_as(args, false)
+}
+
+/// The host load's work during a run.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub(crate) struct HogWork {
+    /// Busy threads.
+    pub threads: usize,
+    /// Units of work ([`pvsched::hogs::UNIT_STEPS`] xorshift steps) per
+    /// second, all threads, while the guest ran its workload.
+    pub units_per_s: f64,
+}
+
+/// One measured run: the VM's report, the policy's statistics (filled by
+/// the caller before it drops the policy) and the host load's work.
+pub(crate) struct Measured {
+    pub report: RunReport,
+    pub stats: Option<VmStats>,
+    pub hogs: Option<HogWork>,
+}
+
+/// Boots the VM with `policy` wired to it, loads the host with `hogs` busy
+/// threads once the guest runs its workload, waits `--duration` printing
+/// progress, and shuts the VM down. The hogs' work is counted over the
+/// workload's time only, and they stop before the VM shuts down.
+pub(crate) fn measure(
+    args: &RunArgs,
+    policy: Option<&mut Embedded>,
+    hogs: usize,
+) -> Result<Measured, RunError> {
+    let vm = vm_config(args)?;
+    let run = launch::start(vm, args.duration, policy)?.run;
+    let load = Load {
+        kind: LoadKind::Busy,
+        n: hogs,
+    };
+    let running = match Hogs::start(load) {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = run.finish();
+            return Err(RunError::Hogs(e));
+        }
+    };
+    let counter = running.counter();
+    let (t0, c0) = (Instant::now(), counter.total());
+    wait_with_progress(&run, args.duration);
+    let work = counter.total().saturating_sub(c0);
+    let secs = t0.elapsed().as_secs_f64();
+    drop(running);
+    let report = run.finish();
+    Ok(Measured {
+        report,
+        stats: None,
+        hogs: (hogs > 0 && secs > 0.0).then(|| HogWork {
+            threads: hogs,
+            units_per_s: work as f64 / secs,
+        }),
+    })
 }
 
 /// Prints the summary (table or JSON) with the policy section, if any.
-fn print_report(
-    args: &RunArgs,
-    report: &RunReport,
-    stats: Option<&VmStats>,
-) -> Result<(), RunError> {
-    let name = policy_name(args.policy());
+fn print_report(args: &RunArgs, policy: &LoadedPolicy, m: &Measured) -> Result<(), RunError> {
+    let name = policy.name;
+    let stats = m.stats.as_ref();
     if args.json {
-        let mut v = serde_json::to_value(report).map_err(RunError::Json)?;
+        let mut v = serde_json::to_value(&m.report).map_err(RunError::Json)?;
         if let Some(obj) = v.as_object_mut() {
-            obj.insert(
-                "policy".into(),
-                stats.map_or_else(
-                    || serde_json::json!({ "name": name }),
-                    |s| summary::to_json(name, s),
-                ),
+            let mut p = stats.map_or_else(
+                || serde_json::json!({ "name": name }),
+                |s| summary::to_json(name, s),
             );
+            if let (Some(why), Some(p)) = (&policy.unavailable, p.as_object_mut()) {
+                p.insert("unavailable".into(), why.clone().into());
+            }
+            obj.insert("policy".into(), p);
+            if let Some(h) = m.hogs {
+                obj.insert(
+                    "hogs".into(),
+                    serde_json::to_value(h).map_err(RunError::Json)?,
+                );
+            }
         }
         println!("{v}");
     } else {
         let mut out = std::io::stdout().lock();
-        print_table(&mut out, report)
+        print_table(&mut out, &m.report)
+            .and_then(|()| {
+                m.hogs.map_or(Ok(()), |h| {
+                    writeln!(
+                        out,
+                        "host load: {} busy threads did {:.3e} units of work per second",
+                        h.threads, h.units_per_s
+                    )
+                })
+            })
             .and_then(|()| stats.map_or(Ok(()), |s| summary::print_table(&mut out, name, s)))
+            .and_then(|()| {
+                policy.unavailable.as_ref().map_or(Ok(()), |why| {
+                    writeln!(out, "policy none: the host policy did not load: {why}")
+                })
+            })
             .map_err(RunError::Write)?;
     }
     Ok(())
 }
 
-fn policy_name(p: Policy) -> &'static str {
-    match p {
-        Policy::None => "none",
-        Policy::Embedded => "embedded",
-        Policy::Daemon => "daemon",
+pub(crate) fn device_mode_name(d: DeviceModeArg) -> &'static str {
+    match d {
+        DeviceModeArg::Sandboxed => "sandboxed",
+        DeviceModeArg::InProcess => "in-process",
     }
 }
 
 /// Let `run` go for `duration`, printing a progress line to stderr each second.
-fn wait_with_progress(run: Run, duration: Duration) -> RunReport {
+fn wait_with_progress(run: &Run, duration: Duration) {
     let start = Instant::now();
     let end = start + duration;
     let mut next = start + Duration::from_secs(1);
@@ -353,10 +498,9 @@ fn wait_with_progress(run: Run, duration: Duration) -> RunReport {
             next += Duration::from_secs(1);
         }
     }
-    run.finish()
 }
 
-fn region_name(r: Region) -> &'static str {
+pub(crate) fn region_name(r: Region) -> &'static str {
     match r {
         Region::Device => "device",
         Region::Guest => "guest",
@@ -373,7 +517,7 @@ fn exit_for(e: &pvsched_vmm::Error) -> Exit {
 }
 
 /// Exit code for a finished run.
-fn verdict(r: &RunReport) -> Exit {
+pub(crate) fn verdict(r: &RunReport) -> Exit {
     if let Some(l) = &r.device_lost {
         eprintln!(
             "pvsched run: the device process {} died {:.1} s into the run ({}); the VM ran to the end without it",
@@ -405,12 +549,24 @@ fn how_it_died(l: &pvsched_vmm::runner::DeviceLostReport) -> String {
     }
 }
 
-fn us(v: Option<f64>) -> String {
+pub(crate) fn us(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"))
 }
 
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_owned(), |x| x.to_string())
+}
+
+/// What a workload's latency samples measure.
+pub(crate) fn what_is_measured(w: Workload) -> &'static str {
+    match w {
+        Workload::Wakeup => "latency: MSI injection to the guest handler's acknowledgement",
+        Workload::Ipi => "latency: ping round trip (driver), ping one-way (partner)",
+        Workload::Spin => "latency: wait_on set until the partner answered",
+        Workload::Hostile => "hostile: the device's refusals are listed above",
+        Workload::Idle => "idle",
+        Workload::Greedy => "greedy: every vCPU asks for FIFO 1 and spins; no latency samples",
+    }
 }
 
 /// The human summary.
@@ -487,15 +643,11 @@ pub fn print_table(out: &mut impl Write, r: &RunReport) -> std::io::Result<()> {
             .collect();
         writeln!(out, "greedy loop iterations: {}", loops.join(", "))?;
     }
-    let what = match r.workload {
-        Workload::Wakeup => "latency: MSI injection to the guest handler's acknowledgement",
-        Workload::Ipi => "latency: ping round trip (driver), ping one-way (partner)",
-        Workload::Spin => "latency: wait_on set until the partner answered",
-        Workload::Hostile => "hostile: the device's refusals are listed above",
-        Workload::Idle => "idle",
-        Workload::Greedy => "greedy: every vCPU asks for FIFO 1 and spins; no latency samples",
-    };
-    writeln!(out, "{what}; host monotonic clock on both ends")?;
+    writeln!(
+        out,
+        "{}; host monotonic clock on both ends",
+        what_is_measured(r.workload)
+    )?;
     let (rd, wr) = (&r.mmio_read_service, &r.mmio_write_service);
     let pid = r
         .device_pid
@@ -531,11 +683,12 @@ pub fn print_table(out: &mut impl Write, r: &RunReport) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use pvsched_vmm::{VcpuEnd, VcpuReport};
 
-    fn report(status: u32) -> RunReport {
+    /// A one-vCPU wakeup report with handshake status `status`.
+    pub(crate) fn report(status: u32) -> RunReport {
         RunReport {
             vcpus: 1,
             workload: Workload::Wakeup,

@@ -27,6 +27,8 @@ fn run_wakeup_json() {
             "wakeup",
             "--duration",
             "3s",
+            "--policy",
+            "none",
             "--json",
         ])
         .output()
@@ -68,6 +70,8 @@ fn run_guest_region_table() {
             "guest",
             "--duration",
             "1s",
+            "--policy",
+            "none",
         ])
         .output()
         .expect("spawn pvsched");
@@ -91,6 +95,12 @@ fn bad_arguments_exit_2_and_help_documents_exit_codes() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let out = pvsched()
+        .args(["run", "--compare", "--policy", "none"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "--compare without a policy");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--compare"));
     let help = pvsched().args(["run", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("Exit codes:"));

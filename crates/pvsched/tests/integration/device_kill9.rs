@@ -197,7 +197,7 @@ fn kill9_of_the_device_process_leaves_the_run_going() {
     if !common::kvm("kill9_of_the_device_process_leaves_the_run_going") {
         return;
     }
-    kill9(&[], "6s");
+    kill9(&["--policy", "none"], "6s");
 }
 
 #[test]

@@ -670,3 +670,95 @@ fn cli_embedded_without_privilege_exits_6() {
     assert_eq!(out.status.code(), Some(6), "{err}");
     assert!(err.contains("refuses to start"), "{err}");
 }
+
+/// `pvsched run` with no `--policy`: as root, the embedded policy runs.
+#[test]
+fn cli_default_policy_is_embedded_as_root() {
+    if !need_real("cli_default_policy_is_embedded_as_root") {
+        return;
+    }
+    let (code, out) = pvsched_run(&["--duration", "1s", "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["policy"]["name"], "embedded", "{out}");
+    assert!(v["policy"].get("unavailable").is_none(), "{out}");
+    assert_eq!(v["policy"]["per_vcpu"].as_array().unwrap().len(), 2);
+}
+
+/// Without privilege (as `nobody` in /dev/kvm's group) the default policy
+/// cannot load: the run says why and still runs, without it.
+#[test]
+fn cli_default_policy_falls_back_without_privilege() {
+    if !need_real("cli_default_policy_falls_back_without_privilege") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    let kvm_gid = std::fs::metadata("/dev/kvm").unwrap().gid();
+    let out = Command::new(env!("CARGO_BIN_EXE_pvsched"))
+        .args([
+            "run",
+            "--duration",
+            "1s",
+            "--device-mode",
+            "in-process",
+            "--json",
+        ])
+        .uid(65534)
+        .gid(kvm_gid)
+        .output()
+        .expect("running pvsched as nobody");
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(126) || err.contains("Permission denied (os error 13)") {
+        eprintln!("SKIP: cli_default_policy_falls_back_without_privilege: nobody cannot run {err}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("running WITHOUT the host policy"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["policy"]["name"], "none");
+    assert!(
+        v["policy"]["unavailable"]
+            .as_str()
+            .unwrap()
+            .contains("refuses to start"),
+        "{v}"
+    );
+    assert_eq!(v["handshake"], "DRIVER_OK");
+}
+
+/// `pvsched run --compare`: two runs on a loaded host, the policy only in
+/// the second; both report the hogs' work, only the second boosts, and
+/// every vCPU thread of the second run ended at its baseline (the policy
+/// section's per-vCPU errors are zero and the process is gone).
+#[test]
+fn cli_compare_runs_without_then_with_the_policy() {
+    if !need_real("cli_compare_runs_without_then_with_the_policy") {
+        return;
+    }
+    let (code, out) = pvsched_run(&["--compare", "--duration", "2s", "--hogs", "2", "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let c = &v["compare"];
+    assert_eq!(c["hogs"], 2);
+    assert_eq!(c["policy"], "embedded");
+    assert!(c["without"]["policy"].is_null(), "{c}");
+    let with = &c["with"]["policy"];
+    assert_eq!(with["name"], "embedded");
+    assert_eq!(with["per_vcpu"].as_array().unwrap().len(), 2);
+    for side in ["without", "with"] {
+        assert_eq!(c[side]["handshake"], "DRIVER_OK", "{side}");
+        assert!(c[side]["events"].as_u64().unwrap() > 0, "{side}");
+        assert_eq!(c[side]["hogs"]["threads"], 2, "{side}");
+        assert!(
+            c[side]["hogs"]["units_per_s"].as_f64().unwrap() > 0.0,
+            "{side}"
+        );
+    }
+    for v in with["per_vcpu"].as_array().unwrap() {
+        assert_eq!(v["errors"], 0, "{with}");
+    }
+    for key in ["p50", "p99", "max", "hogs_work"] {
+        assert!(c["ratios"][key].is_number(), "{key}: {c}");
+    }
+}

@@ -8,9 +8,12 @@
 //! both. Every hog counts the iterations of its loop — one iteration is a
 //! fixed unit of integer work ([`UNIT_STEPS`] xorshift64 steps) — so a run
 //! can report how much CPU work the hogs got done beside the VM.
+//!
+//! Used by `pvsched run --compare` (its built-in host load) and by
+//! `pvsched-bench` (the loaded variants of S1–S5).
 
-use crate::report::LoadReport;
 use clap::ValueEnum;
+use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -91,6 +94,17 @@ impl Load {
             sleepy: self.sleepy_threads(),
         }
     }
+}
+
+/// The host load of a run, for the JSON.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LoadReport {
+    /// `busy`, `sleepy`, `mixed`, or `none` without hogs.
+    pub kind: &'static str,
+    /// Busy hog threads.
+    pub busy: usize,
+    /// Sleepy hog threads.
+    pub sleepy: usize,
 }
 
 /// One hog's iteration counter, on its own cache line.
@@ -261,7 +275,7 @@ mod tests {
         assert_eq!(Load::NONE.threads(), 0);
         assert_eq!(Load::NONE.report().kind, "none");
         assert_eq!(
-            crate::report::value(&load(LoadKind::Mixed, 1).report()),
+            serde_json::to_value(load(LoadKind::Mixed, 1).report()).unwrap(),
             serde_json::json!({"kind": "mixed", "busy": 1, "sleepy": 1})
         );
         for k in [LoadKind::Busy, LoadKind::Sleepy, LoadKind::Mixed] {
