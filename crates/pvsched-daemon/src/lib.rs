@@ -27,6 +27,7 @@
 //! `pvschedd --restore` (the unit's `ExecStopPost=`) and by the next
 //! pvschedd before it loads the policy.
 
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod host;

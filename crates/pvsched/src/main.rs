@@ -5,10 +5,11 @@ mod compare;
 mod daemon_cli;
 mod device_cmd;
 mod exit;
+mod man;
 mod qemu_attach;
 mod run;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// pvsched: paravirtualized scheduling hints between guest and host.
 #[derive(Parser)]
@@ -42,6 +43,9 @@ enum Command {
     /// pvschedd's Prometheus metrics (text exposition).
     #[command(after_help = exit::help(&exit::Exit::ALL))]
     Metrics(daemon_cli::MetricsArgs),
+    /// Write the manual pages of pvsched and pvschedd (for packagers).
+    #[command(hide = true)]
+    Man(man::ManArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -53,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Vm(args) => daemon_cli::vm(&args),
         Command::Metrics(args) => daemon_cli::metrics(&args),
         Command::QemuAttach(args) => qemu_attach::main(&args),
+        Command::Man(args) => man::main(&args, Cli::command()),
         Command::Device(cmd) => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
                 .init();

@@ -2,48 +2,10 @@
 //! docs/operating.md).
 
 use clap::Parser;
-use pvsched_daemon::{Config, Server, config::DEFAULT_CONFIG};
+use pvsched_daemon::cli::Args;
+use pvsched_daemon::{Config, Server};
 use pvsched_util::exit::Exit;
-use std::path::PathBuf;
 use std::process::ExitCode;
-
-/// The codes of the workspace's table (`pvsched_util::exit`) pvschedd
-/// returns: 0 after SIGINT/SIGTERM with every VM unregistered.
-const EXIT_CODES: [Exit; 5] = [
-    Exit::Ok,
-    Exit::Failure,
-    Exit::Usage,
-    Exit::PolicyLoad,
-    Exit::PolicyFile,
-];
-
-/// pvschedd: loads the pvsched BPF policy once and serves VMMs on a UNIX
-/// socket.
-#[derive(Parser)]
-#[command(name = "pvschedd", version, about, after_help = pvsched_util::exit::help(&EXIT_CODES))]
-struct Args {
-    /// Configuration file.
-    #[arg(long, default_value = DEFAULT_CONFIG)]
-    config: PathBuf,
-    /// Socket path (overrides `socket` in the file).
-    #[arg(long)]
-    socket: Option<PathBuf>,
-    /// Metrics `host:port` (overrides `metrics_listen`; "" turns it off).
-    #[arg(long)]
-    metrics_listen: Option<String>,
-    /// Socket group (overrides `socket_group`; "" = root only).
-    #[arg(long)]
-    socket_group: Option<String>,
-    /// Check the configuration and exit.
-    #[arg(long)]
-    check: bool,
-    /// Put back every thread the ledger in the runtime directory still
-    /// lists as boosted, then exit (after a stop, however pvschedd and its
-    /// guardian ended: the unit's ExecStopPost). Waits for a guardian
-    /// still restoring; fails if a running pvschedd holds the ledger.
-    #[arg(long, conflicts_with = "check")]
-    restore: bool,
-}
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()

@@ -1,0 +1,197 @@
+"""The host Debian package, built by scripts/package and installed for real.
+
+`scripts/package` builds pvsched_VERSION_amd64.deb twice into two
+directories: both must be byte-identical (the packaging adds nothing that
+changes from one build to the next). The package is then installed with
+`apt install ./pvsched_*.deb` into a clean Debian bookworm root (the
+minbase + systemd chroot of scripts/setup.d/43-systemd-container.sh, under
+an overlay so the cached chroot is never written): every file where Debian
+expects it, the unit enabled, its paths the package's, the kvm group made.
+That root is then booted with systemd-nspawn: the enabled unit must bring
+pvschedd up (BPF loaded, socket answering `pvsched status`), and `apt
+purge` must stop it and leave none of its files or symlinks behind.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+# Liveness bound of every wait (not a timing assertion).
+LIMIT = 60
+
+
+def sha256(p):
+    return hashlib.sha256(Path(p).read_bytes()).hexdigest()
+
+
+def sh(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, **kw)
+
+
+def ok(args, **kw):
+    r = sh(args, **kw)
+    assert r.returncode == 0, f"{args}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+@pytest.fixture
+def root_fs(cache, need_real, tmp_path):
+    """A writable overlay over the cached bookworm+systemd chroot."""
+    if os.geteuid() != 0:
+        need_real("root", "mounting an overlay and running systemd-nspawn need root")
+    for tool in ("systemd-nspawn", "dpkg-buildpackage", "dh", "nsenter"):
+        if shutil.which(tool) is None:
+            need_real(tool, "run scripts/setup (systemd-container, debhelper)")
+    lower = cache / "systemd-bookworm"
+    if not (lower / ".pvsched-ready").exists():
+        need_real("the bookworm systemd chroot", f"{lower} is missing: run scripts/setup")
+    up, work, merged = tmp_path / "upper", tmp_path / "work", tmp_path / "root"
+    for d in (up, work, merged):
+        d.mkdir()
+    ok(["mount", "-t", "overlay", "overlay", "-o",
+        f"lowerdir={lower},upperdir={up},workdir={work}", str(merged)])
+    try:
+        yield merged
+    finally:
+        sh(["umount", "-l", str(merged)])
+
+
+def nspawn(root, *cmd):
+    """Runs cmd in the (not booted) root, as `apt` would be run there."""
+    return sh(["systemd-nspawn", "-q", "--register=no", "--keep-unit", "--private-network",
+               f"--directory={root}", "--setenv=DEBIAN_FRONTEND=noninteractive", *cmd])
+
+
+def container_init(nspawn_pid):
+    """The booted container's PID 1 (host pid) among nspawn's descendants."""
+    todo = [nspawn_pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((l.split()[1:] for l in status.splitlines() if l.startswith("NSpid:")), [])
+        if len(nspid) > 1 and nspid[-1] == "1":
+            return p
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return None
+
+
+class Booted:
+    """`root` booted by systemd-nspawn, with BPF allowed as pvschedd needs."""
+
+    def __init__(self, root, log):
+        self.proc = subprocess.Popen(
+            ["systemd-nspawn", "--boot", "--console=read-only", "--register=no",
+             "--keep-unit", "--private-network", f"--directory={root}",
+             f"--machine=pvsched-deb-{os.getpid()}",
+             "--capability=CAP_BPF,CAP_PERFMON", "--system-call-filter=bpf perf_event_open"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        self.leader = wait("the container's systemd", lambda: container_init(self.proc.pid))
+        wait("the container's boot", lambda: self.run("systemctl", "is-system-running").stdout.strip()
+             in ("running", "degraded") or None)
+
+    def run(self, *cmd):
+        return sh(["nsenter", "-t", str(self.leader), "-a", *cmd])
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.run("systemctl", "poweroff")
+            try:
+                self.proc.wait(timeout=LIMIT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait(what, probe):
+    end = time.monotonic() + LIMIT
+    while time.monotonic() < end:
+        v = probe()
+        if v:
+            return v
+        time.sleep(0.2)
+    pytest.fail(f"{what}: not there after {LIMIT} s")
+
+
+def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    deb = Path(ok([str(repo / "scripts" / "package"), "--out", str(a)], cwd=repo).splitlines()[-1])
+    deb_b = Path(ok([str(repo / "scripts" / "package"), "--out", str(b)], cwd=repo).splitlines()[-1])
+    assert deb.name == deb_b.name and deb.name.startswith("pvsched_")
+    assert sha256(deb) == sha256(deb_b), "two builds of the package differ"
+
+    root = root_fs
+    # Not /tmp: nspawn mounts a fresh tmpfs there.
+    shutil.copy(deb, root / "root" / deb.name)
+    r = nspawn(root, "--chdir=/root", "apt", "install", "-y", f"./{deb.name}")
+    assert r.returncode == 0, f"apt install ./{deb.name}:\n{r.stdout}\n{r.stderr}"
+    status = nspawn(root, "dpkg-query", "-W", "-f=${Status} ${Version}", "pvsched").stdout
+    assert status.startswith("install ok installed "), status
+
+    # Files where Debian expects them, with their modes.
+    expect = {
+        "usr/bin/pvsched": 0o755,
+        "usr/sbin/pvschedd": 0o755,
+        "etc/pvsched/pvschedd.toml": 0o644,
+        "etc/pvsched/vms": 0o755,
+        "lib/systemd/system/pvschedd.service": 0o644,
+        "usr/lib/tmpfiles.d/pvsched.conf": 0o644,
+        "usr/lib/sysusers.d/pvsched.conf": 0o644,
+        "etc/libvirt/hooks/qemu.d/pvsched": 0o755,
+        "usr/share/man/man8/pvschedd.8.gz": 0o644,
+        "usr/share/man/man1/pvsched.1.gz": 0o644,
+        "usr/share/man/man1/pvsched-run.1.gz": 0o644,
+        "usr/share/man/man1/pvsched-qemu-attach.1.gz": 0o644,
+        "usr/share/doc/pvsched/copyright": 0o644,
+    }
+    for path, mode in expect.items():
+        p = root / path
+        assert p.exists(), f"/{path} not installed"
+        assert p.stat().st_mode & 0o7777 == mode, f"/{path}: mode {oct(p.stat().st_mode)}"
+    conffiles = set(nspawn(root, "cat", "/var/lib/dpkg/info/pvsched.conffiles").stdout.split())
+    assert {"/etc/pvsched/pvschedd.toml", "/etc/libvirt/hooks/qemu.d/pvsched"} <= conffiles
+
+    # The unit names the package's paths and is enabled; its group exists.
+    unit = (root / "lib/systemd/system/pvschedd.service").read_text()
+    assert "ExecStart=/usr/sbin/pvschedd --config /etc/pvsched/pvschedd.toml" in unit
+    assert "/usr/local" not in unit
+    wants = root / "etc/systemd/system/multi-user.target.wants/pvschedd.service"
+    assert wants.is_symlink() and os.readlink(wants) == "/lib/systemd/system/pvschedd.service"
+    assert any(l.startswith("kvm:") for l in (root / "etc/group").read_text().splitlines())
+    for args in (["pvschedd", "--version"], ["pvsched", "--version"],
+                 ["pvschedd", "--check", "--config", "/etc/pvsched/pvschedd.toml"],
+                 ["systemd-analyze", "verify", "/lib/systemd/system/pvschedd.service"]):
+        r = nspawn(root, *args)
+        assert r.returncode == 0, f"{args}: {r.stdout}{r.stderr}"
+
+    # Booted: the enabled unit brings pvschedd up, and its socket answers.
+    with open(tmp_path / "console.log", "w") as log:
+        c = Booted(root, log)
+        try:
+            wait("pvschedd active", lambda: c.run("systemctl", "is-active", "pvschedd")
+                 .stdout.strip() == "active")
+            st = c.run("pvsched", "status")
+            assert st.returncode == 0, f"pvsched status: {st.stdout}{st.stderr}"
+            assert c.run("test", "-S", "/run/pvsched/pvschedd.sock").returncode == 0
+
+            r = c.run("env", "DEBIAN_FRONTEND=noninteractive", "apt", "purge", "-y", "pvsched")
+            assert r.returncode == 0, f"apt purge:\n{r.stdout}\n{r.stderr}"
+            assert c.run("systemctl", "is-active", "pvschedd").stdout.strip() != "active"
+            assert c.run("pgrep", "-x", "pvschedd").returncode == 1, "pvschedd still running"
+        finally:
+            c.stop()
+    for path in ("usr/sbin/pvschedd", "usr/bin/pvsched", "etc/pvsched",
+                 "lib/systemd/system/pvschedd.service", "etc/libvirt/hooks/qemu.d/pvsched"):
+        assert not (root / path).exists(), f"/{path} left after apt purge"
+    assert not os.path.lexists(wants), "the unit's enable symlink left after apt purge"
