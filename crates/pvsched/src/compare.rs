@@ -170,29 +170,15 @@ fn print_table(
         b.samples.to_string(),
         None,
     )?;
-    let totals = with.policy.as_ref().map(policy_totals);
+    let t = with.policy.as_ref().map(policy_totals);
     let dash = || "-".to_owned();
-    row(
-        out,
-        "boosts applied",
-        dash(),
-        totals.map_or_else(dash, |t| t.0.to_string()),
-        None,
-    )?;
-    row(
-        out,
-        "throttles (caps)",
-        dash(),
-        totals.map_or_else(dash, |t| t.1.to_string()),
-        None,
-    )?;
-    row(
-        out,
-        "vCPU time boosted, ms",
-        dash(),
-        totals.map_or_else(dash, |t| format!("{:.1}", t.2)),
-        None,
-    )?;
+    for (label, v) in [
+        ("boosts applied", t.map(|t| t.0.to_string())),
+        ("throttles (caps)", t.map(|t| t.1.to_string())),
+        ("vCPU time boosted, ms", t.map(|t| format!("{:.1}", t.2))),
+    ] {
+        row(out, label, dash(), v.unwrap_or_else(dash), None)?;
+    }
     let work = |s: &Side| num(s.hogs.map(|h| h.units_per_s / 1e6), 3);
     row(
         out,

@@ -590,6 +590,30 @@ fn pvsched_run(args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// `pvsched run ARGS` as `nobody` in group `gid`: its output and stderr,
+/// or `None` (the test skips, saying why) where nobody cannot execute the
+/// build tree's binary.
+fn pvsched_run_as_nobody(
+    test: &str,
+    args: &[&str],
+    gid: u32,
+) -> Option<(std::process::Output, String)> {
+    use std::os::unix::process::CommandExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_pvsched"))
+        .arg("run")
+        .args(args)
+        .uid(65534)
+        .gid(gid)
+        .output()
+        .expect("running pvsched as nobody");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.code() == Some(126) || err.contains("Permission denied (os error 13)") {
+        eprintln!("SKIP: {test}: nobody cannot execute {err}");
+        return None;
+    }
+    Some((out, err))
+}
+
 /// `pvsched run --policy embedded --json` in both region modes: exit 0 and
 /// a policy section with per-vCPU IPI pairs and the apply latency.
 #[test]
@@ -655,18 +679,13 @@ fn cli_embedded_without_privilege_exits_6() {
     if !need_real("cli_embedded_without_privilege_exits_6") {
         return;
     }
-    use std::os::unix::process::CommandExt;
-    let out = Command::new(env!("CARGO_BIN_EXE_pvsched"))
-        .args(["run", "--policy", "embedded", "--duration", "1s"])
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .expect("running pvsched as nobody");
-    let err = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(126) || err.contains("Permission denied (os error 13)") {
-        eprintln!("SKIP: cli_embedded_without_privilege_exits_6: nobody cannot execute {err}");
+    let Some((out, err)) = pvsched_run_as_nobody(
+        "cli_embedded_without_privilege_exits_6",
+        &["--policy", "embedded", "--duration", "1s"],
+        65534,
+    ) else {
         return;
-    }
+    };
     assert_eq!(out.status.code(), Some(6), "{err}");
     assert!(err.contains("refuses to start"), "{err}");
 }
@@ -693,26 +712,14 @@ fn cli_default_policy_falls_back_without_privilege() {
         return;
     }
     use std::os::unix::fs::MetadataExt;
-    use std::os::unix::process::CommandExt;
     let kvm_gid = std::fs::metadata("/dev/kvm").unwrap().gid();
-    let out = Command::new(env!("CARGO_BIN_EXE_pvsched"))
-        .args([
-            "run",
-            "--duration",
-            "1s",
-            "--device-mode",
-            "in-process",
-            "--json",
-        ])
-        .uid(65534)
-        .gid(kvm_gid)
-        .output()
-        .expect("running pvsched as nobody");
-    let err = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(126) || err.contains("Permission denied (os error 13)") {
-        eprintln!("SKIP: cli_default_policy_falls_back_without_privilege: nobody cannot run {err}");
+    let Some((out, err)) = pvsched_run_as_nobody(
+        "cli_default_policy_falls_back_without_privilege",
+        &["--duration", "1s", "--device-mode", "in-process", "--json"],
+        kvm_gid,
+    ) else {
         return;
-    }
+    };
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("running WITHOUT the host policy"), "{err}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
