@@ -59,7 +59,7 @@ impl Family {
 type Single<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
 
 /// The daemon-wide families (the VM count from the status list).
-const DAEMON: [Single<(DaemonStatus, usize)>; 6] = [
+const DAEMON: [Single<(DaemonStatus, usize)>; 8] = [
     ("pvsched_vms", "gauge", "VMs registered.", |(_, n)| {
         *n as f64
     }),
@@ -93,10 +93,22 @@ const DAEMON: [Single<(DaemonStatus, usize)>; 6] = [
         "Resident set size of pvschedd.",
         |(d, _)| (d.rss_kib * 1024) as f64,
     ),
+    (
+        "pvsched_uptime_seconds",
+        "gauge",
+        "Seconds since pvschedd started (a drop is a restart).",
+        |(d, _)| d.uptime_s as f64,
+    ),
+    (
+        "pvsched_restore_errors_total",
+        "counter",
+        "Threads whose baseline could not be put back when their VM's registration ended.",
+        |(d, _)| d.restore_errors as f64,
+    ),
 ];
 
 /// The per-VM families with one series per VM.
-const PER_VM: [Single<VmStatus>; 2] = [
+const PER_VM: [Single<VmStatus>; 4] = [
     (
         "pvsched_vcpus",
         "gauge",
@@ -108,6 +120,18 @@ const PER_VM: [Single<VmStatus>; 2] = [
         "counter",
         "Decisions applied per VM.",
         |v| v.decisions as f64,
+    ),
+    (
+        "pvsched_apply_latency_p50_seconds",
+        "gauge",
+        "Decision to sched_setattr latency per VM, median of its recent decisions.",
+        |v| v.apply_p50_ns as f64 / 1e9,
+    ),
+    (
+        "pvsched_apply_latency_p99_seconds",
+        "gauge",
+        "Decision to sched_setattr latency per VM, 99th percentile of its recent decisions.",
+        |v| v.apply_p99_ns as f64 / 1e9,
     ),
 ];
 
@@ -122,7 +146,7 @@ const PER_THREAD: [Single<ThreadStatus>; 8] = [
     (
         "pvsched_boosts_applied_total",
         "counter",
-        "Boosts applied with sched_setattr per thread.",
+        "sched_setattr calls that put the thread in a boosted state, per thread (a boost whose priority changes while it lasts counts again, so this can exceed pvsched_boosts_total).",
         |t| t.boosts_applied as f64,
     ),
     (
@@ -189,6 +213,15 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
         f.add(String::new(), value(&d));
         f.write(&mut out);
     }
+    let mut gone = Family::new(
+        "pvsched_unregistrations_total",
+        "counter",
+        "Registrations ended, by reason: vmm_exited (the VMM process ended while registered), connection_closed, request, failed, shutdown.",
+    );
+    for (reason, n) in d.0.unregistrations.by_reason() {
+        gone.add(format!("reason=\"{reason}\""), n as f64);
+    }
+    gone.write(&mut out);
     let vm_label = |vm: &VmStatus| format!("vm=\"{}\"", vm.name);
     for (name, kind, help, value) in PER_VM {
         let mut f = Family::new(name, kind, help);
@@ -197,23 +230,6 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
         }
         f.write(&mut out);
     }
-    let mut lat = Family::new(
-        "pvsched_apply_latency_seconds",
-        "gauge",
-        "Decision to sched_setattr latency per VM (quantile 0.5 and 0.99 of recent decisions).",
-    );
-    for vm in &vms {
-        let l = vm_label(vm);
-        lat.add(
-            format!("{l},quantile=\"0.5\""),
-            vm.apply_p50_ns as f64 / 1e9,
-        );
-        lat.add(
-            format!("{l},quantile=\"0.99\""),
-            vm.apply_p99_ns as f64 / 1e9,
-        );
-    }
-    lat.write(&mut out);
     for (name, kind, help, value) in PER_THREAD {
         let mut f = Family::new(name, kind, help);
         for vm in &vms {
@@ -332,4 +348,39 @@ fn answer(
         body.len()
     )?;
     conn.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::UnregisterReason;
+
+    /// Daemon-wide families without VMs: one series each, the
+    /// unregistrations by reason, and nothing that `promtool check
+    /// metrics` rejects (no `quantile` label outside a summary).
+    #[test]
+    fn daemon_families_and_unregistrations_by_reason() {
+        let mut d = DaemonStatus {
+            uptime_s: 42,
+            restore_errors: 2,
+            ..Default::default()
+        };
+        d.unregistrations.count(UnregisterReason::VmmExited);
+        d.unregistrations.count(UnregisterReason::VmmExited);
+        d.unregistrations.count(UnregisterReason::Request);
+        let text = render(d, Vec::new(), VmLabel::Name);
+        let lines: Vec<&str> = text.lines().collect();
+        for want in [
+            "pvsched_vms 0",
+            "pvsched_uptime_seconds 42",
+            "pvsched_restore_errors_total 2",
+            "pvsched_unregistrations_total{reason=\"vmm_exited\"} 2",
+            "pvsched_unregistrations_total{reason=\"request\"} 1",
+            "pvsched_unregistrations_total{reason=\"connection_closed\"} 0",
+            "# TYPE pvsched_apply_latency_p99_seconds gauge",
+        ] {
+            assert!(lines.contains(&want), "no line {want:?} in\n{text}");
+        }
+        assert!(!text.contains("quantile"), "{text}");
+    }
 }

@@ -262,6 +262,73 @@ pub struct DaemonStatus {
     pub refused: u64,
     /// Resident set size, KiB.
     pub rss_kib: u64,
+    /// Registrations ended since start, by why.
+    #[serde(default)]
+    pub unregistrations: Unregistrations,
+    /// Threads whose baseline could not be put back when their VM's
+    /// registration ended (the VM is gone from the status then; this
+    /// count stays).
+    #[serde(default)]
+    pub restore_errors: u64,
+}
+
+/// Registrations ended since pvschedd started, by why
+/// ([`DaemonStatus::unregistrations`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unregistrations {
+    /// The VMM process ended while its VM was registered (a crash, a
+    /// kill, or a QEMU that simply stopped: QEMU never unregisters).
+    pub vmm_exited: u64,
+    /// The VMM closed the connection that owned the VM.
+    pub connection_closed: u64,
+    /// `unregister` requests (the VMM, or root with `pvsched vm
+    /// unregister`).
+    pub request: u64,
+    /// pvschedd could not watch the VMM, or could not register a detached
+    /// VM again after a restart.
+    pub failed: u64,
+    /// pvschedd stopped (detached VMs are registered again by the next).
+    pub shutdown: u64,
+}
+
+/// Why a registration ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnregisterReason {
+    /// See [`Unregistrations::vmm_exited`].
+    VmmExited,
+    /// See [`Unregistrations::connection_closed`].
+    ConnectionClosed,
+    /// See [`Unregistrations::request`].
+    Request,
+    /// See [`Unregistrations::failed`].
+    Failed,
+    /// See [`Unregistrations::shutdown`].
+    Shutdown,
+}
+
+impl Unregistrations {
+    /// Counts one registration ended for `why`.
+    pub fn count(&mut self, why: UnregisterReason) {
+        let c = match why {
+            UnregisterReason::VmmExited => &mut self.vmm_exited,
+            UnregisterReason::ConnectionClosed => &mut self.connection_closed,
+            UnregisterReason::Request => &mut self.request,
+            UnregisterReason::Failed => &mut self.failed,
+            UnregisterReason::Shutdown => &mut self.shutdown,
+        };
+        *c = c.saturating_add(1);
+    }
+
+    /// `(reason label, count)` for each reason, in a fixed order.
+    pub fn by_reason(&self) -> [(&'static str, u64); 5] {
+        [
+            ("vmm_exited", self.vmm_exited),
+            ("connection_closed", self.connection_closed),
+            ("request", self.request),
+            ("failed", self.failed),
+            ("shutdown", self.shutdown),
+        ]
+    }
 }
 
 /// A reply.

@@ -9,7 +9,10 @@
 //! replies it returns; the metrics thread gets only snapshots.
 
 use crate::config::Config;
-use crate::proto::{DaemonStatus, ErrorKind, Region, RegisterVm, Reply, ThreadStatus, VmStatus};
+use crate::proto::{
+    DaemonStatus, ErrorKind, Region, RegisterVm, Reply, ThreadStatus, UnregisterReason,
+    Unregistrations, VmStatus,
+};
 use crate::wire;
 use pvsched_agent::{Agent, RegionMmap, VmHandle, VmSpec};
 use std::collections::BTreeMap;
@@ -56,6 +59,7 @@ pub(crate) struct Registry {
     clients: u32,
     registrations: u64,
     refused: u64,
+    unregistrations: Unregistrations,
 }
 
 /// Most regions reserved at once (each is a 16 KiB BPF map).
@@ -74,6 +78,7 @@ impl Registry {
             clients: 0,
             registrations: 0,
             refused: 0,
+            unregistrations: Unregistrations::default(),
         }
     }
 
@@ -331,10 +336,14 @@ impl Registry {
         Ok(())
     }
 
-    /// Ends VM `name`'s registration and hands the VM back (None: no such
-    /// VM); dropping it restores its threads.
-    pub(crate) fn unregister(&mut self, name: &str) -> Option<Vm> {
-        self.vms.remove(name)
+    /// Ends VM `name`'s registration for `why` and hands the VM back
+    /// (None: no such VM); dropping it restores its threads.
+    pub(crate) fn unregister(&mut self, name: &str, why: UnregisterReason) -> Option<Vm> {
+        let vm = self.vms.remove(name);
+        if vm.is_some() {
+            self.unregistrations.count(why);
+        }
+        vm
     }
 
     /// Whether a region is reserved for VM `name`.
@@ -430,6 +439,8 @@ impl Registry {
             registrations: self.registrations,
             refused: self.refused,
             rss_kib: rss_kib(),
+            unregistrations: self.unregistrations,
+            restore_errors: self.agent.restore_errors(),
         }
     }
 }

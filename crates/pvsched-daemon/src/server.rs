@@ -17,7 +17,9 @@
 //! that registered it is open.
 
 use crate::config::Config;
-use crate::proto::{self, DaemonStatus, ErrorKind, Region, RegisterVm, Reply, Request, VmStatus};
+use crate::proto::{
+    self, DaemonStatus, ErrorKind, Region, RegisterVm, Reply, Request, UnregisterReason, VmStatus,
+};
 use crate::registry::{Registry, unknown_vm};
 use crate::wire;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -386,15 +388,15 @@ impl Server {
         reg.set_clients(self.clients.len() as u32);
         for name in reg.owned_by(id) {
             tracing::info!(vm = %name, "its VMM closed the connection: unregistering");
-            self.unregister(&mut reg, &name);
+            self.unregister(&mut reg, &name, UnregisterReason::ConnectionClosed);
         }
     }
 
-    /// Ends VM `name`'s registration: stops watching its VMM, forgets its
-    /// detached record, then drops the VM (which restores every thread of
-    /// the VM).
-    fn unregister(&mut self, reg: &mut Registry, name: &str) {
-        if let Some(vm) = reg.unregister(name) {
+    /// Ends VM `name`'s registration for `why`: stops watching its VMM,
+    /// forgets its detached record, then drops the VM (which restores
+    /// every thread of the VM).
+    fn unregister(&mut self, reg: &mut Registry, name: &str, why: UnregisterReason) {
+        if let Some(vm) = reg.unregister(name, why) {
             let _ = self.epoll.delete(vm.pidfd());
             if vm.detached() {
                 self.detached.forget(name);
@@ -424,7 +426,7 @@ impl Server {
         if let Some(pid) = reg.pid_of(&name) {
             tracing::info!(vm = %name, pid, "its VMM exited: unregistering");
         }
-        self.unregister(&mut reg, &name);
+        self.unregister(&mut reg, &name, UnregisterReason::VmmExited);
     }
 
     fn serve(&mut self, id: u64) {
@@ -579,7 +581,7 @@ impl Server {
                         reg.count_registration();
                         if let Err(e) = self.watch(&watched, &name) {
                             tracing::warn!(vm = %name, "cannot watch its VMM ({e}); unregistering");
-                            self.unregister(&mut reg, &name);
+                            self.unregister(&mut reg, &name, UnregisterReason::Failed);
                             return (
                                 Reply::error(ErrorKind::Internal, format!("epoll_ctl: {e}")),
                                 None,
@@ -609,7 +611,7 @@ impl Server {
                         None,
                     );
                 }
-                self.unregister(&mut reg, &name);
+                self.unregister(&mut reg, &name, UnregisterReason::Request);
                 tracing::info!(vm = %name, "unregistered on request");
                 (Reply::Ok { caps: None }, None)
             }
@@ -655,7 +657,7 @@ impl Server {
         let registry = self.registry.clone();
         let mut reg = lock(&registry);
         for name in reg.names() {
-            self.unregister(&mut reg, &name);
+            self.unregister(&mut reg, &name, UnregisterReason::Shutdown);
         }
         drop(reg);
         let _ = std::fs::remove_file(&self.socket);
@@ -712,7 +714,7 @@ impl Server {
                 }
                 Err(r) => {
                     tracing::warn!(vm = %name, pid = rec.pid, "registering the detached VM again failed: {r:?}");
-                    self.unregister(&mut reg, &name);
+                    self.unregister(&mut reg, &name, UnregisterReason::Failed);
                     self.detached.forget(&name);
                 }
             }

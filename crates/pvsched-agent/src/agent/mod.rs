@@ -180,6 +180,9 @@ struct Inner {
     stop: AtomicBool,
     /// Ring-buffer drops already reported (the BPF `dropped` counter).
     dropped_seen: AtomicU64,
+    /// Threads whose baseline could not be put back when their VM was
+    /// unregistered: the VM's own statistics go with it, this stays.
+    restore_errors: AtomicU64,
 }
 
 impl Inner {
@@ -293,6 +296,7 @@ impl Agent {
             reg: Mutex::new(Registry::default()),
             stop: AtomicBool::new(false),
             dropped_seen: AtomicU64::new(0),
+            restore_errors: AtomicU64::new(0),
         });
         let wake = eventfd().map_err(|source| AgentError::Sys {
             what: "eventfd",
@@ -491,6 +495,12 @@ impl Agent {
         lock(&self.inner.obj).prog_stats()
     }
 
+    /// Threads whose baseline could not be put back as their VM was
+    /// unregistered, since the agent started (each is also logged).
+    pub fn restore_errors(&self) -> u64 {
+        self.inner.restore_errors.load(Ordering::Relaxed)
+    }
+
     /// Summed BPF statistics.
     pub fn bpf_stats(&self) -> Result<crate::intf::PvsStats> {
         Ok(lock(&self.inner.obj).stats()?)
@@ -646,7 +656,11 @@ impl Drop for VmHandle {
         let mut reg = lock(&self.inner.reg);
         let vm_id = self.vm_id;
         for t in reg.threads.values_mut().filter(|t| t.vm_id == vm_id) {
+            let before = t.errors;
             t.restore();
+            if t.errors > before {
+                self.inner.restore_errors.fetch_add(1, Ordering::Relaxed);
+            }
         }
         reg.threads.retain(|_, t| t.vm_id != vm_id);
         reg.vms.remove(&vm_id);

@@ -511,6 +511,26 @@ fn prometheus_scrape_parses() {
         None
     );
     drop(v);
+    // The VMM is gone: its registration ended (its exit or its closed
+    // connection, whichever pvschedd saw first), and the count says so.
+    let ended = |t: &str| -> f64 {
+        ["vmm_exited", "connection_closed"]
+            .iter()
+            .filter_map(|r| {
+                let l = format!("pvsched_unregistrations_total{{reason=\"{r}\"}} ");
+                t.lines()
+                    .find_map(|x| x.strip_prefix(l.as_str())?.parse::<f64>().ok())
+            })
+            .sum()
+    };
+    pvsched_testkit::wait_for(
+        "the unregistration counted",
+        Duration::from_secs(10),
+        || {
+            let t = http_get(&d.metrics, "/metrics", Some(token))?;
+            (ended(&t) == 1.0 && t.contains("pvsched_vms 0")).then_some(())
+        },
+    );
     let _ = std::fs::remove_file(&token_file);
 }
 
