@@ -149,6 +149,7 @@ def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, 
         "usr/lib/tmpfiles.d/pvsched.conf": 0o644,
         "usr/lib/sysusers.d/pvsched.conf": 0o644,
         "etc/libvirt/hooks/qemu.d/pvsched": 0o755,
+        "etc/pvsched/libvirt-hook.conf": 0o644,
         "usr/share/man/man8/pvschedd.8.gz": 0o644,
         "usr/share/man/man1/pvsched.1.gz": 0o644,
         "usr/share/man/man1/pvsched-run.1.gz": 0o644,
@@ -161,7 +162,8 @@ def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, 
         assert p.exists(), f"/{path} not installed"
         assert p.stat().st_mode & 0o7777 == mode, f"/{path}: mode {oct(p.stat().st_mode)}"
     conffiles = set(nspawn(root, "cat", "/var/lib/dpkg/info/pvsched.conffiles").stdout.split())
-    assert {"/etc/pvsched/pvschedd.toml", "/etc/libvirt/hooks/qemu.d/pvsched"} <= conffiles
+    assert {"/etc/pvsched/pvschedd.toml", "/etc/pvsched/libvirt-hook.conf",
+            "/etc/libvirt/hooks/qemu.d/pvsched"} <= conffiles
 
     # The unit names the package's paths and is enabled; its group exists.
     unit = (root / "lib/systemd/system/pvschedd.service").read_text()

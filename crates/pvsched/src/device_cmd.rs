@@ -1,7 +1,9 @@
 //! `pvsched device`: the device process (`pvsched_transport::cli`), plus
 //! `--daemon-region NAME`: BAR2 is pvschedd's region map for VM NAME,
 //! reserved before the VMM starts, so the policy reads the guest's slots
-//! where the guest writes them (no copy, any context). For QEMU:
+//! where the guest writes them (no copy, any context). For a QEMU started
+//! by hand (a libvirt domain says `region="device"` in its metadata and the
+//! libvirt hook runs `qemu-attach --libvirt` instead):
 //!
 //! ```text
 //! pvsched device --transport vfio-user --socket /run/vm1.sock --vcpus 2 --daemon-region vm1 &

@@ -36,8 +36,9 @@ enum Command {
     /// Change or end a VM's registration with pvschedd.
     #[command(after_help = exit::help(&exit::Exit::ALL))]
     Vm(daemon_cli::VmArgs),
-    /// Register a running QEMU (vCPU threads from QMP) with pvschedd, e.g.
-    /// from a libvirt hook.
+    /// Register a running QEMU with pvschedd: a libvirt domain (through
+    /// libvirt's own monitor; what the libvirt hook runs) or a QEMU's QMP
+    /// socket.
     #[command(name = "qemu-attach", after_help = exit::help(&exit::Exit::ALL))]
     QemuAttach(qemu_attach::QemuAttachArgs),
     /// pvschedd's Prometheus metrics (text exposition).

@@ -1,21 +1,45 @@
-//! `pvsched qemu-attach --qmp SOCKET --name NAME`: registers a running QEMU
-//! with pvschedd. The vCPU threads come from QMP `query-cpus-fast`, their
-//! APIC IDs from the CPU topology properties QEMU reports (x86 encoding:
-//! each level takes the bits its count needs), the QEMU process from the
-//! QMP socket's peer credentials, and QEMU's main-loop thread (its first
-//! thread, tid = pid) is registered as the VM's emulator thread unless
+//! `pvsched qemu-attach`: registers a running QEMU with pvschedd, from
+//! one of two sources of vCPU threads:
+//!
+//! - `--qmp SOCKET --name NAME`: QMP `query-cpus-fast` on a QMP socket of
+//!   QEMU's own; the QEMU process is the socket's peer (SO_PEERCRED).
+//! - `--libvirt DOMAIN`: a libvirt domain, through the monitor libvirt
+//!   itself holds (`virsh qemu-monitor-command DOMAIN
+//!   '{"execute":"query-cpus-fast"}'`), with the QEMU process libvirt
+//!   recorded (`--pid`, else /run/libvirt/qemu/DOMAIN.pid) and the caps
+//!   and region mode from the domain XML's `<metadata>` (`--domain-xml`,
+//!   else `virsh dumpxml`):
+//!
+//!   ```xml
+//!   <pvsched:vm xmlns:pvsched="https://pvsched.dev/xmlns/libvirt/1" region="device">
+//!     <pvsched:caps max_rt_prio="3" halt_boost="nice"/>
+//!   </pvsched:vm>
+//!   ```
+//!
+//!   Each attribute of `<pvsched:caps>` is one cap, written as for
+//!   `pvsched vm set` (`bpf-policy/caps.example.toml` lists them); caps
+//!   not given keep their built-in defaults. The libvirt hook
+//!   (dist/libvirt/qemu.d/pvsched) runs this in the background once
+//!   libvirt has started the domain.
+//!
+//! Either way every vCPU thread must be a thread of that QEMU process
+//! (checked here, and again by pvschedd), APIC IDs come from the CPU
+//! topology properties QEMU reports (x86 encoding: each level takes the
+//! bits its count needs), and QEMU's main-loop thread (its first thread,
+//! tid = pid) is registered as the VM's emulator thread unless
 //! `--no-emulator`. The registration is detached: it lasts until QEMU
-//! exits (pvschedd watches its pidfd) or `pvsched vm unregister NAME`,
-//! so a libvirt hook can run this and return. Root only (pvschedd lets
-//! only root register another process's threads).
+//! exits (pvschedd watches its pidfd) or `pvsched vm unregister NAME`, so
+//! a libvirt hook can run this and return. Root only (pvschedd lets only
+//! root register another process's threads).
 //!
 //! Without a pvsched device in QEMU the VM is registered with no region:
 //! it gets the halt and directed-yield boosts (kvm_vcpu_wakeup,
-//! kvm_apic_ipi), not the guest's slot requests. With `--device-region`,
-//! QEMU's pvsched device (`pvsched device --transport vfio-user
-//! --daemon-region NAME`, started before QEMU) serves pvschedd's region
-//! for NAME as BAR2, and the VM is registered with that region: the policy
-//! reads what the guest driver writes there.
+//! kvm_apic_ipi), not the guest's slot requests. With `--device-region`
+//! (or `region="device"` in the metadata), QEMU's pvsched device
+//! (`pvsched device --transport vfio-user --daemon-region NAME`, started
+//! before QEMU) serves pvschedd's region for NAME as BAR2, and the VM is
+//! registered with that region: the policy reads what the guest driver
+//! writes there.
 
 use crate::daemon_cli::SocketArg;
 use crate::exit::Exit;
@@ -26,29 +50,57 @@ use pvsched_daemon::proto::{Region, Vcpu};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `pvsched qemu-attach`.
 #[derive(Args, Debug)]
 pub struct QemuAttachArgs {
-    /// QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`; libvirt:
-    /// /var/lib/libvirt/qemu/domain-ID-NAME/monitor.sock).
-    #[arg(long)]
-    qmp: PathBuf,
+    /// QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`), a socket
+    /// of QEMU's own (for a libvirt domain use --libvirt).
+    #[arg(long, required_unless_present = "libvirt", conflicts_with = "libvirt")]
+    qmp: Option<PathBuf>,
+    /// A running libvirt domain: its vCPU threads come from the monitor
+    /// libvirt holds (`virsh qemu-monitor-command DOMAIN
+    /// '{"execute":"query-cpus-fast"}'`), its caps and region mode from
+    /// its XML's <metadata> (<pvsched:vm>, see docs/operating.md).
+    #[arg(long, value_name = "DOMAIN")]
+    libvirt: Option<String>,
+    /// The domain's XML, with its <metadata> (`-`: standard input, as the
+    /// libvirt hook gets it); default: `virsh dumpxml DOMAIN`.
+    #[arg(long, value_name = "FILE", requires = "libvirt")]
+    domain_xml: Option<PathBuf>,
+    /// Register the domain only if its <metadata> has a <pvsched:vm>
+    /// (the libvirt hook's opt-in); otherwise say so and exit 0.
+    #[arg(long, requires = "libvirt")]
+    require_metadata: bool,
+    /// libvirt's URI for virsh.
+    #[arg(long, value_name = "URI", default_value = "qemu:///system")]
+    connect: String,
+    /// The virsh program.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "PVSCHED_VIRSH",
+        default_value = "virsh"
+    )]
+    virsh: PathBuf,
     /// The VM's name with pvschedd (its caps file is
-    /// /etc/pvsched/vms/NAME.toml).
-    #[arg(long)]
-    name: String,
-    /// Caps to ask for when the VM has no caps file (TOML).
+    /// /etc/pvsched/vms/NAME.toml); default with --libvirt: the domain's.
+    #[arg(long, required_unless_present = "libvirt")]
+    name: Option<String>,
+    /// Caps to ask for when the VM has no caps file (TOML); with
+    /// --libvirt, instead of the metadata's.
     #[arg(long)]
     policy_file: Option<PathBuf>,
     /// Do not register QEMU's main-loop thread as the emulator thread.
     #[arg(long)]
     no_emulator: bool,
-    /// The QEMU process the VM runs as (libvirt writes it to
-    /// /run/libvirt/qemu/NAME.pid): the QMP socket's peer must be it, so a
-    /// socket another process put in a shared directory is refused.
+    /// The QEMU process the VM runs as. With --qmp: the QMP socket's peer
+    /// must be it, so a socket another process put in a shared directory
+    /// is refused. With --libvirt: the process libvirt started (default:
+    /// the pid in /run/libvirt/qemu/DOMAIN.pid), whose threads the vCPU
+    /// threads must be.
     #[arg(long)]
     pid: Option<u32>,
     /// QEMU's pvsched device serves pvschedd's region for NAME as BAR2
@@ -223,50 +275,308 @@ fn apic_ids(cpus: &[Value], possible: &[Value]) -> Vec<u32> {
         .collect()
 }
 
-fn registration(a: &QemuAttachArgs) -> Result<RegisterVm, String> {
-    let mut qmp = Qmp::open(&a.qmp).map_err(|e| e.to_string())?;
+/// Where the vCPU threads came from: the QEMU process, `query-cpus-fast`
+/// and `query-hotpluggable-cpus` (if QEMU answered it).
+struct Source {
+    pid: u32,
+    cpus: Vec<Value>,
+    possible: Option<Vec<Value>>,
+    /// What to call it in messages.
+    what: String,
+}
+
+/// The threads from QEMU's own QMP socket; its peer is the QEMU process.
+fn from_qmp(path: &Path, want: Option<u32>, name: &str) -> Result<Source, String> {
+    let mut qmp = Qmp::open(path).map_err(|e| e.to_string())?;
     let pid = qmp.peer_pid().map_err(|e| e.to_string())?;
-    if let Some(want) = a.pid
+    if let Some(want) = want
         && want != pid
     {
         return Err(format!(
             "QMP {}: the socket is served by process {pid}, not QEMU {want} (--pid): \
-             refusing to register another process as {}",
-            a.qmp.display(),
-            a.name
+             refusing to register another process as {name}",
+            path.display(),
         ));
     }
     let cpus = qmp.execute("query-cpus-fast").map_err(|e| e.to_string())?;
     let cpus = cpus.as_array().cloned().unwrap_or_default();
-    if cpus.is_empty() {
-        return Err(format!(
-            "QMP {}: query-cpus-fast listed no CPU",
-            a.qmp.display()
-        ));
-    }
     let possible = qmp
         .execute("query-hotpluggable-cpus")
         .ok()
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_else(|| cpus.clone());
-    let apics = apic_ids(&cpus, &possible);
+        .and_then(|v| v.as_array().cloned());
+    Ok(Source {
+        pid,
+        cpus,
+        possible,
+        what: format!("QMP {}", path.display()),
+    })
+}
+
+/// libvirt's directory of running domains' pid files.
+const LIBVIRT_RUN: &str = "/run/libvirt/qemu";
+/// Longest domain XML read (libvirt's are a few KiB).
+const MAX_DOMAIN_XML: u64 = 1 << 20;
+/// Longest output of one virsh call kept.
+const MAX_VIRSH_OUTPUT: u64 = 1 << 20;
+/// Longest wait for one virsh call: libvirt waits up to 30 s for the
+/// domain's job lock (held while the domain starts, so also while the
+/// libvirt hook runs), then gives up by itself.
+const VIRSH_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Runs `virsh -c URI ARGS...`; its standard output, or why not.
+fn virsh(a: &QemuAttachArgs, args: &[&str]) -> Result<Vec<u8>, String> {
+    use std::process::{Command, Stdio};
+    let shown = || format!("{} -c {} {}", a.virsh.display(), a.connect, args.join(" "));
+    let mut child = Command::new(&a.virsh)
+        .arg("-c")
+        .arg(&a.connect)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{}: {e} (libvirt-clients installs virsh)", shown()))?;
+    // Read both pipes while virsh runs (bounded), so a large answer cannot
+    // block it on a full pipe.
+    let reader = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(r) = r {
+                let _ = r.take(MAX_VIRSH_OUTPUT + 1).read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = reader(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = reader(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let start = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if start.elapsed() < VIRSH_DEADLINE => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{}: no answer within {VIRSH_DEADLINE:?}", shown()));
+            }
+            Err(e) => return Err(format!("{}: {e}", shown())),
+        }
+    };
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
+    if !status.success() {
+        let msg = String::from_utf8_lossy(&err[..err.len().min(4096)]);
+        return Err(format!("{} failed ({status}): {}", shown(), msg.trim()));
+    }
+    if out.len() as u64 > MAX_VIRSH_OUTPUT {
+        return Err(format!(
+            "{}: more than {MAX_VIRSH_OUTPUT} bytes of output",
+            shown()
+        ));
+    }
+    Ok(out)
+}
+
+/// A QMP command through libvirt's own monitor of `domain`; its `return`.
+fn libvirt_qmp(a: &QemuAttachArgs, domain: &str, cmd: &str) -> Result<Value, String> {
+    let req = json!({ "execute": cmd }).to_string();
+    let out = virsh(a, &["qemu-monitor-command", domain, &req])?;
+    let v: Value = serde_json::from_slice(&out).map_err(|e| {
+        format!(
+            "libvirt domain {domain}: {cmd}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&out[..out.len().min(256)])
+        )
+    })?;
+    if let Some(r) = v.get("return") {
+        return Ok(r.clone());
+    }
+    Err(format!(
+        "libvirt domain {domain}: {cmd}: {}",
+        v.get("error").unwrap_or(&v)
+    ))
+}
+
+/// A libvirt domain name that can name a file in [`LIBVIRT_RUN`]
+/// (libvirt's own rule: no `/`; not empty; not `.`-led here).
+fn domain_name_ok(d: &str) -> bool {
+    !d.is_empty() && !d.contains('/') && !d.starts_with('.') && !d.contains('\0')
+}
+
+/// Reads at most [`MAX_DOMAIN_XML`] bytes of `path` (`-`: stdin).
+fn read_domain_xml(path: &Path) -> Result<String, String> {
+    let mut buf = Vec::new();
+    let what = || format!("--domain-xml {}", path.display());
+    let res = if path == Path::new("-") {
+        std::io::stdin()
+            .lock()
+            .take(MAX_DOMAIN_XML + 1)
+            .read_to_end(&mut buf)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(MAX_DOMAIN_XML + 1).read_to_end(&mut buf))
+    };
+    res.map_err(|e| format!("{}: {e}", what()))?;
+    if buf.len() as u64 > MAX_DOMAIN_XML {
+        return Err(format!("{}: longer than {MAX_DOMAIN_XML} bytes", what()));
+    }
+    String::from_utf8(buf).map_err(|_| format!("{}: not UTF-8", what()))
+}
+
+/// The domain's XML and what its <metadata> says for pvsched.
+fn libvirt_metadata(a: &QemuAttachArgs, domain: &str) -> Result<domain_xml::Metadata, String> {
+    let xml = match &a.domain_xml {
+        Some(p) => read_domain_xml(p)?,
+        None => {
+            let out = virsh(a, &["dumpxml", domain])?;
+            if out.len() as u64 > MAX_DOMAIN_XML {
+                return Err(format!(
+                    "virsh dumpxml {domain}: longer than {MAX_DOMAIN_XML} bytes"
+                ));
+            }
+            String::from_utf8(out).map_err(|_| format!("virsh dumpxml {domain}: not UTF-8"))?
+        }
+    };
+    let meta = domain_xml::parse(&xml).map_err(|e| format!("domain {domain}'s XML: {e}"))?;
+    match &meta.name {
+        Some(n) if n != domain => Err(format!(
+            "the domain XML is domain {n}'s, not {domain}'s: refusing to register it"
+        )),
+        _ => Ok(meta),
+    }
+}
+
+/// The threads of a libvirt domain, through libvirt's monitor, and the
+/// QEMU process libvirt recorded.
+fn from_libvirt(a: &QemuAttachArgs, domain: &str) -> Result<Source, String> {
+    let pid = match a.pid {
+        Some(p) => p,
+        None => {
+            let file = Path::new(LIBVIRT_RUN).join(format!("{domain}.pid"));
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| format!("{}: {e} (is domain {domain} running?)", file.display()))?;
+            text.trim()
+                .parse()
+                .map_err(|_| format!("{}: not a pid: {:?}", file.display(), text.trim()))?
+        }
+    };
+    let cpus = libvirt_qmp(a, domain, "query-cpus-fast")?;
+    let cpus = cpus.as_array().cloned().unwrap_or_default();
+    let possible = libvirt_qmp(a, domain, "query-hotpluggable-cpus")
+        .ok()
+        .and_then(|v| v.as_array().cloned());
+    Ok(Source {
+        pid,
+        cpus,
+        possible,
+        what: format!("libvirt domain {domain} (libvirt's monitor)"),
+    })
+}
+
+/// What went wrong, with the exit code to leave with.
+type Failed = (Exit, String);
+
+fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Failed> {
+    let fail = |e: String| (Exit::Failure, e);
+    let mut region = a.device_region;
+    let mut caps = None;
+    let (name, src) = match (&a.libvirt, &a.qmp) {
+        (Some(domain), _) => {
+            if !domain_name_ok(domain) {
+                return Err((
+                    Exit::Usage,
+                    format!("--libvirt {domain:?}: not a domain name"),
+                ));
+            }
+            let meta = libvirt_metadata(a, domain).map_err(fail)?;
+            let name = a.name.clone().unwrap_or_else(|| domain.clone());
+            match &meta.vm {
+                None if a.require_metadata => {
+                    println!(
+                        "{domain}: no <pvsched:vm xmlns:pvsched=\"{}\"> in its <metadata>; \
+                         not registered",
+                        domain_xml::NS
+                    );
+                    return Ok(None);
+                }
+                None => {}
+                Some(vm) => {
+                    region |= vm.region_device;
+                    if a.policy_file.is_none() {
+                        caps = vm
+                            .caps
+                            .as_ref()
+                            .map(|settings| {
+                                pvsched_policy::Caps::default()
+                                    .with_settings(
+                                        settings.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                                    )
+                                    .map_err(|e| {
+                                        (
+                                            Exit::PolicyFile,
+                                            format!("domain {domain}'s <pvsched:caps>: {e}"),
+                                        )
+                                    })
+                            })
+                            .transpose()?;
+                    }
+                }
+            }
+            (name, from_libvirt(a, domain).map_err(fail)?)
+        }
+        (None, Some(qmp)) => {
+            let name = a.name.clone().unwrap_or_default();
+            let src = from_qmp(qmp, a.pid, &name).map_err(fail)?;
+            (name, src)
+        }
+        (None, None) => return Err((Exit::Usage, "--qmp or --libvirt is needed".into())),
+    };
+    if src.cpus.is_empty() {
+        return Err(fail(format!("{}: query-cpus-fast listed no CPU", src.what)));
+    }
+    let possible = src.possible.clone().unwrap_or_else(|| src.cpus.clone());
+    let apics = apic_ids(&src.cpus, &possible);
+    let pid = src.pid;
     let mut vcpus = Vec::new();
-    for (c, apic_id) in cpus.iter().zip(apics) {
+    for (c, apic_id) in src.cpus.iter().zip(apics) {
         let tid = c["thread-id"]
             .as_u64()
             .and_then(|t| u32::try_from(t).ok())
-            .ok_or_else(|| format!("query-cpus-fast: CPU without a thread-id: {c}"))?;
+            .ok_or_else(|| {
+                fail(format!(
+                    "{}: query-cpus-fast: CPU without a thread-id: {c}",
+                    src.what
+                ))
+            })?;
+        // QEMU answers for its threads: a thread that is not one of the
+        // process's own is refused here (pvschedd checks it again).
+        if !Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
+            return Err(fail(format!(
+                "{}: vCPU thread {tid} is not a thread of QEMU process {pid}: \
+                 refusing to register {name}",
+                src.what
+            )));
+        }
         vcpus.push(Vcpu { tid, apic_id });
     }
-    let caps = match &a.policy_file {
-        Some(p) => Some(crate::run::read_policy_file(p)?),
-        None => None,
-    };
-    Ok(RegisterVm {
-        name: a.name.clone(),
+    if let Some(p) = &a.policy_file {
+        caps = Some(crate::run::read_policy_file(p).map_err(|e| (Exit::PolicyFile, e))?);
+    }
+    Ok(Some(RegisterVm {
+        name,
         vcpus,
         emulator_tids: if a.no_emulator { vec![] } else { vec![pid] },
-        region: if a.device_region {
+        region: if region {
             Region::Reserved
         } else {
             Region::None
@@ -274,20 +584,27 @@ fn registration(a: &QemuAttachArgs) -> Result<RegisterVm, String> {
         caps,
         pid: Some(pid),
         detach: true,
-    })
+    }))
 }
 
 /// Runs `pvsched qemu-attach`.
 pub fn main(a: &QemuAttachArgs) -> Exit {
     let reg = match registration(a) {
-        Ok(r) => r,
-        Err(e) => {
+        Ok(Some(r)) => r,
+        Ok(None) => return Exit::Ok,
+        Err((code, e)) => {
             eprintln!("pvsched qemu-attach: {e}");
-            return Exit::Failure;
+            return code;
         }
     };
     let (pid, n) = (reg.pid.unwrap_or(0), reg.vcpus.len());
     let tids: Vec<String> = reg.vcpus.iter().map(|v| v.tid.to_string()).collect();
+    let name = reg.name.clone();
+    let source = if a.libvirt.is_some() {
+        "libvirt's monitor"
+    } else {
+        "QMP"
+    };
     // Detached: the registration outlives this process (dropping it here
     // does not end it); pvschedd ends it when QEMU exits. The registration
     // itself says whether pvschedd answers: no separate status round trip.
@@ -295,9 +612,8 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
     match result.as_ref().map(Registration::registered) {
         Ok(Some(r)) => {
             println!(
-                "{}: QEMU pid {pid}, {n} vCPU thread(s) {} registered with pvschedd as VM {} \
-                 (caps from {}); it stays registered until QEMU exits",
-                a.name,
+                "{name}: QEMU pid {pid}, {n} vCPU thread(s) {} (from {source}) registered with \
+                 pvschedd as VM {} (caps from {}); it stays registered until QEMU exits",
                 tids.join(","),
                 r.vm_id,
                 r.caps_source
@@ -306,12 +622,147 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
         }
         Ok(None) => Exit::Failure,
         Err(e) => {
-            eprintln!("pvsched qemu-attach: {e}");
+            eprintln!("pvsched qemu-attach: {name}: {e}");
             match e {
                 HostError::Daemon(e) => crate::daemon_cli::exit_for(e),
                 _ => Exit::Failure,
             }
         }
+    }
+}
+
+/// The part of a libvirt domain XML pvsched reads: the domain's name and
+/// its `<metadata><pvsched:vm>`. The XML is whoever defined the domain's,
+/// so it is parsed by `roxmltree` (no DTD, bounded node count) and every
+/// pvsched element and attribute is checked; the caps' keys and values are
+/// checked afterwards by the caps' own parser, as `pvsched vm set`'s are.
+mod domain_xml {
+    use roxmltree::{Document, Node, ParsingOptions};
+
+    /// The namespace of pvsched's libvirt metadata.
+    pub const NS: &str = "https://pvsched.dev/xmlns/libvirt/1";
+    /// Most XML nodes read from one domain (libvirt's have a few hundred).
+    const MAX_NODES: u32 = 100_000;
+    /// Longest value of one cap.
+    const MAX_VALUE: usize = 64;
+
+    /// What the domain XML says for pvsched.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    pub struct Metadata {
+        /// The domain's `<name>`.
+        pub name: Option<String>,
+        /// Its `<metadata><pvsched:vm>`, if any.
+        pub vm: Option<Vm>,
+    }
+
+    /// `<pvsched:vm region="device|none">`, optionally with
+    /// `<pvsched:caps KEY="VALUE" .../>` inside.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    pub struct Vm {
+        /// `region="device"`: the device serves pvschedd's region.
+        pub region_device: bool,
+        /// The caps element's attributes, in order.
+        pub caps: Option<Vec<(String, String)>>,
+    }
+
+    /// An element's name as written (`prefix:name`), for messages.
+    fn qname(n: Node) -> String {
+        match n.tag_name().namespace().and_then(|ns| n.lookup_prefix(ns)) {
+            Some(p) if !p.is_empty() => format!("{p}:{}", n.tag_name().name()),
+            _ => n.tag_name().name().to_owned(),
+        }
+    }
+
+    fn elements<'a, 'i>(n: Node<'a, 'i>) -> impl Iterator<Item = Node<'a, 'i>> {
+        n.children().filter(Node::is_element)
+    }
+
+    /// The child element `name` (no namespace) of `n`.
+    fn child<'a, 'i>(n: Node<'a, 'i>, name: &str) -> Option<Node<'a, 'i>> {
+        elements(n).find(|c| c.tag_name().namespace().is_none() && c.tag_name().name() == name)
+    }
+
+    /// Parses `xml`: the domain's name and pvsched metadata, or what is
+    /// wrong with it.
+    pub fn parse(xml: &str) -> Result<Metadata, String> {
+        let opts = ParsingOptions {
+            allow_dtd: false,
+            nodes_limit: MAX_NODES,
+            ..ParsingOptions::default()
+        };
+        let doc = Document::parse_with_options(xml, opts)
+            .map_err(|e| format!("not a well-formed XML document: {e}"))?;
+        let root = doc.root_element();
+        if root.tag_name().name() != "domain" || root.tag_name().namespace().is_some() {
+            return Err(format!(
+                "the root element is <{}>, not a libvirt <domain>",
+                qname(root)
+            ));
+        }
+        let name = child(root, "name").map(|n| n.text().unwrap_or("").trim().to_owned());
+        let mut vm = None;
+        for m in child(root, "metadata").into_iter().flat_map(elements) {
+            if m.tag_name().namespace() != Some(NS) {
+                continue;
+            }
+            if m.tag_name().name() != "vm" {
+                return Err(format!(
+                    "<metadata>: unknown element <{}> (known: vm)",
+                    qname(m)
+                ));
+            }
+            if vm.is_some() {
+                return Err(format!("two <{}> in <metadata>", qname(m)));
+            }
+            vm = Some(read_vm(m)?);
+        }
+        Ok(Metadata { name, vm })
+    }
+
+    /// `<pvsched:vm>` and its `<pvsched:caps>`.
+    fn read_vm(v: Node) -> Result<Vm, String> {
+        let q = qname(v);
+        let mut vm = Vm::default();
+        for a in v.attributes() {
+            match (a.namespace(), a.name(), a.value()) {
+                (None, "region", "device") => vm.region_device = true,
+                (None, "region", "none") => vm.region_device = false,
+                (None, "region", r) => {
+                    return Err(format!(
+                        "<{q} region={r:?}>: region is \"device\" or \"none\""
+                    ));
+                }
+                (_, n, _) => return Err(format!("<{q}>: unknown attribute {n} (known: region)")),
+            }
+        }
+        for c in elements(v) {
+            let cq = qname(c);
+            if c.tag_name().namespace() != Some(NS) || c.tag_name().name() != "caps" {
+                return Err(format!("<{q}>: unknown element <{cq}> (known: caps)"));
+            }
+            if vm.caps.is_some() {
+                return Err(format!("two <{cq}> in <{q}>"));
+            }
+            if let Some(inner) = elements(c).next() {
+                return Err(format!("<{}> inside <{cq}>: not expected", qname(inner)));
+            }
+            let mut caps = Vec::new();
+            for a in c.attributes() {
+                let (n, val) = (a.name(), a.value());
+                if a.namespace().is_some() {
+                    return Err(format!("<{cq}>: attribute {n}: caps take no prefix"));
+                }
+                if val.len() > MAX_VALUE || val.chars().any(char::is_control) {
+                    return Err(format!(
+                        "<{cq}>: {n}: not a cap value (at most {MAX_VALUE} characters, \
+                         no control characters)"
+                    ));
+                }
+                caps.push((n.to_owned(), val.to_owned()));
+            }
+            vm.caps = Some(caps);
+        }
+        Ok(vm)
     }
 }
 
@@ -358,6 +809,147 @@ mod tests {
             t.join().unwrap();
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A domain XML as libvirt formats it, with pvsched's metadata.
+    const DOMAIN: &str = r#"<domain type='qemu' id='2' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>web-1</name>
+  <uuid>5684e521-2982-4c2c-8bd2-e6de55ae91a4</uuid>
+  <metadata>
+    <other:thing xmlns:other="https://example.org/other"><other:x a="1"/></other:thing>
+    <pvsched:vm xmlns:pvsched="https://pvsched.dev/xmlns/libvirt/1" region="device">
+      <!-- caps as pvsched vm set takes them -->
+      <pvsched:caps max_rt_prio="3" halt_boost="nice" allow_rt="true"/>
+    </pvsched:vm>
+  </metadata>
+  <memory unit='KiB'>65536</memory>
+  <qemu:commandline>
+    <qemu:arg value='{&quot;driver&quot;:&quot;vfio-user-pci&quot;}'/>
+  </qemu:commandline>
+</domain>
+"#;
+
+    #[test]
+    fn domain_xml_metadata_gives_the_caps_and_region() {
+        let m = domain_xml::parse(DOMAIN).unwrap();
+        assert_eq!(m.name.as_deref(), Some("web-1"));
+        let vm = m.vm.unwrap();
+        assert!(vm.region_device);
+        let caps = vm.caps.unwrap();
+        assert_eq!(
+            caps,
+            [
+                ("max_rt_prio", "3"),
+                ("halt_boost", "nice"),
+                ("allow_rt", "true")
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+        let c = pvsched_policy::Caps::default()
+            .with_settings(caps.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .unwrap();
+        assert_eq!(c.max_rt_prio, 3);
+        // Another prefix for the same namespace is the same element; a
+        // domain without it has no pvsched metadata.
+        let other = DOMAIN
+            .replace("pvsched:", "p:")
+            .replace("xmlns:pvsched", "xmlns:p");
+        assert_eq!(
+            domain_xml::parse(&other)
+                .unwrap()
+                .vm
+                .unwrap()
+                .caps
+                .unwrap()
+                .len(),
+            3
+        );
+        let plain = "<domain><name>a&amp;b</name><metadata/></domain>";
+        let m = domain_xml::parse(plain).unwrap();
+        assert_eq!((m.name.as_deref(), m.vm), (Some("a&b"), None));
+        // Same element name in another namespace: not ours.
+        let foreign = DOMAIN.replace(
+            "https://pvsched.dev/xmlns/libvirt/1",
+            "https://example.org/x",
+        );
+        assert_eq!(domain_xml::parse(&foreign).unwrap().vm, None);
+    }
+
+    #[test]
+    fn bad_domain_xml_and_bad_caps_are_refused_with_the_reason() {
+        for (xml, want) in [
+            ("<domain><name>x</name>", "not a well-formed XML document"),
+            ("<domain></domian>", "not a well-formed XML document"),
+            ("<!DOCTYPE d [<!ENTITY e 'x'>]><domain/>", "DTD"),
+            ("<network/>", "not a libvirt <domain>"),
+            ("<domain/><domain/>", "not a well-formed XML document"),
+            (
+                "<domain><metadata><p:vm/></metadata></domain>",
+                "unknown namespace prefix",
+            ),
+            ("<domain a='&bogus;'/>", "unknown entity"),
+            ("<domain a='1' a='2'/>", "already defined"),
+            ("<domain a=1/>", "not a well-formed XML document"),
+        ] {
+            let e = domain_xml::parse(xml).unwrap_err();
+            assert!(e.contains(want), "{xml}: {e}");
+        }
+        let meta = |inner: &str| {
+            format!(
+                "<domain><metadata><pvsched:vm xmlns:pvsched='{}'{inner}</pvsched:vm></metadata></domain>",
+                domain_xml::NS
+            )
+        };
+        for (inner, want) in [
+            (" region='guest'>", "region is"),
+            (" cpu='1'>", "unknown attribute cpu"),
+            ("><pvsched:cap/>", "unknown element"),
+            ("><pvsched:caps/><pvsched:caps/>", "two <pvsched:caps>"),
+            ("><pvsched:caps><x/></pvsched:caps>", "not expected"),
+            ("><pvsched:caps max_rt_prio='1&#10;2'/>", "not a cap value"),
+        ] {
+            let e = domain_xml::parse(&meta(inner)).unwrap_err();
+            assert!(e.contains(want), "{inner}: {e}");
+        }
+        // Keys and values are the caps' own: checked as `pvsched vm set` does.
+        for bad in [
+            ("bogus", "1"),
+            ("max_rt_prio", "high"),
+            ("nice_floor", "-40"),
+        ] {
+            let e = pvsched_policy::Caps::default()
+                .with_settings([bad])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(bad.0) || e.contains("nice_floor"),
+                "{bad:?}: {e}"
+            );
+        }
+    }
+
+    /// Every prefix of a valid domain XML, and bytes flipped in it, give
+    /// an answer or an error: never a panic.
+    #[test]
+    fn hostile_domain_xml_never_panics() {
+        for end in 0..=DOMAIN.len() {
+            if DOMAIN.is_char_boundary(end) {
+                let _ = domain_xml::parse(&DOMAIN[..end]);
+            }
+        }
+        let specials = ['<', '>', '&', '"', '\'', '/', '=', ':', ';', '#', ' ', 'é'];
+        let chars: Vec<char> = DOMAIN.chars().collect();
+        for i in 0..chars.len() {
+            for &c in &specials {
+                let mut v = chars.clone();
+                v[i] = c;
+                let _ = domain_xml::parse(&v.iter().collect::<String>());
+            }
+        }
+        let deep = "<domain>".to_string() + &"<a>".repeat(10_000);
+        assert!(domain_xml::parse(&deep).is_err());
+        let many = format!("<domain>{}</domain>", "<a/>".repeat(200_000));
+        assert!(domain_xml::parse(&many).unwrap_err().contains("nodes"));
     }
 
     #[test]

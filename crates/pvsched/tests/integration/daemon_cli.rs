@@ -165,10 +165,14 @@ fn no_daemon_exits_10() {
     assert!(text(&o).contains("is it running?"), "{}", text(&o));
 }
 
-/// dist/libvirt/qemu.d/pvsched, called as libvirt calls it, registers the
-/// started domain (and ignores the other operations) once the QMP socket's
-/// peer is the pid libvirt recorded: a socket served by another process
-/// (one QEMU replacing another's in a shared directory) is refused.
+/// dist/libvirt/qemu.d/pvsched, called as libvirt calls it (the domain
+/// XML on standard input), registers a started domain that opts in with
+/// `<pvsched:vm>` in its metadata, with the caps written there, and
+/// nothing else: not the other operations, not a domain without the
+/// metadata, not vCPU threads that are not threads of the pid libvirt
+/// recorded, not caps above pvschedd's [max]. libvirt's monitor is stood
+/// in for by a `virsh` that answers `query-cpus-fast` with the QEMU's
+/// threads (tests/libvirt runs the hook under a real libvirtd).
 #[test]
 fn the_libvirt_hook_registers_a_started_domain() {
     let test = "the_libvirt_hook_registers_a_started_domain";
@@ -176,61 +180,128 @@ fn the_libvirt_hook_registers_a_started_domain() {
         return;
     }
     let d = Pvschedd::start("hook");
-    let qmp_dir = d.socket.with_file_name("qmp");
-    std::fs::create_dir_all(&qmp_dir).unwrap();
-    let (qemu, tids) = Qemu::start(&qmp_dir.join("dom-1.sock"), "dom-1");
     let run_dir = d.socket.with_file_name("libvirt-run");
     std::fs::create_dir_all(&run_dir).unwrap();
+    let (qemu, tids) = Qemu::start(&run_dir.join("qmp.sock"), "dom-1");
     let pidfile = run_dir.join("dom-1.pid");
     let hook = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../dist/libvirt/qemu.d/pvsched"
     );
+    // A virsh whose qemu-monitor-command answers as QEMU does through
+    // libvirt; it records how it was called.
+    let cpus: Vec<String> = tids
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            format!(
+                r#"{{"cpu-index":{i},"thread-id":{t},"props":{{"socket-id":0,"core-id":{i},"thread-id":0}}}}"#
+            )
+        })
+        .collect();
+    let virsh = run_dir.join("virsh");
+    let virsh_log = run_dir.join("virsh.log");
+    std::fs::write(
+        &virsh,
+        format!(
+            "#!/bin/sh\necho \"$*\" >>{log:?}\ncase \"$*\" in\n\
+             *query-cpus-fast*) echo '{{\"return\":[{cpus}],\"id\":\"libvirt-7\"}}' ;;\n\
+             *) echo 'error: unsupported' >&2; exit 1 ;;\nesac\n",
+            log = virsh_log,
+            cpus = cpus.join(",")
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&virsh, std::fs::Permissions::from_mode(0o755)).unwrap();
     // What the hook's background qemu-attach says (the journal otherwise).
     let hook_log = run_dir.join("hook.log");
-    let run_hook = |op: &str| {
-        let o = Command::new(hook)
+    let run_hook = |op: &str, xml: &str| {
+        use std::io::Write;
+        let mut c = Command::new(hook)
             .args(["dom-1", op, "begin", "-"])
             .env("PVSCHED_BIN", env!("CARGO_BIN_EXE_pvsched"))
-            .env("PVSCHED_QMP_DIR", &qmp_dir)
+            .env("PVSCHED_VIRSH", &virsh)
             .env("PVSCHED_LIBVIRT_RUN", &run_dir)
             .env("PVSCHED_SOCKET", &d.socket)
             .env("PVSCHED_HOOK_LOG", &hook_log)
-            .output()
+            .env("PVSCHED_HOOK_CONF", "/nonexistent")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
+        let _ = c.stdin.take().unwrap().write_all(xml.as_bytes());
+        // Returns at once: the registration runs in the background, with
+        // none of the hook's pipes (libvirt waits for them to close).
+        let o = c.wait_with_output().unwrap();
         assert!(o.status.success(), "{}", text(&o));
     };
-    // Any other operation returns at once, having started nothing.
-    run_hook("prepare");
-    assert_eq!(vms(&d.socket).len(), 0, "prepare registers nothing");
-    // libvirt recorded another pid: the socket's QEMU is not the domain's.
-    std::fs::write(&pidfile, "1\n").unwrap();
-    let refused = Command::new(env!("CARGO_BIN_EXE_pvsched"))
-        .args(["qemu-attach", "--name", "dom-1", "--pid", "1", "--qmp"])
-        .arg(qmp_dir.join("dom-1.sock"))
-        .env("PVSCHED_SOCKET", &d.socket)
-        .output()
-        .unwrap();
-    assert!(!refused.status.success(), "{}", text(&refused));
-    assert!(text(&refused).contains("not QEMU 1"), "{}", text(&refused));
-    run_hook("started");
-    // The hook's qemu-attach refused (its message, once it exited) and
-    // registered nothing.
-    wait_for("the hook's qemu-attach refusing pid 1", LIMIT, || {
-        std::fs::read_to_string(&hook_log)
-            .ok()
-            .filter(|t| t.contains("not QEMU 1"))
-    });
-    assert_eq!(vms(&d.socket).len(), 0, "another process's socket refused");
+    let domain = |caps: &str| {
+        format!(
+            "<domain type='qemu' id='1'>\n  <name>dom-1</name>\n  <metadata>\n    \
+             <pvsched:vm xmlns:pvsched=\"https://pvsched.dev/xmlns/libvirt/1\">\n      \
+             <pvsched:caps {caps}/>\n    </pvsched:vm>\n  </metadata>\n</domain>\n"
+        )
+    };
+    let hook_said = |what: &str| {
+        wait_for(
+            &format!("the hook's qemu-attach saying {what:?}"),
+            LIMIT,
+            || {
+                std::fs::read_to_string(&hook_log)
+                    .ok()
+                    .filter(|t| t.contains(what))
+            },
+        )
+    };
     std::fs::write(&pidfile, format!("{}\n", qemu.0.id())).unwrap();
-    run_hook("started");
+    // Any other operation, or a domain without pvsched metadata, returns
+    // at once having started nothing.
+    run_hook("prepare", &domain("max_rt_prio=\"2\""));
+    run_hook(
+        "started",
+        "<domain type='qemu'><name>dom-1</name></domain>\n",
+    );
+    assert_eq!(vms(&d.socket).len(), 0, "nothing registered");
+    assert!(!virsh_log.exists(), "virsh not even called");
+    // libvirt recorded another pid: QEMU's threads are not its threads.
+    std::fs::write(&pidfile, "1\n").unwrap();
+    run_hook("started", &domain("max_rt_prio=\"2\""));
+    hook_said("is not a thread of QEMU process 1");
+    assert_eq!(vms(&d.socket).len(), 0, "another process's threads refused");
+    std::fs::write(&pidfile, format!("{}\n", qemu.0.id())).unwrap();
+    // Caps above pvschedd's [max] (max_rt_prio = 10): refused by pvschedd.
+    run_hook("started", &domain("max_rt_prio=\"20\""));
+    hook_said("operator maximum");
+    assert_eq!(vms(&d.socket).len(), 0, "caps above [max] refused");
+    // A cap that does not exist: refused by qemu-attach, naming it.
+    run_hook("started", &domain("max_rt_prio=\"2\" bogus=\"1\""));
+    hook_said("bogus");
+    assert_eq!(vms(&d.socket).len(), 0, "unknown cap refused");
+    run_hook("started", &domain("max_rt_prio=\"2\" halt_boost=\"nice\""));
     let vm = wait_for("dom-1 registered by the hook", LIMIT, || {
         vms(&d.socket).first().cloned()
     });
     assert_eq!(vm["name"], "dom-1");
+    assert_eq!(vm["pid"], qemu.0.id());
     assert_eq!(vm["vcpus"][0]["tid"], tids[0]);
     assert_eq!(vm["vcpus"][1]["tid"], tids[1]);
+    assert_eq!(vm["caps_source"], "client");
+    assert_eq!(vm["caps"]["max_rt_prio"], 2);
+    assert_eq!(vm["caps"]["halt_boost"], "nice");
+    let calls = std::fs::read_to_string(&virsh_log).unwrap();
+    assert!(
+        calls.contains(
+            r#"-c qemu:///system qemu-monitor-command dom-1 {"execute":"query-cpus-fast"}"#
+        ),
+        "{calls}"
+    );
+    hook_said("registered with pvschedd");
     drop(qemu);
+    wait_for("dom-1 unregistered after QEMU exited", LIMIT, || {
+        vms(&d.socket).is_empty().then_some(())
+    });
 }
 
 /// Must show: one pvschedd, three reference-VMM processes (`pvsched run

@@ -1,0 +1,554 @@
+"""The libvirt hook under a real libvirtd (Debian's 9.0, scripts/setup.d/48-libvirt.sh).
+
+A real pvschedd (root, BPF) with its own socket, state and caps
+directories under the test's directory and a `[max]` (max_rt_prio = 5);
+a real libvirtd, started here by hand (PID 1 is not systemd on these
+machines) in a private mount namespace whose /etc/libvirt is a copy of
+the host's with only the shipped hook (dist/libvirt/qemu.d/pvsched as
+/etc/libvirt/hooks/qemu.d/pvsched) and whose /etc/pvsched holds the hook's
+settings (libvirt runs hooks with a scrubbed environment): nothing of the
+host's /etc changes, and both vanish with libvirtd. libvirtd defines and
+starts domains on QEMU 11.1 (TCG, 2 vCPUs, 64 MiB, no disk: SeaBIOS finds
+nothing to boot and idles) with the pvsched device (`pvsched device
+--transport vfio-user`, sandboxed, device-region mode) passed through
+`<qemu:commandline>` as `-device vfio-user-pci`, and pvsched's
+`<metadata>`:
+
+    <pvsched:vm xmlns:pvsched="https://pvsched.dev/xmlns/libvirt/1" region="device">
+      <pvsched:caps max_rt_prio="3" halt_boost="nice"/>
+    </pvsched:vm>
+
+The test shows that the hook registers the domain when libvirt has
+started it, with its vCPU threads from libvirt's own monitor (the same as
+`virsh qemu-monitor-command DOMAIN query-cpus-fast` and libvirt's status
+XML say), with the metadata's caps and BAR2 backed by pvschedd's region;
+that it is unregistered when the domain is destroyed (SIGTERM then SIGKILL
+by libvirt), destroyed gracefully (SIGTERM only) and when QEMU is
+SIGKILLed behind libvirt's back (pvschedd watches QEMU's pidfd), over
+start/destroy cycles; that caps above pvschedd's [max] are refused (the
+domain runs, unregistered) and a domain without the metadata is left
+alone. The guest has no OS, so no driver asks for a boost, and under TCG no KVM
+tracepoint fires for QEMU's vCPU threads: the guest is never boosted, and
+the test checks that every vCPU thread stays at its baseline while
+registered (sampled with sched_getscheduler/getparam/getpriority).
+
+Two things of this host are worked around, in libvirtd's namespace only:
+QEMU 11 runs uninstalled (scripts/setup.d/41-qemu11.sh), so its emulator
+wrapper here gives it a module directory of its own (qemu11_modules), and
+/dev/kvm is hidden from this libvirtd (QEMU cannot use this host's KVM,
+and libvirt would probe every QEMU again at each start; see
+Env.start_libvirtd), which takes libvirt's per-domain /dev namespace
+(`namespaces = []`).
+
+Run alone (as root, after scripts/setup):
+
+    /usr/bin/python3 -B -m pytest -v tests/libvirt
+
+Every wait is bounded (a liveness bound, not a timing assertion); every
+domain, libvirtd, device process and pvschedd started here is stopped in
+a finalizer, and gets SIGKILL if pytest itself dies.
+"""
+
+import json
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pvsched_guest.host import attrs, die_with_parent, kill
+
+REPO = Path(__file__).resolve().parents[2]
+HOOK = REPO / "dist" / "libvirt" / "qemu.d" / "pvsched"
+NS = "https://pvsched.dev/xmlns/libvirt/1"
+URI = "qemu:///system"
+LIBVIRT_RUN = Path("/run/libvirt/qemu")
+LIBVIRT_SOCK = Path("/run/libvirt/libvirt-sock")
+# QEMU 7.2's modules, which QEMU 11 would otherwise find and crash on.
+SYSTEM_QEMU_MODULES = Path("/usr/lib/x86_64-linux-gnu/qemu")
+VCPUS = 2
+MAX_RT_PRIO = 5  # pvschedd.toml [max]
+CAPS = {"max_rt_prio": 3, "halt_boost": "nice"}  # the domain's <pvsched:caps>
+CYCLES = 3
+# Liveness bound of every wait (not a timing assertion).
+WAIT_S = 40
+SAMPLES = 50  # scheduling attributes read per vCPU thread per cycle
+SAMPLE_GAP_S = 0.01
+SCHED_OTHER = 0
+
+
+def wait_for(what, probe, procs=(), timeout=WAIT_S, interval=0.05):
+    """probe()'s first truthy result, polled; fails after `timeout` seconds
+    or as soon as one of `procs` ((name, Popen, log)) has exited."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = probe()
+        if last:
+            return last
+        for name, p, log in procs:
+            if p.poll() is not None:
+                pytest.fail(f"{name} exited ({p.returncode}) while waiting for {what}:\n"
+                            f"{Path(log).read_text(errors='replace')[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+        time.sleep(interval)
+
+
+def virsh(*args, check=True, timeout=60):
+    r = subprocess.run(["virsh", "-q", "-c", URI, *map(str, args)], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        pytest.fail(f"virsh {' '.join(map(str, args))} failed ({r.returncode}): {r.stdout}")
+    return r.stdout.strip()
+
+
+def libvirt_answers():
+    """Whether a libvirtd serves /run/libvirt/libvirt-sock."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(LIBVIRT_SOCK))
+            return True
+        except OSError:
+            return False
+
+
+def qemu11_modules(cache, moddir):
+    """A module directory for QEMU 11: its own modules, and an empty file
+    for every module name only QEMU 7.2 has. QEMU looks for a module in
+    $QEMU_MODULE_DIR, then in its built-in directory, the host's QEMU 7.2
+    ones: loading one of those (libvirt's capability probe lists every QOM
+    type, which loads every module) aborts QEMU 11. An empty file stops the
+    search with a harmless 'file too short'."""
+    own = cache / "qemu11" / "root" / "usr" / "lib" / "x86_64-linux-gnu" / "qemu"
+    moddir.mkdir(parents=True, exist_ok=True)
+    for f in moddir.iterdir():
+        f.unlink()
+    names = {p.name for p in own.glob("*.so")}
+    for n in names:
+        (moddir / n).symlink_to(own / n)
+    for p in SYSTEM_QEMU_MODULES.glob("*.so"):
+        if p.name not in names:
+            (moddir / p.name).write_bytes(b"")
+
+
+def write_if_changed(path, text, mode):
+    """Writes `text` only if it differs: libvirt keeps an emulator's
+    probed capabilities while the file is unchanged."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    path.chmod(mode)
+
+
+def domain_xml(name, emulator, vfio_sock=None, metadata=None):
+    """A 2-vCPU, 64 MiB, diskless q35 domain on QEMU 11 (TCG) with guest RAM
+    in a shared memfd (the vfio-user device maps it), the pvsched device
+    at vfio_sock and `metadata` in <metadata>. <acpi/>: without it libvirt
+    9.0 passes -no-acpi, which QEMU 11 no longer has."""
+    meta = f"<metadata>{metadata}</metadata>" if metadata else ""
+    cmdline = ""
+    if vfio_sock:
+        dev = json.dumps({"driver": "vfio-user-pci", "id": "pvs0",
+                          "socket": {"path": str(vfio_sock), "type": "unix"}},
+                         separators=(",", ":")).replace('"', "&quot;")
+        cmdline = (f"<qemu:commandline><qemu:arg value='-device'/>"
+                   f"<qemu:arg value='{dev}'/></qemu:commandline>")
+    return f"""<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>{name}</name>
+  {meta}
+  <memory unit='MiB'>64</memory>
+  <memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>
+  <vcpu>{VCPUS}</vcpu>
+  <os><type arch='x86_64' machine='q35'>hvm</type><bios rebootTimeout='-1'/></os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>destroy</on_reboot>
+  <devices>
+    <emulator>{emulator}</emulator>
+    <controller type='usb' model='none'/>
+    <memballoon model='none'/>
+  </devices>
+  {cmdline}
+</domain>
+"""
+
+
+def pvsched_metadata(caps, region="device"):
+    kv = " ".join(f'{k}="{v}"' for k, v in caps.items())
+    return (f'<pvsched:vm xmlns:pvsched="{NS}" region="{region}">'
+            f"<pvsched:caps {kv}/></pvsched:vm>")
+
+
+class Env:
+    """pvschedd, libvirtd and what the domains need; `cleanup()` stops all."""
+
+    def __init__(self, d, bins, cache):
+        self.dir, self.bins, self.cache = d, bins, cache
+        self.sock = d / "pvschedd.sock"
+        self.hook_log = d / "hook.log"
+        self.logs = {n: d / f"{n}.log" for n in ("pvschedd", "libvirtd")}
+        self.daemon = self.libvirtd = None
+        self.devices = []
+        self.domains = []
+        self.made_etc_pvsched = False
+        self.qemu_uid = pwd.getpwnam("libvirt-qemu")
+        self.env = {**os.environ, "PVSCHED_SOCKET": str(self.sock)}
+
+    def procs(self):
+        return [(n, p, self.logs[n]) for n, p in (("pvschedd", self.daemon),
+                                                   ("libvirtd", self.libvirtd)) if p]
+
+    def pvsched(self, *args, check=True):
+        r = subprocess.run([str(self.bins.pvsched), *map(str, args)], env=self.env, timeout=30,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if check and r.returncode != 0:
+            pytest.fail(f"pvsched {' '.join(map(str, args))}: rc {r.returncode}: {r.stdout}")
+        return r
+
+    def vms(self):
+        return json.loads(self.pvsched("status", "--json").stdout)["vms"]
+
+    def vm(self, name):
+        return next((v for v in self.vms() if v["name"] == name), None)
+
+    def start_pvschedd(self):
+        (self.dir / "vms").mkdir()
+        (self.dir / "run").mkdir()
+        cfg = self.dir / "pvschedd.toml"
+        cfg.write_text(f'socket = "{self.sock}"\nruntime_dir = "{self.dir / "run"}"\n'
+                       f'socket_group = ""\nvm_dir = "{self.dir / "vms"}"\n'
+                       f'metrics_listen = ""\n\n[max]\nmax_rt_prio = {MAX_RT_PRIO}\n')
+        with open(self.logs["pvschedd"], "w") as f:
+            self.daemon = subprocess.Popen([str(self.bins.pvschedd), "--config", str(cfg)],
+                                           stdout=f, stderr=subprocess.STDOUT,
+                                           preexec_fn=die_with_parent,
+                                           env={**os.environ, "RUST_LOG": "info"})
+
+        def ready():
+            if self.daemon.poll() == 6:
+                pytest.fail(f"pvschedd: the BPF policy did not load:\n"
+                            f"{self.logs['pvschedd'].read_text()}")
+            return self.pvsched("status", check=False).returncode == 0
+        wait_for("pvschedd's socket", ready, self.procs())
+
+    def start_libvirtd(self):
+        etc = self.dir / "etc-libvirt"
+        shutil.copytree("/etc/libvirt", etc, symlinks=True)
+        # Only the shipped hook; no default network to autostart; QEMU's
+        # output to a file (no virtlogd to start).
+        shutil.rmtree(etc / "hooks", ignore_errors=True)
+        (etc / "hooks" / "qemu.d").mkdir(parents=True)
+        shutil.copy(HOOK, etc / "hooks" / "qemu.d" / "pvsched")
+        (etc / "hooks" / "qemu.d" / "pvsched").chmod(0o755)
+        shutil.rmtree(etc / "qemu" / "networks" / "autostart", ignore_errors=True)
+        # namespaces = []: QEMU sees this libvirtd's /dev (with the file
+        # over /dev/kvm below, which libvirt cannot move into a private
+        # /dev of the domain's).
+        (etc / "qemu.conf").write_text('stdio_handler = "file"\nnamespaces = []\n')
+        etc_pvsched = self.dir / "etc-pvsched"
+        etc_pvsched.mkdir()
+        (etc_pvsched / "libvirt-hook.conf").write_text(
+            f"# tests/libvirt: this pvschedd and pvsched\nPVSCHED_SOCKET={self.sock}\n"
+            f"PVSCHED_BIN={self.bins.pvsched}\nPVSCHED_HOOK_LOG={self.hook_log}\n")
+        conf = self.dir / "libvirtd.conf"
+        conf.write_text('log_outputs = "3:stderr"\n')
+        if not Path("/etc/pvsched").exists():
+            # A mount point for the bind mount below (removed again).
+            os.mkdir("/etc/pvsched", 0o755)
+            self.made_etc_pvsched = True
+        # No /dev/kvm for this libvirtd: the domains run on TCG (QEMU cannot
+        # run a guest on this host's KVM), and libvirt-qemu may not open
+        # /dev/kvm here while libvirt's capability probe finds KVM anyway,
+        # so every libvirtd start and every define would probe each QEMU
+        # again (seconds each: "KVM was enabled when probing ..., but it is
+        # not available now"). A file no one but root may open, over it:
+        # QEMU finds no KVM, and the probed capabilities stay valid.
+        nokvm = self.dir / "no-kvm"
+        nokvm.write_bytes(b"")
+        nokvm.chmod(0)
+        script = ('mount --bind "$1" /etc/libvirt && mount --bind "$2" /etc/pvsched && '
+                  '{ [ ! -e /dev/kvm ] || mount --bind "$3" /dev/kvm; } && exec libvirtd -f "$4"')
+        with open(self.logs["libvirtd"], "w") as f:
+            self.libvirtd = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script,
+                 "sh", str(etc), str(etc_pvsched), str(nokvm), str(conf)],
+                stdout=f, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+                cwd=self.dir)
+        wait_for("libvirtd answering", lambda: subprocess.run(
+            ["virsh", "-c", URI, "version"], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, timeout=30).returncode == 0, self.procs())
+
+    def emulator(self):
+        """QEMU 11 for libvirt: the setup's wrapper with a module directory
+        of its own (qemu11_modules). Kept under the cache at a fixed path,
+        readable by libvirt-qemu, so libvirt probes it once."""
+        d = self.cache / "libvirt"
+        d.mkdir(exist_ok=True)
+        d.chmod(0o755)
+        qemu11_modules(self.cache, d / "qemu11-modules")
+        w = d / "qemu-system-x86_64"
+        write_if_changed(w, f"#!/bin/sh\n# QEMU 11 as libvirt's <emulator> (tests/libvirt)\n"
+                            f"QEMU_MODULE_DIR={d / 'qemu11-modules'} "
+                            f"exec {self.cache / 'qemu11' / 'qemu-system-x86_64'} \"$@\"\n", 0o755)
+        return w
+
+    def start_device(self, name, region):
+        """The sandboxed pvsched device for domain `name` on a vfio-user
+        socket QEMU (user libvirt-qemu) may connect to; it serves one QEMU
+        and exits when that QEMU goes."""
+        vfio = self.dir / f"{name}.vfio"
+        if vfio.exists():
+            vfio.unlink()
+        cmd = [str(self.bins.pvsched), "device", "--transport", "vfio-user", "--socket",
+               str(vfio), "--vcpus", str(VCPUS)]
+        if region:
+            cmd += ["--daemon-region", name, "--daemon-socket", str(self.sock)]
+        log = self.dir / f"{name}-device.log"
+        with open(log, "a") as f:
+            dev = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                   preexec_fn=die_with_parent,
+                                   env={**os.environ, "RUST_LOG": "warn"})
+        self.devices.append(dev)
+        wait_for(f"{name}'s device listening", vfio.exists, [("device", dev, log)])
+        os.chown(vfio, self.qemu_uid.pw_uid, self.qemu_uid.pw_gid)
+        return vfio
+
+    def define(self, name, xml):
+        path = self.dir / f"{name}.xml"
+        path.write_text(xml)
+        self.domains.append(name)
+        virsh("define", path)
+
+    def hook_lines(self, name):
+        text = self.hook_log.read_text() if self.hook_log.exists() else ""
+        return [line for line in text.splitlines() if line.startswith(f"{name}:")
+                or f" {name}:" in line]
+
+    def cleanup(self):
+        errors = []
+        for name in self.domains:
+            if self.libvirtd and self.libvirtd.poll() is None:
+                virsh("destroy", name, check=False)
+                virsh("undefine", name, check=False)
+        if self.libvirtd is not None:
+            kill(self.libvirtd)
+        for name in self.domains:
+            # A QEMU libvirt left behind (libvirtd died first): ours by
+            # its command line only.
+            pid = qemu_pid(name)
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+            except OSError:
+                cmdline = b""
+            if f"guest={name},".encode() in cmdline:
+                errors.append(f"QEMU {pid} of {name} outlived libvirtd; killed")
+                os.kill(pid, 9)
+            for f in (LIBVIRT_RUN / f"{name}.pid", LIBVIRT_RUN / f"{name}.xml",
+                      Path("/var/log/libvirt/qemu") / f"{name}.log"):
+                if f.exists() and (f.suffix == ".log" or not pid_alive(qemu_pid(name))):
+                    f.unlink()
+        for dev in self.devices:
+            kill(dev)
+        if self.daemon is not None:
+            kill(self.daemon)
+            if self.daemon.returncode != 0:
+                errors.append(f"pvschedd's exit on SIGTERM: {self.daemon.returncode}")
+        if self.made_etc_pvsched:
+            os.rmdir("/etc/pvsched")
+        return errors
+
+
+def qemu_pid(name):
+    try:
+        return int((LIBVIRT_RUN / f"{name}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid):
+    return pid is not None and Path(f"/proc/{pid}").exists()
+
+
+def status_xml_vcpu_tids(name):
+    """The vCPU thread ids libvirt's status XML records, by vCPU id."""
+    root = ET.parse(LIBVIRT_RUN / f"{name}.xml").getroot()
+    vcpus = root.findall("./vcpus/vcpu")
+    return [int(v.get("pid")) for v in sorted(vcpus, key=lambda v: int(v.get("id")))]
+
+
+def monitor_tids(name):
+    """vCPU thread ids from libvirt's monitor, by CPU index."""
+    out = virsh("qemu-monitor-command", name, '{"execute":"query-cpus-fast"}')
+    cpus = json.loads(out)["return"]
+    return [c["thread-id"] for c in sorted(cpus, key=lambda c: c["cpu-index"])]
+
+
+@pytest.fixture(scope="module")
+def env(need_real, cache, request):
+    if os.geteuid() != 0:
+        need_real("root", "libvirtd, BPF and RT scheduling need root (run as root)")
+    for tool in ("libvirtd", "virsh", "unshare"):
+        if shutil.which(tool) is None:
+            need_real(tool, "install libvirt with scripts/setup (scripts/setup.d/48-libvirt.sh)")
+    try:
+        pwd.getpwnam("libvirt-qemu")
+    except KeyError:
+        need_real("the libvirt-qemu user", "libvirt-daemon-system creates it (scripts/setup)")
+    if not (cache / "qemu11" / "qemu-system-x86_64").exists():
+        need_real("QEMU >= 10.1", f"not in {cache}/qemu11 (run scripts/setup)")
+    if libvirt_answers():
+        need_real("a libvirtd of this test's own",
+                  f"another libvirtd serves {LIBVIRT_SOCK}; stop it first")
+    cargo = shutil.which("cargo") or shutil.which("cargo", path=Path.home() / ".cargo" / "bin")
+    if cargo is None:
+        need_real("cargo", "install Rust with rustup (scripts/setup says how)")
+    r = subprocess.run([cargo, "build", "--locked", "--release", "-p", "pvsched-daemon",
+                        "--bin", "pvschedd", "-p", "pvsched", "--bin", "pvsched"], cwd=REPO,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0, f"cargo build failed:\n{r.stdout[-5000:]}"
+    release = REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release"
+    bins = SimpleNamespace(pvschedd=release / "pvschedd", pvsched=release / "pvsched")
+    # Not pytest's tmp_path: libvirt-qemu must reach the device sockets.
+    d = Path(tempfile.mkdtemp(prefix="pvsched-libvirt-"))
+    d.chmod(0o755)
+    e = Env(d, bins, cache)
+    failed_before = request.session.testsfailed
+    t0 = time.monotonic()
+    try:
+        e.start_pvschedd()
+        e.start_libvirtd()
+        e.emulator_path = e.emulator()
+        print(f"pvschedd and libvirtd up in {time.monotonic() - t0:.1f}s ({d})")
+        yield e
+    finally:
+        errors = e.cleanup()
+        print(f"libvirt tests, set-up to clean-up: {time.monotonic() - t0:.1f}s")
+        if request.session.testsfailed == failed_before and not errors:
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            print(f"logs kept in {d}")
+        assert not errors, errors
+
+
+def check_baseline(tids, samples):
+    """Reads each vCPU thread's (policy, priority, nice) `samples` times;
+    each must be its baseline, SCHED_OTHER nice 0 (QEMU under libvirt):
+    the guest has no OS, so no driver asks for a boost, and under TCG no
+    KVM tracepoint fires for these threads (no halt or yield boost)."""
+    for _ in range(samples):
+        for t in tids:
+            got = attrs(t)
+            assert got == (SCHED_OTHER, 0, 0), \
+                f"vCPU thread {t} at (policy, priority, nice) {got}, not its baseline"
+        time.sleep(SAMPLE_GAP_S)
+
+
+def test_hook_registers_each_start_until_qemu_is_gone(env):
+    """Start, check, stop: `virsh destroy`, `virsh destroy --graceful`,
+    `virsh destroy`, then SIGKILL of QEMU behind libvirt's back."""
+    name = "pvsched-lv-cycle"
+    t0 = time.monotonic()
+    env.define(name, domain_xml(name, env.emulator_path, env.dir / f"{name}.vfio",
+                                pvsched_metadata(CAPS)))
+    stops = ["destroy", "destroy --graceful", "destroy", "SIGKILL"]
+    assert len(stops) == CYCLES + 1
+    report = []
+    for cycle, stop in enumerate(stops):
+        env.start_device(name, region=True)
+        ts = time.monotonic()
+        virsh("start", name)
+        start_s = time.monotonic() - ts
+        pid = qemu_pid(name)
+        assert pid_alive(pid), f"no QEMU pid for {name} in {LIBVIRT_RUN}"
+        vm = wait_for(f"{name} (QEMU {pid}) registered by the hook",
+                      lambda: (v := env.vm(name)) and v["pid"] == pid and v, env.procs())
+        reg_s = time.monotonic() - ts
+        tids = [v["tid"] for v in vm["vcpus"]]
+        # The threads pvschedd holds are the ones libvirt's monitor and
+        # libvirt's status XML name, and QEMU's own vCPU threads.
+        assert tids == monitor_tids(name), (tids, monitor_tids(name))
+        assert tids == status_xml_vcpu_tids(name), (tids, status_xml_vcpu_tids(name))
+        assert len(tids) == VCPUS
+        for i, t in enumerate(tids):
+            comm = Path(f"/proc/{pid}/task/{t}/comm").read_text().strip()
+            assert comm == f"CPU {i}/TCG", (t, comm)
+        assert [e["tid"] for e in vm["emulators"]] == [pid], vm["emulators"]
+        # The metadata's caps reached pvschedd, and BAR2 is its region map.
+        assert vm["caps_source"] == "client", vm
+        assert {k: vm["caps"][k] for k in CAPS} == CAPS, vm["caps"]
+        assert vm["region"] == "device", vm
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "anon_inode:bpf-map" in maps, "BAR2 is not pvschedd's region map"
+        said = [line for line in env.hook_lines(name) if f"QEMU pid {pid}," in line]
+        assert said and "from libvirt's monitor" in said[0], env.hook_lines(name)
+        check_baseline(tids, SAMPLES)
+        # Stop it.
+        ts = time.monotonic()
+        if stop == "SIGKILL":
+            os.kill(pid, 9)
+            wait_for(f"libvirt seeing {name}'s QEMU gone",
+                     lambda: virsh("domstate", name) == "shut off", env.procs())
+            assert virsh("domstate", "--reason", name) == "shut off (crashed)"
+        else:
+            virsh(*stop.split(), name)
+            assert virsh("domstate", name) == "shut off"
+        assert not pid_alive(pid), f"QEMU {pid} still there after {stop}"
+        wait_for(f"{name} unregistered after {stop}", lambda: env.vms() == [], env.procs())
+        report.append(f"cycle {cycle}: `virsh start` {start_s:.1f}s, registered "
+                      f"+{reg_s - start_s:.2f}s after it returned, QEMU {pid}, vCPU threads "
+                      f"{tids} (= query-cpus-fast = status XML), {SAMPLES * VCPUS} samples at "
+                      f"baseline; {stop}: unregistered {time.monotonic() - ts:.1f}s later")
+    print("\n".join(report))
+    print(f"cycles: {time.monotonic() - t0:.1f}s")
+    log = env.logs["pvschedd"].read_text()
+    assert log.count(f"registered vm={name}") == len(stops), log
+    assert log.count("its VMM exited: unregistering vm=" + name) == len(stops), log
+    assert "refused" not in log, log
+
+
+def test_only_opted_in_domains_within_max_are_registered(env):
+    """A domain whose metadata asks for more than [max] runs, refused by
+    pvschedd, until the operator registers it by hand with caps of their
+    own; one without pvsched's metadata is not even looked at."""
+    over, plain = "pvsched-lv-over", "pvsched-lv-plain"
+    caps = {"max_rt_prio": MAX_RT_PRIO + 4}
+    env.define(over, domain_xml(over, env.emulator_path, env.dir / f"{over}.vfio",
+                                pvsched_metadata(caps, region="none")))
+    env.define(plain, domain_xml(plain, env.emulator_path))
+    virsh("start", plain)
+    # The hook returned before `virsh start` did, having started nothing.
+    assert env.hook_lines(plain) == []
+    assert env.vm(plain) is None
+    env.start_device(over, region=False)
+    virsh("start", over)
+    said = wait_for(f"the hook's qemu-attach refusing {over}",
+                    lambda: [line for line in env.hook_lines(over)
+                             if "operator maximum" in line], env.procs())
+    print(f"hook log: {said[0]}")
+    assert re.search(r"max_rt_prio is above the operator maximum .*max_rt_prio = "
+                     f"{MAX_RT_PRIO}", said[0]), said
+    assert env.vms() == [], "nothing registered"
+    assert virsh("domstate", over) == "running"
+    assert env.hook_lines(plain) == []
+    # The operator registers it by hand with caps of their own: the pid
+    # from libvirt's pid file, the region mode from `virsh dumpxml`.
+    caps_file = env.dir / "over.toml"
+    caps_file.write_text("max_rt_prio = 2\n")
+    r = env.pvsched("qemu-attach", "--libvirt", over, "--policy-file", caps_file)
+    pid = qemu_pid(over)
+    assert f"{over}: QEMU pid {pid}, {VCPUS} vCPU thread(s)" in r.stdout, r.stdout
+    vm = env.vm(over)
+    assert [v["tid"] for v in vm["vcpus"]] == monitor_tids(over), vm
+    assert (vm["region"], vm["caps_source"], vm["caps"]["max_rt_prio"]) == ("none", "client", 2)
+    print(f"by hand: {r.stdout.strip()}")
+    for d in (over, plain):
+        virsh("destroy", d)
+    wait_for(f"{over} unregistered", lambda: env.vms() == [], env.procs())
