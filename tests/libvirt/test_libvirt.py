@@ -181,6 +181,18 @@ def domain_xml(name, emulator, vfio_sock=None, metadata=None):
 """
 
 
+# A flavor with a caps file in the hook's flavor directory.
+NOVA_FLAVOR, NOVA_FLAVOR_RT = "rt.small", 3
+
+
+def nova_metadata(flavor):
+    """What Nova's libvirt driver writes into a domain's <metadata>."""
+    return ('<nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">'
+            '<nova:name>web</nova:name>'
+            f'<nova:flavor name="{flavor}"><nova:vcpus>{VCPUS}</nova:vcpus></nova:flavor>'
+            '</nova:instance>')
+
+
 def pvsched_metadata(caps, region="device"):
     kv = " ".join(f'{k}="{v}"' for k, v in caps.items())
     return (f'<pvsched:vm xmlns:pvsched="{NS}" region="{region}">'
@@ -255,6 +267,10 @@ class Env:
         (etc / "qemu.conf").write_text('stdio_handler = "file"\nnamespaces = []\n')
         etc_pvsched = self.dir / "etc-pvsched"
         etc_pvsched.mkdir()
+        # Caps per Nova flavor, where the hook looks by default.
+        (etc_pvsched / "flavors").mkdir()
+        (etc_pvsched / "flavors" / f"{NOVA_FLAVOR}.toml").write_text(
+            f"max_rt_prio = {NOVA_FLAVOR_RT}\n")
         (etc_pvsched / "libvirt-hook.conf").write_text(
             f"# tests/libvirt: this pvschedd and pvsched\nPVSCHED_SOCKET={self.sock}\n"
             f"PVSCHED_BIN={self.bins.pvsched}\nPVSCHED_HOOK_LOG={self.hook_log}\n")
@@ -552,3 +568,21 @@ def test_only_opted_in_domains_within_max_are_registered(env):
     for d in (over, plain):
         virsh("destroy", d)
     wait_for(f"{over} unregistered", lambda: env.vms() == [], env.procs())
+    # Nova's domains: the flavor in Nova's own metadata picks the caps file
+    # (/etc/pvsched/flavors/FLAVOR.toml); another flavor is left alone.
+    nova, other = "instance-0000abcd", "instance-0000abce"
+    env.define(nova, domain_xml(nova, env.emulator_path, metadata=nova_metadata(NOVA_FLAVOR)))
+    env.define(other, domain_xml(other, env.emulator_path, metadata=nova_metadata("m1.small")))
+    virsh("start", other)
+    virsh("start", nova)
+    vm = wait_for(f"{nova} registered by its flavor", lambda: env.vm(nova), env.procs())
+    assert [v["tid"] for v in vm["vcpus"]] == monitor_tids(nova), vm
+    assert (vm["region"], vm["caps_source"], vm["caps"]["max_rt_prio"]) == \
+        ("none", "client", NOVA_FLAVOR_RT), vm
+    assert env.vm(other) is None
+    said = wait_for(f"the hook on {other}", lambda: env.hook_lines(other), env.procs())
+    assert "no caps file for its Nova flavor" in said[0], said
+    print(f"nova: {env.hook_lines(nova)[0]}; {said[0]}")
+    for d in (nova, other):
+        virsh("destroy", d)
+    wait_for(f"{nova} unregistered", lambda: env.vms() == [], env.procs())

@@ -70,10 +70,18 @@ pub struct QemuAttachArgs {
     /// libvirt hook gets it); default: `virsh dumpxml DOMAIN`.
     #[arg(long, value_name = "FILE", requires = "libvirt")]
     domain_xml: Option<PathBuf>,
-    /// Register the domain only if its <metadata> has a <pvsched:vm>
-    /// (the libvirt hook's opt-in); otherwise say so and exit 0.
+    /// Register the domain only if its <metadata> has a <pvsched:vm>, or
+    /// Nova started it with a flavor that has a caps file in
+    /// --flavor-dir (the libvirt hook's opt-in); otherwise say so and
+    /// exit 0.
     #[arg(long, requires = "libvirt")]
     require_metadata: bool,
+    /// Per-flavor caps for domains Nova started: a domain with no
+    /// <pvsched:vm> whose <metadata> names Nova flavor F is registered
+    /// with the caps of DIR/F.toml, if that file exists (configuration
+    /// management puts the same files on every compute node).
+    #[arg(long, value_name = "DIR", default_value = "/etc/pvsched/flavors")]
+    pub flavor_dir: PathBuf,
     /// libvirt's URI for virsh.
     #[arg(long, value_name = "URI", default_value = "qemu:///system")]
     connect: String,
@@ -486,6 +494,21 @@ fn from_libvirt(a: &QemuAttachArgs, domain: &str) -> Result<Source, String> {
 /// What went wrong, with the exit code to leave with.
 type Failed = (Exit, String);
 
+/// The caps file of Nova flavor `flavor` in `dir`: `None` if the flavor
+/// has none (or its name cannot be a file name), else the caps it holds or
+/// what is wrong with them.
+fn flavor_caps(dir: &Path, flavor: &str) -> Option<Result<pvsched_policy::Caps, String>> {
+    // The flavor's name is whoever created the flavor's: only names that
+    // are plainly a file in `dir`.
+    let plain = (1..=64).contains(&flavor.len())
+        && !flavor.starts_with('.')
+        && flavor
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    let file = dir.join(format!("{flavor}.toml"));
+    (plain && file.is_file()).then(|| crate::run::read_policy_file(&file))
+}
+
 fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Failed> {
     let fail = |e: String| (Exit::Failure, e);
     let mut region = a.device_region;
@@ -500,12 +523,30 @@ fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Failed> {
             }
             let meta = libvirt_metadata(a, domain).map_err(fail)?;
             let name = a.name.clone().unwrap_or_else(|| domain.clone());
+            let flavor = match (&meta.vm, &meta.nova_flavor) {
+                (None, Some(f)) => flavor_caps(&a.flavor_dir, f),
+                _ => None,
+            };
             match &meta.vm {
+                // Opted in by its Nova flavor's caps file (`--policy-file`
+                // replaces those caps).
+                None if flavor.is_some() && a.policy_file.is_none() => {
+                    caps = flavor.transpose().map_err(|e| {
+                        (Exit::PolicyFile, format!("domain {domain}'s flavor: {e}"))
+                    })?;
+                }
+                None if flavor.is_some() => {}
                 None if a.require_metadata => {
                     println!(
-                        "{domain}: no <pvsched:vm xmlns:pvsched=\"{}\"> in its <metadata>; \
+                        "{domain}: no <pvsched:vm xmlns:pvsched=\"{}\"> in its <metadata>{}; \
                          not registered",
-                        domain_xml::NS
+                        domain_xml::NS,
+                        meta.nova_flavor
+                            .as_ref()
+                            .map_or_else(String::new, |f| format!(
+                                " and no caps file for its Nova flavor {f:?} in {}",
+                                a.flavor_dir.display()
+                            ))
                     );
                     return Ok(None);
                 }
@@ -641,6 +682,12 @@ mod domain_xml {
 
     /// The namespace of pvsched's libvirt metadata.
     pub const NS: &str = "https://pvsched.dev/xmlns/libvirt/1";
+    /// The namespaces of the metadata Nova's libvirt driver writes
+    /// (`<nova:instance>`, with `<nova:flavor name="...">`).
+    pub const NOVA_NS: [&str; 2] = [
+        "http://openstack.org/xmlns/libvirt/nova/1.0",
+        "http://openstack.org/xmlns/libvirt/nova/1.1",
+    ];
     /// Most XML nodes read from one domain (libvirt's have a few hundred).
     const MAX_NODES: u32 = 100_000;
     /// Longest value of one cap.
@@ -653,6 +700,9 @@ mod domain_xml {
         pub name: Option<String>,
         /// Its `<metadata><pvsched:vm>`, if any.
         pub vm: Option<Vm>,
+        /// The flavor Nova started it with (`<metadata><nova:instance>
+        /// <nova:flavor name="...">`), if Nova did.
+        pub nova_flavor: Option<String>,
     }
 
     /// `<pvsched:vm region="device|none">`, optionally with
@@ -701,8 +751,16 @@ mod domain_xml {
         }
         let name = child(root, "name").map(|n| n.text().unwrap_or("").trim().to_owned());
         let mut vm = None;
+        let mut nova_flavor = None;
         for m in child(root, "metadata").into_iter().flat_map(elements) {
-            if m.tag_name().namespace() != Some(NS) {
+            let ns = m.tag_name().namespace();
+            if ns.is_some_and(|ns| NOVA_NS.contains(&ns)) && m.tag_name().name() == "instance" {
+                nova_flavor = elements(m)
+                    .find(|f| f.tag_name().namespace() == ns && f.tag_name().name() == "flavor")
+                    .and_then(|f| f.attribute("name"))
+                    .map(str::to_owned);
+            }
+            if ns != Some(NS) {
                 continue;
             }
             if m.tag_name().name() != "vm" {
@@ -716,7 +774,11 @@ mod domain_xml {
             }
             vm = Some(read_vm(m)?);
         }
-        Ok(Metadata { name, vm })
+        Ok(Metadata {
+            name,
+            vm,
+            nova_flavor,
+        })
     }
 
     /// `<pvsched:vm>` and its `<pvsched:caps>`.
@@ -926,6 +988,47 @@ mod tests {
                 "{bad:?}: {e}"
             );
         }
+    }
+
+    /// Nova's `<nova:instance><nova:flavor name>` (either namespace
+    /// version) names the flavor; its caps file, if there is one, gives the
+    /// caps; a flavor name that is not plainly a file name is never looked
+    /// up.
+    #[test]
+    fn a_nova_flavor_maps_to_its_caps_file() {
+        let nova = |ns: &str, flavor: &str| {
+            format!(
+                "<domain><name>instance-0000abcd</name><metadata>\
+                 <nova:instance xmlns:nova='{ns}'><nova:name>web</nova:name>\
+                 <nova:flavor name='{flavor}'><nova:vcpus>2</nova:vcpus></nova:flavor>\
+                 </nova:instance></metadata></domain>"
+            )
+        };
+        for ns in domain_xml::NOVA_NS {
+            let m = domain_xml::parse(&nova(ns, "rt.small")).unwrap();
+            assert_eq!(m.nova_flavor.as_deref(), Some("rt.small"));
+            assert_eq!(m.vm, None);
+        }
+        let other = nova("http://openstack.org/xmlns/libvirt/nova/9.9", "rt.small");
+        assert_eq!(domain_xml::parse(&other).unwrap().nova_flavor, None);
+        let dir = std::env::temp_dir().join(format!("pvsched-flavors-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("rt.small.toml"), "max_rt_prio = 3\n").unwrap();
+        std::fs::write(dir.join("bad.toml"), "max_rt_prio = 500\n").unwrap();
+        let caps = flavor_caps(&dir, "rt.small").unwrap().unwrap();
+        assert_eq!(caps.max_rt_prio, 3);
+        assert!(flavor_caps(&dir, "bad").unwrap().is_err());
+        for unplain in [
+            "m1.small",
+            "../rt.small",
+            ".hidden",
+            "a b",
+            "",
+            &"x".repeat(65),
+        ] {
+            assert!(flavor_caps(&dir, unplain).is_none(), "{unplain:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Every prefix of a valid domain XML, and bytes flipped in it, give

@@ -82,7 +82,7 @@ fn kill9(extra: &[&str], duration: &str) -> Duration {
     let device = wait_for("the device process", LIMIT, || {
         children_with(pid, "device").first().copied()
     });
-    let policy = !extra.is_empty();
+    let policy = !matches!(extra, ["--policy", "none"]);
     let vcpus = wait_for("two vCPU threads", LIMIT, || {
         let v = vcpu_threads(pid);
         (v.len() == 2).then_some(v)
