@@ -3,6 +3,8 @@
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 
 class Failure(Exception):
@@ -79,3 +81,23 @@ def attrs(tid):
     """(policy, rt priority, nice) of thread `tid`, as the kernel reports them."""
     return (os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority,
             os.getpriority(os.PRIO_PROCESS, tid))
+
+
+def wait_for(what, probe, procs=(), timeout=40, interval=0.1):
+    """probe()'s first truthy result, polled every `interval` seconds;
+    Failure after `timeout` seconds (a liveness bound, not a timing
+    assertion) or as soon as one of `procs` ((name, Popen, log path)) has
+    exited, with the end of its log."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = probe()
+        if last:
+            return last
+        for name, p, log in procs:
+            if p.poll() is not None:
+                raise Failure(f"{name} exited ({p.returncode}) while waiting for {what}:\n"
+                              f"{Path(log).read_text(errors='replace')[-3000:]}")
+        if time.monotonic() > deadline:
+            raise Failure(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+        time.sleep(interval)

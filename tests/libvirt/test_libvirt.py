@@ -65,6 +65,7 @@ from types import SimpleNamespace
 import pytest
 
 from pvsched_guest.host import attrs, die_with_parent, kill
+from pvsched_guest.host import wait_for as host_wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "dist" / "libvirt" / "qemu.d" / "pvsched"
@@ -86,21 +87,8 @@ SCHED_OTHER = 0
 
 
 def wait_for(what, probe, procs=(), timeout=WAIT_S, interval=0.05):
-    """probe()'s first truthy result, polled; fails after `timeout` seconds
-    or as soon as one of `procs` ((name, Popen, log)) has exited."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        last = probe()
-        if last:
-            return last
-        for name, p, log in procs:
-            if p.poll() is not None:
-                pytest.fail(f"{name} exited ({p.returncode}) while waiting for {what}:\n"
-                            f"{Path(log).read_text(errors='replace')[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
-        time.sleep(interval)
+    """host.wait_for with this test's bound and polling interval."""
+    return host_wait_for(what, probe, procs, timeout, interval)
 
 
 def virsh(*args, check=True, timeout=60):

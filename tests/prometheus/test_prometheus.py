@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 
 from pvsched_guest.host import die_with_parent, kill
+from pvsched_guest.host import wait_for as host_wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "dist" / "prometheus" / "pvsched.rules.yml"
@@ -73,21 +74,8 @@ def http_get(url, token=None, timeout=5):
 
 
 def wait_for(what, probe, procs=(), timeout=WAIT_S, interval=0.25):
-    """probe()'s first truthy result, polled; fails after `timeout` seconds
-    or as soon as one of `procs` ((name, Popen, log)) has exited."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        last = probe()
-        if last:
-            return last
-        for name, p, log in procs:
-            if p.poll() is not None:
-                pytest.fail(f"{name} exited ({p.returncode}) while waiting for {what}:\n"
-                            f"{Path(log).read_text(errors='replace')[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
-        time.sleep(interval)
+    """host.wait_for with this test's bound and polling interval."""
+    return host_wait_for(what, probe, procs, timeout, interval)
 
 
 def promtool(*args, stdin=None):

@@ -293,6 +293,31 @@ struct Source {
     what: String,
 }
 
+impl Source {
+    /// QEMU `pid`'s CPUs, asked with `execute` (a QMP command to its
+    /// answer): `query-cpus-fast`, and `query-hotpluggable-cpus` for the
+    /// topology if QEMU has it.
+    fn ask(
+        pid: u32,
+        what: String,
+        mut execute: impl FnMut(&str) -> Result<Value, String>,
+    ) -> Result<Source, String> {
+        let cpus = execute("query-cpus-fast")?
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let possible = execute("query-hotpluggable-cpus")
+            .ok()
+            .and_then(|v| v.as_array().cloned());
+        Ok(Source {
+            pid,
+            cpus,
+            possible,
+            what,
+        })
+    }
+}
+
 /// The threads from QEMU's own QMP socket; its peer is the QEMU process.
 fn from_qmp(path: &Path, want: Option<u32>, name: &str) -> Result<Source, String> {
     let mut qmp = Qmp::open(path).map_err(|e| e.to_string())?;
@@ -306,17 +331,8 @@ fn from_qmp(path: &Path, want: Option<u32>, name: &str) -> Result<Source, String
             path.display(),
         ));
     }
-    let cpus = qmp.execute("query-cpus-fast").map_err(|e| e.to_string())?;
-    let cpus = cpus.as_array().cloned().unwrap_or_default();
-    let possible = qmp
-        .execute("query-hotpluggable-cpus")
-        .ok()
-        .and_then(|v| v.as_array().cloned());
-    Ok(Source {
-        pid,
-        cpus,
-        possible,
-        what: format!("QMP {}", path.display()),
+    Source::ask(pid, format!("QMP {}", path.display()), |cmd| {
+        qmp.execute(cmd).map_err(|e| e.to_string())
     })
 }
 
@@ -478,17 +494,11 @@ fn from_libvirt(a: &QemuAttachArgs, domain: &str) -> Result<Source, String> {
                 .map_err(|_| format!("{}: not a pid: {:?}", file.display(), text.trim()))?
         }
     };
-    let cpus = libvirt_qmp(a, domain, "query-cpus-fast")?;
-    let cpus = cpus.as_array().cloned().unwrap_or_default();
-    let possible = libvirt_qmp(a, domain, "query-hotpluggable-cpus")
-        .ok()
-        .and_then(|v| v.as_array().cloned());
-    Ok(Source {
+    Source::ask(
         pid,
-        cpus,
-        possible,
-        what: format!("libvirt domain {domain} (libvirt's monitor)"),
-    })
+        format!("libvirt domain {domain} (libvirt's monitor)"),
+        |cmd| libvirt_qmp(a, domain, cmd),
+    )
 }
 
 /// What went wrong, with the exit code to leave with.
