@@ -79,6 +79,14 @@ pub struct RunRow {
     pub events: u64,
     /// Wakeups never acknowledged.
     pub lost_wakeups: u64,
+    /// `wakeup`: samples above 1 ms ...
+    pub stalls: u64,
+    /// ... of which the interrupt was still in the VMM's injector for more
+    /// than half of the sample.
+    pub stalls_injector: u64,
+    /// `wakeup`: the longest injection (timestamp to the end of the
+    /// injection ioctl), µs.
+    pub inject_max_us: Option<f64>,
     /// VM start to every vCPU in its loop, ms.
     pub start_ms: f64,
     /// The 1-minute load average before the hogs started.

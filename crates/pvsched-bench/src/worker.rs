@@ -56,6 +56,17 @@ pub struct WorkerReport {
     pub events: u64,
     /// `wakeup`: injections never acknowledged.
     pub lost_wakeups: u64,
+    /// `wakeup`: samples above 1 ms, all vCPUs ...
+    #[serde(default)]
+    pub stalls: u64,
+    /// ... of which the interrupt was still in the VMM's injector for more
+    /// than half of the sample.
+    #[serde(default)]
+    pub stalls_injector: u64,
+    /// `wakeup`: the longest injection (timestamp to the end of the
+    /// injection ioctl), µs.
+    #[serde(default)]
+    pub inject_max_us: Option<f64>,
     /// Wall time the workload ran, s.
     pub duration_s: f64,
     /// VM build to every vCPU in its loop, ms.
@@ -289,6 +300,13 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         ok,
         events: report.events,
         lost_wakeups: report.lost_wakeups,
+        stalls: report.per_vcpu.iter().map(|v| v.stalls).sum(),
+        stalls_injector: report.per_vcpu.iter().map(|v| v.stalls_injector).sum(),
+        inject_max_us: report
+            .per_vcpu
+            .iter()
+            .filter_map(|v| v.inject_max_us)
+            .reduce(f64::max),
         duration_s: report.duration_s,
         start_ms: (start_ms * 10.0).round() / 10.0,
         policy: stats.as_ref().map(|s| PolicySummary::new("embedded", s)),

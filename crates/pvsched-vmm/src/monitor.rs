@@ -60,6 +60,28 @@ pub struct GuestVcpuReport {
     pub hostile: Vec<(u32, u32)>,
     /// Event values the VMM did not understand.
     pub unknown_events: u64,
+    /// `wakeup`: samples above [`STALL_NS`] ...
+    pub stalls: u64,
+    /// ... of which the injector had not finished injecting for more than
+    /// half of the sample (it was delayed between its timestamp and the
+    /// end of the injection ioctl, i.e. the interrupt left the VMM late).
+    pub stalls_injector: u64,
+    /// `wakeup`: longest time from the injector's timestamp to the end of
+    /// its injection ioctl, ns.
+    pub inject_max_ns: u64,
+}
+
+/// A `wakeup` sample above this is a stall, and is attributed
+/// ([`GuestVcpuReport::stalls`]).
+pub const STALL_NS: u64 = 1_000_000;
+
+/// Whether a `sample` (ns) injected at `at` spent more than half of its
+/// time in the injector, whose injection ioctl returned at `done` (0, or
+/// a time before `at`: it had not returned when the guest acknowledged,
+/// so the interrupt was already out and the time is the vCPU's).
+fn injector_held(sample: u64, at: u64, done: u64) -> bool {
+    let injecting = done.saturating_sub(at);
+    injecting.min(sample).saturating_mul(2) > sample
 }
 
 struct VcpuRecord {
@@ -67,6 +89,9 @@ struct VcpuRecord {
     mmio_exits: AtomicU64,
     pio_exits: AtomicU64,
     injected_at: AtomicU64,
+    /// When the injection ioctl of the pending injection returned (0: not
+    /// yet).
+    injected_done: AtomicU64,
     sent_at: AtomicU64,
 }
 
@@ -96,6 +121,7 @@ impl GuestMonitor {
                     mmio_exits: AtomicU64::new(0),
                     pio_exits: AtomicU64::new(0),
                     injected_at: AtomicU64::new(0),
+                    injected_done: AtomicU64::new(0),
                     sent_at: AtomicU64::new(0),
                 })
                 .collect(),
@@ -184,10 +210,28 @@ impl GuestMonitor {
             .is_ok()
     }
 
+    /// The injection ioctl of `vcpu`'s pending injection has returned: the
+    /// interrupt has left the VMM (a sample's time before this is the
+    /// injector's, after it the vCPU's).
+    pub fn note_injected(&self, vcpu: u32) {
+        if let Some(r) = self.vcpus.get(vcpu as usize) {
+            let now = self.now_ns();
+            let at = r.injected_at.load(Ordering::Acquire);
+            // Only for the injection still pending (the guest may have
+            // acknowledged it already).
+            if at != 0 {
+                r.injected_done.store(now, Ordering::Release);
+                let mut s = lock(&r.stats);
+                s.inject_max_ns = s.inject_max_ns.max(now.saturating_sub(at));
+            }
+        }
+    }
+
     /// Forget an unacknowledged injection into `vcpu` (lost or timed out);
     /// returns when it was made.
     pub fn clear_injection(&self, vcpu: u32) -> Option<u64> {
         let r = self.vcpus.get(vcpu as usize)?;
+        r.injected_done.store(0, Ordering::Release);
         let t = r.injected_at.swap(0, Ordering::AcqRel);
         (t != 0).then_some(t)
     }
@@ -269,9 +313,17 @@ impl GuestMonitor {
             }
             GuestEvent::Ready => s.ready = true,
             GuestEvent::WakeAck => {
+                let done = rec.injected_done.swap(0, Ordering::AcqRel);
                 let t = rec.injected_at.swap(0, Ordering::AcqRel);
                 if t != 0 {
-                    s.samples_ns.push(now.saturating_sub(t));
+                    let sample = now.saturating_sub(t);
+                    s.samples_ns.push(sample);
+                    if sample > STALL_NS {
+                        s.stalls += 1;
+                        if injector_held(sample, t, done) {
+                            s.stalls_injector += 1;
+                        }
+                    }
                 }
                 s.events += 1;
             }
@@ -324,6 +376,21 @@ impl GuestMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stall is the injector's when the interrupt was still in it for
+    /// more than half of the sample; an ioctl that had not returned by
+    /// the acknowledgement (0, or a stale earlier time) gives none.
+    #[test]
+    fn stalls_are_attributed_to_the_injector_or_the_vcpu() {
+        let ms = 1_000_000;
+        assert!(injector_held(5 * ms, 100, 100 + 4 * ms));
+        assert!(!injector_held(5 * ms, 100, 100 + 2 * ms));
+        assert!(!injector_held(5 * ms, 100, 0));
+        assert!(!injector_held(5 * ms, 100, 50));
+        // A return after the acknowledgement counts only up to the sample.
+        assert!(injector_held(5 * ms, 100, 100 + 9 * ms));
+        assert!(!injector_held(0, 100, 200));
+    }
     use crate::guest::events::code;
 
     #[test]

@@ -96,6 +96,15 @@ pub struct VcpuReport {
     pub events: u64,
     /// Latency samples.
     pub samples: usize,
+    /// `wakeup`: samples above 1 ms ...
+    pub stalls: u64,
+    /// ... of which the interrupt was still in the injector (the VMM's
+    /// injecting thread was delayed between its timestamp and the end of
+    /// the injection) for more than half of the sample.
+    pub stalls_injector: u64,
+    /// `wakeup`: the longest injection (timestamp to the end of the
+    /// injection ioctl), µs.
+    pub inject_max_us: Option<f64>,
     /// Median latency, µs.
     pub p50_us: Option<f64>,
     /// 99th percentile, µs.
@@ -432,6 +441,9 @@ impl Run {
             slot: s.slot,
             events: s.events,
             samples: sum.samples,
+            stalls: s.stalls,
+            stalls_injector: s.stalls_injector,
+            inject_max_us: (s.inject_max_ns > 0).then(|| s.inject_max_ns as f64 / 1e3),
             p50_us: sum.p50_us,
             p99_us: sum.p99_us,
             max_us: sum.max_us,
@@ -531,6 +543,8 @@ fn inject_loop(
                 if let Err(e) = inj.inject(v, VEC_WAKE) {
                     log::warn!("{e}");
                     monitor.clear_injection(v);
+                } else {
+                    monitor.note_injected(v);
                 }
             } else if slot.is_some_and(|t| t.elapsed() > WAKE_TIMEOUT) {
                 monitor.clear_injection(v);

@@ -679,6 +679,21 @@ pub fn print_table(out: &mut impl Write, r: &RunReport) -> std::io::Result<()> {
     if r.lost_wakeups > 0 {
         writeln!(out, "lost wakeups: {}", r.lost_wakeups)?;
     }
+    if r.workload == Workload::Wakeup {
+        let sum = |f: fn(&pvsched_vmm::VcpuReport) -> u64| r.per_vcpu.iter().map(f).sum::<u64>();
+        let longest = r
+            .per_vcpu
+            .iter()
+            .filter_map(|v| v.inject_max_us)
+            .reduce(f64::max);
+        writeln!(
+            out,
+            "stalls over 1 ms: {} ({} with the interrupt still in the VMM's injector); longest injection {} µs",
+            sum(|v| v.stalls),
+            sum(|v| v.stalls_injector),
+            us(longest)
+        )?;
+    }
     Ok(())
 }
 
@@ -719,6 +734,9 @@ pub(crate) mod tests {
                 slot: Some(0),
                 events: 3,
                 samples: 3,
+                stalls: 0,
+                stalls_injector: 0,
+                inject_max_us: None,
                 p50_us: Some(40.0),
                 p99_us: Some(90.5),
                 max_us: Some(100.0),

@@ -51,6 +51,10 @@ fn run_wakeup_json() {
         assert!(p["tid"].as_i64().unwrap() > 0);
         assert!(p["events"].as_u64().unwrap() > 0);
         assert_eq!(p["burst_mmio_exits"], 0);
+        // Every injection was timed to the end of its ioctl, and a stall
+        // is the injector's at most as often as it is a stall.
+        assert!(p["inject_max_us"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["stalls_injector"].as_u64().unwrap() <= p["stalls"].as_u64().unwrap());
     }
     // Live progress: one line per second on stderr.
     assert!(stderr.contains("[   1s] events"), "{stderr}");
