@@ -1,0 +1,24 @@
+#!/bin/sh
+# Records, in a tracefs instance of its own (mono clock, 32 MiB per CPU),
+# the scheduler's switches, wake-ups and migrations and the local timer,
+# reschedule and function-call interrupts while COMMAND runs; writes
+# COMMAND's stdout to OUT.json and the trace to OUT.trace, then prints
+# the per-CPU overrun counts (0: nothing lost). As root.
+# bench/stall_trace.py OUT.trace names what kept vCPU threads waiting.
+#
+#   bench/trace-run.sh OUT -- pvsched run --duration 20s --hogs 4 --json
+set -eu
+out=$1; shift; [ "$1" = -- ] && shift
+t=/sys/kernel/tracing
+[ -d $t/events ] || mount -t tracefs nodev $t
+i=$t/instances/pvsched-stalls-$$
+mkdir $i
+trap 'echo 0 > $i/tracing_on; rmdir $i' EXIT
+echo mono > $i/trace_clock
+echo 32768 > $i/buffer_size_kb
+for e in sched/sched_switch sched/sched_wakeup sched/sched_migrate_task irq_vectors/local_timer_entry irq_vectors/reschedule_entry irq_vectors/call_function_single_entry; do [ -d $i/events/$e ] && echo 1 > $i/events/$e/enable; done
+echo 1 > $i/tracing_on
+"$@" > $out.json
+echo 0 > $i/tracing_on
+cat $i/trace > $out.trace
+cat $i/per_cpu/cpu*/stats | grep -i overrun
