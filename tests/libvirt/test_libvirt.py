@@ -396,7 +396,7 @@ def monitor_tids(name):
 
 
 @pytest.fixture(scope="module")
-def env(need_real, cache, request):
+def env(need_real, cache, request, release_bins):
     if os.geteuid() != 0:
         need_real("root", "libvirtd, BPF and RT scheduling need root (run as root)")
     for tool in ("libvirtd", "virsh", "unshare"):
@@ -411,15 +411,7 @@ def env(need_real, cache, request):
     if libvirt_answers():
         need_real("a libvirtd of this test's own",
                   f"another libvirtd serves {LIBVIRT_SOCK}; stop it first")
-    cargo = shutil.which("cargo") or shutil.which("cargo", path=Path.home() / ".cargo" / "bin")
-    if cargo is None:
-        need_real("cargo", "install Rust with rustup (scripts/setup says how)")
-    r = subprocess.run([cargo, "build", "--locked", "--release", "-p", "pvsched-daemon",
-                        "--bin", "pvschedd", "-p", "pvsched", "--bin", "pvsched"], cwd=REPO,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert r.returncode == 0, f"cargo build failed:\n{r.stdout[-5000:]}"
-    release = REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release"
-    bins = SimpleNamespace(pvschedd=release / "pvschedd", pvsched=release / "pvsched")
+    bins = SimpleNamespace(pvschedd=release_bins.pvschedd, pvsched=release_bins.pvsched)
     # Not pytest's tmp_path: libvirt-qemu must reach the device sockets.
     d = Path(tempfile.mkdtemp(prefix="pvsched-libvirt-"))
     d.chmod(0o755)

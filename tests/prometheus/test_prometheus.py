@@ -92,23 +92,13 @@ def prom_tools(need_real):
 
 
 @pytest.fixture(scope="module")
-def pvsched_bins(need_real):
-    """pvschedd and pvsched, built incrementally as `cargo build --locked
-    --release` of just these two into $CARGO_TARGET_DIR, else target/ (a
-    no-op when the session's release_bins built them already)."""
+def pvsched_bins(need_real, release_bins):
+    """pvschedd and pvsched (the session's release build, tests/conftest.py)."""
     if os.geteuid() != 0:
         need_real("root", "pvschedd loads the BPF policy and changes threads' scheduling")
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         need_real("/dev/kvm", "the reference VMM registers a real KVM VM")
-    cargo = shutil.which("cargo") or shutil.which("cargo", path=Path.home() / ".cargo" / "bin")
-    if cargo is None:
-        need_real("cargo", "install Rust with rustup (scripts/setup says how)")
-    r = subprocess.run([cargo, "build", "--locked", "--release", "-p", "pvsched-daemon",
-                        "--bin", "pvschedd", "-p", "pvsched", "--bin", "pvsched"], cwd=REPO,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert r.returncode == 0, f"cargo build failed:\n{r.stdout[-5000:]}"
-    release = REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release"
-    return release / "pvschedd", release / "pvsched"
+    return release_bins.pvschedd, release_bins.pvsched
 
 
 def test_rules_check_and_unit_tests(prom_tools):
