@@ -92,6 +92,9 @@ struct VcpuRecord {
     /// When the injection ioctl of the pending injection returned (0: not
     /// yet).
     injected_done: AtomicU64,
+    /// The longest injection so far, ns (atomic: the injector must not
+    /// take the vCPU's stats lock on the measured path).
+    inject_max_ns: AtomicU64,
     sent_at: AtomicU64,
 }
 
@@ -122,6 +125,7 @@ impl GuestMonitor {
                     pio_exits: AtomicU64::new(0),
                     injected_at: AtomicU64::new(0),
                     injected_done: AtomicU64::new(0),
+                    inject_max_ns: AtomicU64::new(0),
                     sent_at: AtomicU64::new(0),
                 })
                 .collect(),
@@ -221,8 +225,8 @@ impl GuestMonitor {
             // acknowledged it already).
             if at != 0 {
                 r.injected_done.store(now, Ordering::Release);
-                let mut s = lock(&r.stats);
-                s.inject_max_ns = s.inject_max_ns.max(now.saturating_sub(at));
+                r.inject_max_ns
+                    .fetch_max(now.saturating_sub(at), Ordering::Relaxed);
             }
         }
     }
@@ -253,7 +257,11 @@ impl GuestMonitor {
     pub fn stats(&self, vcpu: u32) -> GuestVcpuReport {
         self.vcpus
             .get(vcpu as usize)
-            .map(|r| lock(&r.stats).clone())
+            .map(|r| {
+                let mut s = lock(&r.stats).clone();
+                s.inject_max_ns = r.inject_max_ns.load(Ordering::Relaxed);
+                s
+            })
             .unwrap_or_default()
     }
 

@@ -509,14 +509,10 @@ type Failed = (Exit, String);
 /// what is wrong with them.
 fn flavor_caps(dir: &Path, flavor: &str) -> Option<Result<pvsched_policy::Caps, String>> {
     // The flavor's name is whoever created the flavor's: only names that
-    // are plainly a file in `dir`.
-    let plain = (1..=64).contains(&flavor.len())
-        && !flavor.starts_with('.')
-        && flavor
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    // are plainly a file in `dir`, by the rule VM names follow.
     let file = dir.join(format!("{flavor}.toml"));
-    (plain && file.is_file()).then(|| crate::run::read_policy_file(&file))
+    (pvsched_daemon::proto::valid_name(flavor) && file.is_file())
+        .then(|| crate::run::read_policy_file(&file))
 }
 
 fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Failed> {
