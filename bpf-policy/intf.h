@@ -18,7 +18,9 @@
 /* Non-vCPU threads of a VM (QEMU's main loop, I/O threads) per VM. */
 #define PVS_MAX_EMULATORS 4
 #define PVS_REGION_STRIDE 16384
-#define PVS_MAX_TIDS (PVS_MAX_VMS * (PVS_MAX_VCPUS_PER_VM + PVS_MAX_EMULATORS))
+/* Threads (vCPUs, then emulator threads) of one VM in the `vcpus` array. */
+#define PVS_THREADS_PER_VM (PVS_MAX_VCPUS_PER_VM + PVS_MAX_EMULATORS)
+#define PVS_MAX_TIDS (PVS_MAX_VMS * PVS_THREADS_PER_VM)
 /* gid = vm_id << PVS_GID_SHIFT | index: vCPU slot index 0..nr_vcpus-1, then
  * the VM's emulator threads at nr_vcpus..nr_vcpus+nr_emulators-1. */
 #define PVS_GID_SHIFT 10
@@ -93,7 +95,7 @@ struct pvs_vm {
 	__u64 ls_until;	    /* some vCPU is latency-sensitive until (BPF-owned) */
 };
 
-/* Per-vCPU state (`vcpus` hash, key = gid). */
+/* Per-thread state (`vcpus` array, key = vm_id * PVS_THREADS_PER_VM + index). */
 struct pvs_vcpu {
 	__u32 tid;
 	__u32 vm_id;
@@ -151,6 +153,30 @@ struct pvs_decision {
 	__u32 pad0;
 };
 
+/* Element tid & (PVS_TID_HINTS - 1) of the `tid_hint` prefilter: how many
+ * registered threads have a tid there and, while that is exactly one, which
+ * (its `vcpus` key), so the common event needs no hash lookup. The agent
+ * writes it with plain copies: the policy takes `key` only after the element
+ * it names says it is thread `tid`, and falls back to `tids` otherwise. */
+struct pvs_tid_hint {
+	__u32 count;
+	__u32 tid; /* the one registered thread here, 0 while count != 1 */
+	__u32 key; /* its `vcpus` key: vm_id * PVS_THREADS_PER_VM + index */
+	__u32 pad0;
+};
+
+/* Tracepoint programs that take a prefilter, for pvs_stats.full_runs. */
+#define PVS_PROG_SWITCH 0
+#define PVS_PROG_WAKEUP 1
+#define PVS_PROG_VCPU_WAKEUP 2
+#define PVS_PROG_USER_EXIT 3
+#define PVS_PROG_IPI 4
+#define PVS_PROG_MAX 5
+
+/* APIC IDs below this are looked up in the `apic_fast` array, the others in
+ * the `apics` hash. */
+#define PVS_APIC_FAST 256
+
 /* Per-CPU statistics (`stats` per-CPU array, key 0). */
 struct pvs_stats {
 	__u64 events[PVS_EV_MAX];
@@ -164,6 +190,9 @@ struct pvs_stats {
 	__u64 torn_reads;    /* guest half read while the guest wrote it */
 	__u64 read_errors;   /* guest-region reads that failed */
 	__u64 publish_busy;  /* host half left to a publish running on another CPU */
+	/* Runs of each PVS_PROG_* program past its prefilter (a registered
+	 * thread's event): the others returned after the prefilter. */
+	__u64 full_runs[PVS_PROG_MAX];
 };
 
 #endif /* PVSCHED_BPF_INTF_H */

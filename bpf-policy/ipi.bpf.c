@@ -7,7 +7,9 @@ int BPF_PROG(pvs_kvm_apic_ipi, __u32 icr_low, __u32 dest_id)
 	__u32 tid = current_tid();
 	struct pvs_vcpu *v = vcpu_by_tid(tid);
 
-	if (v)
-		handle_event(v, PVS_EV_IPI, dest_id, icr_low, bpf_ktime_get_ns(), tid);
+	if (!v)
+		return 0;
+	count_full(PVS_PROG_IPI);
+	handle_event(v, PVS_EV_IPI, dest_id, icr_low, bpf_ktime_get_ns(), tid);
 	return 0;
 }

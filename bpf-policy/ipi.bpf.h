@@ -24,8 +24,8 @@ static __always_inline void pair_confirm(struct pvs_vcpu *s, __u32 idx, __u64 no
 /* Record a unicast fixed physical IPI from s. */
 static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 icr_low, __u64 now)
 {
+	__u32 *idx, index;
 	__u64 key;
-	__u32 *idx;
 
 	if ((icr_low >> 18) & 3)	 /* shorthand: self / all / all-but-self */
 		return;
@@ -33,11 +33,25 @@ static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 
 		return;
 	if (icr_low & (1 << 11))	 /* logical destination: not one receiver */
 		return;
-	key = ((__u64)s->vm_id << 32) | dest_id;
-	idx = bpf_map_lookup_elem(&apics, &key);
-	if (!idx || *idx == s->index || *idx >= PVS_MAX_VCPUS_PER_VM)
+	if (dest_id < PVS_APIC_FAST) {
+		__u32 k = s->vm_id * PVS_APIC_FAST + dest_id;
+
+		if (s->vm_id >= PVS_MAX_VMS)
+			return;
+		idx = bpf_map_lookup_elem(&apic_fast, &k);
+		if (!idx || !*idx)
+			return;
+		index = *idx - 1;
+	} else {
+		key = ((__u64)s->vm_id << 32) | dest_id;
+		idx = bpf_map_lookup_elem(&apics, &key);
+		if (!idx)
+			return;
+		index = *idx;
+	}
+	if (index == s->index || index >= PVS_MAX_VCPUS_PER_VM)
 		return;
-	pair_confirm(s, *idx, now);
+	pair_confirm(s, index, now);
 }
 
 /*

@@ -11,15 +11,19 @@ struct {
 	__type(value, struct pvs_vm);
 } vms SEC(".maps");
 
-/* Per-vCPU state, key = gid (vm_id << PVS_GID_SHIFT | slot index). */
+/* Per-thread state (vCPUs, then emulator threads), key = vcpu_key(): an
+ * array, so every lookup is inlined (no hash, no call). Elements of threads
+ * that are not registered are all zeros and no event reaches them (the
+ * `tids`/`tid_hint` lookups and an inactive VM turn them away). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, PVS_MAX_TIDS);
 	__type(key, __u32);
 	__type(value, struct pvs_vcpu);
 } vcpus SEC(".maps");
 
-/* vCPU thread id -> gid. Only registered threads are ever acted on. */
+/* vCPU thread id -> gid, for every registered thread. Only registered
+ * threads are ever acted on. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, PVS_MAX_TIDS);
@@ -28,17 +32,27 @@ struct {
 } tids SEC(".maps");
 
 /* Prefilter for the scheduler tracepoints, which fire for every thread on
- * the host: element tid & (PVS_TID_HINTS - 1) counts the registered threads
- * whose tid falls there (the agent keeps it). Zero means "not registered"
- * after one inlined array load, with no hash lookup. */
+ * the host, and cache of `tids` (struct pvs_tid_hint, kept by the agent): a
+ * zero count means "not registered" after one inlined array load; a
+ * registered thread alone in its element is found with no hash lookup. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, PVS_TID_HINTS);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct pvs_tid_hint);
 } tid_hint SEC(".maps");
 
-/* (vm_id << 32 | APIC ID) -> slot index. */
+/* Element vm_id * PVS_APIC_FAST + APIC ID: slot index + 1 (0 = none), for
+ * APIC IDs below PVS_APIC_FAST (every VMM numbers its vCPUs from 0), looked
+ * up with no hash. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PVS_MAX_VMS * PVS_APIC_FAST);
+	__type(key, __u32);
+	__type(value, __u32);
+} apic_fast SEC(".maps");
+
+/* (vm_id << 32 | APIC ID) -> slot index, for APIC IDs from PVS_APIC_FAST. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, PVS_MAX_TIDS);
@@ -87,6 +101,15 @@ static __always_inline struct pvs_stats *stats_get(void)
 	return bpf_map_lookup_elem(&stats, &zero);
 }
 
+/* Program `prog` (PVS_PROG_*) took its full path. */
+static __always_inline void count_full(__u32 prog)
+{
+	struct pvs_stats *s = stats_get();
+
+	if (s && prog < PVS_PROG_MAX)
+		s->full_runs[prog]++;
+}
+
 #define STAT_INC(field)                                  \
 	do {                                             \
 		struct pvs_stats *__s = stats_get();     \
@@ -99,11 +122,28 @@ static __always_inline __u32 gid_of(__u32 vm_id, __u32 index)
 	return (vm_id << PVS_GID_SHIFT) | index;
 }
 
+/* Whether VM `vm_id` pairs kicks (caps.kick_pairs). */
+static __always_inline int kick_pairs(__u32 vm_id)
+{
+	struct pvs_vm *vm = bpf_map_lookup_elem(&vms, &vm_id);
+
+	return vm && vm->caps.kick_pairs;
+}
+
+/* Thread `index` of VM `vm_id`, or NULL when either is out of range. */
 static __always_inline struct pvs_vcpu *vcpu_by_index(__u32 vm_id, __u32 index)
 {
-	__u32 gid = gid_of(vm_id, index);
+	__u32 key;
 
-	return bpf_map_lookup_elem(&vcpus, &gid);
+	if (vm_id >= PVS_MAX_VMS || index >= PVS_THREADS_PER_VM)
+		return NULL;
+	key = vm_id * PVS_THREADS_PER_VM + index;
+	return bpf_map_lookup_elem(&vcpus, &key);
+}
+
+static __always_inline struct pvs_vcpu *vcpu_by_gid(__u32 gid)
+{
+	return vcpu_by_index(gid >> PVS_GID_SHIFT, gid & ((1U << PVS_GID_SHIFT) - 1));
 }
 
 #endif

@@ -14,12 +14,16 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 					 __u64 now, __u32 cur_tid)
 {
 	__u32 vm_id = v->vm_id, old_t = 0, new_t = 0;
+	struct pvsched_slot *slot;
 	struct pvs_vm *vm;
 	struct pvs_stats *s;
 
 	vm = bpf_map_lookup_elem(&vms, &vm_id);
 	if (!vm || !vm->active)
 		return;
+	/* One lookup of the region (an inner map: a helper call, not inlined)
+	 * for both the read of the guest half and the publish. */
+	slot = vcpu_slot(v, vm);
 	s = stats_get();
 	if (s && event < PVS_EV_MAX)
 		s->events[event]++;
@@ -56,33 +60,42 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 	default:
 		break;
 	}
-	refresh_request(v, vm, cur_tid, now);
+	refresh_request(v, vm, slot, cur_tid, now);
 	yield_update(v, vm, now, &old_t, &new_t);
 	if (old_t != new_t) {
 		yield_mark(vm, vm_id, old_t, v->index, 0, now, event);
 		yield_mark(vm, vm_id, new_t, v->index, 1, now, event);
 	}
 	apply_boost(v, vm, now, event, old_t != new_t);
-	publish(v, vm);
+	pvs_publish(v, slot);
 }
 
 /* The registered thread (vCPU or emulator thread) with id `tid`, or NULL;
- * most host threads are turned away by the prefilter. */
+ * most host threads are turned away by the prefilter's count, and a
+ * registered thread alone in its prefilter element is found there. The
+ * element is only a hint (the agent rewrites it while events run): its key
+ * is taken only if the thread there says it is `tid`, else `tids` decides.
+ * A tid that is 0 in its `vcpus` element exited: a new thread that gets the
+ * same TID is never that vCPU. */
 static __always_inline struct pvs_vcpu *vcpu_by_tid(__u32 tid)
 {
 	__u32 key = tid & (PVS_TID_HINTS - 1);
-	__u32 *hint = bpf_map_lookup_elem(&tid_hint, &key);
-	__u32 *gid;
-	if (!hint || !*hint)
-		return NULL;
+	struct pvs_tid_hint *h = bpf_map_lookup_elem(&tid_hint, &key);
 	struct pvs_vcpu *v;
+	__u32 *gid;
 
+	if (!h || !READ_ONCE(h->count))
+		return NULL;
+	if (READ_ONCE(h->tid) == tid) {
+		key = READ_ONCE(h->key);
+		v = bpf_map_lookup_elem(&vcpus, &key);
+		if (v && READ_ONCE(v->tid) == tid)
+			return v;
+	}
 	gid = bpf_map_lookup_elem(&tids, &tid);
 	if (!gid)
 		return NULL;
-	v = bpf_map_lookup_elem(&vcpus, gid);
-	/* tid 0 once the registered thread exited: a new thread that gets
-	 * the same TID is never this vCPU. */
+	v = vcpu_by_gid(*gid);
 	if (!v || READ_ONCE(v->tid) != tid)
 		return NULL;
 	return v;

@@ -15,10 +15,15 @@ int pvs_reeval(void *ctx)
 	/* Plain u64 array: bpf_raw_tracepoint_args is a flexible array that
 	 * CO-RE access strings cannot index. */
 	__u64 *args = ctx;
-	__u32 gid = (__u32)args[1];
-	struct pvs_vcpu *v = bpf_map_lookup_elem(&vcpus, &gid);
+	__u32 gid = (__u32)args[1], vm_id = gid >> PVS_GID_SHIFT;
+	__u32 index = gid & ((1U << PVS_GID_SHIFT) - 1);
+	struct pvs_vcpu *v = vcpu_by_index(vm_id, index);
+	struct pvs_vm *vm = bpf_map_lookup_elem(&vms, &vm_id);
 
-	if (!v)
+	/* Every element of the array exists: only a thread of an active VM
+	 * (registered, as the VM is activated after its threads) is one. */
+	if (!v || !vm || !vm->active || index >= vm->nr_vcpus + vm->nr_emulators ||
+	    v->vm_id != vm_id || v->index != index)
 		return 1;
 	handle_event(v, (__u32)args[0], args[3], args[4], args[2], 0);
 	return 0;

@@ -137,16 +137,24 @@ static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, _
 	v->guest_idle = !!(flags & PVSCHED_TASK_F_IDLE);
 }
 
-/* Refresh v's request from its slot if this context can read it. */
-static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *vm, __u32 cur_tid,
-					    __u64 now)
+/* v's slot in a device-region VM, else NULL. */
+static __always_inline struct pvsched_slot *vcpu_slot(const struct pvs_vcpu *v,
+						      const struct pvs_vm *vm)
+{
+	if (vm->mode != PVS_MODE_DEVICE)
+		return NULL;
+	return device_slot(v->vm_id, vm->nr_vcpus, v->index);
+}
+
+/* Refresh v's request from its slot if this context can read it; `s` is
+ * vcpu_slot(v, vm), looked up once per event by the caller. */
+static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *vm,
+					    struct pvsched_slot *s, __u32 cur_tid, __u64 now)
 {
 	struct pvsched_slot_guest g;
 	__u32 seq2;
 
 	if (vm->mode == PVS_MODE_DEVICE) {
-		struct pvsched_slot *s = device_slot(v->vm_id, vm->nr_vcpus, v->index);
-
 		if (!s)
 			return;
 		g.seq = READ_ONCE(s->guest.seq);
@@ -178,20 +186,33 @@ static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *v
 	set_request(v, vm, now, g.kern_cs, g.policy, g.nice, g.rt_prio, g.wait_on, g.flags);
 }
 
-/* Publish v's host-visible state into the host half of its device slot.
- * A global function, so the verifier checks it once rather than at every
- * inlined call site (its claim loop would multiply the states of each). */
-__noinline int pvs_publish(const struct pvs_vcpu *v, const struct pvs_vm *vm)
+/* Publish v's host-visible state into the host half of its device slot `s`
+ * (NULL: no region to publish into). A global function, so the verifier
+ * checks it once rather than at every inlined call site (its claim loop
+ * would multiply the states of each). */
+__noinline int pvs_publish(const struct pvs_vcpu *v, struct pvsched_slot *s)
 {
-	struct pvsched_slot *s;
 	__u32 st, seq = 1;
 	int i;
 
-	if (!v || !vm || vm->mode != PVS_MODE_DEVICE)
+	if (!v || !s)
 		return 0;
-	s = device_slot(v->vm_id, vm->nr_vcpus, v->index);
-	if (!s)
-		return 0;
+	st = v->state == PVS_ST_WOKEN ? PVSCHED_VCPU_PREEMPTED : v->state;
+	/* Most events change nothing the guest reads (a userspace exit of a
+	 * running vCPU, an unboosted vCPU's wake-up after its switch-in): the
+	 * half is left as it is, with no locked instruction and no store to
+	 * the line the guest reads. (Only this guest can make the half look
+	 * current when it is not, and only to itself.) */
+	seq = READ_ONCE(s->host.seq);
+	if (!(seq & 1) && READ_ONCE(s->host.vcpu_state) == st &&
+	    READ_ONCE(s->host.boost) == v->boost &&
+	    READ_ONCE(s->host.boost_prio) == v->boost_prio &&
+	    READ_ONCE(s->host.throttled) == v->throttled &&
+	    READ_ONCE(s->host.yield_target) == v->yield_slot &&
+	    READ_ONCE(s->host.boosts) == v->boosts &&
+	    READ_ONCE(s->host.throttles) == v->throttles &&
+	    READ_ONCE(s->host.boosted_ns) == v->boosted_ns)
+		return 1;
 	/* Two CPUs may publish one vCPU at once (two of its events), and two
 	 * plain increments can interleave into an odd seq that no reader ever
 	 * gets past. So a writer claims the half by moving seq from even to
@@ -208,7 +229,6 @@ __noinline int pvs_publish(const struct pvs_vcpu *v, const struct pvs_vm *vm)
 		STAT_INC(publish_busy);
 		return 0;
 	}
-	st = v->state == PVS_ST_WOKEN ? PVSCHED_VCPU_PREEMPTED : v->state;
 	WRITE_ONCE(s->host.vcpu_state, st);
 	WRITE_ONCE(s->host.boost, v->boost);
 	WRITE_ONCE(s->host.boost_prio, v->boost_prio);
@@ -222,9 +242,10 @@ __noinline int pvs_publish(const struct pvs_vcpu *v, const struct pvs_vm *vm)
 	return 1;
 }
 
+/* Publish a vCPU other than the event's own (its slot is looked up here). */
 static __always_inline void publish(const struct pvs_vcpu *v, const struct pvs_vm *vm)
 {
-	pvs_publish(v, vm);
+	pvs_publish(v, vcpu_slot(v, vm));
 }
 
 #endif

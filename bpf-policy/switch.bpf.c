@@ -6,17 +6,22 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(pvs_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	__u64 now = bpf_ktime_get_ns();
-	struct pvs_vcpu *v;
+	/* The tracepoint runs in __schedule() before the switch: current is
+	 * prev, so its pid is the current tid with no helper call. */
+	__u32 cur = (__u32)prev->pid;
+	struct pvs_vcpu *out = vcpu_by_tid(cur), *in = vcpu_by_tid((__u32)next->pid);
+	__u64 now;
 
-	v = vcpu_by_tid((__u32)prev->pid);
-	if (v)
+	/* Most switches on a host are of other threads: no clock read. */
+	if (!out && !in)
+		return 0;
+	count_full(PVS_PROG_SWITCH);
+	now = bpf_ktime_get_ns();
+	if (out)
 		/* Still runnable (TASK_RUNNING) = preempted; else it blocked. */
-		handle_event(v, PVS_EV_SWITCH_OUT, preempt || prev_state == 0, 0, now,
-			     current_tid());
-	v = vcpu_by_tid((__u32)next->pid);
-	if (v)
-		handle_event(v, PVS_EV_SWITCH_IN, 0, 0, now, current_tid());
+		handle_event(out, PVS_EV_SWITCH_OUT, preempt || prev_state == 0, 0, now, cur);
+	if (in)
+		handle_event(in, PVS_EV_SWITCH_IN, 0, 0, now, cur);
 	return 0;
 }
 
@@ -86,8 +91,11 @@ int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
 
 	if (!v)
 		return 0;
+	count_full(PVS_PROG_WAKEUP);
 	now = bpf_ktime_get_ns();
-	if (cur != (__u32)p->pid) {
+	/* Only a VM that pairs kicks pays for the waker's event (under KVM
+	 * every IPI to a halted vCPU is such a wake-up). */
+	if (cur != (__u32)p->pid && kick_pairs(v->vm_id)) {
 		s = vcpu_by_tid(cur);
 		if (s && s->vm_id == v->vm_id)
 			handle_event(s, PVS_EV_KICK, v->index, 0, now, cur);

@@ -11,6 +11,14 @@ MAX_VMS = 64
 MAX_VCPUS_PER_VM = 64
 MAX_EMULATORS = 4
 TID_HINTS = 4096
+THREADS_PER_VM = 68
+APIC_FAST = 256
+PROG_SWITCH = 0
+PROG_WAKEUP = 1
+PROG_VCPU_WAKEUP = 2
+PROG_USER_EXIT = 3
+PROG_IPI = 4
+PROG_MAX = 5
 REGION_STRIDE = 16384
 GID_SHIFT = 10
 MODE_NONE = 0
@@ -45,7 +53,8 @@ R_EXITED = 9
 SIZEOF = {
     "pvs_caps": 88,
     "pvs_decision": 48,
-    "pvs_stats": 160,
+    "pvs_stats": 200,
+    "pvs_tid_hint": 16,
     "pvs_vcpu": 192,
     "pvs_vm": 120,
 }
@@ -93,6 +102,13 @@ OFFSETOF = {
         "torn_reads": 136,
         "read_errors": 144,
         "publish_busy": 152,
+        "full_runs": 160,
+    },
+    "pvs_tid_hint": {
+        "count": 0,
+        "tid": 4,
+        "key": 8,
+        "pad0": 12,
     },
     "pvs_vcpu": {
         "tid": 0,

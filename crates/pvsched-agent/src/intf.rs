@@ -5,7 +5,7 @@
 
 pub use pvsched_policy::Decision;
 pub use pvsched_policy::event::{
-    EV_MAX, GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, R_BUDGET, R_MAX_BOOST,
-    REGION_STRIDE, TID_HINTS, gid, gid_vm,
+    APIC_FAST, EV_MAX, GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, PROG_MAX, PROG_NAMES,
+    R_BUDGET, R_MAX_BOOST, REGION_STRIDE, THREADS_PER_VM, TID_HINTS, gid, gid_vm, vcpu_key,
 };
 pub use pvsched_policy::intf::*;

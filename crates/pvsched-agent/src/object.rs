@@ -3,7 +3,10 @@
 //! `BPF_PROG_TEST_RUN` (raw `bpf(2)`; aya 0.14 has no test-run call), read
 //! decisions and statistics. Used by the agent and by the differential test.
 
-use crate::intf::{Decision, MAX_VMS, PvsStats, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS};
+use crate::intf::{
+    APIC_FAST, Decision, MAX_VMS, PvsStats, PvsTidHint, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS,
+    vcpu_key,
+};
 use aya::maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
@@ -83,6 +86,11 @@ pub enum ObjectError {
     /// A bad argument.
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    /// A gid outside the `vcpus` array (a bug in the caller).
+    #[error(
+        "thread id {0:#x} names no element of the policy's vcpus array (VM id or index out of range)"
+    )]
+    BadGid(u32),
 }
 
 /// Result alias.
@@ -100,6 +108,9 @@ pub struct PolicyObject {
     regions: ArrayOfMaps<MapData, MapData>,
     /// A duplicate of `regions`' fd (aya's `ArrayOfMaps` has no delete).
     regions_fd: OwnedFd,
+    /// What `tids` holds (only this object writes it): the threads of each
+    /// `tid_hint` element, without reading the map back.
+    tids: std::collections::HashMap<u32, u32>,
 }
 
 impl PolicyObject {
@@ -201,6 +212,7 @@ impl PolicyObject {
             ring: Some(ring),
             regions,
             regions_fd,
+            tids: std::collections::HashMap::new(),
         })
     }
 
@@ -243,94 +255,125 @@ impl PolicyObject {
         a.get(&vm_id, 0).map_err(map_err("vms"))
     }
 
-    /// Inserts or replaces a vCPU's state.
+    /// Writes a thread's state (element [`vcpu_key`]`(gid)` of the array).
     pub fn set_vcpu(&mut self, gid: u32, v: &PvsVcpu) -> Result<()> {
-        let mut m: HashMap<_, u32, PvsVcpu> = HashMap::try_from(
+        let key = vcpu_key(gid).ok_or(ObjectError::BadGid(gid))?;
+        let mut a: Array<_, PvsVcpu> = Array::try_from(
             self.ebpf
                 .map_mut("vcpus")
                 .ok_or(ObjectError::NoMap("vcpus"))?,
         )
         .map_err(map_err("vcpus"))?;
-        m.insert(gid, v, 0).map_err(map_err("vcpus"))
+        a.set(key, v, 0).map_err(map_err("vcpus"))
     }
 
-    /// Reads a vCPU's state.
+    /// Reads a thread's state (all zeros for a thread never registered).
     pub fn vcpu(&self, gid: u32) -> Result<PvsVcpu> {
-        let m: HashMap<_, u32, PvsVcpu> =
-            HashMap::try_from(self.ebpf.map("vcpus").ok_or(ObjectError::NoMap("vcpus"))?)
+        let key = vcpu_key(gid).ok_or(ObjectError::BadGid(gid))?;
+        let a: Array<_, PvsVcpu> =
+            Array::try_from(self.ebpf.map("vcpus").ok_or(ObjectError::NoMap("vcpus"))?)
                 .map_err(map_err("vcpus"))?;
-        m.get(&gid, 0).map_err(map_err("vcpus"))
+        a.get(&key, 0).map_err(map_err("vcpus"))
     }
 
-    /// Removes a vCPU's state.
+    /// Clears a thread's state (array elements cannot be removed).
     pub fn remove_vcpu(&mut self, gid: u32) -> Result<()> {
-        let mut m: HashMap<_, u32, PvsVcpu> = HashMap::try_from(
-            self.ebpf
-                .map_mut("vcpus")
-                .ok_or(ObjectError::NoMap("vcpus"))?,
-        )
-        .map_err(map_err("vcpus"))?;
-        m.remove(&gid).map_err(map_err("vcpus"))
+        self.set_vcpu(gid, &PvsVcpu::default())
     }
 
     /// Removes thread `tid`'s mapping if it still maps to `gid` (a reused
     /// TID registered since by another VM keeps its own).
     pub fn unset_tid(&mut self, tid: u32, gid: u32) -> Result<()> {
-        let current = {
-            let m: HashMap<_, u32, u32> =
-                HashMap::try_from(self.ebpf.map("tids").ok_or(ObjectError::NoMap("tids"))?)
-                    .map_err(map_err("tids"))?;
-            m.get(&tid, 0).ok()
-        };
-        if current == Some(gid) {
+        if self.tids.get(&tid) == Some(&gid) {
             self.set_tid(tid, None)?;
         }
         Ok(())
     }
 
     /// Maps a thread to a vCPU or emulator gid (`None` removes it) and keeps
-    /// the `tid_hint` prefilter counting the registered threads.
+    /// the `tid_hint` prefilter: the count of registered threads in each
+    /// element and, where that is one, the thread and its `vcpus` key. The
+    /// policy reads the element while it is written here and trusts its key
+    /// only if the `vcpus` element it names is that thread; `tids` is
+    /// written first on the way in and last on the way out, so a thread the
+    /// element counts is always found there.
     pub fn set_tid(&mut self, tid: u32, gid: Option<u32>) -> Result<()> {
-        let mut m: HashMap<_, u32, u32> = HashMap::try_from(
-            self.ebpf
-                .map_mut("tids")
-                .ok_or(ObjectError::NoMap("tids"))?,
-        )
-        .map_err(map_err("tids"))?;
-        let known = m.get(&tid, 0).is_ok();
-        let delta: i64 = match gid {
-            Some(g) => {
-                m.insert(tid, g, 0).map_err(map_err("tids"))?;
-                if known { 0 } else { 1 }
-            }
-            None if known => {
-                m.remove(&tid).map_err(map_err("tids"))?;
-                -1
-            }
-            None => 0,
-        };
-        if delta == 0 {
+        if let Some(g) = gid {
+            vcpu_key(g).ok_or(ObjectError::BadGid(g))?;
+        }
+        if gid.is_none() && !self.tids.contains_key(&tid) {
             return Ok(());
         }
-        // Registration activates the VM only after every thread is counted.
-        let mut h: Array<_, u32> = Array::try_from(
+        if let Some(g) = gid {
+            let mut m: HashMap<_, u32, u32> = HashMap::try_from(
+                self.ebpf
+                    .map_mut("tids")
+                    .ok_or(ObjectError::NoMap("tids"))?,
+            )
+            .map_err(map_err("tids"))?;
+            m.insert(tid, g, 0).map_err(map_err("tids"))?;
+            self.tids.insert(tid, g);
+        }
+        let slot = tid & (TID_HINTS - 1);
+        let here: Vec<(u32, u32)> = self
+            .tids
+            .iter()
+            .filter(|(t, _)| **t & (TID_HINTS - 1) == slot && (gid.is_some() || **t != tid))
+            .map(|(t, g)| (*t, *g))
+            .collect();
+        let hint = match here.as_slice() {
+            [(t, g)] => PvsTidHint {
+                count: 1,
+                tid: *t,
+                key: vcpu_key(*g).ok_or(ObjectError::BadGid(*g))?,
+                pad0: 0,
+            },
+            more => PvsTidHint {
+                count: u32::try_from(more.len()).unwrap_or(u32::MAX),
+                ..PvsTidHint::default()
+            },
+        };
+        let mut h: Array<_, PvsTidHint> = Array::try_from(
             self.ebpf
                 .map_mut("tid_hint")
                 .ok_or(ObjectError::NoMap("tid_hint"))?,
         )
         .map_err(map_err("tid_hint"))?;
-        let key = tid & (TID_HINTS - 1);
-        let n = h.get(&key, 0).map_err(map_err("tid_hint"))?;
-        let n = if delta > 0 {
-            n.saturating_add(1)
-        } else {
-            n.saturating_sub(1)
-        };
-        h.set(key, n, 0).map_err(map_err("tid_hint"))
+        h.set(slot, hint, 0).map_err(map_err("tid_hint"))?;
+        if gid.is_none() {
+            let mut m: HashMap<_, u32, u32> = HashMap::try_from(
+                self.ebpf
+                    .map_mut("tids")
+                    .ok_or(ObjectError::NoMap("tids"))?,
+            )
+            .map_err(map_err("tids"))?;
+            m.remove(&tid).map_err(map_err("tids"))?;
+            self.tids.remove(&tid);
+        }
+        Ok(())
     }
 
-    /// Maps (vm, APIC ID) to a slot index (`None` removes it).
+    /// Maps (vm, APIC ID) to a slot index (`None` removes it): in
+    /// `apic_fast` below [`APIC_FAST`], in `apics` from there.
     pub fn set_apic(&mut self, vm_id: u32, apic_id: u32, index: Option<u32>) -> Result<()> {
+        if apic_id < APIC_FAST {
+            let key = vm_id
+                .checked_mul(APIC_FAST)
+                .and_then(|k| k.checked_add(apic_id))
+                .filter(|_| vm_id < MAX_VMS)
+                .ok_or(ObjectError::Invalid("VM id out of range"))?;
+            let mut a: Array<_, u32> = Array::try_from(
+                self.ebpf
+                    .map_mut("apic_fast")
+                    .ok_or(ObjectError::NoMap("apic_fast"))?,
+            )
+            .map_err(map_err("apic_fast"))?;
+            let v = match index {
+                Some(i) => i.checked_add(1).ok_or(ObjectError::Invalid("slot index"))?,
+                None => 0,
+            };
+            return a.set(key, v, 0).map_err(map_err("apic_fast"));
+        }
         let mut m: HashMap<_, u64, u32> = HashMap::try_from(
             self.ebpf
                 .map_mut("apics")
@@ -365,6 +408,9 @@ impl PolicyObject {
             s.torn_reads += c.torn_reads;
             s.read_errors += c.read_errors;
             s.publish_busy += c.publish_busy;
+            for (d, e) in s.full_runs.iter_mut().zip(c.full_runs.iter()) {
+                *d += e;
+            }
         }
         Ok(s)
     }

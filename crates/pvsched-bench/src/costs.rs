@@ -6,7 +6,10 @@
 //! the ABI layout and the agent's map definitions.
 
 use pvsched_abi as abi;
-use pvsched_agent::intf::{MAX_VCPUS_PER_VM, PvsVcpu, REGION_STRIDE};
+use pvsched_agent::intf::{
+    APIC_FAST, MAX_VCPUS_PER_VM, MAX_VMS, PvsTidHint, PvsVcpu, REGION_STRIDE, THREADS_PER_VM,
+    TID_HINTS,
+};
 use pvsched_device::testing::{device_handshake, reg_write};
 use pvsched_device::{DeviceConfig, NullSink, PvschedDevice};
 use serde_json::{Value, json};
@@ -89,30 +92,33 @@ pub fn device_handshake_ns(iters: usize) -> Result<Vec<u64>, CostError> {
     Ok(out)
 }
 
-/// Bytes per vCPU: the shared region (ABI layout) and the BPF maps
-/// (key + value of each per-vCPU entry, from the agent's definitions;
-/// the kernel's hash-table element overhead comes on top).
+/// Bytes per vCPU: the shared region (ABI layout) and the BPF maps (key +
+/// value of each per-vCPU entry, from the agent's definitions), and what
+/// the arrays reserve whatever the number of VMs.
 pub fn bytes_per_vcpu() -> Value {
     let vcpu_value = std::mem::size_of::<PvsVcpu>();
-    let vcpus_entry = 4 + vcpu_value; // u32 gid -> struct pvs_vcpu
-    let tids_entry = 4 + 4; // u32 tid -> u32 gid
-    let apics_entry = 8 + 4; // u64 (vm_id << 32 | APIC ID) -> u32 slot
+    let tids_entry = 4 + 4; // hash: u32 tid -> u32 gid
+    let apic_entry = 4; // array: slot index + 1 per (VM, APIC ID < APIC_FAST)
     let region: Vec<Value> = [1u32, 2, 4, 64]
         .into_iter()
         .map(|n| json!({ "vcpus": n, "region_bytes": abi::region_size(n) }))
         .collect();
+    let threads = (MAX_VMS * THREADS_PER_VM) as usize;
     json!({
         "region_slot": abi::SLOT_SIZE,
         "region_apic_table_entry": 4,
         "region_header_per_vm": abi::HEADER_SIZE,
         "region_size": region,
-        "map_vcpus_entry": vcpus_entry,
+        "map_vcpus_entry": vcpu_value,
         "map_tids_entry": tids_entry,
-        "map_apics_entry": apics_entry,
-        "maps_total": vcpus_entry + tids_entry + apics_entry,
+        "map_apic_entry": apic_entry,
+        "maps_total": vcpu_value + tids_entry + apic_entry,
+        "vcpus_array_reserved": threads * vcpu_value,
+        "apic_fast_array_reserved": (MAX_VMS * APIC_FAST) as usize * 4,
+        "tid_hint_array_reserved": TID_HINTS as usize * std::mem::size_of::<PvsTidHint>(),
         "regions_map_per_vm": REGION_STRIDE,
         "regions_map_per_vcpu_at_max": REGION_STRIDE / MAX_VCPUS_PER_VM,
-        "note": "maps_total = key+value bytes of the vcpus, tids and apics hash entries of one vCPU (kernel hash element overhead extra); the regions array map reserves regions_map_per_vm bytes per VM whatever its vCPU count",
+        "note": "maps_total = bytes of one vCPU's element in the vcpus array, its tids hash entry (kernel hash element overhead extra) and its apic_fast entry; the vcpus, apic_fast and tid_hint arrays are allocated whole at load (*_reserved), and the regions array map reserves regions_map_per_vm bytes per VM whatever its vCPU count",
     })
 }
 
@@ -131,8 +137,9 @@ mod tests {
     fn bytes_follow_the_abi() {
         let b = bytes_per_vcpu();
         assert_eq!(b["region_slot"], 128);
-        assert_eq!(b["map_vcpus_entry"], 196);
-        assert_eq!(b["maps_total"], 196 + 8 + 12);
+        assert_eq!(b["map_vcpus_entry"], 192);
+        assert_eq!(b["maps_total"], 192 + 8 + 4);
+        assert_eq!(b["vcpus_array_reserved"], 64 * 68 * 192);
         assert_eq!(b["region_size"][1]["region_bytes"], abi::region_size(2));
     }
 }

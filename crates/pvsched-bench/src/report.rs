@@ -238,6 +238,14 @@ pub struct ProgCost {
     pub run_time_ns: u64,
     /// Run time per run, ns.
     pub ns_per_event: Option<f64>,
+    /// Run time per run in the prefilter window (no event of a registered
+    /// thread: the early return), ns.
+    pub prefilter_ns_per_event: Option<f64>,
+    /// Runs past the prefilter (events of registered threads).
+    pub full_runs: Option<u64>,
+    /// Run time per full run, ns: the run time less the other runs at the
+    /// prefilter's cost, over the full runs.
+    pub full_ns_per_event: Option<f64>,
 }
 
 /// BPF costs per program, the worst and the mean.
@@ -247,6 +255,10 @@ pub struct BpfReport {
     pub programs: Vec<ProgCost>,
     /// The worst program's ns per event.
     pub worst_ns_per_event: Option<f64>,
+    /// The worst program's ns per full run (an event of a registered thread).
+    pub worst_full_ns_per_event: Option<f64>,
+    /// The worst program's ns per prefiltered run.
+    pub worst_prefilter_ns_per_event: Option<f64>,
     /// All programs' run time over all their runs.
     pub mean_ns_per_event: Option<f64>,
 }

@@ -27,6 +27,10 @@ pub struct Variant {
     pub policy: VariantPolicy,
     /// CPU hogs beside the VM ([`Load::NONE`]: idle host).
     pub load: Load,
+    /// Stand-in VMs registered beside the measured one (`--extra-vms`).
+    pub extra_vms: u32,
+    /// Prefilter window before the VM starts, ms (`--prefilter-ms`; 0: none).
+    pub prefilter_ms: u64,
 }
 
 impl Variant {
@@ -115,6 +119,10 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
     if let (true, Some(c)) = (v.policy.enabled(), &opts.caps) {
         cmd.arg("--policy-file").arg(c);
     }
+    if v.policy.enabled() {
+        cmd.arg(format!("--extra-vms={}", v.extra_vms))
+            .arg(format!("--prefilter-ms={}", v.prefilter_ms));
+    }
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -128,7 +136,7 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
     // Read while waiting: a full pipe would block the child. The reader
     // also counts the hogs' iterations between the child's markers.
     let reader = std::thread::spawn(move || read_child(stdout, &counter));
-    let deadline = Instant::now() + duration + GRACE;
+    let deadline = Instant::now() + duration + Duration::from_millis(v.prefilter_ms) + GRACE;
     let status = loop {
         match child.try_wait().map_err(BenchError::Spawn)? {
             Some(st) => break Some(st),

@@ -13,13 +13,16 @@ use clap::{Args, ValueEnum};
 use pvsched::embedded::{Embedded, EmbeddedError};
 use pvsched::launch::{self, LaunchError, Launched};
 use pvsched::summary::PolicySummary;
-use pvsched_agent::{AgentConfig, AgentError};
+use pvsched_agent::intf::PROG_NAMES;
+use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmHandle, VmSpec};
 use pvsched_device::RegionMode;
 use pvsched_policy::{BoostKind, Caps, CapsError};
 use pvsched_util::exit::Exit;
 use pvsched_vmm::{VmConfig, Workload};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// What the worker tells the bench, one JSON object per line on stdout.
@@ -44,6 +47,146 @@ pub struct ProgStat {
     pub run_cnt: u64,
     /// Total run time, ns.
     pub run_time_ns: u64,
+    /// Runs past the program's prefilter (an event of a registered
+    /// thread); `None` for a program with no prefilter.
+    #[serde(default)]
+    pub full_runs: Option<u64>,
+}
+
+/// Every program's run count and time, with the policy's count of runs
+/// past each prefilter.
+fn prog_stats(agent: &Agent) -> Vec<ProgStat> {
+    let full = agent.bpf_stats().ok().map(|s| s.full_runs);
+    agent
+        .prog_stats()
+        .into_iter()
+        .map(|(name, run_cnt, run_time_ns)| {
+            let full_runs = PROG_NAMES
+                .iter()
+                .position(|n| *n == name)
+                .and_then(|i| full.map(|f| f[i]));
+            ProgStat {
+                name,
+                run_cnt,
+                run_time_ns,
+                full_runs,
+            }
+        })
+        .collect()
+}
+
+/// CPU time (user + system) this process's agent thread (`pvsched-apply`,
+/// which applies decisions and runs the policy's timer) has used, ns;
+/// `None` without one.
+fn agent_cpu_ns() -> Option<u64> {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    for e in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let p = e.path();
+        if std::fs::read_to_string(p.join("comm")).ok()?.trim() != "pvsched-apply" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(p.join("stat")).ok()?;
+        // Fields after the parenthesised comm: state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        return ticks.checked_mul(1_000_000_000)?.checked_div(hz);
+    }
+    None
+}
+
+/// `after - before`, program by program.
+fn prog_delta(before: &[ProgStat], after: &[ProgStat]) -> Vec<ProgStat> {
+    after
+        .iter()
+        .map(|a| {
+            let b = before.iter().find(|b| b.name == a.name);
+            let sub = |x: u64, y: Option<u64>| x.saturating_sub(y.unwrap_or(0));
+            ProgStat {
+                name: a.name.clone(),
+                run_cnt: sub(a.run_cnt, b.map(|b| b.run_cnt)),
+                run_time_ns: sub(a.run_time_ns, b.map(|b| b.run_time_ns)),
+                full_runs: a.full_runs.map(|f| sub(f, b.and_then(|b| b.full_runs))),
+            }
+        })
+        .collect()
+}
+
+/// Stand-in VMs registered beside the measured one, to see what the
+/// number of registered VMs costs: each has four threads that, once
+/// [`ExtraVms::go`] is called, sleep `EXTRA_PERIOD` in a loop (vCPUs whose
+/// guests halt at 100 Hz and ask for nothing), a region of its own and the
+/// run's caps. Until then they block and make no event, so a prefilter
+/// window sees only what their registration costs other threads.
+struct ExtraVms {
+    stop: Arc<AtomicBool>,
+    go: Vec<std::sync::mpsc::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    vms: Vec<VmHandle>,
+}
+
+const EXTRA_VCPUS: usize = 4;
+const EXTRA_PERIOD: Duration = Duration::from_millis(10);
+
+impl ExtraVms {
+    fn start(agent: &Agent, n: u32, caps: &Caps) -> Result<ExtraVms, WorkerError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut extra = ExtraVms {
+            stop: stop.clone(),
+            go: Vec::new(),
+            threads: Vec::new(),
+            vms: Vec::new(),
+        };
+        for _ in 0..n {
+            let (tx, rx) = std::sync::mpsc::channel();
+            for _ in 0..EXTRA_VCPUS {
+                let (stop, tx) = (stop.clone(), tx.clone());
+                let (go, wait) = std::sync::mpsc::channel::<()>();
+                extra.go.push(go);
+                extra.threads.push(std::thread::spawn(move || {
+                    let _ = tx.send(pvsched_agent::sched::gettid());
+                    // Also returns when the sender is dropped.
+                    let _ = wait.recv();
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EXTRA_PERIOD);
+                    }
+                }));
+            }
+            let tids: Vec<u32> = rx.iter().take(EXTRA_VCPUS).collect();
+            let vm = agent
+                .register_vm(VmSpec {
+                    apic_ids: (0..tids.len() as u32).collect(),
+                    vcpu_tids: tids,
+                    emulator_tids: Vec::new(),
+                    caps: caps.clone(),
+                    region: RegionSpec::DeviceMap,
+                    owner: None,
+                })
+                .map_err(WorkerError::ExtraVm)?;
+            extra.vms.push(vm);
+        }
+        Ok(extra)
+    }
+
+    /// The stand-in vCPUs start halting and waking.
+    fn go(&mut self) {
+        for g in self.go.drain(..) {
+            let _ = g.send(());
+        }
+    }
+}
+
+impl Drop for ExtraVms {
+    fn drop(&mut self) {
+        // Unregistered (each thread restored) while the threads still run.
+        self.vms.clear();
+        self.stop.store(true, Ordering::Relaxed);
+        self.go();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The results of one measured run.
@@ -82,6 +225,18 @@ pub struct WorkerReport {
     pub caps: Option<Caps>,
     /// Per BPF program.
     pub prog_stats: Vec<ProgStat>,
+    /// Per BPF program, the `--prefilter-ms` window before the VM started
+    /// (no thread registered but the `--extra-vms` ones: the prefilter's
+    /// early return, on the same loaded host); empty without the window.
+    #[serde(default)]
+    pub prefilter_stats: Vec<ProgStat>,
+    /// Stand-in VMs registered beside the measured one.
+    #[serde(default)]
+    pub extra_vms: u32,
+    /// CPU the agent thread used over the measured window, in CPUs (1.0 =
+    /// one CPU all the time; clock-tick resolution).
+    #[serde(default)]
+    pub agent_cpu: Option<f64>,
     /// Every latency sample, all vCPUs, ns.
     pub samples_ns: Vec<u64>,
 }
@@ -98,6 +253,9 @@ pub enum WorkerError {
     /// The VM could not be launched with its policy.
     #[error("bench run: {0}")]
     Launch(#[from] LaunchError),
+    /// A stand-in VM of `--extra-vms` could not be registered.
+    #[error("bench run: registering a stand-in VM (--extra-vms) failed: {0}")]
+    ExtraVm(#[source] AgentError),
     /// The test guest of this build has no such workload.
     #[error(
         "bench run: the test guest of this build has no `{0}` workload (pvsched-vmm's Workload does not parse \"{0}\"); rebuild with a pvsched-vmm that has it"
@@ -225,6 +383,14 @@ pub struct WorkerArgs {
     /// With --policy: caps from this TOML file instead of the defaults.
     #[arg(long)]
     pub policy_file: Option<std::path::PathBuf>,
+    /// With --policy: register this many stand-in VMs (four sleeping
+    /// threads each) beside the measured one.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=63))]
+    pub extra_vms: u32,
+    /// With --policy: before the VM starts, count the BPF programs' runs
+    /// for this long with only the stand-in VMs registered.
+    #[arg(long, default_value_t = 0)]
+    pub prefilter_ms: u64,
 }
 
 /// Runs and prints the JSON; returns the exit code.
@@ -258,12 +424,34 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         Some(c) => Some(Embedded::load(c.clone(), AgentConfig::default())?),
         None => None,
     };
+    let mut extra = match (policy.as_ref().and_then(Embedded::agent), &caps) {
+        (Some(agent), Some(c)) if a.extra_vms > 0 => Some(ExtraVms::start(agent, a.extra_vms, c)?),
+        _ => None,
+    };
+    let prefilter_stats = match policy.as_ref().and_then(Embedded::agent) {
+        Some(agent) if a.prefilter_ms > 0 => {
+            let before = prog_stats(agent);
+            std::thread::sleep(Duration::from_millis(a.prefilter_ms));
+            prog_delta(&before, &prog_stats(agent))
+        }
+        _ => Vec::new(),
+    };
+    if let Some(e) = extra.as_mut() {
+        e.go();
+    }
     let t0 = Instant::now();
     let Launched { run, attached } = launch::start(vm, a.duration, policy.as_mut())?;
     let start_ms = t0.elapsed().as_secs_f64() * 1e3;
     let monitor = run.vm().monitor().clone();
     send(&WorkerMsg::Measuring);
+    let cpu0 = (Instant::now(), agent_cpu_ns());
     std::thread::sleep(a.duration);
+    let agent_cpu = match (cpu0, agent_cpu_ns()) {
+        ((t, Some(c0)), Some(c1)) => Some(round3(
+            c1.saturating_sub(c0) as f64 / 1e9 / t.elapsed().as_secs_f64(),
+        )),
+        _ => None,
+    };
     // The policy's numbers at the end of the measured time; then the VM
     // is unregistered (every vCPU thread back at its baseline) while its
     // threads still exist, and only then stopped. The agent's map stays
@@ -273,17 +461,12 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     // stats were read: the time its boosted_ns were collected over.
     let policy_s = attached.map(|t| round3(t.elapsed().as_secs_f64()));
     send(&WorkerMsg::Measured);
-    let prog_stats: Vec<_> = policy
+    let prog_stats = policy
         .as_ref()
-        .and_then(|p| p.agent().map(|a| a.prog_stats()))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, run_cnt, run_time_ns)| ProgStat {
-            name,
-            run_cnt,
-            run_time_ns,
-        })
-        .collect();
+        .and_then(Embedded::agent)
+        .map(prog_stats)
+        .unwrap_or_default();
+    drop(extra);
     if let Some(p) = policy.as_mut() {
         p.detach();
     }
@@ -316,6 +499,9 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
             .map(|s| s.vcpus.iter().map(|v| v.boosted_ns).collect()),
         caps,
         prog_stats,
+        prefilter_stats,
+        extra_vms: a.extra_vms,
+        agent_cpu,
         samples_ns: samples,
     })));
     if !ok {

@@ -73,6 +73,43 @@ pub const fn gid_vm(gid: u32) -> u32 {
 pub const MAX_VCPUS_PER_VM: u32 = 64;
 /// Most emulator threads (QEMU's main loop, I/O threads) per VM.
 pub const MAX_EMULATORS: u32 = 4;
+/// Threads (vCPUs, then emulator threads) of one VM in the BPF `vcpus` array.
+pub const THREADS_PER_VM: u32 = MAX_VCPUS_PER_VM + MAX_EMULATORS;
+
+/// The BPF `vcpus` array's key of `gid` (`vm_id * THREADS_PER_VM + index`),
+/// or `None` when the gid is outside the array.
+pub const fn vcpu_key(gid: u32) -> Option<u32> {
+    let (vm_id, index) = (gid >> GID_SHIFT, gid & ((1 << GID_SHIFT) - 1));
+    if vm_id >= MAX_VMS || index >= THREADS_PER_VM {
+        None
+    } else {
+        Some(vm_id * THREADS_PER_VM + index)
+    }
+}
+
+/// `full_runs` index of the sched_switch program.
+pub const PROG_SWITCH: u32 = 0;
+/// ... of sched_wakeup.
+pub const PROG_WAKEUP: u32 = 1;
+/// ... of kvm_vcpu_wakeup.
+pub const PROG_VCPU_WAKEUP: u32 = 2;
+/// ... of kvm_userspace_exit.
+pub const PROG_USER_EXIT: u32 = 3;
+/// ... of kvm_apic_ipi.
+pub const PROG_IPI: u32 = 4;
+/// Programs counted in `full_runs`.
+pub const PROG_MAX: u32 = 5;
+/// The BPF program of each `PROG_*` index, by name.
+pub const PROG_NAMES: [&str; PROG_MAX as usize] = [
+    "pvs_sched_switch",
+    "pvs_sched_wakeup",
+    "pvs_kvm_vcpu_wakeup",
+    "pvs_kvm_userspace_exit",
+    "pvs_kvm_apic_ipi",
+];
+/// APIC IDs below this are found through the BPF `apic_fast` array.
+pub const APIC_FAST: u32 = 256;
+
 /// Entries of the BPF `tid_hint` prefilter (a power of two).
 pub const TID_HINTS: u32 = 4096;
 /// Most VMs one agent serves.

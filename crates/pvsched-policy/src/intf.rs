@@ -7,7 +7,7 @@
 //! [`crate::event`]).
 
 use crate::caps::Caps;
-use crate::event::{Decision, EV_MAX};
+use crate::event::{Decision, EV_MAX, PROG_MAX};
 
 /// `PVS_MODE_NONE`: no region.
 pub const MODE_NONE: u32 = 0;
@@ -187,6 +187,21 @@ pub struct PvsVcpu {
     pub last_kick_ns: u64,
 }
 
+/// `struct pvs_tid_hint`: element `tid & (TID_HINTS - 1)` of the BPF
+/// `tid_hint` prefilter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PvsTidHint {
+    /// Registered threads whose tid falls in this element.
+    pub count: u32,
+    /// The one registered thread here while `count == 1`, else 0.
+    pub tid: u32,
+    /// Its `vcpus` key ([`crate::event::vcpu_key`]).
+    pub key: u32,
+    /// Zero.
+    pub pad0: u32,
+}
+
 /// `struct pvs_stats`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -203,6 +218,8 @@ pub struct PvsStats {
     pub torn_reads: u64,
     pub read_errors: u64,
     pub publish_busy: u64,
+    /// Runs of each `PROG_*` program past its prefilter.
+    pub full_runs: [u64; PROG_MAX as usize],
 }
 
 const _: () = {
@@ -210,7 +227,8 @@ const _: () = {
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 16);
     assert!(size_of::<PvsVcpu>() == 192);
     assert!(size_of::<Decision>() == 48);
-    assert!(size_of::<PvsStats>() == (EV_MAX as usize + 10) * 8);
+    assert!(size_of::<PvsTidHint>() == 16);
+    assert!(size_of::<PvsStats>() == (EV_MAX as usize + 10 + PROG_MAX as usize) * 8);
 };
 
 #[cfg(feature = "aya")]
@@ -228,6 +246,8 @@ mod pod {
     unsafe impl aya::Pod for PvsVcpu {}
     // SAFETY: as above.
     unsafe impl aya::Pod for Decision {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PvsTidHint {}
     // SAFETY: as above.
     unsafe impl aya::Pod for PvsStats {}
 }

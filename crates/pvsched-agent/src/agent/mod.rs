@@ -635,34 +635,47 @@ impl VmHandle {
 
 impl Drop for VmHandle {
     fn drop(&mut self) {
+        let vm_id = self.vm_id;
+        // Take the VM's threads out of the registry first: from here on no
+        // decision and no reconciliation reaches them (a cleared `vcpus`
+        // element would look like an exited thread), so the restore below
+        // is the last word on each.
+        let mut threads: Vec<ThreadState> = {
+            let mut reg = lock(&self.inner.reg);
+            let gids: Vec<u32> = reg
+                .threads
+                .iter()
+                .filter(|(_, t)| t.vm_id == vm_id)
+                .map(|(g, _)| *g)
+                .collect();
+            gids.iter().filter_map(|g| reg.threads.remove(g)).collect()
+        };
         let mut obj = lock(&self.inner.obj);
-        // Stop the policy first so no new decision arrives, then restore.
-        let _ = obj.set_vm(self.vm_id, &PvsVm::default());
+        // Stop the policy so no new decision arrives.
+        let _ = obj.set_vm(vm_id, &PvsVm::default());
         if self.region.is_some()
-            && let Err(e) = obj.unmap_region(self.vm_id)
+            && let Err(e) = obj.unmap_region(vm_id)
         {
-            log::warn!("pvsched: unregistering VM {}: {e}", self.vm_id);
+            log::warn!("pvsched: unregistering VM {vm_id}: {e}");
         }
         for (i, &tid) in self.threads().enumerate() {
             // The TID may belong to another VM's thread by now (this one
             // exited or exec'd and the number was reused): leave that one.
-            let _ = obj.unset_tid(tid, gid(self.vm_id, i as u32));
-            let _ = obj.remove_vcpu(gid(self.vm_id, i as u32));
+            let _ = obj.unset_tid(tid, gid(vm_id, i as u32));
+            let _ = obj.remove_vcpu(gid(vm_id, i as u32));
         }
         for &apic in &self.spec.apic_ids {
-            let _ = obj.set_apic(self.vm_id, apic, None);
+            let _ = obj.set_apic(vm_id, apic, None);
         }
         drop(obj);
-        let mut reg = lock(&self.inner.reg);
-        let vm_id = self.vm_id;
-        for t in reg.threads.values_mut().filter(|t| t.vm_id == vm_id) {
+        for t in &mut threads {
             let before = t.errors;
             t.restore();
             if t.errors > before {
                 self.inner.restore_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
-        reg.threads.retain(|_, t| t.vm_id != vm_id);
-        reg.vms.remove(&vm_id);
+        // Last: the VM id is free for the next registration.
+        lock(&self.inner.reg).vms.remove(&vm_id);
     }
 }

@@ -13,4 +13,5 @@ mod lossless;
 mod no_privilege;
 mod real_threads;
 mod restorers;
+mod tid_hint;
 mod tid_reuse;

@@ -7,7 +7,7 @@
 use pvsched_policy::Decision;
 use pvsched_policy::event as ev;
 use pvsched_policy::event::{
-    GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, REGION_STRIDE, TID_HINTS,
+    GID_SHIFT, MAX_EMULATORS, MAX_VCPUS_PER_VM, MAX_VMS, REGION_STRIDE, THREADS_PER_VM, TID_HINTS,
 };
 use pvsched_policy::intf::*;
 use pvsched_testkit::layout::{Coverage, Expect, check_coverage, compare_with_c};
@@ -116,6 +116,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             pad0
         ]
     );
+    layout_struct!(e, cov, "pvs_tid_hint", PvsTidHint, [count, tid, key, pad0]);
     layout_struct!(
         e,
         cov,
@@ -132,12 +133,17 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             slot_hits,
             torn_reads,
             read_errors,
-            publish_busy
+            publish_busy,
+            full_runs
         ]
     );
     layout_consts!(e, [
         PVS_MAX_VMS => MAX_VMS, PVS_MAX_VCPUS_PER_VM => MAX_VCPUS_PER_VM,
         PVS_MAX_EMULATORS => MAX_EMULATORS, PVS_TID_HINTS => TID_HINTS,
+        PVS_THREADS_PER_VM => THREADS_PER_VM, PVS_APIC_FAST => ev::APIC_FAST,
+        PVS_PROG_SWITCH => ev::PROG_SWITCH, PVS_PROG_WAKEUP => ev::PROG_WAKEUP,
+        PVS_PROG_VCPU_WAKEUP => ev::PROG_VCPU_WAKEUP, PVS_PROG_USER_EXIT => ev::PROG_USER_EXIT,
+        PVS_PROG_IPI => ev::PROG_IPI, PVS_PROG_MAX => ev::PROG_MAX,
         PVS_REGION_STRIDE => REGION_STRIDE, PVS_GID_SHIFT => GID_SHIFT,
         PVS_MODE_NONE => MODE_NONE, PVS_MODE_DEVICE => MODE_DEVICE, PVS_MODE_GUEST => MODE_GUEST,
         PVS_ST_UNKNOWN => ev::ST_UNKNOWN, PVS_ST_RUNNING => ev::ST_RUNNING,
