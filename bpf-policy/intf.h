@@ -24,6 +24,8 @@
 /* gid = vm_id << PVS_GID_SHIFT | index: vCPU slot index 0..nr_vcpus-1, then
  * the VM's emulator threads at nr_vcpus..nr_vcpus+nr_emulators-1. */
 #define PVS_GID_SHIFT 10
+/* The re-evaluation entry's gid for "every thread of every active VM". */
+#define PVS_GID_ALL 0xffffffffU
 /* Entries of the `tid_hint` prefilter (a power of two). */
 #define PVS_TID_HINTS 4096
 

@@ -17,6 +17,9 @@ struct {
  * `tids`/`tid_hint` lookups and an inactive VM turn them away). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	/* The agent reads every thread's boost each tick from a mapping of
+	 * the array, with no system call. */
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, PVS_MAX_TIDS);
 	__type(key, __u32);
 	__type(value, struct pvs_vcpu);

@@ -3,11 +3,41 @@
  * pvsched BPF policy: re-evaluation entry, run with BPF_PROG_TEST_RUN and
  * never attached. args: [0] event, [1] gid, [2] now (ns), [3] a, [4] b.
  * In production the agent's timer runs PVS_EV_TICK through it for every
- * registered vCPU (throttle ends, windows, latency holds of vCPUs that
- * produce no scheduler events) and the device's KICK doorbell runs it for
- * the vCPU whose guest changed its slot. The differential test drives the
- * same entry with synthetic events of every kind.
+ * registered thread (gid PVS_GID_ALL, a = how many VM ids from 0 to scan:
+ * throttle ends, windows, latency holds of vCPUs that produce no scheduler
+ * events) and the device's KICK
+ * doorbell runs it for the vCPU whose guest changed its slot. The
+ * differential test drives the same entry with synthetic events of every
+ * kind.
  */
+
+struct tick_ctx {
+	__u64 now;
+	__u32 count; /* threads re-evaluated */
+	__u32 pad;
+};
+
+/* bpf_loop callback: element k of `vcpus` has a tick if it is a thread of
+ * an active VM. */
+static long tick_cb(__u32 k, void *data)
+{
+	__u32 vm_id = k / PVS_THREADS_PER_VM, index = k % PVS_THREADS_PER_VM;
+	struct tick_ctx *t = data;
+	struct pvs_vcpu *v;
+	struct pvs_vm *vm;
+
+	vm = bpf_map_lookup_elem(&vms, &vm_id);
+	if (!vm || !vm->active)
+		return 0;
+	if (index >= vm->nr_vcpus + vm->nr_emulators)
+		return 0;
+	v = bpf_map_lookup_elem(&vcpus, &k);
+	if (!v || v->vm_id != vm_id || v->index != index)
+		return 0;
+	handle_event(v, PVS_EV_TICK, 0, 0, t->now, 0);
+	t->count++;
+	return 0;
+}
 
 SEC("raw_tp")
 int pvs_reeval(void *ctx)
@@ -20,6 +50,16 @@ int pvs_reeval(void *ctx)
 	struct pvs_vcpu *v = vcpu_by_index(vm_id, index);
 	struct pvs_vm *vm = bpf_map_lookup_elem(&vms, &vm_id);
 
+	/* The agent's timer: a tick for every thread of every active VM in
+	 * one run (one system call per tick, not one per thread); returns
+	 * how many. */
+	if (gid == PVS_GID_ALL) {
+		struct tick_ctx t = { .now = args[2] };
+		__u64 vms_to_scan = args[3] < PVS_MAX_VMS ? args[3] : PVS_MAX_VMS;
+
+		bpf_loop(vms_to_scan * PVS_THREADS_PER_VM, tick_cb, &t, 0);
+		return t.count;
+	}
 	/* Every element of the array exists: only a thread of an active VM
 	 * (registered, as the VM is activated after its threads) is one. */
 	if (!v || !vm || !vm->active || index >= vm->nr_vcpus + vm->nr_emulators ||

@@ -4,13 +4,13 @@
 //! decisions and statistics. Used by the agent and by the differential test.
 
 use crate::intf::{
-    APIC_FAST, Decision, MAX_VMS, PvsStats, PvsTidHint, PvsVcpu, PvsVm, REGION_STRIDE, TID_HINTS,
-    vcpu_key,
+    APIC_FAST, Decision, MAX_VMS, PvsStats, PvsTidHint, PvsVcpu, PvsVm, REGION_STRIDE,
+    THREADS_PER_VM, TID_HINTS, vcpu_key,
 };
 use aya::maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
-use pvsched_abi::seq::SharedRegion;
+use pvsched_abi::seq::{SharedRegion, SharedWords};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -111,6 +111,8 @@ pub struct PolicyObject {
     /// What `tids` holds (only this object writes it): the threads of each
     /// `tid_hint` element, without reading the map back.
     tids: std::collections::HashMap<u32, u32>,
+    /// The `vcpus` array, mapped (read here, written by the policy).
+    vcpus_map: SharedRegion,
 }
 
 impl PolicyObject {
@@ -206,6 +208,26 @@ impl PolicyObject {
                 .ok_or(ObjectError::NoMap("regions"))?,
         )
         .map_err(map_err("regions"))?;
+        let vcpus_fd = match ebpf.map("vcpus").ok_or(ObjectError::NoMap("vcpus"))? {
+            aya::maps::Map::Array(d) => {
+                d.fd()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|source| ObjectError::Sys {
+                        what: "dup vcpus fd",
+                        source,
+                    })?
+            }
+            _ => return Err(ObjectError::NoMap("vcpus")),
+        };
+        let vcpus_len = (MAX_VMS * THREADS_PER_VM) as usize * size_of::<PvsVcpu>();
+        let vcpus_map =
+            SharedRegion::map(std::fs::File::from(vcpus_fd), vcpus_len).map_err(|e| {
+                ObjectError::Sys {
+                    what: "mmap of the policy's vcpus map (needs BPF_F_MMAPABLE)",
+                    source: io::Error::other(e.to_string()),
+                }
+            })?;
         Ok(PolicyObject {
             ebpf,
             reeval_fd,
@@ -213,6 +235,7 @@ impl PolicyObject {
             regions,
             regions_fd,
             tids: std::collections::HashMap::new(),
+            vcpus_map,
         })
     }
 
@@ -274,6 +297,20 @@ impl PolicyObject {
             Array::try_from(self.ebpf.map("vcpus").ok_or(ObjectError::NoMap("vcpus"))?)
                 .map_err(map_err("vcpus"))?;
         a.get(&key, 0).map_err(map_err("vcpus"))
+    }
+
+    /// A thread's (tid, boost, boost_prio) as the policy holds them now,
+    /// read from the mapped array with no system call (each word atomic;
+    /// a boost changing meanwhile is seen at the next read).
+    pub fn vcpu_boost(&self, gid: u32) -> Option<(u32, u32, i32)> {
+        let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
+        let words = self.vcpus_map.words();
+        let word = |off: usize| words.load(base + off, std::sync::atomic::Ordering::Relaxed);
+        Some((
+            word(std::mem::offset_of!(PvsVcpu, tid)),
+            word(std::mem::offset_of!(PvsVcpu, boost)),
+            word(std::mem::offset_of!(PvsVcpu, boost_prio)) as i32,
+        ))
     }
 
     /// Clears a thread's state (array elements cannot be removed).

@@ -14,8 +14,10 @@ use pvsched::embedded::{Embedded, EmbeddedError};
 use pvsched::launch::{self, LaunchError, Launched};
 use pvsched::summary::PolicySummary;
 use pvsched_agent::intf::PROG_NAMES;
+use pvsched_agent::object::REEVAL_PROG;
 use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmHandle, VmSpec};
 use pvsched_device::RegionMode;
+use pvsched_policy::event::EV_TICK;
 use pvsched_policy::{BoostKind, Caps, CapsError};
 use pvsched_util::exit::Exit;
 use pvsched_vmm::{VmConfig, Workload};
@@ -56,15 +58,22 @@ pub struct ProgStat {
 /// Every program's run count and time, with the policy's count of runs
 /// past each prefilter.
 fn prog_stats(agent: &Agent) -> Vec<ProgStat> {
-    let full = agent.bpf_stats().ok().map(|s| s.full_runs);
+    let st = agent.bpf_stats().ok();
     agent
         .prog_stats()
         .into_iter()
         .map(|(name, run_cnt, run_time_ns)| {
-            let full_runs = PROG_NAMES
-                .iter()
-                .position(|n| *n == name)
-                .and_then(|i| full.map(|f| f[i]));
+            // The re-evaluation entry has no prefilter; one run of the
+            // agent's timer re-evaluates every thread, so its count is
+            // the threads re-evaluated (ticks and KICKs).
+            let full_runs = if name == REEVAL_PROG {
+                st.map(|s| s.events[EV_TICK as usize])
+            } else {
+                PROG_NAMES
+                    .iter()
+                    .position(|n| *n == name)
+                    .and_then(|i| st.map(|s| s.full_runs[i]))
+            };
             ProgStat {
                 name,
                 run_cnt,

@@ -60,6 +60,9 @@ pub const ST_WOKEN: u32 = 4;
 /// VM's emulator threads.
 pub const GID_SHIFT: u32 = 10;
 
+/// The re-evaluation entry's gid for "every thread of every active VM".
+pub const GID_ALL: u32 = u32::MAX;
+
 /// The gid of thread `index` of VM `vm_id` (`gid_of` in the BPF policy).
 pub const fn gid(vm_id: u32, index: u32) -> u32 {
     (vm_id << GID_SHIFT) | index

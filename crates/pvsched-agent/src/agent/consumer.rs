@@ -147,6 +147,7 @@ pub(super) fn consumer(
     let tick_ns = cfg.tick.as_nanos().max(1_000_000) as u64;
     let mut next_tick = now_mono() + tick_ns;
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    let mut ticks: u64 = 0;
     while !inner.stop.load(Ordering::SeqCst) {
         let wait_ms = (next_tick.saturating_sub(now_mono()) / 1_000_000).max(1) as i32;
         // SAFETY: evs is a valid buffer of 4 events.
@@ -158,22 +159,24 @@ pub(super) fn consumer(
         let now = now_mono();
         if now >= next_tick {
             next_tick = now + tick_ns;
-            let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
-            for gid in gids {
-                if let Err(e) = reevaluate(
+            // Every thread of every active VM in one run of the policy,
+            // which scans the VM ids up to the highest one in use.
+            let scan = lock(&inner.reg).vms.keys().max().map(|m| u64::from(*m) + 1);
+            if let Some(scan) = scan
+                && let Err(e) = reevaluate(
                     &reeval_fd,
                     pvsched_policy::event::EV_TICK,
-                    gid,
+                    pvsched_policy::event::GID_ALL,
                     now_mono(),
+                    scan,
                     0,
-                    0,
-                ) {
-                    log::warn!("pvsched timer: BPF_PROG_TEST_RUN failed: {e}");
-                    break;
-                }
+                )
+            {
+                log::warn!("pvsched timer: BPF_PROG_TEST_RUN failed: {e}");
             }
             drain(&inner, &mut ring, &mut trace);
-            reconcile(&inner);
+            ticks = ticks.wrapping_add(1);
+            reconcile(&inner, ticks.is_multiple_of(STATS_EVERY));
             trace.flush();
         }
     }
@@ -182,20 +185,34 @@ pub(super) fn consumer(
     trace.flush();
 }
 
+/// A thread's gid, its boost and priority in the policy, and the tid the
+/// policy holds for it (0 once it exited).
+type PolicyBoost = (u32, u32, i32, u32);
+
+/// Ticks between two reads of the policy's drop counter (a per-CPU map:
+/// its read also reads the kernel's list of possible CPUs from sysfs).
+/// Reconciliation itself runs every tick.
+const STATS_EVERY: u64 = 20;
+
 /// Level-triggered application: every tick, after the ring is drained,
 /// brings each registered thread to the policy's current boost in the
 /// `vcpus` map, so a decision record lost to a full ring (or a failed
 /// syscall) can never leave a thread boosted past what the policy decided.
-fn reconcile(inner: &Inner) {
+/// With `drops`, also reports records the ring dropped since the last
+/// report.
+fn reconcile(inner: &Inner, drops: bool) {
     let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
-    let (states, dropped): (Vec<(u32, u32, i32, u32)>, u64) = {
+    // (gid, boost, boost_prio, the tid the policy holds) per thread.
+    let (states, dropped): (Vec<PolicyBoost>, Option<u64>) = {
         let obj = lock(&inner.obj);
         let states = gids
             .iter()
-            .filter_map(|&g| obj.vcpu(g).ok().map(|v| (g, v.boost, v.boost_prio, v.tid)))
+            .filter_map(|&g| obj.vcpu_boost(g).map(|(tid, b, p)| (g, b, p, tid)))
             .collect();
-        (states, obj.stats().map(|s| s.dropped).unwrap_or(0))
+        let dropped = drops.then(|| obj.stats().map(|s| s.dropped).ok()).flatten();
+        (states, dropped)
     };
+    let dropped = dropped.unwrap_or_else(|| inner.dropped_seen.load(Ordering::Relaxed));
     let seen = inner.dropped_seen.swap(dropped, Ordering::Relaxed);
     if dropped > seen {
         log::warn!(
