@@ -9,6 +9,8 @@ the time from the decision (the BPF program's clock read) to each step:
                its reader from irq_work: a self-IPI on x86)
     waking     sched_waking of the agent's applier thread (pvsched-apply)
     on_cpu     the applier switched in
+    returned   back in user space: its first system call return after that
+               (only with raw_syscalls events, PVSCHED_TRACE_EXTRA)
     setattr    sched_setattr(tid) entered
     applied    sched_setattr(tid) returned
 
@@ -26,7 +28,7 @@ import re
 LINE = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
                   r"(?P<ev>[a-z_]+)(?::\s+|\(| )(?P<rest>.*)$")
 APPLIER = "pvsched-apply"
-STEPS = ["irq_work", "waking", "on_cpu", "setattr", "applied"]
+STEPS = ["irq_work", "waking", "on_cpu", "returned", "setattr", "applied"]
 WINDOW_NS = 5_000_000  # a record not applied within 5 ms is not matched
 
 
@@ -70,6 +72,8 @@ def analyse(events, records):
             elif ev == "sched_switch" and "waking" in got and "on_cpu" not in got \
                     and f"next_pid={applier} " in rest:
                 got["on_cpu"], wake_cpu = ts, cpu
+            elif ev == "sys_exit" and pid == applier and "on_cpu" in got and "returned" not in got:
+                got["returned"] = ts
             elif ev == "sys_sched_setattr" and pid == applier:
                 if "setattr" not in got and rest.startswith(f"pid: {tid:#x},"):
                     got["setattr"] = ts

@@ -7,6 +7,8 @@
 # root. bench/stall_trace.py OUT.trace names what kept vCPU threads
 # waiting; bench/apply_trace.py OUT.trace DECISIONS where the agent's
 # decision -> applied time goes (run COMMAND with `--trace DECISIONS`).
+# PVSCHED_TRACE_EXTRA adds events (e.g. "raw_syscalls/sys_enter
+# raw_syscalls/sys_exit": every system call, a much larger trace).
 #
 #   bench/trace-run.sh OUT -- pvsched run --duration 20s --hogs 4 --json
 set -eu
@@ -18,7 +20,7 @@ mkdir $i
 trap 'echo 0 > $i/tracing_on; rmdir $i' EXIT
 echo mono > $i/trace_clock
 echo 32768 > $i/buffer_size_kb
-for e in sched/sched_switch sched/sched_wakeup sched/sched_waking sched/sched_migrate_task irq_vectors/local_timer_entry irq_vectors/reschedule_entry irq_vectors/call_function_single_entry irq_vectors/irq_work_entry syscalls/sys_enter_sched_setattr syscalls/sys_exit_sched_setattr; do [ -d $i/events/$e ] && echo 1 > $i/events/$e/enable; done
+for e in sched/sched_switch sched/sched_wakeup sched/sched_waking sched/sched_migrate_task irq_vectors/local_timer_entry irq_vectors/reschedule_entry irq_vectors/call_function_single_entry irq_vectors/irq_work_entry syscalls/sys_enter_sched_setattr syscalls/sys_exit_sched_setattr ${PVSCHED_TRACE_EXTRA:-}; do [ -d $i/events/$e ] && echo 1 > $i/events/$e/enable; done
 echo 1 > $i/tracing_on
 "$@" > $out.json
 echo 0 > $i/tracing_on
