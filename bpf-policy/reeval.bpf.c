@@ -5,10 +5,9 @@
  * In production the agent's timer runs PVS_EV_TICK through it for every
  * registered thread (gid PVS_GID_ALL, a = how many VM ids from 0 to scan:
  * throttle ends, windows, latency holds of vCPUs that produce no scheduler
- * events) and the device's KICK
- * doorbell runs it for the vCPU whose guest changed its slot. The
- * differential test drives the same entry with synthetic events of every
- * kind.
+ * events) and the device's KICK doorbell runs it for the vCPU whose guest
+ * changed its slot. The differential test drives the same entry with
+ * synthetic events of every kind.
  */
 
 struct tick_ctx {
@@ -17,22 +16,30 @@ struct tick_ctx {
 	__u32 pad;
 };
 
-/* bpf_loop callback: element k of `vcpus` has a tick if it is a thread of
- * an active VM. */
+/* Thread `index` of VM `vm_id` if it is registered, else NULL. Every
+ * element of the array exists: only a thread of an active VM (activated
+ * after its threads) is one. */
+static __always_inline struct pvs_vcpu *registered(__u32 vm_id, __u32 index)
+{
+	struct pvs_vm *vm = bpf_map_lookup_elem(&vms, &vm_id);
+	struct pvs_vcpu *v;
+
+	if (!vm || !vm->active || index >= vm->nr_vcpus + vm->nr_emulators)
+		return NULL;
+	v = vcpu_by_index(vm_id, index);
+	if (!v || v->vm_id != vm_id || v->index != index)
+		return NULL;
+	return v;
+}
+
+/* bpf_loop callback: element k of `vcpus` has a tick if it is a registered
+ * thread. */
 static long tick_cb(__u32 k, void *data)
 {
-	__u32 vm_id = k / PVS_THREADS_PER_VM, index = k % PVS_THREADS_PER_VM;
+	struct pvs_vcpu *v = registered(k / PVS_THREADS_PER_VM, k % PVS_THREADS_PER_VM);
 	struct tick_ctx *t = data;
-	struct pvs_vcpu *v;
-	struct pvs_vm *vm;
 
-	vm = bpf_map_lookup_elem(&vms, &vm_id);
-	if (!vm || !vm->active)
-		return 0;
-	if (index >= vm->nr_vcpus + vm->nr_emulators)
-		return 0;
-	v = bpf_map_lookup_elem(&vcpus, &k);
-	if (!v || v->vm_id != vm_id || v->index != index)
+	if (!v)
 		return 0;
 	handle_event(v, PVS_EV_TICK, 0, 0, t->now, 0);
 	t->count++;
@@ -45,10 +52,8 @@ int pvs_reeval(void *ctx)
 	/* Plain u64 array: bpf_raw_tracepoint_args is a flexible array that
 	 * CO-RE access strings cannot index. */
 	__u64 *args = ctx;
-	__u32 gid = (__u32)args[1], vm_id = gid >> PVS_GID_SHIFT;
-	__u32 index = gid & ((1U << PVS_GID_SHIFT) - 1);
-	struct pvs_vcpu *v = vcpu_by_index(vm_id, index);
-	struct pvs_vm *vm = bpf_map_lookup_elem(&vms, &vm_id);
+	__u32 gid = (__u32)args[1];
+	struct pvs_vcpu *v;
 
 	/* The agent's timer: a tick for every thread of every active VM in
 	 * one run (one system call per tick, not one per thread); returns
@@ -60,10 +65,8 @@ int pvs_reeval(void *ctx)
 		bpf_loop(vms_to_scan * PVS_THREADS_PER_VM, tick_cb, &t, 0);
 		return t.count;
 	}
-	/* Every element of the array exists: only a thread of an active VM
-	 * (registered, as the VM is activated after its threads) is one. */
-	if (!v || !vm || !vm->active || index >= vm->nr_vcpus + vm->nr_emulators ||
-	    v->vm_id != vm_id || v->index != index)
+	v = registered(gid >> PVS_GID_SHIFT, gid & ((1U << PVS_GID_SHIFT) - 1));
+	if (!v)
 		return 1;
 	handle_event(v, (__u32)args[0], args[3], args[4], args[2], 0);
 	return 0;

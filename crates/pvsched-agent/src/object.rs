@@ -100,6 +100,14 @@ fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> ObjectErro
     move |source| ObjectError::Map { name, source }
 }
 
+/// A new fd of map `d` (`what` names the call in the error).
+fn dup_map_fd(d: &MapData, what: &'static str) -> Result<OwnedFd> {
+    d.fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| ObjectError::Sys { what, source })
+}
+
 /// A loaded policy object.
 pub struct PolicyObject {
     ebpf: Ebpf,
@@ -192,15 +200,7 @@ impl PolicyObject {
         )
         .map_err(map_err("decisions"))?;
         let regions_fd = match ebpf.map("regions").ok_or(ObjectError::NoMap("regions"))? {
-            aya::maps::Map::ArrayOfMaps(d) => {
-                d.fd()
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map_err(|source| ObjectError::Sys {
-                        what: "dup regions fd",
-                        source,
-                    })?
-            }
+            aya::maps::Map::ArrayOfMaps(d) => dup_map_fd(d, "dup regions fd")?,
             _ => return Err(ObjectError::NoMap("regions")),
         };
         let regions = ArrayOfMaps::try_from(
@@ -209,15 +209,7 @@ impl PolicyObject {
         )
         .map_err(map_err("regions"))?;
         let vcpus_fd = match ebpf.map("vcpus").ok_or(ObjectError::NoMap("vcpus"))? {
-            aya::maps::Map::Array(d) => {
-                d.fd()
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map_err(|source| ObjectError::Sys {
-                        what: "dup vcpus fd",
-                        source,
-                    })?
-            }
+            aya::maps::Map::Array(d) => dup_map_fd(d, "dup vcpus fd")?,
             _ => return Err(ObjectError::NoMap("vcpus")),
         };
         let vcpus_len = (MAX_VMS * THREADS_PER_VM) as usize * size_of::<PvsVcpu>();
@@ -335,27 +327,42 @@ impl PolicyObject {
     /// written first on the way in and last on the way out, so a thread the
     /// element counts is always found there.
     pub fn set_tid(&mut self, tid: u32, gid: Option<u32>) -> Result<()> {
-        if let Some(g) = gid {
-            vcpu_key(g).ok_or(ObjectError::BadGid(g))?;
+        match gid {
+            Some(g) => {
+                vcpu_key(g).ok_or(ObjectError::BadGid(g))?;
+                self.tids_map()?
+                    .insert(tid, g, 0)
+                    .map_err(map_err("tids"))?;
+                self.tids.insert(tid, g);
+                self.write_hint(tid)
+            }
+            None => {
+                if self.tids.remove(&tid).is_none() {
+                    return Ok(());
+                }
+                self.write_hint(tid)?;
+                self.tids_map()?.remove(&tid).map_err(map_err("tids"))
+            }
         }
-        if gid.is_none() && !self.tids.contains_key(&tid) {
-            return Ok(());
-        }
-        if let Some(g) = gid {
-            let mut m: HashMap<_, u32, u32> = HashMap::try_from(
-                self.ebpf
-                    .map_mut("tids")
-                    .ok_or(ObjectError::NoMap("tids"))?,
-            )
-            .map_err(map_err("tids"))?;
-            m.insert(tid, g, 0).map_err(map_err("tids"))?;
-            self.tids.insert(tid, g);
-        }
+    }
+
+    fn tids_map(&mut self) -> Result<HashMap<&mut MapData, u32, u32>> {
+        HashMap::try_from(
+            self.ebpf
+                .map_mut("tids")
+                .ok_or(ObjectError::NoMap("tids"))?,
+        )
+        .map_err(map_err("tids"))
+    }
+
+    /// Rewrites the `tid_hint` element of `tid` from the registered threads
+    /// in `self.tids`.
+    fn write_hint(&mut self, tid: u32) -> Result<()> {
         let slot = tid & (TID_HINTS - 1);
         let here: Vec<(u32, u32)> = self
             .tids
             .iter()
-            .filter(|(t, _)| **t & (TID_HINTS - 1) == slot && (gid.is_some() || **t != tid))
+            .filter(|(t, _)| **t & (TID_HINTS - 1) == slot)
             .map(|(t, g)| (*t, *g))
             .collect();
         let hint = match here.as_slice() {
@@ -376,18 +383,7 @@ impl PolicyObject {
                 .ok_or(ObjectError::NoMap("tid_hint"))?,
         )
         .map_err(map_err("tid_hint"))?;
-        h.set(slot, hint, 0).map_err(map_err("tid_hint"))?;
-        if gid.is_none() {
-            let mut m: HashMap<_, u32, u32> = HashMap::try_from(
-                self.ebpf
-                    .map_mut("tids")
-                    .ok_or(ObjectError::NoMap("tids"))?,
-            )
-            .map_err(map_err("tids"))?;
-            m.remove(&tid).map_err(map_err("tids"))?;
-            self.tids.remove(&tid);
-        }
-        Ok(())
+        h.set(slot, hint, 0).map_err(map_err("tid_hint"))
     }
 
     /// Maps (vm, APIC ID) to a slot index (`None` removes it): in
@@ -625,14 +621,7 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 impl RegionMmap {
     fn new(map: MapData) -> Result<RegionMmap> {
-        let fd = map
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|source| ObjectError::Sys {
-                what: "dup of a VM's region map fd",
-                source,
-            })?;
+        let fd = dup_map_fd(&map, "dup of a VM's region map fd")?;
         // A shared mapping of the one-element mmapable array whose value is
         // REGION_STRIDE bytes (page aligned), at offset 0.
         let region =

@@ -469,7 +469,7 @@ fn greedy_run(o: &Outcome) -> Value {
     let worst = per_vcpu
         .iter()
         .filter_map(|v| v["of_budget"].as_f64())
-        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+        .reduce(f64::max);
     json!({
         "policy_s": policy_s,
         "windows": windows.map(stats::round2),
@@ -499,7 +499,7 @@ fn s5(runs: &[Runs], out: &mut Map<String, Value>) {
     let worst = reps
         .iter()
         .filter_map(|r| r["worst_of_budget"].as_f64())
-        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+        .reduce(f64::max);
     let hog = hog_ratio(&v);
     let hog_limit = share.map(|s| stats::round2(1.0 - s - 0.05));
     out.insert(
@@ -575,7 +575,7 @@ fn s3(
     let worst_full = by_workload
         .values()
         .filter_map(|w| w.bpf.as_ref()?.worst_full_ns_per_event)
-        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+        .reduce(f64::max);
     out.insert("scaling".into(), s3_scaling(runs, &by_workload));
     out.insert(
         "vanilla".into(),
@@ -827,12 +827,7 @@ fn bpf_report(progs: &ProgTotals) -> BpfReport {
             }
         })
         .collect();
-    let worst = |f: fn(&ProgCost) -> Option<f64>| {
-        programs
-            .iter()
-            .filter_map(f)
-            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
-    };
+    let worst = |f: fn(&ProgCost) -> Option<f64>| programs.iter().filter_map(f).reduce(f64::max);
     let (c, ns) = progs.0.iter().fold((0u64, 0u64), |(a, b), p| {
         (a.saturating_add(p.run.0), b.saturating_add(p.run.1))
     });

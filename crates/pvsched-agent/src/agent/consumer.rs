@@ -212,14 +212,15 @@ fn reconcile(inner: &Inner, drops: bool) {
         let dropped = drops.then(|| obj.stats().map(|s| s.dropped).ok()).flatten();
         (states, dropped)
     };
-    let dropped = dropped.unwrap_or_else(|| inner.dropped_seen.load(Ordering::Relaxed));
-    let seen = inner.dropped_seen.swap(dropped, Ordering::Relaxed);
-    if dropped > seen {
-        log::warn!(
-            "pvsched agent: the decision ring overflowed ({} records dropped, {dropped} in all); \
-             reconciling every thread with the policy's state",
-            dropped - seen
-        );
+    if let Some(dropped) = dropped {
+        let seen = inner.dropped_seen.swap(dropped, Ordering::Relaxed);
+        if dropped > seen {
+            log::warn!(
+                "pvsched agent: the decision ring overflowed ({} records dropped, {dropped} in all); \
+                 reconciling every thread with the policy's state",
+                dropped - seen
+            );
+        }
     }
     let mut guard = lock(&inner.reg);
     let reg = &mut *guard;
