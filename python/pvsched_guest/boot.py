@@ -84,6 +84,7 @@ class Boot:
         self.dump = self.dir / "slots.json"
         self.serial = []
         self.marks = {}
+        self.qemu_rc = None
         self.snapshots = {}
 
     def run(self):
@@ -160,7 +161,7 @@ class Boot:
                 self._read_serial(qemu, t0)
             t_done = time.monotonic()
             try:
-                qemu.wait(timeout=30)
+                self.qemu_rc = qemu.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 log(f"{self.name}: QEMU still running 30 s after the guest's poweroff; killed")
             self.exit_s = time.monotonic() - t_done
@@ -267,8 +268,23 @@ class Boot:
 
     def mark(self, key):
         if key not in self.marks:
-            raise Failure(f"{self.name}: guest never reached '@@ {key}' (see {self.dir}/serial.log)")
+            raise Failure(f"{self.name}: guest never reached '@@ {key}' (see {self.dir}/serial.log)"
+                          f"{self.why_ended()}")
         return self.marks[key][1]
+
+    def why_ended(self):
+        """What the console said last, for a guest that ended early: with
+        panic=-1 and -no-reboot a panic, a triple fault or an oops in the
+        idle task ends QEMU at once, and a CI run keeps only the failure's
+        message, not serial.log."""
+        if not self.serial:
+            return ""
+        alarms = [l for l in self.serial if re.search(
+            r"Kernel panic|Oops|BUG:|int3|general protection|Call Trace|RIP:", l)]
+        shown = (alarms[:12] + ["..."] if alarms else []) + self.serial[-12:]
+        last = max((t for t, _ in self.marks.values()), default=0.0)
+        return (f"; QEMU exit status {self.qemu_rc}, last mark at {last:.1f}s; console:\n  "
+                + "\n  ".join(l[:200] for l in shown))
 
 
 class GuestLockup(Failure):
