@@ -3,7 +3,8 @@
  * pvsched BPF policy: choosing a vCPU's boost (guest request, the halt boost
  * of a latency-sensitive vCPU, the directed-yield boost), charging what the
  * host pays (boosted time on a CPU, never wall-clock time), enforcing the
- * continuous limit, throttle time and budget per window, throttling a
+ * continuous limit, throttle time and budgets per window (each thread's and
+ * the whole VM's), throttling a
  * waiting pair as one unit, and emitting a decision record whenever a
  * vCPU's applied boost changes. crates/pvsched-policy/src/model.rs is the
  * same in Rust, step for step.
@@ -41,9 +42,12 @@ static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 no
 		s->decisions++;
 }
 
-/* Charge the boosted on-CPU time since the last charge: only a boosted vCPU
- * that is on a CPU (RUNNING) costs the host anything. */
-static __always_inline void charge(struct pvs_vcpu *v, __u64 now)
+/* Charge the boosted on-CPU time since the last charge, to the thread and to
+ * its VM: only a boosted vCPU that is on a CPU (RUNNING) costs the host
+ * anything. The VM's sum is added atomically (its threads run on several
+ * CPUs at once), whether or not it has a VM budget: one branch less for
+ * the verifier, which walks this code in every program. */
+static __always_inline void charge(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now)
 {
 	__u64 d;
 
@@ -54,8 +58,33 @@ static __always_inline void charge(struct pvs_vcpu *v, __u64 now)
 		v->budget_used += d;
 		v->cont_ns += d;
 		v->boosted_ns += d;
+		__sync_fetch_and_add(&vm->budget_used, d);
 	}
 	v->acct_ns = now;
+}
+
+/* Start the VM's next budget window if the current one is over, then say
+ * whether the VM's boosted on-CPU time in it has reached its budget
+ * (vm_budget_ns is U64_MAX for "no VM budget"). Only the CPU whose
+ * compare-and-swap moves window_start clears the sum; a charge another CPU
+ * adds between the two is lost to the new window (a few µs at most, in the
+ * VM's favour). A CPU whose `now` is older than the window just started
+ * sees it over (the difference wraps) and starts it again a few µs
+ * earlier: harmless. A global function, so the verifier checks it once
+ * rather than in every inlined copy of apply_boost(), where its branches
+ * multiplied the states past the verifier's limit. */
+__noinline int pvs_vm_spent(struct pvs_vm *vm, __u64 now)
+{
+	__u64 ws, window;
+
+	if (!vm)
+		return 0;
+	window = vm->caps.window_ns;
+	ws = READ_ONCE(vm->window_start);
+	if (window && now - ws >= window &&
+	    __sync_val_compare_and_swap(&vm->window_start, ws, now) == ws)
+		WRITE_ONCE(vm->budget_used, 0);
+	return READ_ONCE(vm->budget_used) >= vm->caps.vm_budget_ns;
 }
 
 /* The next boost below a clamped kind/prio: RT p -> RT p-1, RT 1 -> the
@@ -91,12 +120,12 @@ static __always_inline void end_lend(struct pvs_vcpu *v)
 }
 
 /* Throttle the target of a throttled sender until at least `until`. */
-static __always_inline void force_throttle(struct pvs_vcpu *v, const struct pvs_vm *vm, __u64 until,
+static __always_inline void force_throttle(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 until,
 					   __u32 event, __u64 now)
 {
 	int extended = v->throttled_until < until, unboosted = 0;
 
-	charge(v, now);
+	charge(v, vm, now);
 	if (extended)
 		v->throttled_until = until;
 	v->throttled = 1;
@@ -143,9 +172,11 @@ static long unboost_sender_cb(__u32 s, void *data)
 	if (s == u->skip || !(u->mask & (1ULL << s)))
 		return 0;
 	v = vcpu_by_index(u->vm_id, s);
-	if (!v)
+	vm_id = u->vm_id;
+	vm = bpf_map_lookup_elem(&vms, &vm_id);
+	if (!v || !vm)
 		return 0;
-	charge(v, u->now);
+	charge(v, vm, u->now);
 	if (v->boost == PVSCHED_BOOST_NONE)
 		return 0;
 	v->boost = PVSCHED_BOOST_NONE;
@@ -157,17 +188,14 @@ static long unboost_sender_cb(__u32 s, void *data)
 	 * the order they happened. */
 	ts = READ_ONCE(v->acct_ns);
 	emit(v, u->event, ts > u->now ? ts : u->now, 0);
-	vm_id = u->vm_id;
-	vm = bpf_map_lookup_elem(&vms, &vm_id);
-	if (vm)
-		publish(v, vm);
+	publish(v, vm);
 	return 0;
 }
 
 /* A waiting pair is throttled as one unit: the target v waits on is
  * throttled with it, and every sender waiting on either loses its boost at
  * once. Then v lends nothing. */
-static __always_inline void unit_throttle(struct pvs_vcpu *v, const struct pvs_vm *vm, __u64 until,
+static __always_inline void unit_throttle(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 until,
 					  __u32 event, __u64 now)
 {
 	__u32 by = v->yield_boosting, nr = vm->nr_vcpus;
@@ -197,7 +225,7 @@ static __always_inline void unit_throttle(struct pvs_vcpu *v, const struct pvs_v
 }
 
 /* End v's running boost as throttled until `until`, for `reason`. */
-static __always_inline void throttle(struct pvs_vcpu *v, const struct pvs_vm *vm, __u64 until,
+static __always_inline void throttle(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 until,
 				     __u32 reason, __u32 event, __u64 now)
 {
 	v->throttled_until = until;
@@ -215,7 +243,7 @@ static __always_inline void throttle(struct pvs_vcpu *v, const struct pvs_vm *vm
 /* Re-evaluate v's boost at time `now` and emit a decision if it changes
  * (or a trace record if `waits_changed`: v's waiting target changed while
  * it stays boosted). */
-static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm *vm,
+static __always_inline void apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm,
 					__u64 now, __u32 event, int waits_changed)
 {
 	const struct pvs_caps *c = &vm->caps;
@@ -225,14 +253,16 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 	struct pvs_vcpu *t = NULL;
 	__u32 hk, yk, old_kind;
 	__s32 hp, yp, old_prio;
+	int spent;
 
-	charge(v, now);
-	/* Budget window roll-over. */
+	charge(v, vm, now);
+	/* Budget window roll-over, the thread's and the VM's. */
 	if (c->window_ns && now - v->window_start >= c->window_ns) {
 		v->window_start = now;
 		v->budget_used = 0;
 	}
-	/* Throttle a boost that ran too long on a CPU or used up the budget. */
+	spent = pvs_vm_spent(vm, now);
+	/* Throttle a boost that ran too long on a CPU or used up a budget. */
 	if (v->boost != PVSCHED_BOOST_NONE) {
 		if (c->max_boost_ns && v->cont_ns >= c->max_boost_ns) {
 			why = PVS_R_MAX_BOOST;
@@ -240,16 +270,23 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, const struct pvs_vm 
 		} else if (c->budget_ns && v->budget_used >= c->budget_ns) {
 			why = PVS_R_BUDGET;
 			until = v->window_start + c->window_ns;
-			if (until < now + c->throttle_ns)
-				until = now + c->throttle_ns;
+		} else if (spent) {
+			why = PVS_R_VM_BUDGET;
+			until = READ_ONCE(vm->window_start) + c->window_ns;
 		}
 		if (why) {
+			/* At least throttle_ns, also at a window's very end. */
+			if (until < now + c->throttle_ns)
+				until = now + c->throttle_ns;
 			throttle(v, vm, until, why, event, now);
 			return;
 		}
 	}
-	if (now < v->throttled_until)
-		return; /* stays unboosted, throttled */
+	/* Throttled, or the VM spent its budget: no thread of it gets a new
+	 * boost until its next window (the boosted ones are throttled as they
+	 * are re-evaluated, above). */
+	if (now < v->throttled_until || spent)
+		return;
 	v->throttled = 0;
 
 	/* What the vCPU should have now. */

@@ -64,6 +64,7 @@
 #define PVS_R_BUDGET 7	   /* throttled: budget of the window used up */
 #define PVS_R_THROTTLED 8  /* its waiting pair was throttled (unit throttle) */
 #define PVS_R_EXITED 9	   /* the thread exited: its TID is forgotten, nothing to restore */
+#define PVS_R_VM_BUDGET 10 /* throttled: the VM's budget of the window used up (vm_budget_ns) */
 
 /* Per-VM configuration: admin caps and policy knobs. */
 struct pvs_caps {
@@ -83,6 +84,7 @@ struct pvs_caps {
 	__u64 halt_hold_ns;  /* latency-sensitive this long after the guest last asked */
 	__u32 halt_always;   /* every vCPU is latency-sensitive */
 	__u32 kick_pairs;    /* a sibling vCPU's wakeup confirms a pair as an IPI does */
+	__u64 vm_budget_ns;  /* boosted on-CPU time of all the VM's threads per window; U64_MAX = unlimited */
 };
 
 /* Per-VM record (`vms` array, key = vm_id). */
@@ -95,6 +97,9 @@ struct pvs_vm {
 	__u32 nr_emulators; /* emulator threads after the vCPUs */
 	__u32 lock_wait_enabled; /* honour wait_on = PVSCHED_WAIT_ANY (F_LOCK_WAIT) */
 	__u64 ls_until;	    /* some vCPU is latency-sensitive until (BPF-owned) */
+	/* The VM's budget window (BPF-owned; a caps update keeps it). */
+	__u64 window_start;
+	__u64 budget_used;  /* boosted on-CPU ns of all its threads in this window */
 };
 
 /* Per-thread state (`vcpus` array, key = vm_id * PVS_THREADS_PER_VM + index). */

@@ -28,7 +28,7 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 	if (s && event < PVS_EV_MAX)
 		s->events[event]++;
 	/* Charge the time up to now in the state the vCPU was in. */
-	charge(v, now);
+	charge(v, vm, now);
 	switch (event) {
 	case PVS_EV_SWITCH_OUT:
 		if (a) {

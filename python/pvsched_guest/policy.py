@@ -50,14 +50,15 @@ R_MAX_BOOST = 6
 R_BUDGET = 7
 R_THROTTLED = 8
 R_EXITED = 9
+R_VM_BUDGET = 10
 
 SIZEOF = {
-    "pvs_caps": 88,
+    "pvs_caps": 96,
     "pvs_decision": 48,
     "pvs_stats": 200,
     "pvs_tid_hint": 16,
     "pvs_vcpu": 192,
-    "pvs_vm": 120,
+    "pvs_vm": 144,
 }
 
 OFFSETOF = {
@@ -78,6 +79,7 @@ OFFSETOF = {
         "halt_hold_ns": 72,
         "halt_always": 80,
         "kick_pairs": 84,
+        "vm_budget_ns": 88,
     },
     "pvs_decision": {
         "ts": 0,
@@ -152,8 +154,10 @@ OFFSETOF = {
         "mode": 8,
         "wait_on_enabled": 12,
         "caps": 16,
-        "nr_emulators": 104,
-        "lock_wait_enabled": 108,
-        "ls_until": 112,
+        "nr_emulators": 112,
+        "lock_wait_enabled": 116,
+        "ls_until": 120,
+        "window_start": 128,
+        "budget_used": 136,
     },
 }

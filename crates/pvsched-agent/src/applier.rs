@@ -297,8 +297,8 @@ impl ThreadState {
         if self.exited {
             return false;
         }
-        if reason == pvsched_policy::event::R_MAX_BOOST || reason == pvsched_policy::event::R_BUDGET
-        {
+        use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_VM_BUDGET};
+        if [R_MAX_BOOST, R_BUDGET, R_VM_BUDGET].contains(&reason) {
             self.throttles += 1;
         }
         if kind == BOOST_NONE {

@@ -80,6 +80,11 @@ pub struct CapsLimit {
     /// Largest share of a window a VM's budget may be, percent (100: no
     /// limit, and a VM may set `budget_us = 0` = unlimited).
     pub max_budget_pct: u32,
+    /// Largest VM-wide budget a VM may set, percent of one CPU over its
+    /// window (above 100 for VMs with several vCPUs; 0: no limit, and a VM
+    /// may set `vm_budget_us = 0` = unlimited). With a limit, every VM's
+    /// `vm_budget_us` must be in 1..=this share of its `window_us`.
+    pub max_vm_budget_pct: u32,
     /// A VM may set `halt_always` (every vCPU latency-sensitive).
     pub halt_always: bool,
     /// Shortest `throttle_us` a VM may set, µs: a throttle shorter than
@@ -106,6 +111,7 @@ impl Default for CapsLimit {
             nice_floor: -15,
             max_boost_us: 50_000,
             max_budget_pct: 50,
+            max_vm_budget_pct: 0,
             halt_always: true,
             min_throttle_us: 10_000,
             max_window_us: 1_000_000,
@@ -217,6 +223,11 @@ pub struct Caps {
     pub budget_us: u64,
     /// Budget window, µs of wall-clock time.
     pub window_us: u64,
+    /// Boosted on-CPU time allowed per window to all the VM's threads
+    /// together, µs (0 = no VM-wide limit): what the VM's boosts may cost
+    /// the host, however many vCPUs it has. `budget_us` still bounds each
+    /// thread; `window_us` is the window of both.
+    pub vm_budget_us: u64,
     /// How long an IPI sender→receiver pair stays confirmed, µs.
     pub ipi_window_us: u64,
     /// A vCPU thread that wakes a sibling vCPU's idle, halted thread twice
@@ -251,6 +262,7 @@ impl Default for Caps {
             throttle_us: 50_000,
             budget_us: 200_000,
             window_us: 1_000_000,
+            vm_budget_us: 0,
             ipi_window_us: 50_000,
             kick_pairs: false,
             wait_on: true,
@@ -330,11 +342,15 @@ impl Caps {
         if self.budget_us != 0 && self.window_us == 0 {
             return Err(CapsError::Range("budget_us needs a non-zero window_us"));
         }
+        if self.vm_budget_us != 0 && self.window_us == 0 {
+            return Err(CapsError::Range("vm_budget_us needs a non-zero window_us"));
+        }
         for t in [
             self.max_boost_us,
             self.throttle_us,
             self.budget_us,
             self.window_us,
+            self.vm_budget_us,
             self.ipi_window_us,
             self.halt_hold_us,
         ] {
@@ -391,6 +407,20 @@ impl Caps {
                     format!(
                         "max_budget_pct = {} of window_us (0 = unlimited is not allowed)",
                         lim.max_budget_pct
+                    ),
+                );
+            }
+        }
+        if lim.max_vm_budget_pct != 0 {
+            let pct_ok = self.vm_budget_us != 0
+                && u128::from(self.vm_budget_us) * 100
+                    <= u128::from(lim.max_vm_budget_pct) * u128::from(self.window_us);
+            if !pct_ok {
+                return above(
+                    "vm_budget_us",
+                    format!(
+                        "max_vm_budget_pct = {} of window_us (0 = unlimited is not allowed)",
+                        lim.max_vm_budget_pct
                     ),
                 );
             }
@@ -465,6 +495,14 @@ impl Caps {
         }
         caps.validate()?;
         Ok(caps)
+    }
+
+    /// The VM-wide budget as the policy holds it, ns: `u64::MAX` for none.
+    pub fn vm_budget_ns(&self) -> u64 {
+        match self.vm_budget_us {
+            0 => u64::MAX,
+            us => Caps::ns(us),
+        }
     }
 
     /// `us` in nanoseconds (saturating).
@@ -568,6 +606,45 @@ mod tests {
         }
         .check_within(&no_rt)
         .unwrap();
+    }
+
+    /// An operator's VM-wide limit (percent of one CPU, may exceed 100)
+    /// refuses a VM without a VM budget or with one above it, naming it.
+    #[test]
+    fn the_vm_budget_is_bounded_by_the_limit() {
+        let lim = CapsLimit {
+            max_vm_budget_pct: 150,
+            ..CapsLimit::default()
+        };
+        let ok = Caps {
+            vm_budget_us: 1_500_000,
+            ..Caps::default()
+        };
+        ok.check_within(&lim).unwrap();
+        for vm_budget_us in [0, 1_500_001] {
+            let e = Caps {
+                vm_budget_us,
+                ..ok.clone()
+            }
+            .check_within(&lim)
+            .unwrap_err();
+            assert!(
+                matches!(e, CapsError::AboveMax("vm_budget_us", _)),
+                "{vm_budget_us}: {e}"
+            );
+        }
+        // No limit: unlimited is allowed, and a VM budget needs a window.
+        Caps::default().check_within(&CapsLimit::default()).unwrap();
+        assert!(
+            Caps {
+                vm_budget_us: 1,
+                window_us: 0,
+                budget_us: 0,
+                ..Caps::default()
+            }
+            .validate()
+            .is_err()
+        );
     }
 
     /// Every time cap is bounded by the operator's `[max]`: a zero

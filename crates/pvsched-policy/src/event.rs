@@ -44,6 +44,9 @@ pub const R_THROTTLED: u32 = 8;
 /// `PVS_R_*`: the thread exited; its TID is forgotten (never acted on
 /// again, even if the kernel gives it to a new thread).
 pub const R_EXITED: u32 = 9;
+/// `PVS_R_*`: throttled, the VM's budget of the window (`vm_budget_us`)
+/// used up.
+pub const R_VM_BUDGET: u32 = 10;
 
 /// `PVS_ST_*` run states.
 pub const ST_UNKNOWN: u32 = 0;

@@ -52,6 +52,10 @@ pub struct PvsCaps {
     pub halt_always: u32,
     /// A sibling vCPU's wakeup confirms a pair as an IPI does.
     pub kick_pairs: u32,
+    /// Boosted on-CPU time of all the VM's threads per window, ns
+    /// (`u64::MAX` = unlimited, so the policy needs no test for "is there
+    /// one").
+    pub vm_budget_ns: u64,
 }
 
 impl From<&Caps> for PvsCaps {
@@ -73,6 +77,7 @@ impl From<&Caps> for PvsCaps {
             halt_hold_ns: Caps::ns(c.halt_hold_us),
             halt_always: c.halt_always as u32,
             kick_pairs: c.kick_pairs as u32,
+            vm_budget_ns: c.vm_budget_ns(),
         }
     }
 }
@@ -97,6 +102,10 @@ pub struct PvsVm {
     pub lock_wait_enabled: u32,
     /// Some vCPU is latency-sensitive until (written by BPF).
     pub ls_until: u64,
+    /// Start of the VM's budget window (written by BPF).
+    pub window_start: u64,
+    /// Boosted on-CPU ns of all its threads in this window (written by BPF).
+    pub budget_used: u64,
 }
 
 impl PvsVm {
@@ -223,8 +232,8 @@ pub struct PvsStats {
 }
 
 const _: () = {
-    assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4);
-    assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 16);
+    assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4 + 8);
+    assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 32);
     assert!(size_of::<PvsVcpu>() == 192);
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);

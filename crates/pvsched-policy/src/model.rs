@@ -30,6 +30,11 @@ pub struct VmModel {
     pub nr_vcpus: u32,
     /// Some vCPU is latency-sensitive until this time (`pvs_vm.ls_until`).
     pub ls_until: u64,
+    /// Start of the VM's budget window (`pvs_vm.window_start`).
+    pub window_start: u64,
+    /// Boosted on-CPU ns of all its threads in this window
+    /// (`pvs_vm.budget_used`).
+    pub budget_used: u64,
     /// Guest halves by slot index.
     pub slots: Vec<GuestFields>,
     /// APIC ID of each slot.
@@ -141,6 +146,8 @@ impl VmModel {
             vcpus,
             nr_vcpus: tids.len() as u32,
             ls_until: 0,
+            window_start: 0,
+            budget_used: 0,
             slots: vec![GuestFields::default(); tids.len()],
             apic_ids: apic_ids.to_vec(),
         }
@@ -207,8 +214,9 @@ impl VmModel {
         out
     }
 
-    /// Charges the boosted on-CPU time since the last charge (`charge` in
-    /// budget.bpf.h): only a boosted vCPU that is on a CPU pays.
+    /// Charges the boosted on-CPU time since the last charge to the thread
+    /// and its VM (`charge` in budget.bpf.h): only a boosted vCPU that is
+    /// on a CPU pays.
     fn charge(&mut self, i: usize, now: u64) {
         let v = &mut self.vcpus[i];
         if now > v.acct_ns {
@@ -217,9 +225,26 @@ impl VmModel {
                 v.budget_used = v.budget_used.wrapping_add(d);
                 v.cont_ns = v.cont_ns.wrapping_add(d);
                 v.boosted_ns = v.boosted_ns.wrapping_add(d);
+                self.budget_used = self.budget_used.wrapping_add(d);
             }
             v.acct_ns = now;
         }
+    }
+
+    /// Starts the VM's next budget window once the current one is over
+    /// (`vm_window` in budget.bpf.h).
+    fn vm_window(&mut self, now: u64) {
+        let window = Caps::ns(self.caps.window_us);
+        if window != 0 && now.wrapping_sub(self.window_start) >= window {
+            self.window_start = now;
+            self.budget_used = 0;
+        }
+    }
+
+    /// The VM's boosted on-CPU time in this window has reached
+    /// `vm_budget_us` (`vm_spent` in budget.bpf.h).
+    fn vm_spent(&self) -> bool {
+        self.budget_used >= self.caps.vm_budget_ns()
     }
 
     fn ipi_record(&mut self, i: usize, dest_id: u32, icr_low: u32, now: u64) {
@@ -462,24 +487,36 @@ impl VmModel {
             v.window_start = now;
             v.budget_used = 0;
         }
+        self.vm_window(now);
+        let v = &self.vcpus[i];
         if v.boost != BOOST_NONE {
             if max_boost != 0 && v.cont_ns >= max_boost {
                 let until = now.wrapping_add(throttle);
                 self.throttle(i, until, R_MAX_BOOST, event, now, out);
                 return;
             }
-            if budget != 0 && v.budget_used >= budget {
-                let mut until = v.window_start.wrapping_add(window);
+            let spent = if budget != 0 && v.budget_used >= budget {
+                Some((R_BUDGET, v.window_start))
+            } else if self.vm_spent() {
+                Some((R_VM_BUDGET, self.window_start))
+            } else {
+                None
+            };
+            if let Some((why, start)) = spent {
+                let mut until = start.wrapping_add(window);
                 if until < now.wrapping_add(throttle) {
                     until = now.wrapping_add(throttle);
                 }
-                self.throttle(i, until, R_BUDGET, event, now, out);
+                self.throttle(i, until, why, event, now, out);
                 return;
             }
         }
-        if now < v.throttled_until {
+        // The VM spent its budget: no thread gets a new boost until its
+        // next window.
+        if now < v.throttled_until || self.vm_spent() {
             return;
         }
+        let v = &mut self.vcpus[i];
         v.throttled = 0;
         let (mut kind, mut prio, mut reason) = (BOOST_NONE, 0i32, R_NONE);
         if v.state != ST_HALTED {

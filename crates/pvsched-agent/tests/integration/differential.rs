@@ -3,15 +3,16 @@
 //! mmapped region map) and through the Rust model must give identical
 //! decisions (trace-only records included) and identical per-thread state,
 //! including the on-CPU accounting (`acct_ns`, `cont_ns`, `budget_used`,
-//! `boosted_ns`), the latency hold, the unit throttling of waiting pairs and
-//! the emulator threads that follow the VM's latency-sensitive vCPUs.
+//! `boosted_ns`) and the VM's budget window, the latency hold, the unit
+//! throttling of waiting pairs and the emulator threads that follow the VM's
+//! latency-sensitive vCPUs.
 
 use crate::common;
 
 use pvsched_abi::SlotGuest;
 use pvsched_agent::PolicyObject;
 use pvsched_agent::intf::{MODE_DEVICE, PvsVcpu, PvsVm};
-use pvsched_policy::event::{R_BUDGET, R_HALT, R_MAX_BOOST, R_THROTTLED, R_YIELD};
+use pvsched_policy::event::{R_BUDGET, R_HALT, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET, R_YIELD};
 use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
 
 /// xorshift64*: small deterministic generator (the seed is printed on failure).
@@ -48,6 +49,7 @@ fn gen_caps(r: &mut Rng) -> Caps {
         throttle_us: r.pick(&[0, 1_000, 5_000]),
         budget_us: r.pick(&[0, 1_000, 4_000]),
         window_us: r.pick(&[1_000, 10_000, 50_000]),
+        vm_budget_us: r.pick(&[0, 0, 2_000, 6_000]),
         ipi_window_us: r.pick(&[0, 500, 50_000]),
         kick_pairs: r.below(3) != 0,
         wait_on: r.below(3) != 0,
@@ -126,7 +128,7 @@ fn bpf_and_model_agree_on_1000_traces() {
     let traces: u64 = 1000;
     let mut decisions = 0usize;
     let mut events = 0usize;
-    let mut by_reason = [0usize; 9];
+    let mut by_reason = [0usize; R_VM_BUDGET as usize + 1];
     let mut emu_boosts = 0u64;
     let mut trace_only = 0usize;
     for seed in 1..=traces {
@@ -212,21 +214,21 @@ fn bpf_and_model_agree_on_1000_traces() {
                 // trace-only (throttle extended, waiting target changed).
                 let prev = last.insert(d.tid, (d.kind, d.prio));
                 if prev.unwrap_or((pvsched_abi::BOOST_NONE, 0)) == (d.kind, d.prio)
-                    && d.reason != R_MAX_BOOST
-                    && d.reason != R_BUDGET
+                    && ![R_MAX_BOOST, R_BUDGET, R_VM_BUDGET].contains(&d.reason)
                 {
                     trace_only += 1;
                 }
             }
             events += 1;
             for d in &got {
-                by_reason[(d.reason as usize).min(8)] += 1;
+                by_reason[(d.reason as usize).min(R_VM_BUDGET as usize)] += 1;
             }
         }
+        let vm = obj.vm(0).unwrap();
         assert_eq!(
-            obj.vm(0).unwrap().ls_until,
-            model.ls_until,
-            "seed {seed} VM latency hold"
+            (vm.ls_until, vm.window_start, vm.budget_used),
+            (model.ls_until, model.window_start, model.budget_used),
+            "seed {seed} VM latency hold and budget window"
         );
         for i in 0..nr + nemu {
             let b = obj.vcpu(i).unwrap();
@@ -307,12 +309,20 @@ fn bpf_and_model_agree_on_1000_traces() {
     println!(
         "differential: {traces} traces, {events} events, {decisions} decisions ({trace_only} \
          trace-only), all identical; by reason (none, cs, rt, nice, halt, yield, max_boost, \
-         budget, unit throttle): {by_reason:?}; emulator-thread boosts {emu_boosts}"
+         budget, unit throttle, exited, VM budget): {by_reason:?}; emulator-thread boosts \
+         {emu_boosts}"
     );
     assert!(trace_only > 10, "trace-only records barely exercised");
     assert!(emu_boosts > 10, "emulator threads barely exercised");
     // Every throttling path is exercised, the unit throttle of pairs included.
-    for r in [R_MAX_BOOST, R_BUDGET, R_THROTTLED, R_HALT, R_YIELD] {
+    for r in [
+        R_MAX_BOOST,
+        R_BUDGET,
+        R_VM_BUDGET,
+        R_THROTTLED,
+        R_HALT,
+        R_YIELD,
+    ] {
         assert!(
             by_reason[r as usize] > 10,
             "reason {r} barely exercised: {by_reason:?}"

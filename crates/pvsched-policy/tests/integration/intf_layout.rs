@@ -38,7 +38,8 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             ipi_window_ns,
             halt_hold_ns,
             halt_always,
-            kick_pairs
+            kick_pairs,
+            vm_budget_ns
         ]
     );
     layout_struct!(
@@ -54,7 +55,9 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             caps,
             nr_emulators,
             lock_wait_enabled,
-            ls_until
+            ls_until,
+            window_start,
+            budget_used
         ]
     );
     layout_struct!(
@@ -156,6 +159,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         PVS_R_NONE => ev::R_NONE, PVS_R_CS => ev::R_CS, PVS_R_RT_TASK => ev::R_RT_TASK,
         PVS_R_NICE_TASK => ev::R_NICE_TASK, PVS_R_HALT => ev::R_HALT, PVS_R_YIELD => ev::R_YIELD,
         PVS_R_MAX_BOOST => ev::R_MAX_BOOST, PVS_R_BUDGET => ev::R_BUDGET, PVS_R_THROTTLED => ev::R_THROTTLED, PVS_R_EXITED => ev::R_EXITED,
+        PVS_R_VM_BUDGET => ev::R_VM_BUDGET,
     ]);
     (e, cov)
 }

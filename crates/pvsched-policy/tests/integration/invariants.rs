@@ -5,11 +5,12 @@
 //! never gets more than the halt boost, nothing is
 //! boosted while throttled, a waiting pair is never split (a sender boosted
 //! while its target is throttled, or a throttled sender lending its boost),
-//! and no vCPU is charged more on-CPU time than passed.
+//! no vCPU is charged more on-CPU time than passed, and no thread gets a
+//! new boost while its VM's budget of the window is spent.
 
 use proptest::prelude::*;
 use pvsched_abi::{BOOST_NICE, BOOST_NONE, BOOST_RT};
-use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_THROTTLED};
+use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET};
 use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
 use std::collections::HashMap;
 
@@ -35,7 +36,12 @@ fn caps() -> impl Strategy<Value = Caps> {
             1u64..20_000,
             0u64..5_000,
         ),
-        (0u64..5_000, any::<bool>(), any::<bool>()),
+        (
+            0u64..5_000,
+            any::<bool>(),
+            any::<bool>(),
+            prop_oneof![Just(0u64), 1u64..5_000],
+        ),
     )
         .prop_map(
             |(
@@ -45,7 +51,7 @@ fn caps() -> impl Strategy<Value = Caps> {
                 cs_rt_prio,
                 (hk, hp, yk, yp),
                 (mb, th, bu, wi, iw),
-                (hold, always, kick_pairs),
+                (hold, always, kick_pairs, vm_budget_us),
             )| Caps {
                 allow_rt,
                 max_rt_prio,
@@ -61,6 +67,7 @@ fn caps() -> impl Strategy<Value = Caps> {
                 throttle_us: th,
                 budget_us: bu,
                 window_us: wi,
+                vm_budget_us,
                 ipi_window_us: iw,
                 kick_pairs,
                 wait_on: true,
@@ -130,8 +137,14 @@ fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
     pvsched_policy::model::caps_clamp(&c, &mut halt.0, &mut halt.1);
     let mut now = 1u64;
     let mut last: HashMap<u32, (u32, i32, u64, u32)> = HashMap::new();
+    let (vm_budget, window) = (Caps::ns(c.vm_budget_us), Caps::ns(c.window_us));
     for (dt, ev) in evs {
         now += dt;
+        // Spent before the step and its window not over: it stays spent
+        // through the step (a charge only adds).
+        let spent = vm_budget != 0
+            && vm.budget_used >= vm_budget
+            && now.saturating_sub(vm.window_start) < window;
         for d in vm.step(now, ev) {
             match d.kind {
                 BOOST_RT => {
@@ -142,7 +155,8 @@ fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
                 BOOST_NONE => prop_assert_eq!(d.prio, 0),
                 k => prop_assert!(false, "unknown kind {}", k),
             }
-            if d.reason == R_MAX_BOOST || d.reason == R_BUDGET || d.reason == R_THROTTLED {
+            let throttled = [R_MAX_BOOST, R_BUDGET, R_VM_BUDGET, R_THROTTLED];
+            if throttled.contains(&d.reason) {
                 prop_assert_eq!(d.kind, BOOST_NONE);
             }
             if d.tid == 5 {
@@ -156,7 +170,12 @@ fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
             }
             let rec = (d.kind, d.prio, d.throttled_until, d.waits_on);
             let prev = last.insert(d.tid, rec).unwrap_or((BOOST_NONE, 0, 0, 0));
-            if d.reason != R_MAX_BOOST && d.reason != R_BUDGET {
+            prop_assert!(
+                !(spent && prev.0 == BOOST_NONE && d.kind != BOOST_NONE),
+                "thread {} boosted while its VM's budget was spent",
+                d.tid
+            );
+            if ![R_MAX_BOOST, R_BUDGET, R_VM_BUDGET].contains(&d.reason) {
                 prop_assert_ne!(prev, rec, "a record that changes nothing");
             }
         }

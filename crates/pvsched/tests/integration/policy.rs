@@ -28,7 +28,7 @@ use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL};
 use pvsched_agent::sched::{self, SchedAttr, capture_baselines, restore_baselines};
 use pvsched_agent::watch::PidfdWatcher;
 use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmSpec};
-use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_THROTTLED};
+use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET};
 use pvsched_policy::{BoostKind, Caps};
 use pvsched_vmm::guest::events::VEC_WAKE;
 
@@ -370,6 +370,99 @@ fn ipi_receiver_fills_the_yield_slot_and_is_boosted() {
     let Guest { vm, policy, .. } = g;
     drop(vm);
     drop(policy);
+}
+
+/// A VM budget bounds all of a VM's threads together: two vCPUs of a
+/// `greedy` guest (each asks for RT forever and never halts) with no
+/// per-thread limit and a VM budget of 100 ms per 500 ms window are both
+/// boosted, then both throttled for the VM budget, and over several windows
+/// their boosted on-CPU time together stays near the VM budget per window
+/// (a boost ends at the thread's next event after the budget is spent: the
+/// agent's tick, a few ms; the bound allows 60 ms of that per window), and
+/// once it is spent both threads are at their baselines together.
+#[test]
+fn a_vm_budget_bounds_all_its_vcpus_together() {
+    if !need_real("a_vm_budget_bounds_all_its_vcpus_together") {
+        return;
+    }
+    const WINDOW_NS: u64 = 500_000_000;
+    const VM_BUDGET_NS: u64 = 100_000_000;
+    let caps = Caps {
+        vm_budget_us: VM_BUDGET_NS / 1000,
+        window_us: WINDOW_NS / 1000,
+        throttle_us: 10_000,
+        ..base_caps()
+    };
+    let path = std::env::temp_dir().join(format!("pvsched-vmb-{}.jsonl", std::process::id()));
+    let g = Guest::boot_vm(
+        VmConfig::new(2, Workload::Greedy),
+        caps,
+        AgentConfig {
+            handle_signals: false,
+            trace: Some(path.clone()),
+            ..AgentConfig::default()
+        },
+    );
+    let (tids, baselines) = ([g.tid(0), g.tid(1)], [g.baselines[0], g.baselines[1]]);
+    wait_for("both vCPUs boosted", LIMIT, || {
+        g.stats()
+            .vcpus
+            .iter()
+            .all(|v| v.boosts_applied >= 1)
+            .then_some(())
+    });
+    let t0 = Instant::now();
+    let first = g.stats();
+    // Four windows (or more: the first boost came somewhere inside one).
+    std::thread::sleep(Duration::from_nanos(4 * WINDOW_NS));
+    let last = g.stats();
+    let elapsed = t0.elapsed().as_nanos() as u64;
+    // Once the VM's budget is spent both threads are back at their
+    // baselines together, for the rest of the window.
+    wait_for(
+        "both vCPU threads at their baselines at once",
+        LIMIT,
+        || {
+            tids.iter()
+                .zip(baselines)
+                .all(|(&t, b)| attr(t) == b)
+                .then_some(())
+        },
+    );
+    let Guest { vm, policy, .. } = g;
+    drop(vm);
+    drop(policy);
+    let recs = pvsched_agent::trace::read(&path).expect("the trace reads back");
+    let _ = std::fs::remove_file(&path);
+    let boosted: u64 = (0..2)
+        .map(|i| last.vcpus[i].boosted_ns - first.vcpus[i].boosted_ns)
+        .sum();
+    let windows = elapsed.div_ceil(WINDOW_NS) + 1;
+    let vm_throttled: Vec<u32> = (0..2)
+        .map(|i| {
+            recs.iter()
+                .filter(|d| d.tid == tids[i] && d.reason == R_VM_BUDGET)
+                .count() as u32
+        })
+        .collect();
+    println!(
+        "VM budget: {boosted} ns boosted on-CPU by both vCPUs in {elapsed} ns ({windows} windows \
+         at most), VM-budget throttles per vCPU {vm_throttled:?}"
+    );
+    assert!(
+        vm_throttled.iter().all(|&n| n >= 2),
+        "each vCPU throttled for the VM budget in several windows: {vm_throttled:?}"
+    );
+    assert!(
+        boosted <= windows * (VM_BUDGET_NS + 60_000_000),
+        "{boosted} ns boosted in {windows} windows of a {VM_BUDGET_NS} ns VM budget"
+    );
+    // Unlimited, the two spinning threads would have been boosted for
+    // nearly all of it.
+    assert!(
+        boosted < elapsed,
+        "{boosted} ns of {elapsed} ns: the budget held nothing back"
+    );
 }
 
 /// The continuous limit holds a spinner: with the default caps, the `spin` guest (vCPU 0
