@@ -56,6 +56,9 @@ pub struct PolicyRun {
     pub apply_p50_us: f64,
     /// Decision→applied 99th percentile, µs.
     pub apply_p99_us: f64,
+    /// On-CPU time the VM's threads ran boosted, all of them, s: what the
+    /// boosts took from the host (the caps' budgets bound it).
+    pub boosted_s: f64,
 }
 
 /// One repetition of a variant.

@@ -182,15 +182,12 @@ fn hog_brief(o: &Outcome) -> String {
 }
 
 fn policy_brief(o: &Outcome) -> String {
-    let Some(p) = &o.report.policy else {
+    let Some(r) = policy_run(o.report.policy.as_ref()) else {
         return String::new();
     };
     format!(
-        ", boosts {}, throttles {}, apply p50 {} p99 {} µs",
-        p.vcpu_sum(|v| v.boosts),
-        p.vcpu_sum(|v| v.throttles),
-        p.apply_p50_us,
-        p.apply_p99_us
+        ", boosts {}, throttles {}, boosted {:.2} s, apply p50 {} p99 {} µs",
+        r.boosts, r.throttles, r.boosted_s, r.apply_p50_us, r.apply_p99_us
     )
 }
 
@@ -208,6 +205,9 @@ fn policy_run(p: Option<&PolicySummary>) -> Option<PolicyRun> {
         apply_samples: p.apply_samples,
         apply_p50_us: p.apply_p50_us,
         apply_p99_us: p.apply_p99_us,
+        boosted_s: (p.per_vcpu.iter().map(|v| v.boosted_ms).sum::<f64>()
+            + p.emulators.iter().map(|e| e.boosted_ms).sum::<f64>())
+            / 1e3,
     })
 }
 
