@@ -70,15 +70,11 @@ static __always_inline void charge(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 
  * adds between the two is lost to the new window (a few µs at most, in the
  * VM's favour). A CPU whose `now` is older than the window just started
  * sees it over (the difference wraps) and starts it again a few µs
- * earlier: harmless. A global function, so the verifier checks it once
- * rather than in every inlined copy of apply_boost(), where its branches
- * multiplied the states past the verifier's limit. */
-__noinline int pvs_vm_spent(struct pvs_vm *vm, __u64 now)
+ * earlier: harmless. */
+static __always_inline int vm_spent(struct pvs_vm *vm, __u64 now)
 {
 	__u64 ws, window;
 
-	if (!vm)
-		return 0;
 	window = vm->caps.window_ns;
 	ws = READ_ONCE(vm->window_start);
 	if (window && now - ws >= window &&
@@ -242,11 +238,16 @@ static __always_inline void throttle(struct pvs_vcpu *v, struct pvs_vm *vm, __u6
 
 /* Re-evaluate v's boost at time `now` and emit a decision if it changes
  * (or a trace record if `waits_changed`: v's waiting target changed while
- * it stays boosted). */
-static __always_inline void apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm,
-					__u64 now, __u32 event, int waits_changed)
+ * it stays boosted). A global function, so the verifier checks it once, on
+ * its own, rather than in each of the three places every event program
+ * inlined it, where its branches multiplied every caller's states: the
+ * re-evaluation program went from 772 000 instructions checked (of the
+ * verifier's 1 000 000) to 34 000, and loading the policy from 3.4 s to
+ * 0.2 s. Returns 0. */
+__noinline int apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now, __u32 event,
+			   int waits_changed)
 {
-	const struct pvs_caps *c = &vm->caps;
+	const struct pvs_caps *c;
 	__u32 kind = PVSCHED_BOOST_NONE, reason = PVS_R_NONE, why = 0;
 	__s32 prio = 0;
 	__u64 until = 0;
@@ -255,13 +256,16 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm,
 	__s32 hp, yp, old_prio;
 	int spent;
 
+	if (!v || !vm)
+		return 0;
+	c = &vm->caps;
 	charge(v, vm, now);
 	/* Budget window roll-over, the thread's and the VM's. */
 	if (c->window_ns && now - v->window_start >= c->window_ns) {
 		v->window_start = now;
 		v->budget_used = 0;
 	}
-	spent = pvs_vm_spent(vm, now);
+	spent = vm_spent(vm, now);
 	/* Throttle a boost that ran too long on a CPU or used up a budget. */
 	if (v->boost != PVSCHED_BOOST_NONE) {
 		if (c->max_boost_ns && v->cont_ns >= c->max_boost_ns) {
@@ -279,14 +283,14 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm,
 			if (until < now + c->throttle_ns)
 				until = now + c->throttle_ns;
 			throttle(v, vm, until, why, event, now);
-			return;
+			return 0;
 		}
 	}
 	/* Throttled, or the VM spent its budget: no thread of it gets a new
 	 * boost until its next window (the boosted ones are throttled as they
 	 * are re-evaluated, above). */
 	if (now < v->throttled_until || spent)
-		return;
+		return 0;
 	v->throttled = 0;
 
 	/* What the vCPU should have now. */
@@ -355,7 +359,7 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm,
 	if (kind == old_kind && prio == old_prio) {
 		if (waits_changed && kind != PVSCHED_BOOST_NONE)
 			emit(v, event, now, BPF_RB_NO_WAKEUP);
-		return;
+		return 0;
 	}
 	if (kind == PVSCHED_BOOST_NONE) {
 		STAT_INC(unboosts);
@@ -364,6 +368,7 @@ static __always_inline void apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm,
 		STAT_INC(boosts);
 	}
 	emit(v, event, now, 0);
+	return 0;
 }
 
 #endif
