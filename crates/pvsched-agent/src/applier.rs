@@ -297,8 +297,7 @@ impl ThreadState {
         if self.exited {
             return false;
         }
-        use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_VM_BUDGET};
-        if [R_MAX_BOOST, R_BUDGET, R_VM_BUDGET].contains(&reason) {
+        if pvsched_policy::event::R_LIMITS.contains(&reason) {
             self.throttles += 1;
         }
         if kind == BOOST_NONE {

@@ -397,31 +397,30 @@ impl Caps {
                 format!("1..={} (0 = unlimited is not allowed)", lim.max_boost_us),
             );
         }
-        if lim.max_budget_pct < 100 {
-            let pct_ok = self.budget_us != 0
-                && u128::from(self.budget_us) * 100
-                    <= u128::from(lim.max_budget_pct) * u128::from(self.window_us);
-            if !pct_ok {
+        // A budget under a limit must be set (0 = unlimited is refused) and
+        // within the limit's share of the window.
+        for (limited, what, budget, pct, key) in [
+            (
+                lim.max_budget_pct < 100,
+                "budget_us",
+                self.budget_us,
+                lim.max_budget_pct,
+                "max_budget_pct",
+            ),
+            (
+                lim.max_vm_budget_pct != 0,
+                "vm_budget_us",
+                self.vm_budget_us,
+                lim.max_vm_budget_pct,
+                "max_vm_budget_pct",
+            ),
+        ] {
+            let pct_ok = budget != 0
+                && u128::from(budget) * 100 <= u128::from(pct) * u128::from(self.window_us);
+            if limited && !pct_ok {
                 return above(
-                    "budget_us",
-                    format!(
-                        "max_budget_pct = {} of window_us (0 = unlimited is not allowed)",
-                        lim.max_budget_pct
-                    ),
-                );
-            }
-        }
-        if lim.max_vm_budget_pct != 0 {
-            let pct_ok = self.vm_budget_us != 0
-                && u128::from(self.vm_budget_us) * 100
-                    <= u128::from(lim.max_vm_budget_pct) * u128::from(self.window_us);
-            if !pct_ok {
-                return above(
-                    "vm_budget_us",
-                    format!(
-                        "max_vm_budget_pct = {} of window_us (0 = unlimited is not allowed)",
-                        lim.max_vm_budget_pct
-                    ),
+                    what,
+                    format!("{key} = {pct} of window_us (0 = unlimited is not allowed)"),
                 );
             }
         }

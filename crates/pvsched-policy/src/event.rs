@@ -47,6 +47,10 @@ pub const R_EXITED: u32 = 9;
 /// `PVS_R_*`: throttled, the VM's budget of the window (`vm_budget_us`)
 /// used up.
 pub const R_VM_BUDGET: u32 = 10;
+/// The reasons of a throttle at one of the caps' limits (the continuous
+/// limit, the thread's budget, the VM's budget), as against a unit
+/// throttle or an unboost.
+pub const R_LIMITS: [u32; 3] = [R_MAX_BOOST, R_BUDGET, R_VM_BUDGET];
 
 /// `PVS_ST_*` run states.
 pub const ST_UNKNOWN: u32 = 0;

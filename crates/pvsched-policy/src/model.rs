@@ -231,19 +231,15 @@ impl VmModel {
         }
     }
 
-    /// Starts the VM's next budget window once the current one is over
-    /// (`vm_window` in budget.bpf.h).
-    fn vm_window(&mut self, now: u64) {
+    /// Starts the VM's next budget window once the current one is over,
+    /// then says whether its boosted on-CPU time in it has reached
+    /// `vm_budget_us` (`vm_spent` in budget.bpf.h).
+    fn vm_spent(&mut self, now: u64) -> bool {
         let window = Caps::ns(self.caps.window_us);
         if window != 0 && now.wrapping_sub(self.window_start) >= window {
             self.window_start = now;
             self.budget_used = 0;
         }
-    }
-
-    /// The VM's boosted on-CPU time in this window has reached
-    /// `vm_budget_us` (`vm_spent` in budget.bpf.h).
-    fn vm_spent(&self) -> bool {
         self.budget_used >= self.caps.vm_budget_ns()
     }
 
@@ -487,7 +483,7 @@ impl VmModel {
             v.window_start = now;
             v.budget_used = 0;
         }
-        self.vm_window(now);
+        let spent = self.vm_spent(now);
         let v = &self.vcpus[i];
         if v.boost != BOOST_NONE {
             if max_boost != 0 && v.cont_ns >= max_boost {
@@ -495,14 +491,14 @@ impl VmModel {
                 self.throttle(i, until, R_MAX_BOOST, event, now, out);
                 return;
             }
-            let spent = if budget != 0 && v.budget_used >= budget {
+            let limit = if budget != 0 && v.budget_used >= budget {
                 Some((R_BUDGET, v.window_start))
-            } else if self.vm_spent() {
+            } else if spent {
                 Some((R_VM_BUDGET, self.window_start))
             } else {
                 None
             };
-            if let Some((why, start)) = spent {
+            if let Some((why, start)) = limit {
                 let mut until = start.wrapping_add(window);
                 if until < now.wrapping_add(throttle) {
                     until = now.wrapping_add(throttle);
@@ -513,7 +509,7 @@ impl VmModel {
         }
         // The VM spent its budget: no thread gets a new boost until its
         // next window.
-        if now < v.throttled_until || self.vm_spent() {
+        if now < v.throttled_until || spent {
             return;
         }
         let v = &mut self.vcpus[i];

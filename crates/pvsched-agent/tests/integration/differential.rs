@@ -12,7 +12,9 @@ use crate::common;
 use pvsched_abi::SlotGuest;
 use pvsched_agent::PolicyObject;
 use pvsched_agent::intf::{MODE_DEVICE, PvsVcpu, PvsVm};
-use pvsched_policy::event::{R_BUDGET, R_HALT, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET, R_YIELD};
+use pvsched_policy::event::{
+    R_BUDGET, R_HALT, R_LIMITS, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET, R_YIELD,
+};
 use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
 
 /// xorshift64*: small deterministic generator (the seed is printed on failure).
@@ -214,7 +216,7 @@ fn bpf_and_model_agree_on_1000_traces() {
                 // trace-only (throttle extended, waiting target changed).
                 let prev = last.insert(d.tid, (d.kind, d.prio));
                 if prev.unwrap_or((pvsched_abi::BOOST_NONE, 0)) == (d.kind, d.prio)
-                    && ![R_MAX_BOOST, R_BUDGET, R_VM_BUDGET].contains(&d.reason)
+                    && !R_LIMITS.contains(&d.reason)
                 {
                     trace_only += 1;
                 }

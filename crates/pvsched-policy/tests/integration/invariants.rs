@@ -10,7 +10,7 @@
 
 use proptest::prelude::*;
 use pvsched_abi::{BOOST_NICE, BOOST_NONE, BOOST_RT};
-use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET};
+use pvsched_policy::event::{R_LIMITS, R_THROTTLED};
 use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
 use std::collections::HashMap;
 
@@ -155,8 +155,7 @@ fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
                 BOOST_NONE => prop_assert_eq!(d.prio, 0),
                 k => prop_assert!(false, "unknown kind {}", k),
             }
-            let throttled = [R_MAX_BOOST, R_BUDGET, R_VM_BUDGET, R_THROTTLED];
-            if throttled.contains(&d.reason) {
+            if R_LIMITS.contains(&d.reason) || d.reason == R_THROTTLED {
                 prop_assert_eq!(d.kind, BOOST_NONE);
             }
             if d.tid == 5 {
@@ -175,7 +174,7 @@ fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
                 "thread {} boosted while its VM's budget was spent",
                 d.tid
             );
-            if ![R_MAX_BOOST, R_BUDGET, R_VM_BUDGET].contains(&d.reason) {
+            if !R_LIMITS.contains(&d.reason) {
                 prop_assert_ne!(prev, rec, "a record that changes nothing");
             }
         }
