@@ -2,26 +2,51 @@
 """Names what kept vCPU threads off a CPU: reads a tracefs text trace of
 sched_switch / sched_wakeup / sched_migrate_task (bench/trace-run.sh records
 one around any command) and prints every wait of a thread named `vcpu N`
-longer than --over-us: woken (or preempted) until switched in, its priority
-while it waited, the CPU it was switched in on and what ran there meanwhile
-(comm, pid, priority, time), and how long that CPU recorded nothing at
-all (not even a timer tick): a CPU taken away by the hypervisor of a host
-that is itself a VM.
+(or of the threads --tids names) longer than --over-us: woken (or
+preempted) until switched in, its priority while it waited, the CPU it was
+switched in on, the CPU it was queued on longest (they differ when another
+CPU pulled it) and what ran there meanwhile (comm, pid, priority, time),
+and how long that CPU recorded nothing at all (not even a timer tick): a
+CPU taken away by the hypervisor of a host that is itself a VM.
 
-    bench/stall_trace.py TRACE [--over-us 1000]
+    bench/stall_trace.py TRACE [--over-us 1000] [--tids 123=main,124=vcpu0]
+                         [--json]
+
+Each wait gets a cause, the first that fits:
+  stolen       the CPU it was queued on recorded nothing (not even the
+               reschedule IPI a wake-up sends) for at least half the wait,
+               the thread at an RT priority or the silence over 10 ms:
+               this host's own hypervisor ran something else
+  unboosted    the thread waited at SCHED_OTHER priority (100-139)
+  behind-rt    RT tasks at the thread's priority or above ran there for at
+               least half the wait
+  behind-fair  SCHED_OTHER tasks ran there for at least half the wait
+               although the thread waited at an RT priority: RT bandwidth
+               throttling (sched_rt_runtime_us), or a wake-up queued on
+               another CPU than the one it ran on
+  other        none of these
+It then lists every interval over --over-us in which no CPU recorded
+anything: the whole host stopped (its own hypervisor took all its CPUs),
+which every thread waits through, runnable or not.
+--json prints {"over_us", "waits": [...], "causes": {cause: count},
+"host_gaps": [{"at", "ms"}, ...]}.
 
 Priorities are the kernel's: 0-98 SCHED_FIFO/RR (99 - rt priority), 100-139
 SCHED_OTHER (120 + nice).
 """
 
 import argparse
+import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 LINE = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+(?P<ev>\w+):\s+(?P<rest>.*)$")
 SWITCH = re.compile(r"prev_comm=(?P<pc>.*?) prev_pid=(?P<pp>\d+) prev_prio=(?P<ppr>\d+) prev_state=(?P<ps>\S+) ==> "
                     r"next_comm=(?P<nc>.*?) next_pid=(?P<np>\d+) next_prio=(?P<npr>\d+)")
 WAKEUP = re.compile(r"comm=(?P<c>.*?) pid=(?P<p>\d+) prio=(?P<pr>\d+) target_cpu=(?P<cpu>\d+)")
+# A silence this long is a CPU taken away whatever waited on it.
+LONG_SILENCE_S = 0.010
+MIGRATE = re.compile(r"pid=(?P<p>\d+) prio=\d+ orig_cpu=\d+ dest_cpu=(?P<dest>\d+)")
 
 
 def parse(path):
@@ -31,17 +56,19 @@ def parse(path):
             yield int(m["cpu"]), float(m["ts"]), m["ev"], m["rest"]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace")
-    ap.add_argument("--over-us", type=float, default=1000.0)
-    a = ap.parse_args()
+def analyze(path, over_us, tids=None):
+    """Every wait over `over_us` of the selected threads (`tids`: {tid:
+    label}; None: threads whose comm starts with "vcpu "), oldest first,
+    each a dict with its cause (see the module's docstring)."""
+    def chosen(comm, pid):
+        return pid in tids if tids is not None else comm.startswith("vcpu ")
+
     runs = defaultdict(list)  # cpu -> [(start, comm, pid, prio)]
     seen = defaultdict(list)  # cpu -> timestamps of every event there
     resched = defaultdict(list)  # cpu -> timestamps of reschedule IPIs taken
-    waiting = {}  # vcpu pid -> (since, why, prio)
-    waits = []
-    for cpu, ts, ev, rest in parse(a.trace):
+    waiting = {}  # pid -> (since, why, prio, [(from, CPU it is queued on)])
+    raw = []
+    for cpu, ts, ev, rest in parse(path):
         seen[cpu].append(ts)
         if ev == "reschedule_entry":
             resched[cpu].append(ts)
@@ -54,38 +81,125 @@ def main():
                 runs[cpu].append((0.0, m["pc"], int(m["pp"]), int(m["ppr"])))
             runs[cpu].append((ts, m["nc"], int(m["np"]), int(m["npr"])))
             pp, np_ = int(m["pp"]), int(m["np"])
-            if m["pc"].startswith("vcpu ") and m["ps"].startswith("R"):
-                waiting[pp] = (ts, "preempted", int(m["ppr"]))
+            if chosen(m["pc"], pp) and m["ps"].startswith("R"):
+                waiting[pp] = (ts, "preempted", int(m["ppr"]), [(ts, cpu)])
             if np_ in waiting:
-                since, why, prio = waiting.pop(np_)
-                if (ts - since) * 1e6 > a.over_us:
-                    waits.append((since, ts, m["nc"], np_, why, prio, cpu))
+                since, why, prio, queued = waiting.pop(np_)
+                if (ts - since) * 1e6 > over_us:
+                    raw.append((since, ts, m["nc"], np_, why, prio, queued, cpu))
         elif ev == "sched_wakeup":
             m = WAKEUP.match(rest)
-            if m and m["c"].startswith("vcpu "):
-                waiting[int(m["p"])] = (ts, "woken", int(m["pr"]))
-    print(f"{len(waits)} vCPU wait(s) over {a.over_us:.0f} µs")
-    for since, until, comm, pid, why, prio, cpu in waits:
+            if m and chosen(m["c"], int(m["p"])):
+                waiting[int(m["p"])] = (ts, "woken", int(m["pr"]), [(ts, int(m["cpu"]))])
+        elif ev == "sched_migrate_task":
+            m = MIGRATE.search(rest)
+            if m and int(m["p"]) in waiting:
+                waiting[int(m["p"])][3].append((ts, int(m["dest"])))
+    waits = []
+    for since, until, comm, pid, why, prio, moves, cpu in raw:
+        # What kept it waiting is on the CPU it was queued on longest
+        # (woken onto, preempted on, or migrated to), which may not be the
+        # one it ran on in the end: a CPU the host's hypervisor took away
+        # keeps its queued FIFO thread until another CPU pulls it.
+        ends = [t for t, _ in moves[1:]] + [until]
+        segs = [(a, e, c) for (a, c), e in zip(moves, ends)]
+        lo_q, hi_q, queued = max(segs, key=lambda x: x[1] - x[0])
         ran = defaultdict(float)
-        seq = runs[cpu]
+        seq = runs[queued]
         for i, (start, c, p, pr) in enumerate(seq):
             end = seq[i + 1][0] if i + 1 < len(seq) else until
-            lo, hi = max(start, since), min(end, until)
+            lo, hi = max(start, lo_q), min(end, hi_q)
             if hi > lo and p != pid:
                 ran[(c, p, pr)] += hi - lo
-        who = ", ".join(f"{c}/{p} prio {pr} {t * 1e3:.2f} ms"
-                        for (c, p, pr), t in sorted(ran.items(), key=lambda x: -x[1]))
         # A CPU that records nothing at all (not even its timer tick)
         # while a task is queued there was not running: on a host that is
         # itself a VM, its hypervisor had taken it.
-        there = [t for t in seen[cpu] if since <= t <= until]
-        edges = [since] + there + [until]
+        there = sorted(t for t in seen[queued] if lo_q <= t <= hi_q)
+        edges = [lo_q] + there + [hi_q]
         silent = max(b - a for a, b in zip(edges, edges[1:]))
-        ipi = next((t for t in resched[cpu] if since <= t <= until), None)
-        ipi = "no reschedule IPI" if ipi is None else f"reschedule IPI taken at +{(ipi - since) * 1e3:.2f} ms"
-        print(f"{since:.6f} {comm}/{pid} {why} at prio {prio}, waited {(until - since) * 1e3:.2f} ms, "
-              f"switched in on CPU {cpu}; meanwhile there: {who or 'nothing traced'}; "
-              f"{len(there)} events on CPU {cpu} in the wait, longest silence {silent * 1e3:.2f} ms, {ipi}")
+        ipi = next((t for t in resched[queued] if lo_q <= t <= hi_q), None)
+        span = hi_q - lo_q
+        rt = sum(t for (_, _, pr), t in ran.items() if pr <= prio)
+        fair = sum(t for (_, _, pr), t in ran.items() if pr >= 100)
+        # A busy CPU of a HZ=250 host records a tick every 4 ms: a silence
+        # that long only means the thread queued there was not preferred,
+        # unless it waited at an RT priority (whose wake-up sends a
+        # reschedule IPI at once) or the silence spans several ticks.
+        if silent >= span / 2 and (prio < 100 or silent >= LONG_SILENCE_S):
+            cause = "stolen"
+        elif prio >= 100:
+            cause = "unboosted"
+        elif rt >= span / 2:
+            cause = "behind-rt"
+        elif fair >= span / 2:
+            cause = "behind-fair"
+        else:
+            cause = "other"
+        waits.append({"at": since, "thread": comm, "tid": pid,
+                      "label": tids.get(pid) if tids is not None else comm,
+                      "why": why, "prio": prio, "wait_ms": round((until - since) * 1e3, 3),
+                      "queued_cpu": queued, "queued_ms": round(span * 1e3, 3), "cpu": cpu,
+                      "cause": cause, "silent_ms": round(silent * 1e3, 3),
+                      "events": len(there),
+                      "resched_ipi_ms": None if ipi is None else round((ipi - since) * 1e3, 3),
+                      "ran": [{"comm": c, "pid": p, "prio": pr, "ms": round(t * 1e3, 3)}
+                              for (c, p, pr), t in sorted(ran.items(), key=lambda x: -x[1])]})
+    return waits
+
+
+def host_gaps(path, over_us):
+    """Every interval over `over_us` in which no CPU recorded any event,
+    [(start, ms)] oldest first: on a busy host (each CPU ticks every few
+    ms), the whole host stopped, i.e. its own hypervisor ran something
+    else on all its CPUs at once. Every thread waits through such a gap,
+    runnable or not, so it shows in no thread's wait."""
+    gaps, last = [], None
+    for _, ts, _, _ in parse(path):
+        if last is not None and (ts - last) * 1e6 > over_us:
+            gaps.append((last, round((ts - last) * 1e3, 3)))
+        last = ts if last is None else max(last, ts)
+    return gaps
+
+
+def parse_tids(text):
+    """--tids: TID[=LABEL],... -> {tid: label}."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        tid, _, label = part.partition("=")
+        out[int(tid)] = label or tid
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--over-us", type=float, default=1000.0)
+    ap.add_argument("--tids", type=parse_tids, default=None,
+                    help="TID[=LABEL],...: these threads instead of those named 'vcpu N'")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = ap.parse_args()
+    waits = analyze(a.trace, a.over_us, a.tids)
+    gaps = host_gaps(a.trace, a.over_us)
+    if a.json:
+        print(json.dumps({"over_us": a.over_us, "waits": waits,
+                          "causes": dict(Counter(w["cause"] for w in waits)),
+                          "host_gaps": [{"at": t, "ms": ms} for t, ms in gaps]}))
+        return
+    what = "vCPU" if a.tids is None else "thread"
+    print(f"{len(waits)} {what} wait(s) over {a.over_us:.0f} µs")
+    for w in waits:
+        who = ", ".join(f"{r['comm']}/{r['pid']} prio {r['prio']} {r['ms']:.2f} ms" for r in w["ran"])
+        ipi = ("no reschedule IPI" if w["resched_ipi_ms"] is None
+               else f"reschedule IPI taken at +{w['resched_ipi_ms']:.2f} ms")
+        where = (f"{w['queued_ms']:.2f} ms of it queued on CPU {w['queued_cpu']}, "
+                 if w["queued_cpu"] != w["cpu"] else "")
+        print(f"{w['at']:.6f} {w['thread']}/{w['tid']} {w['why']} at prio {w['prio']}, waited "
+              f"{w['wait_ms']:.2f} ms, {where}switched in on CPU {w['cpu']}; meanwhile there: "
+              f"{who or 'nothing traced'}; {w['events']} events on CPU {w['queued_cpu']} in the "
+              f"wait, "
+              f"longest silence {w['silent_ms']:.2f} ms, {ipi}; cause {w['cause']}")
+    print(f"{len(gaps)} interval(s) over {a.over_us:.0f} µs with no event on any CPU"
+          + "".join(f"\n{t:.6f} all CPUs silent {ms:.2f} ms" for t, ms in gaps))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Records, in a tracefs instance of its own (mono clock, 32 MiB per CPU),
+# Records, in a tracefs instance of its own (mono clock, 32 MiB per CPU
+# unless PVSCHED_TRACE_BUFFER_KB says otherwise),
 # the scheduler's switches, wake-ups and migrations, the local timer,
 # reschedule, function-call and irq_work interrupts and sched_setattr calls
 # while COMMAND runs; writes COMMAND's stdout to OUT.json and the trace to
@@ -8,7 +9,9 @@
 # waiting; bench/apply_trace.py OUT.trace DECISIONS where the agent's
 # decision -> applied time goes (run COMMAND with `--trace DECISIONS`).
 # PVSCHED_TRACE_EXTRA adds events (e.g. "raw_syscalls/sys_enter
-# raw_syscalls/sys_exit": every system call, a much larger trace).
+# raw_syscalls/sys_exit": every system call, a much larger trace);
+# PVSCHED_TRACE_BUFFER_KB sets the buffer per CPU (default 32768: enough for
+# 20 s of S1; a host running stress-ng --fork fills it in a few seconds).
 #
 #   bench/trace-run.sh OUT -- pvsched run --duration 20s --hogs 4 --json
 set -eu
@@ -19,7 +22,7 @@ i=$t/instances/pvsched-stalls-$$
 mkdir $i
 trap 'echo 0 > $i/tracing_on; rmdir $i' EXIT
 echo mono > $i/trace_clock
-echo 32768 > $i/buffer_size_kb
+echo "${PVSCHED_TRACE_BUFFER_KB:-32768}" > $i/buffer_size_kb
 for e in sched/sched_switch sched/sched_wakeup sched/sched_waking sched/sched_migrate_task irq_vectors/local_timer_entry irq_vectors/reschedule_entry irq_vectors/call_function_single_entry irq_vectors/irq_work_entry syscalls/sys_enter_sched_setattr syscalls/sys_exit_sched_setattr ${PVSCHED_TRACE_EXTRA:-}; do [ -d $i/events/$e ] && echo 1 > $i/events/$e/enable; done
 echo 1 > $i/tracing_on
 "$@" > $out.json

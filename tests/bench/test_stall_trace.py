@@ -28,6 +28,36 @@ def test_a_late_reschedule_ipi_is_named(tmp_path):
     assert "vcpu 0/11 woken at prio 98, waited 3.01 ms, switched in on CPU 1" in lines[1], out
     assert "bench-hog busy /21 prio 120" in lines[1], out
     assert "reschedule IPI taken at +3.00 ms" in lines[1], out
+    assert lines[1].endswith("cause stolen"), out
+    # Neither CPU recorded anything from the last wake-up to the IPI.
+    assert lines[2:] == ["1 interval(s) over 1000 µs with no event on any CPU",
+                         "100.000020 all CPUs silent 2.98 ms"], out
+
+
+def test_threads_by_tid_and_json(tmp_path):
+    """--tids picks threads whatever their name and labels them; --json
+    gives each wait's cause and the count per cause."""
+    t = tmp_path / "t.trace"
+    # The same wait, but the CPU records its timer ticks meanwhile: it was
+    # running, a fair task kept the FIFO thread off it.
+    ticks = "".join(f"  bench-hog busy -21  [001] d.h1. {100.0005 + i * 0.0005:.6f}: "
+                    f"local_timer_entry: vector=236\n" for i in range(5))
+    # In time order, as tracefs writes it.
+    lines = (TRACE.replace("vcpu 0", "CPU 0/TCG") + ticks).splitlines()
+    t.write_text("\n".join([lines[0]] + sorted(lines[1:], key=lambda x: float(
+        x.split("]")[1].split()[1].rstrip(":")))) + "\n")
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+                          "--tids", "11=vcpu0,12=vcpu1", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    import json
+    doc = json.loads(out)
+    assert [w["label"] for w in doc["waits"]] == ["vcpu0"], doc
+    w = doc["waits"][0]
+    assert w["thread"] == "CPU 0/TCG" and w["prio"] == 98 and w["cpu"] == 1, w
+    assert w["cause"] == "behind-fair", w
+    assert w["ran"][0]["comm"] == "bench-hog busy " and w["ran"][0]["prio"] == 120, w
+    assert doc["causes"] == {"behind-fair": 1}, doc
+    assert doc["host_gaps"] == [], doc  # CPU 1 ticked throughout
 
 
 def test_trace_run_records_a_command(tmp_path, need_real):
@@ -48,3 +78,26 @@ def test_trace_run_records_a_command(tmp_path, need_real):
     assert all(line.endswith(" 0") for line in r.stdout.splitlines() if "overrun" in line), r.stdout
     left = [d for d in os.listdir("/sys/kernel/tracing/instances") if d.startswith("pvsched-stalls-")]
     assert left == [], left
+
+
+def test_the_cpu_it_was_queued_on_is_the_one_examined(tmp_path):
+    """A FIFO thread woken onto a CPU that then records nothing, pulled by
+    the other CPU after 4 ms: the silent CPU is what kept it waiting."""
+    t = tmp_path / "t.trace"
+    t.write_text("""\
+# tracer: nop
+  qemu-main-10        [000] d..3. 200.000000: sched_wakeup: comm=CPU 0/TCG pid=11 prio=98 target_cpu=001
+  hog-21              [001] d..2. 200.000100: sched_switch: prev_comm=hog prev_pid=21 prev_prio=120 prev_state=R ==> next_comm=hog next_pid=22 next_prio=120
+  hog-23              [000] d.h1. 200.001000: local_timer_entry: vector=236
+  hog-23              [000] d.h1. 200.002000: local_timer_entry: vector=236
+  hog-23              [000] d.h1. 200.003000: local_timer_entry: vector=236
+  hog-23              [000] d..2. 200.004000: sched_migrate_task: comm=CPU 0/TCG pid=11 prio=98 orig_cpu=1 dest_cpu=0
+  hog-23              [000] d..2. 200.004010: sched_switch: prev_comm=hog prev_pid=23 prev_prio=120 prev_state=R ==> next_comm=CPU 0/TCG next_pid=11 next_prio=98
+""")
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+                          "--tids", "11=vcpu0", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    import json
+    w = json.loads(out)["waits"][0]
+    assert (w["cpu"], w["queued_cpu"], w["cause"]) == (0, 1, "stolen"), w
+    assert w["queued_ms"] == 4.0 and w["wait_ms"] == 4.01, w
