@@ -4,77 +4,85 @@ QEMU TCG with the pvsched guest module, vanilla vs pvsched.
 
 What it runs
 ------------
-The Debian 6.1 cloud guest of tests/linux-guest (QEMU 7.2, `-accel
-tcg,thread=multi -smp 2`, the pvsched device served by `pvsched-device
---transport mpqemu` behind `x-pci-proxy-dev`), with Debian's `cyclictest`
-(rt-tests, copied from the host with its shared libraries into the
-initramfs) and the module loaded in both variants. Per boot, four phases,
-each DURATION seconds:
+Debian kernels of tests/linux-guest/kernels.conf (`--kernels`, default
+7.3-cloud and 6.1-cloud) under QEMU 11 TCG (`-accel tcg,thread=multi -smp
+2`, 512 MiB), the pvsched device over vfio-user in device-region mode and
+the DKMS-built module loaded by modprobe in both variants, Debian's
+`cyclictest` (rt-tests, from the kernel's suite chroot) in the initramfs.
+Per boot, four phases, each DURATION seconds:
 
   loaded i500, loaded i1000   host runs `stress-ng --cpu 2 --iomix 1 --vm 1
                               --vm-bytes 128M --fork 1`
-  idle i500, idle i1000       stress-ng stopped
+  idle i500, idle i1000       stress-ng stopped (--no-idle: none)
 
   guest:  cyclictest --mlockall -q -p 8 --policy=rr -i {500,1000} -D DURATION
           -t 1 -h 200000 (1 us histogram up to 200 ms, for p50/p99)
   host:   cyclictest -p 8 --policy=rr -i 500 -t 1 -q -D DURATION -h 200000
           beside it (host impact)
 
-vanilla = no agent; pvsched = `pvsched-agent-attach` on QEMU's vCPU threads
-(QMP thread ids, slot addresses found in QEMU's memfd RAM mapping:
-python/pvsched_guest/region.py) with the default caps (no caps
-file; `--caps FILE` to try others), and QEMU's main-loop thread (tid = pid,
-which raises the TCG guest's timers) registered as the VM's emulator thread
-(`--emulator-tids`; `--no-emulator` leaves it out). vCPU threads stay at
-nice 0 in both variants.
-One boot per (rep, variant); the variant order alternates per rep (ABBA).
-stress-ng and both cyclictests are always stopped, also on error, Ctrl-C
-or SIGTERM.
+vanilla = no daemon; pvsched = pvschedd (started once) with its default
+caps (`--caps FILE`: that file as the VM's caps), the VM registered by
+`pvsched qemu-attach --device-region`, QEMU's main-loop thread (which
+raises a TCG guest's timers) its emulator thread (`--no-emulator` leaves
+it out). Every QEMU thread starts SCHED_OTHER nice 0 in both variants.
+One boot per (kernel, rep, variant); the variant order alternates per rep
+(ABBA). stress-ng, both cyclictests and the tracer are always stopped,
+also on error, Ctrl-C or SIGTERM.
+
+--trace records the host's scheduler events (bench/trace-run.sh) during
+each loaded phase and names every wait over 1 ms of the VM's QEMU threads
+(its vCPU threads and main loop) with its cause (bench/stall_trace.py:
+stolen, unboosted, behind-rt, behind-fair, other): `stalls` in the run,
+counts per cause in the summary. The trace costs host CPU itself; compare
+traced runs with traced runs.
 
 Usage
 -----
-  bash scripts/setup                  # rt-tests, stress-ng (45-bench.sh), guest kernel
+  bash scripts/setup                  # QEMU 11, the kernels' chroots, rt-tests
   cargo build --release -p pvsched-transport --bin pvsched-device \\
-      -p pvsched-agent --bin pvsched-agent-attach
-  python3 bench/s4.py --device-bin target/release/pvsched-device \\
-      --agent-bin target/release/pvsched-agent-attach --json s4.json \\
-      [--samples s4-samples.json] [--quick] [--reps 3] [--duration 20]
+      -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd
+  python3 bench/s4.py [--kernels 7.3-cloud,6.1-cloud] [--reps 3] \\
+      [--duration 20] [--no-idle] [--trace] [--json s4.json] \\
+      [--samples s4-samples.json] [--quick]
 
-Run as root (BPF, RT priorities). Measured here: full run (3 reps x 2
-variants x 4 phases x 20 s) 650 s; --quick (1 rep, 8 s phases) 125 s.
-`--json -` prints the JSON on stdout (progress goes to stderr); exit 0 on
-success, 1 on a failed run, 3 when something is missing (binaries, guest
-kernel, rt-tests/stress-ng), 130 on Ctrl-C. --device-bin/--agent-bin
-default to $CARGO_TARGET_DIR (or target/)/release/. Work files (serial
-logs, host cyclictest JSON, agent log/stats) go to --out
-(default $PVSCHED_CACHE/bench-s4).
+Run as root (BPF, RT priorities, tracefs). `--json -` prints the JSON on
+stdout (progress goes to stderr); exit 0 on success, 1 on a failed run, 3
+when something is missing (binaries, guest kernel, rt-tests/stress-ng),
+130 on Ctrl-C. The binaries default to $CARGO_TARGET_DIR (or
+target/)/release/. Work files (serial logs, host cyclictest JSON, traces,
+pvschedd's log) go to --out (default $PVSCHED_CACHE/bench-s4).
 
 Output (one JSON object)
 ------------------------
-  scenario "s4", quick, reps, duration_s, machine, command
-  vanilla / pvsched (host loaded):
-    p50_us, p99_us, max_us    guest avg / histogram p99 / max of the -i 500
-                              run (median over reps). cyclictest's summary
-                              has no percentiles; p99 comes from the -h
-                              histogram (null if it falls past 200 ms).
-    guest_avg_us, guest_max_us, guest_p50_us, guest_p99_us, host_avg_us,
-    host_max_us, host_p99_us: {"500": {median, min, max, reps: [...]},
-    "1000": {...}}; guest_cycles and host_loadavg_start (1-min load average
-    when the phase started) per interval and rep
-    agent: pvsched-agent-attach's statistics per rep (pvsched only; one
-    agent per boot, so they cover the loaded and the idle phases)
-  ratio_p50, ratio_p99, ratio_max     pvsched / vanilla (medians, -i 500)
-  targets: per interval, guest max <= 0.5x vanilla, host avg and host max
-           <= 1.1x vanilla; each {value, target, met}
-  idle: the same objects, ratios and targets for the idle-host runs
-  guest_hook_ns is omitted (guest_hook_ns_note says why): the driver's
-  debugfs exposes counts (updates/switches/irqs/softirqs), no time, and a
-  with/without-module difference in the TCG guest is noise
-  (tests/linux-guest: +-40 % between identical runs). The counters, read
-  after the last phase of each boot, are `guest_driver_counters`.
+  scenario "s4", quick, reps, duration_s, machine, command, caps
+  kernels: {KERNEL: {vanilla, pvsched, ratio_p50, ratio_p99, ratio_max,
+            paired_max, targets, idle}} where
+    vanilla / pvsched (host loaded):
+      p50_us, p99_us, max_us    guest avg / histogram p99 / max of the -i 500
+                                run (median over reps). p99 comes from the
+                                -h histogram (null if past 200 ms).
+      guest_avg_us, guest_max_us, guest_p50_us, guest_p99_us, host_avg_us,
+      host_max_us, host_p99_us: {"500": {median, min, max, reps: [...]},
+      "1000": {...}}; guest_cycles and host_loadavg_start per interval/rep
+      cpu_s: CPU seconds of each QEMU thread (main, vcpuN) per phase;
+      steal_s: the host's steal time (/proc/stat, all CPUs) per phase
+      policy (pvsched): pvschedd's boosts, throttles and boosted seconds
+      of the VM's threads per phase, in all and per thread; stalls
+      (--trace): per thread, counts per cause, the longest wait of a
+      thread at an RT priority, and the host-wide gaps (no CPU recorded
+      anything) over 1 ms: how many, the longest
+    paired_max: per interval, each rep's pvsched guest max over the same
+      rep's vanilla guest max
+    targets: per interval, guest max <= 0.1x vanilla in every rep, host
+             avg and host max <= 1.1x vanilla (medians); {value, target, met}
+    idle: the same for the idle-host phases
+  targets: every kernel's targets, keyed "KERNEL NAME"
+  guest_driver_counters: the driver's debugfs counters after each boot
+  stalls (--trace): every traced phase's waits and host-wide gaps over
+    1 ms (stall_trace.py)
 
 --samples FILE writes the raw 1 us histograms:
-  {"unit": "us", "runs": [{"variant", "load", "interval_us", "rep",
+  {"unit": "us", "runs": [{"kernel", "variant", "load", "interval_us", "rep",
    "guest": {"hist": [[us, count], ...], "cycles", "overflow"},
    "host": {...}}, ...]}
 (`overflow`: samples past the last bucket; a CDF should end at cycles).
@@ -86,20 +94,25 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(REPO / "python"))
-from pvsched_guest.bench import (BenchError, Proc, between, driver_counters,  # noqa: E402
-                                 first_line, loadavg, ratio, run_main, spread)
+sys.path.insert(0, str(HERE))
+from pvsched_guest.bench import (BenchError, Daemon, Proc, between,  # noqa: E402
+                                 CLK_TCK, driver_counters, first_line, loadavg, ratio,
+                                 run_main, spread, stat_cpu_s, thread_stats)
 from pvsched_guest.boot import Boot  # noqa: E402
-from pvsched_guest.host import run  # noqa: E402
-from pvsched_guest.kernel import KABI, build_initramfs, build_module, kernel_tree  # noqa: E402
-from pvsched_guest.region import guest_vcpus  # noqa: E402
+from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
+                                  modprobe_files)
+from pvsched_guest.qmp import qmp  # noqa: E402
+import stall_trace  # noqa: E402
 
 HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
@@ -107,7 +120,14 @@ STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", 
 INTERVALS = (500, 1000)
 LOAD_WARMUP_S = 3.0
 IDLE_SETTLE_S = 2.0
-AGENT_READY_S = 20.0
+# Guest max over vanilla's, in every repetition; host avg and max over
+# vanilla's (medians).
+GUEST_MAX_TARGET = 0.1
+HOST_TARGET = 1.1
+# Trace buffer per CPU and second traced, KiB (--trace).
+TRACE_KB_PER_S = 6144
+# A wait of a VM thread longer than this is a stall (--trace).
+STALL_US = 1000.0
 
 
 def log(msg):
@@ -157,36 +177,49 @@ def percentile(hist, total, q):
     return None
 
 
-# ---------------------------------------------------------------- agent
+def steal_s():
+    """Seconds of steal time so far, all CPUs (/proc/stat): time this host's
+    own hypervisor ran something else while a CPU had work."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    return int(fields[8]) / CLK_TCK
 
-def attach_agent(boot, args, out_dir):
-    """pvsched-agent-attach on QEMU's vCPU threads, as agent_loop.py does,
-    plus QEMU's main-loop thread as the emulator thread."""
-    pid, hva, gpa, tids, apic, addrs = guest_vcpus(boot, "bench-wait")
-    stats = out_dir / "agent-stats.json"
-    if stats.exists():
-        stats.unlink()
-    cmd = [str(args.agent_bin), "--pid", str(pid), "--tids", ",".join(map(str, tids)),
-           "--apic-ids", ",".join(map(str, apic)), "--slot-addrs", ",".join(hex(a) for a in addrs),
-           "--stats-json", str(stats), "--trace", str(out_dir / "agent-trace.jsonl")]
-    if args.caps:
-        cmd += ["--caps", str(args.caps)]
-    if not args.no_emulator:
-        cmd += ["--emulator-tids", str(pid)]  # QEMU's main loop: the first thread
-    env_log = out_dir / "agent.log"
-    os.environ.setdefault("RUST_LOG", "warn")
-    agent = Proc("agent", cmd, env_log)
-    deadline = time.monotonic() + AGENT_READY_S
-    while "ready" not in env_log.read_text():
-        if agent.p.poll() is not None:
-            raise BenchError(f"pvsched-agent-attach exited with {agent.p.returncode}: "
-                             f"{env_log.read_text().strip()}")
-        if time.monotonic() > deadline:
-            agent.stop()
-            raise BenchError("pvsched-agent-attach not ready in time")
-        time.sleep(0.05)
-    log(f"{boot.name}: agent attached to tids {tids} (region GPA {gpa:#x})")
-    return agent, stats
+
+class Tracer:
+    """bench/trace-run.sh around `sleep SECONDS`: the host's scheduler
+    events while a phase runs, in OUT.trace."""
+
+    def __init__(self, out, seconds):
+        self.out = out
+        # stress-ng --fork makes ~100 000 scheduler events per second
+        # and CPU: TRACE_KB_PER_S per second of trace keeps them all.
+        os.environ["PVSCHED_TRACE_BUFFER_KB"] = str(TRACE_KB_PER_S * seconds)
+        self.proc = Proc("trace", ["sh", str(HERE / "trace-run.sh"), str(out), "--", "sleep",
+                                   str(seconds)], f"{out}.log")
+
+    def stalls(self, tids, timeout, keep=False):
+        """Waits for the trace, then names the waits of `tids` ({tid:
+        label}) over STALL_US; None (and why, logged) if there is none."""
+        rc = self.proc.wait(timeout)
+        self.proc.stop()
+        text = Path(f"{self.out}.log").read_text(errors="replace")
+        if rc != 0 or not Path(f"{self.out}.trace").exists():
+            log(f"no trace (trace-run.sh rc {rc}): {text.strip()[-300:]}")
+            return None
+        overrun = sum(int(l.split()[-1]) for l in text.splitlines() if "overrun" in l)
+        waits = stall_trace.analyze(f"{self.out}.trace", STALL_US, tids)
+        gaps = stall_trace.host_gaps(f"{self.out}.trace", STALL_US)
+        if not keep:
+            Path(f"{self.out}.trace").unlink()  # hundreds of MB; the waits are kept
+        by = {}
+        for w in waits:
+            by.setdefault(w["label"], Counter())[w["cause"]] += 1
+        return {"overrun": overrun, "causes": dict(Counter(w["cause"] for w in waits)),
+                "by_thread": {k: dict(v) for k, v in sorted(by.items())},
+                "longest_boosted_ms": max((w["wait_ms"] for w in waits if w["prio"] < 100),
+                                          default=0.0),
+                "host_gaps": len(gaps), "longest_host_gap_ms": max((ms for _, ms in gaps),
+                                                                    default=0.0),
+                "waits": waits, "gaps": [{"at": t, "ms": ms} for t, ms in gaps]}
 
 
 # ---------------------------------------------------------------- one boot
@@ -194,37 +227,68 @@ def attach_agent(boot, args, out_dir):
 class BenchBoot:
     """Hooks driving one `pvtest=bench` boot through its phases."""
 
-    def __init__(self, args, variant, rep, phases):
-        self.args, self.variant, self.rep = args, variant, rep
+    def __init__(self, args, kernel, variant, rep, phases, daemon):
+        self.args, self.kernel, self.variant, self.rep = args, kernel, variant, rep
+        self.daemon = daemon
         self.phases = list(phases)  # [(load, interval)]
         self.next = 0
-        self.name = f"{variant}-rep{rep}"
+        self.name = f"s4-{kernel}-{variant}-r{rep}"
         self.dir = args.out / self.name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.load = None
         self.host = None
-        self.agent = None
-        self.agent_stats_path = None
-        self.agent_stats = None
+        self.tracer = None
+        self.attached = False
+        self.tids = None  # {tid: label} of the VM's QEMU threads
         self.results = []
         self.counters = None
         self.current = None
+        self.status0 = None
+        self.caps = None  # pvschedd's caps for the VM (pvsched)
 
     def hooks(self):
         return {"bench-wait": self.on_wait, "cyc-end": self.on_cyc_end,
                 "stats-end": self.on_stats_end}
 
+    def attach(self, boot):
+        pid = boot.qemu.pid
+        cpus = sorted(qmp(boot.qmp_path, "query-cpus-fast"), key=lambda c: c["cpu-index"])
+        self.tids = {pid: "main"} | {c["thread-id"]: f"vcpu{c['cpu-index']}" for c in cpus}
+        if self.variant == "pvsched":
+            argv = ["qemu-attach", "--qmp", str(boot.qmp_path), "--name", self.name,
+                    "--device-region"]
+            if self.args.no_emulator:
+                argv.append("--no-emulator")
+            self.daemon.pvsched(*argv)
+            boot.cleanups.append(self.unregister)
+            self.caps = daemon_caps(self.daemon, self.name)
+        self.attached = True
+
+    def unregister(self):
+        if self.daemon is not None and self.variant == "pvsched":
+            self.daemon.pvsched("vm", "unregister", self.name, check=False)
+
+    def policy(self):
+        """pvschedd's counters of the VM: summed, and per thread (by label)."""
+        if self.variant != "pvsched":
+            return None
+        st = self.daemon.status()
+        out = thread_stats(st, self.name)
+        vm = next((v for v in st.get("vms", []) if v["name"] == self.name), None)
+        if out is not None and vm is not None:
+            out["threads"] = {self.tids.get(t["tid"], str(t["tid"])): t
+                              for t in vm["vcpus"] + vm["emulators"]}
+        return out
+
     def on_wait(self, boot):
-        if self.variant == "pvsched" and self.agent is None:
-            self.agent, self.agent_stats_path = attach_agent(boot, self.args, self.dir)
-            boot.cleanups.append(self.stop_agent)
+        if not self.attached:
+            self.attach(boot)
         if self.next >= len(self.phases):
             if self.counters is None:
                 self.counters = {}
                 boot.answer("stats")
                 return
             self.stop_load()
-            self.stop_agent()
             boot.answer("quit")
             return
         load, interval = self.phases[self.next]
@@ -245,12 +309,27 @@ class BenchBoot:
             self.stop_load()
             time.sleep(IDLE_SETTLE_S)
         tag = f"{load}-i{interval}"
-        self.current = {"load": load, "interval_us": interval, "rep": self.rep,
-                        "variant": self.variant, "loadavg_start": loadavg()}
+        self.current = {"kernel": self.kernel, "load": load, "interval_us": interval,
+                        "rep": self.rep, "variant": self.variant, "loadavg_start": loadavg()}
+        self.status0 = self.policy()
+        self.cpu0 = self.threads_cpu_s(boot)
+        self.steal0 = steal_s()
+        if self.args.trace and load == "loaded":
+            self.tracer = Tracer(self.dir / f"trace-{tag}", self.args.duration + 1)
         self.host = host_cyclictest(self.dir / f"host-{tag}", self.args.duration)
         self.host_out = self.dir / f"host-{tag}.json"
         log(f"{self.name}: {tag} ({self.args.duration}s)")
         boot.answer(f"run {interval} {self.args.duration} {HIST_BUCKETS} {self.args.guest_threads}")
+
+    def threads_cpu_s(self, boot):
+        """CPU seconds so far of each of the VM's QEMU threads (by label)."""
+        out = {}
+        for tid, label in self.tids.items():
+            try:
+                out[label] = stat_cpu_s(f"/proc/{boot.qemu.pid}/task/{tid}/stat")
+            except OSError:
+                pass
+        return out
 
     def on_cyc_end(self, boot):
         rc = boot.mark("cyc-end").get("rc")
@@ -274,10 +353,30 @@ class BenchBoot:
             raise BenchError(f"{self.name}: a cyclictest ran no cycles (guest {g['cycles']}, "
                              f"host {h['cycles']})")
         self.current.update(guest=guest, host=host)
+        cpu1 = self.threads_cpu_s(boot)
+        self.current["steal_s"] = round(steal_s() - self.steal0, 3)
+        self.current["cpu_s"] = {k: round(cpu1[k] - self.cpu0[k], 3) for k in cpu1
+                                 if k in self.cpu0}
+        pol = self.policy()
+        if pol is not None and self.status0 is not None:
+            self.current["policy"] = policy_delta(self.status0, pol)
+            self.current["policy"]["threads"] = {
+                k: policy_delta(self.status0["threads"].get(k, {}), t)
+                for k, t in pol.get("threads", {}).items()}
+        if self.tracer is not None:
+            self.current["stalls"] = self.tracer.stalls(self.tids, self.args.duration + 60,
+                                                        keep=self.args.keep_trace)
+            self.tracer = None
         self.results.append(self.current)
+        st = self.current.get("stalls")
         log(f"{self.name}: {self.current['load']}-i{self.current['interval_us']}: guest avg "
             f"{g['avg_us']:.0f} p99 {g['p99_us']} max {g['max_us']} us; host avg "
-            f"{h['avg_us']:.0f} p99 {h['p99_us']} max {h['max_us']} us")
+            f"{h['avg_us']:.0f} p99 {h['p99_us']} max {h['max_us']} us"
+            + f"; CPU s {self.current['cpu_s']}, steal {self.current['steal_s']} s"
+            + (f"; policy {self.current['policy']}" if "policy" in self.current else "")
+            + (f"; stalls {st['by_thread']}, longest at an RT priority "
+               f"{st['longest_boosted_ms']} ms; {st['host_gaps']} host-wide gaps, longest "
+               f"{st['longest_host_gap_ms']} ms (overrun {st['overrun']})" if st else ""))
 
     def on_stats_end(self, boot):
         self.counters = driver_counters(between(boot.serial, "@@ stats-begin", "@@ stats-end"))
@@ -288,26 +387,32 @@ class BenchBoot:
             self.load = None
             shutil.rmtree(self.dir / "stress-tmp", ignore_errors=True)
 
-    def stop_agent(self):
-        if self.agent is None:
-            return
-        rc = self.agent.stop()
-        self.agent = None
-        try:
-            self.agent_stats = json.loads(self.agent_stats_path.read_text())
-        except (OSError, ValueError):
-            self.agent_stats = {"error": f"no stats JSON (agent rc {rc})"}
-
     def cleanup(self):
         self.stop_load()
-        self.stop_agent()
         if self.host is not None:
             self.host.stop(signal.SIGINT)
+        if self.tracer is not None:
+            self.tracer.proc.stop()
 
 
-def run_boot(args, variant, rep, phases):
-    bb = BenchBoot(args, variant, rep, phases)
-    boot = Boot(args, bb.name, 2, "bench", hooks=bb.hooks())
+def policy_delta(a, b):
+    """Boosts, throttles and boosted seconds from pvschedd counters a to b."""
+    return {"boosts": b["boosts"] - a.get("boosts", 0),
+            "throttles": b["throttles"] - a.get("throttles", 0),
+            "boosted_s": round((b["boosted_ns"] - a.get("boosted_ns", 0)) / 1e9, 3)}
+
+
+def run_boot(args, kernel, variant, rep, phases, daemon):
+    bb = BenchBoot(args, kernel, variant, rep, phases, daemon)
+    dev = daemon.device_cmd(bb.name) if variant == "pvsched" else None
+    if variant == "pvsched":
+        caps = daemon.vms / f"{bb.name}.toml"
+        if args.caps:
+            caps.write_text(args.caps.read_text())
+        elif caps.exists():
+            caps.unlink()
+    boot = Boot(args, bb.name, 2, "bench", transport="vfio-user", device_cmd=dev,
+                hooks=bb.hooks(), extra_append="pvload=modprobe")
     try:
         boot.run()
     finally:
@@ -321,7 +426,7 @@ def run_boot(args, variant, rep, phases):
 
 # ---------------------------------------------------------------- report
 
-def variant_summary(runs, load, agent_stats):
+def variant_summary(runs, load):
     out = {}
     metrics = {"guest_avg_us": ("guest", "avg_us"), "guest_max_us": ("guest", "max_us"),
                "guest_p50_us": ("guest", "p50_us"), "guest_p99_us": ("guest", "p99_us"),
@@ -336,66 +441,88 @@ def variant_summary(runs, load, agent_stats):
             if key == "guest_avg_us":
                 out.setdefault("guest_cycles", {})[str(iv)] = [r["guest"]["cycles"] for r in rs]
                 out.setdefault("host_loadavg_start", {})[str(iv)] = [r["loadavg_start"] for r in rs]
+                out.setdefault("cpu_s", {})[str(iv)] = [r.get("cpu_s") for r in rs]
+                out.setdefault("steal_s", {})[str(iv)] = [r.get("steal_s") for r in rs]
+                if any("policy" in r for r in rs):
+                    out.setdefault("policy", {})[str(iv)] = [r.get("policy") for r in rs]
+                if any(r.get("stalls") for r in rs):
+                    out.setdefault("stalls", {})[str(iv)] = [
+                        {k: (r.get("stalls") or {}).get(k) for k in
+                         ("by_thread", "longest_boosted_ms", "host_gaps",
+                          "longest_host_gap_ms")} for r in rs]
     head = str(INTERVALS[0])
     out["p50_us"] = out["guest_avg_us"][head]["median"]
     out["p99_us"] = out["guest_p99_us"][head]["median"]
     out["max_us"] = out["guest_max_us"][head]["median"]
-    if agent_stats is not None:
-        out["agent"] = agent_stats
     return out
 
 
-def targets(van, pv):
+def paired_max(runs, load):
+    """Per interval: each rep's pvsched guest max over that rep's vanilla."""
+    out = {}
+    for iv in INTERVALS:
+        by = {(r["variant"], r["rep"]): r["guest"]["max_us"] for r in runs
+              if r["load"] == load and r["interval_us"] == iv}
+        reps = sorted({rep for _, rep in by})
+        out[str(iv)] = [ratio(by.get(("pvsched", rep)), by.get(("vanilla", rep)))
+                        for rep in reps]
+    return out
+
+
+def targets(van, pv, paired):
     t = {}
     for iv in map(str, INTERVALS):
-        g = ratio(pv["guest_max_us"][iv]["median"], van["guest_max_us"][iv]["median"])
-        t[f"guest_max_i{iv}"] = {"value": g, "target": "<= 0.5x vanilla",
-                                 "met": g is not None and g <= 0.5}
+        reps = paired[iv]
+        worst = max((r for r in reps if r is not None), default=None)
+        t[f"guest_max_i{iv}"] = {"value": worst, "reps": reps,
+                                 "target": f"<= {GUEST_MAX_TARGET}x vanilla in every rep",
+                                 "met": bool(reps) and None not in reps
+                                 and worst <= GUEST_MAX_TARGET}
         for k in ("host_avg_us", "host_max_us"):
             r = ratio(pv[k][iv]["median"], van[k][iv]["median"])
-            t[f"{k[:-3]}_i{iv}"] = {"value": r, "target": "<= 1.1x vanilla",
-                                    "met": r is not None and r <= 1.1}
+            t[f"{k[:-3]}_i{iv}"] = {"value": r, "target": f"<= {HOST_TARGET}x vanilla",
+                                    "met": r is not None and r <= HOST_TARGET}
     return t
 
 
-def compare(runs, load, agent_stats):
-    van = variant_summary([r for r in runs if r["variant"] == "vanilla"], load, None)
-    pv = variant_summary([r for r in runs if r["variant"] == "pvsched"], load, agent_stats)
+def compare(runs, load):
+    van = variant_summary([r for r in runs if r["variant"] == "vanilla"], load)
+    pv = variant_summary([r for r in runs if r["variant"] == "pvsched"], load)
+    paired = paired_max(runs, load)
     return {"vanilla": van, "pvsched": pv,
             "ratio_p50": ratio(pv["p50_us"], van["p50_us"]),
             "ratio_p99": ratio(pv["p99_us"], van["p99_us"]),
             "ratio_max": ratio(pv["max_us"], van["max_us"]),
-            "targets": targets(van, pv)}
+            "paired_max": paired, "targets": targets(van, pv, paired)}
 
 
-def machine(args):
+def machine(args, releases):
     model = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                   if l.startswith("model name")), None)
     mem = next((int(l.split()[1]) // 1024 for l in Path("/proc/meminfo").read_text().splitlines()
                 if l.startswith("MemTotal")), None)
     return {"cpus": os.cpu_count(), "cpu_model": model, "mem_mib": mem,
-            "host_kernel": platform.release(), "qemu": first_line(["qemu-system-x86_64", "--version"]),
+            "host_kernel": platform.release(), "qemu": first_line([str(args.qemu11), "--version"]),
             "accel": "tcg,thread=multi", "guest_smp": 2, "guest_mem": "512M",
-            "guest_kernel": f"{KABI}-cloud-amd64",
+            "guest_kernels": releases, "device": "vfio-user, device-region mode",
             "cyclictest": first_line(["cyclictest", "--help"]),
             "stress_ng": first_line(["stress-ng", "--version"]),
-            "note": "emulated guest (QEMU TCG) on a shared host; other work may run beside it"}
+            "sched_rt_runtime_us": Path("/proc/sys/kernel/sched_rt_runtime_us").read_text().strip(),
+            "note": "emulated guest (QEMU TCG) on a shared host that is itself a VM"}
 
 
 # ---------------------------------------------------------------- main
 
-def initramfs_extras():
-    """cyclictest and its shared libraries (ldd), and the guest script."""
-    ct = Path("/usr/bin/cyclictest")
-    if not ct.exists():
-        raise FileNotFoundError("/usr/bin/cyclictest (install rt-tests: scripts/setup)")
-    extra = {"/cyclictest": ct, "/bench.sh": HERE / "s4" / "bench.sh"}
-    for line in run(["ldd", str(ct)]).splitlines():
-        parts = line.split()
-        path = parts[2] if "=>" in parts and len(parts) > 2 else parts[0] if parts else ""
-        if path.startswith("/"):
-            extra[path] = Path(path)
-    return extra
+def initramfs_extras(chroot, release):
+    """The DKMS-built module with modprobe, the chroot's cyclictest with its
+    libraries, and the guest script."""
+    files = modprobe_files(chroot, release)
+    ct = "/usr/bin/cyclictest"
+    if not (chroot / ct.lstrip("/")).exists():
+        raise FileNotFoundError(f"{chroot}{ct} (scripts/setup.d/46-s6.sh installs rt-tests)")
+    files.update(chroot_binary(chroot, ct, ct))
+    files["/bench.sh"] = HERE / "s4" / "bench.sh"
+    return files
 
 
 def main():
@@ -403,9 +530,14 @@ def main():
                                  "guest under QEMU TCG, vanilla vs pvsched.", epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release"
+    ap.add_argument("--kernels", default="7.3-cloud,6.1-cloud",
+                    help="comma-separated kernels of tests/linux-guest/kernels.conf")
     ap.add_argument("--device-bin", type=Path, default=target / "pvsched-device")
-    ap.add_argument("--agent-bin", type=Path, default=target / "pvsched-agent-attach")
-    ap.add_argument("--quick", action="store_true", help="1 rep, 8 s phases (~2 min)")
+    ap.add_argument("--pvsched-bin", type=Path, default=target / "pvsched")
+    ap.add_argument("--pvschedd-bin", type=Path, default=target / "pvschedd")
+    ap.add_argument("--qemu11", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true",
+                    help="1 rep, 8 s phases, the first kernel only (~3 min)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 1)")
     ap.add_argument("--duration", type=int, default=None,
                     help="seconds per cyclictest phase (default 20, quick 8)")
@@ -418,9 +550,16 @@ def main():
                     help="guest cyclictest -t (seed 001 used 2; merged histogram)")
     ap.add_argument("--no-idle", action="store_true", help="skip the idle-host phases")
     ap.add_argument("--caps", type=Path, default=None,
-                    help="caps TOML for the agent (default: none, the default caps)")
+                    help="caps TOML for the VM (default: pvschedd's default caps)")
     ap.add_argument("--no-emulator", action="store_true",
                     help="do not register QEMU's main-loop thread as the emulator thread")
+    ap.add_argument("--trace", action="store_true",
+                    help="record the host's scheduler events in each loaded phase and name "
+                    "the VM threads' waits over 1 ms")
+    ap.add_argument("--keep-trace", action="store_true",
+                    help="keep each phase's trace (OUT/NAME/trace-*.trace; large)")
+    ap.add_argument("--variants", default="vanilla,pvsched",
+                    help="vanilla,pvsched (one alone: no ratios, for a look at its stalls)")
     ap.add_argument("-v", "--verbose", action="store_true", help="echo the guest console")
     args = ap.parse_args()
     args.reps = args.reps or (1 if args.quick else 3)
@@ -428,57 +567,79 @@ def main():
     args.cache = args.cache.resolve()
     args.out = (args.out or args.cache / "bench-s4").resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    args.qemu11 = args.qemu11 or args.cache / "qemu11" / "qemu-system-x86_64"
     args.kernel_log = False
-    for b in (args.device_bin, args.agent_bin):
+    args.tag, args.load_append = "", ""
+    kernels = args.kernels.split(",")[:1] if args.quick else args.kernels.split(",")
+    variants = args.variants.split(",")
+    if not variants or any(v not in ("vanilla", "pvsched") for v in variants):
+        ap.error(f"--variants {args.variants}: of vanilla and pvsched")
+    for b in (args.device_bin, args.pvsched_bin, args.pvschedd_bin, args.qemu11):
         if not b.exists():
-            raise FileNotFoundError(f"{b} (cargo build --release)")
-    for tool in ("qemu-system-x86_64", "stress-ng", "cyclictest"):
-        if not any((Path(d) / tool).exists() for d in os.environ.get("PATH", "").split(":")):
+            raise FileNotFoundError(f"{b} (build it: see bench/s4.py's usage)")
+    for tool in ("stress-ng", "cyclictest"):
+        if shutil.which(tool) is None:
             raise FileNotFoundError(f"{tool} (run scripts/setup)")
+    if args.caps and not args.caps.is_file():
+        raise FileNotFoundError(f"{args.caps} (--caps)")
+    if os.geteuid() != 0:
+        raise BenchError("run as root (BPF, RT priorities, tracefs)")
     loads = ["loaded"] if args.no_idle else ["loaded", "idle"]
     phases = [(l, iv) for l in loads for iv in INTERVALS]
-    # Boot + module + agent attach ~15 s, each phase duration + guest output.
-    args.timeout = 90 + len(phases) * (args.duration + 45)
+    # Boot + module + attach ~40 s under TCG, each phase duration + output.
+    args.timeout = 240 + len(phases) * (args.duration + 60)
     t_all = time.monotonic()
+    la0 = loadavg()
+    log(f"kernels {','.join(kernels)}; {args.reps} reps x {len(phases)} phases x "
+        f"{args.duration}s per variant; load average {la0}")
 
-    args.vmlinuz, trees = kernel_tree(args.cache)
-    ko, secs = build_module(REPO, trees["cloud"], args.out / "build-cloud")
-    args.initrd = build_initramfs(REPO / "tests" / "linux-guest", ko, args.out,
-                                     extra_files=initramfs_extras())
-    log(f"module built in {secs:.1f}s; {args.reps} reps x {len(phases)} phases x "
-        f"{args.duration}s per variant")
-
-    runs, agent_stats, counters = [], [], {}
-    for rep in range(args.reps):
-        order = ("vanilla", "pvsched") if rep % 2 == 0 else ("pvsched", "vanilla")
-        for variant in order:
-            bb = run_boot(args, variant, rep, phases)
-            runs += bb.results
-            counters.setdefault(variant, []).append(bb.counters)
-            if variant == "pvsched":
-                agent_stats.append(_agent_brief(bb.agent_stats))
+    runs, counters, releases = [], {}, {}
+    daemon = Daemon(args, args.out)
+    caps = None
+    try:
+        for kernel in kernels:
+            release, chroot, args.vmlinuz = matrix_kernel(args.cache, kernel)
+            releases[kernel] = release
+            kdir = args.out / f"initramfs-{kernel}"
+            kdir.mkdir(parents=True, exist_ok=True)
+            args.initrd = build_initramfs(REPO / "tests" / "linux-guest", None, kdir,
+                                          extra_files=initramfs_extras(chroot, release))
+            for rep in range(args.reps):
+                order = variants if rep % 2 == 0 else variants[::-1]
+                for variant in order:
+                    bb = run_boot(args, kernel, variant, rep, phases, daemon)
+                    runs += bb.results
+                    counters.setdefault(kernel, {}).setdefault(variant, []).append(bb.counters)
+                    caps = caps or bb.caps
+    finally:
+        daemon.stop()
 
     result = {"scenario": "s4", "quick": args.quick, "reps": args.reps,
-              "caps": str(args.caps) if args.caps else "default (no caps file)",
-              "emulator_thread": not args.no_emulator,
-              "duration_s": args.duration, "machine": machine(args),
+              "caps": caps, "caps_file": str(args.caps) if args.caps else None,
+              "emulator_thread": not args.no_emulator, "trace": args.trace,
+              "duration_s": args.duration, "machine": machine(args, releases),
+              "loadavg_start": la0,
               "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
               "guest_cmd": ("cyclictest --mlockall -q -p 8 --policy=rr -i {500,1000} "
                             f"-t {args.guest_threads}"),
               "host_cmd": "cyclictest -p 8 --policy=rr -i 500 -t 1 -q",
               "host_load": " ".join(STRESS),
-              "headline_interval_us": INTERVALS[0]}
-    result.update(compare(runs, "loaded", agent_stats))
-    if not args.no_idle:
-        result["idle"] = compare(runs, "idle", None)
-    result["guest_hook_ns_note"] = ("not observable: the driver's debugfs has counts, not "
-                                    "times; a with/without-module difference in the TCG "
-                                    "guest is noise (+-40 % between identical runs)")
+              "headline_interval_us": INTERVALS[0], "kernels": {}, "targets": {}}
+    for kernel in kernels:
+        kr = [r for r in runs if r["kernel"] == kernel]
+        k = compare(kr, "loaded")
+        if not args.no_idle:
+            k["idle"] = compare(kr, "idle")
+        result["kernels"][kernel] = k
+        result["targets"].update({f"{kernel} {n}": t for n, t in k["targets"].items()})
     result["guest_driver_counters"] = counters
+    result["stalls"] = [{k: r[k] for k in ("kernel", "variant", "load", "interval_us", "rep")}
+                        | {k: r["stalls"][k] for k in ("waits", "gaps", "overrun")}
+                        for r in runs if r.get("stalls")]
     result["seconds"] = round(time.monotonic() - t_all, 1)
     if args.samples:
         samples = {"unit": "us", "bucket_us": 1, "buckets": HIST_BUCKETS, "runs": [
-            {k: r[k] for k in ("variant", "load", "interval_us", "rep")} |
+            {k: r[k] for k in ("kernel", "variant", "load", "interval_us", "rep")} |
             {side: {"hist": r[side]["hist"], "cycles": r[side]["cycles"],
                     "overflow": r[side]["overflow"]} for side in ("guest", "host")}
             for r in runs]}
@@ -489,25 +650,24 @@ def main():
     elif args.json:
         Path(args.json).write_text(text + "\n")
         log(f"wrote {args.json}")
-    log(f"total {result['seconds']}s; loaded -i 500 guest max {result['vanilla']['max_us']} -> "
-        f"{result['pvsched']['max_us']} us (ratio {result['ratio_max']})")
+    for kernel, k in result["kernels"].items():
+        log(f"{kernel}: loaded -i 500 guest max {k['vanilla']['max_us']} -> "
+            f"{k['pvsched']['max_us']} us (per rep {k['paired_max']['500']}); -i 1000 per rep "
+            f"{k['paired_max']['1000']}")
+    log(f"total {result['seconds']}s")
     return 0
 
 
-def _agent_brief(stats):
-    """The agent's statistics without its per-vCPU detail lists' noise."""
-    if not isinstance(stats, dict):
-        return stats
-    keep = ("apply_p50_ns", "apply_p99_ns", "apply_samples", "decisions", "dropped",
-            "stopped_by", "error")
-    out = {k: stats[k] for k in keep if k in stats}
-    out["vcpus"] = [{k: v.get(k) for k in ("boosts", "boosts_applied", "boosted_ns",
-                                           "throttles", "errors")}
-                    for v in stats.get("vcpus", [])]
-    out["emulators"] = [{k: v.get(k) for k in ("tid", "boosts", "boosts_applied", "boosted_ns",
-                                               "throttles", "errors")}
-                        for v in stats.get("emulators", [])]
-    return out
+def daemon_caps(daemon, name):
+    """The caps pvschedd gave VM `name` (printed once), None if it is gone."""
+    try:
+        vm = next((v for v in daemon.status()["vms"] if v["name"] == name), None)
+    except (BenchError, ValueError, subprocess.SubprocessError):
+        return None
+    if vm is None:
+        return None
+    log(f"caps ({vm['caps_source']}): {vm['caps']}")
+    return {"source": vm["caps_source"], **vm["caps"]}
 
 
 if __name__ == "__main__":

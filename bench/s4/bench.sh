@@ -2,8 +2,8 @@
 # initramfs's /init (tests/linux-guest/init.sh) in `pvtest=bench` mode, which
 # then prints "@@ done" and powers off.
 #
-# Loads the pvsched module, then serves commands the host writes on the
-# console, one per "@@ bench-wait":
+# Loads the pvsched module (the DKMS-built one, by modprobe), then serves
+# commands the host writes on the console, one per "@@ bench-wait":
 #   run INTERVAL_US DURATION_S HIST_BUCKETS [THREADS]
 #       cyclictest --mlockall -q -p 8 --policy=rr -i INTERVAL_US for
 #       DURATION_S seconds with a 1 us histogram of HIST_BUCKETS buckets;
@@ -16,7 +16,7 @@
 # cyclictest needs POSIX shared memory (shm_open); devtmpfs has no /dev/shm.
 mkdir -p /dev/shm
 mount -t tmpfs tmpfs /dev/shm
-insmod /pvsched.ko
+load
 echo "@@ probe bound=$(bound)"
 while :; do
 	echo "@@ bench-wait"
@@ -28,7 +28,7 @@ while :; do
 	run)
 		echo "@@ cyc-start interval=$interval dur=$dur"
 		rm -f /tmp/cyc.json
-		/cyclictest --mlockall -q -p 8 --policy=rr -i "$interval" -D "$dur" \
+		/usr/bin/cyclictest --mlockall -q -p 8 --policy=rr -i "$interval" -D "$dur" \
 			-t "${threads:-1}" -h "$hist" --histfile=/dev/null \
 			--json=/tmp/cyc.json >/tmp/cyc.out 2>&1
 		rc=$?

@@ -1,15 +1,22 @@
 """What the Linux-guest benchmarks (bench/s4.py, bench/s6.py) share on the
 host: processes started in their own process group and always stopped,
-console output between two marks, and the repetition statistics."""
+pvschedd with its own socket and caps directory, console output between
+two marks, and the repetition statistics."""
 
+import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .host import Failure, die_with_parent
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Seconds pvschedd may take to answer its first `pvsched status`.
+DAEMON_READY_S = 20.0
 
 
 class BenchError(Exception):
@@ -146,3 +153,86 @@ def spread(vals):
 
 def ratio(a, b):
     return round(a / b, 3) if a is not None and b not in (None, 0) else None
+
+
+def stat_cpu_s(path):
+    """CPU seconds (utime + stime) of a /proc .../stat file."""
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def qemu_cpu_s(pid):
+    """CPU seconds (user + system) of process `pid`, all its threads."""
+    return stat_cpu_s(f"/proc/{pid}/stat")
+
+
+def thread_cpu_s(pid):
+    """CPU seconds of each thread of `pid` by kind: `vcpus` (QEMU's
+    "CPU n/TCG" threads), `main` (the main loop, tid = pid) and `other`."""
+    out = {"vcpus": 0.0, "main": 0.0, "other": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            cpu = stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:
+            continue
+        kind = "main" if tid == str(pid) else "vcpus" if comm.startswith("CPU ") else "other"
+        out[kind] += cpu
+    return out
+
+
+class Daemon:
+    """pvschedd for the pvsched variants, with its own socket and caps
+    directory (`vms`): a VM gets the daemon's default caps unless its
+    variant writes NAME.toml there."""
+
+    def __init__(self, args, out):
+        self.args, self.dir = args, out / "pvschedd"
+        # Each variant's caps, as pvschedd reports them (printed once).
+        self.caps = {}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.socket = self.dir / "pvschedd.sock"
+        vms = self.vms = self.dir / "vms"
+        vms.mkdir(exist_ok=True)
+        cfg = self.dir / "pvschedd.toml"
+        cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
+                       f'metrics_listen = ""\n')
+        if self.socket.exists():
+            self.socket.unlink()
+        self.proc = Proc("pvschedd", [str(args.pvschedd_bin), "--config", str(cfg)],
+                         self.dir / "pvschedd.log")
+        deadline = time.monotonic() + DAEMON_READY_S
+        while self.pvsched("status", check=False).returncode != 0:
+            if self.proc.p.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"pvschedd did not come up (see {self.dir}/pvschedd.log)")
+            time.sleep(0.1)
+
+    def pvsched(self, *argv, check=True):
+        r = subprocess.run([str(self.args.pvsched_bin), *argv], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=30,
+                           env={**os.environ, "PVSCHED_SOCKET": str(self.socket)})
+        if check and r.returncode != 0:
+            raise BenchError(f"pvsched {' '.join(argv)}: rc {r.returncode}: {r.stdout.strip()}")
+        return r
+
+    def status(self):
+        return json.loads(self.pvsched("status", "--json").stdout)
+
+    def device_cmd(self, name):
+        return [str(self.args.pvsched_bin), "device", "--daemon-region", name,
+                "--daemon-socket", str(self.socket)]
+
+    def stop(self):
+        self.proc.stop()
+
+
+def thread_stats(status, name):
+    """Sum of boosts, throttles and boosted ns over VM `name`'s threads."""
+    vm = next((v for v in status.get("vms", []) if v["name"] == name), None)
+    tot = {"boosts": 0, "throttles": 0, "boosted_ns": 0}
+    if vm is None:
+        return None
+    for t in vm["vcpus"] + vm["emulators"]:
+        for k in tot:
+            tot[k] += t[k]
+    return tot

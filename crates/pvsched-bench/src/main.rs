@@ -214,9 +214,12 @@ pub struct BenchArgs {
     /// target/release).
     #[arg(long)]
     pub device_bin: Option<PathBuf>,
-    /// S4: the pvsched-agent-attach binary (default: as --device-bin).
+    /// S4: the pvsched CLI binary (default: as --device-bin).
     #[arg(long)]
-    pub agent_bin: Option<PathBuf>,
+    pub pvsched_bin: Option<PathBuf>,
+    /// S4: the pvschedd binary (default: as --device-bin).
+    #[arg(long)]
+    pub pvschedd_bin: Option<PathBuf>,
 }
 
 /// Runs scenario `s`; returns the exit code.
@@ -392,18 +395,21 @@ fn s4_body(
     let need = |given: &Option<PathBuf>, name: &str| -> Result<PathBuf, BenchError> {
         given.clone().or_else(|| s4::find_bin(name, &repo)).ok_or_else(|| {
             BenchError::Setup(format!(
-                "{name} not found beside this binary or in target/release; build it with `cargo build --release -p pvsched-transport --bin pvsched-device -p pvsched-agent --bin pvsched-agent-attach` or pass --device-bin/--agent-bin"
+                "{name} not found beside this binary or in target/release; build it with `cargo build --release -p pvsched-transport --bin pvsched-device -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd` or pass --device-bin/--pvsched-bin/--pvschedd-bin"
             ))
         })
     };
     let device_bin = need(&a.device_bin, "pvsched-device")?;
-    let agent_bin = need(&a.agent_bin, "pvsched-agent-attach")?;
+    let pvsched_bin = need(&a.pvsched_bin, "pvsched")?;
+    let pvschedd_bin = need(&a.pvschedd_bin, "pvschedd")?;
     let samples =
         std::env::temp_dir().join(format!("pvsched-bench-s4-{}.json", std::process::id()));
     let out = s4::run(&s4::S4Args {
         repo: &repo,
         device_bin: &device_bin,
-        agent_bin: &agent_bin,
+        pvsched_bin: &pvsched_bin,
+        pvschedd_bin: &pvschedd_bin,
+        caps: a.caps.as_deref(),
         quick: a.quick,
         reps: a.reps,
         duration_s: a.duration.map(|d| d.as_secs().max(1)),

@@ -48,8 +48,12 @@ pub struct S4Args<'a> {
     pub repo: &'a Path,
     /// `pvsched-device` binary.
     pub device_bin: &'a Path,
-    /// `pvsched-agent-attach` binary.
-    pub agent_bin: &'a Path,
+    /// `pvsched` binary (registers the VM: `pvsched qemu-attach`).
+    pub pvsched_bin: &'a Path,
+    /// `pvschedd` binary (the host daemon s4.py starts).
+    pub pvschedd_bin: &'a Path,
+    /// `--caps`: the VM's caps file (default: pvschedd's default caps).
+    pub caps: Option<&'a Path>,
     /// `--quick`.
     pub quick: bool,
     /// `--reps`.
@@ -73,8 +77,10 @@ pub fn run(a: &S4Args<'_>) -> Result<Value, BenchError> {
     cmd.arg(&script)
         .arg("--device-bin")
         .arg(a.device_bin)
-        .arg("--agent-bin")
-        .arg(a.agent_bin)
+        .arg("--pvsched-bin")
+        .arg(a.pvsched_bin)
+        .arg("--pvschedd-bin")
+        .arg(a.pvschedd_bin)
         .arg("--json")
         .arg("-")
         .arg("--samples")
@@ -85,6 +91,9 @@ pub fn run(a: &S4Args<'_>) -> Result<Value, BenchError> {
     }
     if let Some(r) = a.reps {
         cmd.arg("--reps").arg(r.to_string());
+    }
+    if let Some(c) = a.caps {
+        cmd.arg("--caps").arg(c);
     }
     if let Some(d) = a.duration_s {
         cmd.arg("--duration").arg(d.to_string());
@@ -131,8 +140,9 @@ pub fn normalize_targets(t: Value) -> Value {
 
 type Curve = (String, Vec<(u64, u64)>, u64);
 
-/// CDF series from s4.py's raw histograms: guest latency per variant for
-/// the loaded host at `interval_us`, all repetitions merged.
+/// CDF series from s4.py's raw histograms: guest and host latency per
+/// kernel and variant for the loaded host at `interval_us`, all
+/// repetitions merged.
 pub fn series(samples: &Value, interval_us: u64) -> Vec<Series> {
     // (name, histogram buckets (µs, count), cycles) per curve.
     let mut out: Vec<Curve> = Vec::new();
@@ -145,8 +155,11 @@ pub fn series(samples: &Value, interval_us: u64) -> Vec<Series> {
         let Some(variant) = run["variant"].as_str() else {
             continue;
         };
+        let kernel = run["kernel"]
+            .as_str()
+            .map_or(String::new(), |k| format!("{k} "));
         for side in ["guest", "host"] {
-            let name = format!("{variant} {side}");
+            let name = format!("{kernel}{variant} {side}");
             let h = &run[side];
             let hist: Vec<(u64, u64)> = h["hist"]
                 .as_array()
@@ -217,11 +230,15 @@ mod tests {
              "guest": {"hist": [[10, 4]], "cycles": 4, "overflow": 0},
              "host": {"hist": [], "cycles": 0, "overflow": 0}},
             {"variant": "vanilla", "load": "idle", "interval_us": 500, "rep": 1,
-             "guest": {"hist": [[1, 9]], "cycles": 9, "overflow": 0}}
+             "guest": {"hist": [[1, 9]], "cycles": 9, "overflow": 0}},
+            {"kernel": "6.1-cloud", "variant": "pvsched", "load": "loaded",
+             "interval_us": 500, "rep": 1,
+             "guest": {"hist": [[7, 1]], "cycles": 1, "overflow": 0}}
         ]});
         let v = series(&s, 500);
-        assert_eq!(v.len(), 2);
+        assert_eq!(v.len(), 3);
         assert_eq!(v[0].name, "vanilla guest");
+        assert_eq!(v[2].name, "6.1-cloud pvsched guest");
         assert_eq!(v[0].points, vec![(10.0, 0.75), (100.0, 1.0)]);
         assert_eq!(v[1].points, vec![(5.0, 1.0)]);
         assert_eq!(repo_root(Some(Path::new("/x"))), Some(PathBuf::from("/x")));

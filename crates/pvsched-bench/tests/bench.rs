@@ -181,7 +181,8 @@ fn load_kinds_parse() {
         let out = pvsched()
             .args(["s4", "--quick", "--load", kind, "--hogs", "1"])
             .args(["--repo", "/nonexistent-pvsched-repo"])
-            .args(["--device-bin", "/bin/true", "--agent-bin", "/bin/true"])
+            .args(["--device-bin", "/bin/true", "--pvsched-bin", "/bin/true"])
+            .args(["--pvschedd-bin", "/bin/true"])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(9), "--load {kind}");
@@ -204,7 +205,9 @@ fn bench_that_cannot_run_exits_9() {
             "/nonexistent-pvsched-repo",
             "--device-bin",
             "/bin/true",
-            "--agent-bin",
+            "--pvsched-bin",
+            "/bin/true",
+            "--pvschedd-bin",
             "/bin/true",
         ])
         .output()
@@ -243,7 +246,8 @@ fn s4_runs_the_script_and_relays_its_json() {
     let png = repo.join("s4.png");
     let out = pvsched()
         .args(["s4", "--quick", "--reps", "2", "--json", "-"])
-        .args(["--device-bin", "/bin/true", "--agent-bin", "/bin/false"])
+        .args(["--device-bin", "/bin/true", "--pvsched-bin", "/bin/false"])
+        .args(["--pvschedd-bin", "/bin/sh"])
         .arg("--repo")
         .arg(&repo)
         .arg("--plot")
@@ -265,7 +269,8 @@ fn s4_runs_the_script_and_relays_its_json() {
         .collect();
     for pair in [
         ["--device-bin", "/bin/true"],
-        ["--agent-bin", "/bin/false"],
+        ["--pvsched-bin", "/bin/false"],
+        ["--pvschedd-bin", "/bin/sh"],
         ["--reps", "2"],
         ["--json", "-"],
     ] {

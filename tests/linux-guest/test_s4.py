@@ -1,0 +1,53 @@
+"""The S4 benchmark's smoke run: `bench/s4.py` boots a 7.3 guest per
+variant (vanilla, then pvsched with pvschedd and `pvsched qemu-attach`),
+runs cyclictest in it beside the host's stress-ng load with the host's
+scheduler traced, and writes its JSON. The test asserts the run happened
+and its report has what a full run reports; its only policy assertion is
+causal: the guest's FIFO cyclictest makes its vCPU latency-sensitive, so
+pvschedd boosts that VM (no timing, no ratio: those are the benchmark's,
+docs/benchmarks.md)."""
+
+import json
+import os
+import subprocess
+import sys
+
+KERNEL = "7.3-cloud"
+
+
+def test_s4_smoke(matrix, release_bins, qemu11, repo, cache, tmp_path, report, need_real):
+    if KERNEL not in matrix.kernels:
+        need_real(f"kernel {KERNEL}", "not among this run's matrix kernels (kernels.conf)")
+    matrix.guest(KERNEL)  # its module installed by the .deb in the chroot
+    out = tmp_path / "s4.json"
+    cmd = [sys.executable, str(repo / "bench" / "s4.py"), "--kernels", KERNEL, "--reps", "1",
+           "--duration", "3", "--no-idle", "--trace", "--json", str(out),
+           "--cache", str(cache), "--out", str(tmp_path / "work"),
+           "--device-bin", str(release_bins.device), "--pvsched-bin", str(release_bins.pvsched),
+           "--pvschedd-bin", str(release_bins.pvschedd), "--qemu11", str(qemu11)]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    print(r.stdout)
+    assert r.returncode == 0, f"bench/s4.py exited {r.returncode}"
+    doc = json.loads(out.read_text())
+    assert doc["scenario"] == "s4" and doc["caps"]["source"] == "default", doc.get("caps")
+    k = doc["kernels"][KERNEL]
+    for v in ("vanilla", "pvsched"):
+        for iv in ("500", "1000"):
+            assert all(c > 0 for c in k[v]["guest_cycles"][iv]), (v, iv, k[v]["guest_cycles"])
+            assert k[v]["guest_max_us"][iv]["median"] is not None, (v, iv)
+    # The guest's cyclictest (FIFO 8) asks for a boost; the policy grants
+    # it within the caps and holds it while the vCPU halts.
+    pol = k["pvsched"]["policy"]["500"][0]
+    assert pol["boosts"] >= 1 and pol["boosted_s"] > 0, pol
+    assert set(pol["threads"]) == {"main", "vcpu0", "vcpu1"}, pol
+    # Every loaded phase was traced and its waits named.
+    assert len(doc["stalls"]) == 4, [(s["variant"], s["interval_us"]) for s in doc["stalls"]]
+    for s in doc["stalls"]:
+        assert all(w["cause"] in ("stolen", "unboosted", "behind-rt", "behind-fair", "other")
+                   for w in s["waits"]), s
+    assert set(doc["targets"]) == {f"{KERNEL} {n}" for n in (
+        "guest_max_i500", "guest_max_i1000", "host_avg_i500", "host_max_i500",
+        "host_avg_i1000", "host_max_i1000")}, doc["targets"]
+    report(f"s4 smoke: {doc['seconds']} s; guest max per rep {k['paired_max']}, "
+           f"policy {pol['boosts']} boosts {pol['boosted_s']} s")
