@@ -593,17 +593,22 @@ def main():
     log(f"kernels {','.join(kernels)}; {args.reps} reps x {len(phases)} phases x "
         f"{args.duration}s per variant; load average {la0}")
 
-    runs, counters, releases = [], {}, {}
+    # Every kernel's initramfs first: a kernel that is missing (or has no
+    # DKMS-built module) stops the run before the first boot, not half-way.
+    releases, images = {}, {}
+    for kernel in kernels:
+        release, chroot, vmlinuz = matrix_kernel(args.cache, kernel)
+        releases[kernel] = release
+        kdir = args.out / f"initramfs-{kernel}"
+        kdir.mkdir(parents=True, exist_ok=True)
+        images[kernel] = (vmlinuz, build_initramfs(REPO / "tests" / "linux-guest", None, kdir,
+                                                   extra_files=initramfs_extras(chroot, release)))
+    runs, counters = [], {}
     daemon = Daemon(args, args.out)
     caps = None
     try:
         for kernel in kernels:
-            release, chroot, args.vmlinuz = matrix_kernel(args.cache, kernel)
-            releases[kernel] = release
-            kdir = args.out / f"initramfs-{kernel}"
-            kdir.mkdir(parents=True, exist_ok=True)
-            args.initrd = build_initramfs(REPO / "tests" / "linux-guest", None, kdir,
-                                          extra_files=initramfs_extras(chroot, release))
+            args.vmlinuz, args.initrd = images[kernel]
             for rep in range(args.reps):
                 order = variants if rep % 2 == 0 else variants[::-1]
                 for variant in order:

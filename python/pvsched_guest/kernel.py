@@ -118,7 +118,8 @@ def modprobe_files(chroot, release):
     kos = sorted(mdir.glob("updates/dkms/pvsched.ko*"))
     if not kos:
         raise Failure(f"no DKMS-installed pvsched in {mdir}/updates/dkms "
-                      f"(tests/linux-guest/test_guest_matrix.py installs it)")
+                      f"(install it: python3 -m pytest tests/linux-guest/test_guest_matrix.py "
+                      f"-k test_deb_install; a test run of other kernels only removes it)")
     files = {f"/lib/modules/{release}/{p.relative_to(mdir)}": p for p in kos}
     files.update({f"/lib/modules/{release}/{p.name}": p for p in mdir.glob("modules.*")})
     files.update(chroot_binary(chroot, "/usr/bin/kmod", "/usr/sbin/modprobe"))
