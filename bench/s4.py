@@ -94,7 +94,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -107,7 +106,8 @@ sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(HERE))
 from pvsched_guest.bench import (BenchError, Daemon, Proc, between,  # noqa: E402
                                  CLK_TCK, driver_counters, first_line, loadavg, ratio,
-                                 run_main, spread, stat_cpu_s, thread_stats)
+                                 run_main, spread, stat_cpu_s, status_vm, thread_stats,
+                                 vm_caps)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
@@ -192,8 +192,8 @@ class Tracer:
         self.out = out
         # stress-ng --fork makes ~100 000 scheduler events per second
         # and CPU: TRACE_KB_PER_S per second of trace keeps them all.
-        os.environ["PVSCHED_TRACE_BUFFER_KB"] = str(TRACE_KB_PER_S * seconds)
-        self.proc = Proc("trace", ["sh", str(HERE / "trace-run.sh"), str(out), "--", "sleep",
+        self.proc = Proc("trace", ["env", f"PVSCHED_TRACE_BUFFER_KB={TRACE_KB_PER_S * seconds}",
+                                   "sh", str(HERE / "trace-run.sh"), str(out), "--", "sleep",
                                    str(seconds)], f"{out}.log")
 
     def stalls(self, tids, timeout, keep=False):
@@ -206,8 +206,7 @@ class Tracer:
             log(f"no trace (trace-run.sh rc {rc}): {text.strip()[-300:]}")
             return None
         overrun = sum(int(l.split()[-1]) for l in text.splitlines() if "overrun" in l)
-        waits = stall_trace.analyze(f"{self.out}.trace", STALL_US, tids)
-        gaps = stall_trace.host_gaps(f"{self.out}.trace", STALL_US)
+        waits, gaps = stall_trace.analyze(f"{self.out}.trace", STALL_US, tids)
         if not keep:
             Path(f"{self.out}.trace").unlink()  # hundreds of MB; the waits are kept
         by = {}
@@ -238,8 +237,7 @@ class BenchBoot:
         self.load = None
         self.host = None
         self.tracer = None
-        self.attached = False
-        self.tids = None  # {tid: label} of the VM's QEMU threads
+        self.tids = None  # {tid: label} of the VM's QEMU threads, once attached
         self.results = []
         self.counters = None
         self.current = None
@@ -261,8 +259,8 @@ class BenchBoot:
                 argv.append("--no-emulator")
             self.daemon.pvsched(*argv)
             boot.cleanups.append(self.unregister)
-            self.caps = daemon_caps(self.daemon, self.name)
-        self.attached = True
+            self.caps = vm_caps(self.daemon, self.name)
+            log(f"caps: {self.caps}")
 
     def unregister(self):
         if self.daemon is not None and self.variant == "pvsched":
@@ -274,14 +272,14 @@ class BenchBoot:
             return None
         st = self.daemon.status()
         out = thread_stats(st, self.name)
-        vm = next((v for v in st.get("vms", []) if v["name"] == self.name), None)
+        vm = status_vm(st, self.name)
         if out is not None and vm is not None:
             out["threads"] = {self.tids.get(t["tid"], str(t["tid"])): t
                               for t in vm["vcpus"] + vm["emulators"]}
         return out
 
     def on_wait(self, boot):
-        if not self.attached:
+        if self.tids is None:
             self.attach(boot)
         if self.next >= len(self.phases):
             if self.counters is None:
@@ -661,18 +659,6 @@ def main():
             f"{k['paired_max']['1000']}")
     log(f"total {result['seconds']}s")
     return 0
-
-
-def daemon_caps(daemon, name):
-    """The caps pvschedd gave VM `name` (printed once), None if it is gone."""
-    try:
-        vm = next((v for v in daemon.status()["vms"] if v["name"] == name), None)
-    except (BenchError, ValueError, subprocess.SubprocessError):
-        return None
-    if vm is None:
-        return None
-    log(f"caps ({vm['caps_source']}): {vm['caps']}")
-    return {"source": vm["caps_source"], **vm["caps"]}
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
 from pvsched_guest.bench import (BenchError, Daemon, Proc, between,  # noqa: E402
                                  driver_counters, first_line, loadavg, qemu_cpu_s, ratio,
-                                 run_main, stat_cpu_s, thread_cpu_s, thread_stats)
+                                 run_main, stat_cpu_s, thread_cpu_s, thread_stats,
+                                 vm_caps)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.host import fair_slice, set_fair_slice  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
@@ -258,9 +259,8 @@ def apply_variant(g, variant, daemon, cgroup):
         daemon.pvsched("qemu-attach", "--qmp", str(g.boot.qmp_path), "--name", g.name,
                        "--device-region")
         if variant not in daemon.caps:
-            vm = next(v for v in daemon.status()["vms"] if v["name"] == g.name)
-            daemon.caps[variant] = {"source": vm["caps_source"], **vm["caps"]}
-            log(f"{variant} caps ({vm['caps_source']}): {vm['caps']}")
+            daemon.caps[variant] = vm_caps(daemon, g.name)
+            log(f"{variant} caps: {daemon.caps[variant]}")
     elif variant == "fifo1":
         for t in g.vcpu_tids():
             os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(1))

@@ -57,9 +57,15 @@ def parse(path):
 
 
 def analyze(path, over_us, tids=None):
-    """Every wait over `over_us` of the selected threads (`tids`: {tid:
-    label}; None: threads whose comm starts with "vcpu "), oldest first,
-    each a dict with its cause (see the module's docstring)."""
+    """(waits, gaps) of one pass over the trace. waits: every wait over
+    `over_us` of the selected threads (`tids`: {tid: label}; None: threads
+    whose comm starts with "vcpu "), oldest first, each a dict with its
+    cause (see the module's docstring). gaps: every interval over
+    `over_us` in which no CPU recorded any event, [(start, ms)] oldest
+    first: on a busy host (each CPU ticks every few ms), the whole host
+    stopped, i.e. its own hypervisor ran something else on all its CPUs
+    at once. Every thread waits through such a gap, runnable or not, so
+    it shows in no thread's wait."""
     def chosen(comm, pid):
         return pid in tids if tids is not None else comm.startswith("vcpu ")
 
@@ -67,9 +73,12 @@ def analyze(path, over_us, tids=None):
     seen = defaultdict(list)  # cpu -> timestamps of every event there
     resched = defaultdict(list)  # cpu -> timestamps of reschedule IPIs taken
     waiting = {}  # pid -> (since, why, prio, [(from, CPU it is queued on)])
-    raw = []
+    raw, gaps, last = [], [], None
     for cpu, ts, ev, rest in parse(path):
         seen[cpu].append(ts)
+        if last is not None and (ts - last) * 1e6 > over_us:
+            gaps.append((last, round((ts - last) * 1e3, 3)))
+        last = ts if last is None else max(last, ts)
         if ev == "reschedule_entry":
             resched[cpu].append(ts)
         if ev == "sched_switch":
@@ -144,21 +153,7 @@ def analyze(path, over_us, tids=None):
                       "resched_ipi_ms": None if ipi is None else round((ipi - since) * 1e3, 3),
                       "ran": [{"comm": c, "pid": p, "prio": pr, "ms": round(t * 1e3, 3)}
                               for (c, p, pr), t in sorted(ran.items(), key=lambda x: -x[1])]})
-    return waits
-
-
-def host_gaps(path, over_us):
-    """Every interval over `over_us` in which no CPU recorded any event,
-    [(start, ms)] oldest first: on a busy host (each CPU ticks every few
-    ms), the whole host stopped, i.e. its own hypervisor ran something
-    else on all its CPUs at once. Every thread waits through such a gap,
-    runnable or not, so it shows in no thread's wait."""
-    gaps, last = [], None
-    for _, ts, _, _ in parse(path):
-        if last is not None and (ts - last) * 1e6 > over_us:
-            gaps.append((last, round((ts - last) * 1e3, 3)))
-        last = ts if last is None else max(last, ts)
-    return gaps
+    return waits, gaps
 
 
 def parse_tids(text):
@@ -178,8 +173,7 @@ def main():
                     help="TID[=LABEL],...: these threads instead of those named 'vcpu N'")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     a = ap.parse_args()
-    waits = analyze(a.trace, a.over_us, a.tids)
-    gaps = host_gaps(a.trace, a.over_us)
+    waits, gaps = analyze(a.trace, a.over_us, a.tids)
     if a.json:
         print(json.dumps({"over_us": a.over_us, "waits": waits,
                           "causes": dict(Counter(w["cause"] for w in waits)),

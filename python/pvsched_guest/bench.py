@@ -226,9 +226,22 @@ class Daemon:
         self.proc.stop()
 
 
+def status_vm(status, name):
+    """VM `name` in a `pvsched status --json` reply, None if not there."""
+    return next((v for v in status.get("vms", []) if v["name"] == name), None)
+
+
+def vm_caps(daemon, name):
+    """The caps pvschedd gave registered VM `name`, with their source."""
+    vm = status_vm(daemon.status(), name)
+    if vm is None:
+        raise BenchError(f"VM {name} is not registered with pvschedd")
+    return {"source": vm["caps_source"], **vm["caps"]}
+
+
 def thread_stats(status, name):
     """Sum of boosts, throttles and boosted ns over VM `name`'s threads."""
-    vm = next((v for v in status.get("vms", []) if v["name"] == name), None)
+    vm = status_vm(status, name)
     tot = {"boosts": 0, "throttles": 0, "boosted_ns": 0}
     if vm is None:
         return None

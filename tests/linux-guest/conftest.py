@@ -3,9 +3,11 @@ built once per session), the guest-matrix chroots with DKMS, the
 capabilities the scenarios need, and `report`, whose result lines are
 printed after the tests in a "linux-guest results" section."""
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -280,3 +282,26 @@ def matrix_guest(matrix, kernel):
     """The guest of the test's matrix kernel (`kernel`), its module
     installed from the .deb, its initramfs built once per session."""
     return matrix.guest(kernel)
+
+
+@pytest.fixture
+def bench_script(matrix, release_bins, qemu11, repo, cache, tmp_path, need_real):
+    """Runs bench/SCRIPT (s4.py, s6.py) on matrix kernel KERNEL (its module
+    installed from the .deb) with this run's binaries, cache and QEMU 11
+    and the given options; asserts it exited 0 and returns its JSON."""
+    def run(script, kernel_opt, kernel, *options):
+        if kernel not in matrix.kernels:
+            need_real(f"kernel {kernel}", "not among this run's matrix kernels (kernels.conf)")
+        matrix.guest(kernel)
+        out = tmp_path / f"{script}.json"
+        cmd = [sys.executable, str(repo / "bench" / script), kernel_opt, kernel, *options,
+               "--json", str(out), "--cache", str(cache), "--out", str(tmp_path / "work"),
+               "--device-bin", str(release_bins.device), "--pvsched-bin",
+               str(release_bins.pvsched), "--pvschedd-bin", str(release_bins.pvschedd),
+               "--qemu11", str(qemu11)]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        print(r.stdout)
+        assert r.returncode == 0, f"bench/{script} exited {r.returncode}"
+        return json.loads(out.read_text())
+    return run

@@ -7,29 +7,12 @@ causal: the guest's FIFO cyclictest makes its vCPU latency-sensitive, so
 pvschedd boosts that VM (no timing, no ratio: those are the benchmark's,
 docs/benchmarks.md)."""
 
-import json
-import os
-import subprocess
-import sys
-
 KERNEL = "7.3-cloud"
 
 
-def test_s4_smoke(matrix, release_bins, qemu11, repo, cache, tmp_path, report, need_real):
-    if KERNEL not in matrix.kernels:
-        need_real(f"kernel {KERNEL}", "not among this run's matrix kernels (kernels.conf)")
-    matrix.guest(KERNEL)  # its module installed by the .deb in the chroot
-    out = tmp_path / "s4.json"
-    cmd = [sys.executable, str(repo / "bench" / "s4.py"), "--kernels", KERNEL, "--reps", "1",
-           "--duration", "3", "--no-idle", "--trace", "--json", str(out),
-           "--cache", str(cache), "--out", str(tmp_path / "work"),
-           "--device-bin", str(release_bins.device), "--pvsched-bin", str(release_bins.pvsched),
-           "--pvschedd-bin", str(release_bins.pvschedd), "--qemu11", str(qemu11)]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    print(r.stdout)
-    assert r.returncode == 0, f"bench/s4.py exited {r.returncode}"
-    doc = json.loads(out.read_text())
+def test_s4_smoke(bench_script, report):
+    doc = bench_script("s4.py", "--kernels", KERNEL, "--reps", "1", "--duration", "3",
+                       "--no-idle", "--trace")
     assert doc["scenario"] == "s4" and doc["caps"]["source"] == "default", doc.get("caps")
     k = doc["kernels"][KERNEL]
     for v in ("vanilla", "pvsched"):

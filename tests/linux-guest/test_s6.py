@@ -6,30 +6,13 @@ only figure is the batch guest's boosted time, which the policy bounds by
 construction (no timing, no ratio: those are the benchmark's,
 docs/benchmarks.md)."""
 
-import json
-import os
-import subprocess
-import sys
-
 KERNEL = "7.3-cloud"
 
 
-def test_s6_smoke(matrix, release_bins, qemu11, repo, cache, tmp_path, report, need_real):
-    if KERNEL not in matrix.kernels:
-        need_real(f"kernel {KERNEL}", "not among this run's matrix kernels (kernels.conf)")
-    matrix.guest(KERNEL)  # its module installed by the .deb in the chroot
-    out = tmp_path / "s6.json"
-    cmd = [sys.executable, str(repo / "bench" / "s6.py"), "--kernel", KERNEL, "--topology", "1x2",
-           "--workloads", "cpu", "--variants", "vanilla,pvsched", "--reps", "1",
-           "--duration", "5", "--hogs", "1", "--json", str(out), "--cache", str(cache),
-           "--out", str(tmp_path / "work"), "--device-bin", str(release_bins.device),
-           "--pvsched-bin", str(release_bins.pvsched), "--pvschedd-bin",
-           str(release_bins.pvschedd), "--qemu11", str(qemu11)]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    print(r.stdout)
-    assert r.returncode == 0, f"bench/s6.py exited {r.returncode}"
-    doc = json.loads(out.read_text())
+def test_s6_smoke(bench_script, report):
+    doc = bench_script("s6.py", "--kernel", KERNEL, "--topology", "1x2", "--workloads", "cpu",
+                       "--variants", "vanilla,pvsched", "--reps", "1", "--duration", "5",
+                       "--hogs", "1")
     assert doc["scenario"] == "s6"
     runs = {(x["variant"], x["workload"]): x for x in doc["runs"]}
     assert set(runs) == {("vanilla", "cpu"), ("pvsched", "cpu")}
