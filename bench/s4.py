@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """S4 seed reproduction: cyclictest in a real Linux guest under
-QEMU TCG with the pvsched guest module, vanilla vs pvsched.
+QEMU TCG with the pvsched guest module, vanilla vs pvsched (and what a
+user would pick instead: static SCHED_FIFO 1 vCPUs, a cgroup weight).
 
 What it runs
 ------------
@@ -24,10 +25,18 @@ vanilla = no daemon; pvsched = pvschedd (started once) with its default
 caps (`--caps FILE`: that file as the VM's caps), the VM registered by
 `pvsched qemu-attach --device-region`, QEMU's main-loop thread (which
 raises a TCG guest's timers) its emulator thread (`--no-emulator` leaves
-it out). Every QEMU thread starts SCHED_OTHER nice 0 in both variants.
-One boot per (kernel, rep, variant); the variant order alternates per rep
-(ABBA). stress-ng, both cyclictests and the tracer are always stopped,
-also on error, Ctrl-C or SIGTERM.
+it out). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
+libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
+stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
+cpu.shares 4096 (the hogs in the root group). Every QEMU thread starts
+SCHED_OTHER nice 0 in every variant, and the host's autogroup is off for
+the run (`--autogroup`; put back afterwards): every thread of the root
+cgroup is one nice-0 share, as the variants assume (with autogroup on,
+QEMU and the host load, in different sessions, would split the CPUs by
+session). One boot per (kernel, rep, variant); the variant order
+alternates per rep (ABBA). stress-ng, both cyclictests and the tracer
+are always stopped, also on error, Ctrl-C or SIGTERM.
 
 --trace records the host's scheduler events (bench/trace-run.sh) during
 each loaded phase and names every wait over 1 ms of the VM's QEMU threads
@@ -55,15 +64,19 @@ pvschedd's log) go to --out (default $PVSCHED_CACHE/bench-s4).
 Output (one JSON object)
 ------------------------
   scenario "s4", quick, reps, duration_s, machine, command, caps
-  kernels: {KERNEL: {vanilla, pvsched, ratio_p50, ratio_p99, ratio_max,
-            paired_max, targets, idle}} where
-    vanilla / pvsched (host loaded):
+  kernels: {KERNEL: {vanilla, pvsched, fifo1, weight (those run),
+            ratio_p50, ratio_p99, ratio_max, paired_max, targets,
+            alternatives, idle}} where
+    vanilla / pvsched / fifo1 / weight (host loaded):
       p50_us, p99_us, max_us    guest avg / histogram p99 / max of the -i 500
                                 run (median over reps). p99 comes from the
                                 -h histogram (null if past 200 ms).
       guest_avg_us, guest_max_us, guest_p50_us, guest_p99_us, host_avg_us,
       host_max_us, host_p99_us: {"500": {median, min, max, reps: [...]},
       "1000": {...}}; guest_cycles and host_loadavg_start per interval/rep
+      setup: per rep, what the variant left in force, read back when the
+      VM was set up: {threads: {main|vcpuN: [policy, rt_priority]},
+      cpu_cgroup} (pvsched's boosts come later and are not in it)
       cpu_s: CPU seconds of each QEMU thread (main, vcpuN) per phase;
       steal_s: the host's steal time (/proc/stat, all CPUs) per phase
       policy (pvsched): pvschedd's boosts, throttles and boosted seconds
@@ -75,6 +88,9 @@ Output (one JSON object)
       rep's vanilla guest max
     targets: per interval, guest max <= 0.1x vanilla in every rep, host
              avg and host max <= 1.1x vanilla (medians); {value, target, met}
+    alternatives: per variant other than vanilla (pvsched too), its
+      ratio_p50, ratio_p99, ratio_max, paired_max and host_avg / host_max
+      ratios (medians, -i 500 for the headline ratios) against vanilla
     idle: the same for the idle-host phases
   targets: every kernel's targets, keyed "KERNEL NAME"
   guest_driver_counters: the driver's debugfs counters after each boot
@@ -104,10 +120,11 @@ REPO = HERE.parent
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(HERE))
-from pvsched_guest.bench import (BenchError, Daemon, Proc, between,  # noqa: E402
-                                 CLK_TCK, driver_counters, first_line, loadavg, ratio,
-                                 run_main, spread, stat_cpu_s, status_vm, thread_stats,
-                                 vm_caps)
+from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
+                                 BenchError, CGROUP_CPU, CLK_TCK, Daemon,
+                                 Proc, WEIGHT_SHARES, between, driver_counters, first_line,
+                                 loadavg, ratio, remove_cgroup, run_main, set_fifo1, spread,
+                                 stat_cpu_s, status_vm, thread_stats, vm_caps, weight_cgroup)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
@@ -118,6 +135,7 @@ HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
           "--fork", "1"]
 INTERVALS = (500, 1000)
+VARIANTS = ("vanilla", "pvsched", "fifo1", "weight")
 LOAD_WARMUP_S = 3.0
 IDLE_SETTLE_S = 2.0
 # Guest max over vanilla's, in every repetition; host avg and max over
@@ -226,9 +244,9 @@ class Tracer:
 class BenchBoot:
     """Hooks driving one `pvtest=bench` boot through its phases."""
 
-    def __init__(self, args, kernel, variant, rep, phases, daemon):
+    def __init__(self, args, kernel, variant, rep, phases, daemon, cgroup):
         self.args, self.kernel, self.variant, self.rep = args, kernel, variant, rep
-        self.daemon = daemon
+        self.daemon, self.cgroup = daemon, cgroup
         self.phases = list(phases)  # [(load, interval)]
         self.next = 0
         self.name = f"s4-{kernel}-{variant}-r{rep}"
@@ -243,6 +261,7 @@ class BenchBoot:
         self.current = None
         self.status0 = None
         self.caps = None  # pvschedd's caps for the VM (pvsched)
+        self.setup = None  # the QEMU threads' policies and cgroup, read back
 
     def hooks(self):
         return {"bench-wait": self.on_wait, "cyc-end": self.on_cyc_end,
@@ -261,6 +280,12 @@ class BenchBoot:
             boot.cleanups.append(self.unregister)
             self.caps = vm_caps(self.daemon, self.name)
             log(f"caps: {self.caps}")
+        elif self.variant == "fifo1":
+            set_fifo1(c["thread-id"] for c in cpus)
+        elif self.variant == "weight":
+            (self.cgroup / "cgroup.procs").write_text(str(pid))
+        self.setup = thread_setup(pid, self.tids)
+        log(f"{self.variant}: {self.setup}")
 
     def unregister(self):
         if self.daemon is not None and self.variant == "pvsched":
@@ -350,7 +375,7 @@ class BenchBoot:
         if g["avg_us"] is None or h["avg_us"] is None:
             raise BenchError(f"{self.name}: a cyclictest ran no cycles (guest {g['cycles']}, "
                              f"host {h['cycles']})")
-        self.current.update(guest=guest, host=host)
+        self.current.update(guest=guest, host=host, setup=self.setup)
         cpu1 = self.threads_cpu_s(boot)
         self.current["steal_s"] = round(steal_s() - self.steal0, 3)
         self.current["cpu_s"] = {k: round(cpu1[k] - self.cpu0[k], 3) for k in cpu1
@@ -393,6 +418,27 @@ class BenchBoot:
             self.tracer.proc.stop()
 
 
+def thread_setup(pid, tids):
+    """What the variant left in force, read back from the kernel: each
+    QEMU thread's policy and RT priority by label, and QEMU's cpu cgroup."""
+    names = {os.SCHED_OTHER: "other", os.SCHED_FIFO: "fifo", os.SCHED_RR: "rr"}
+    out = {"threads": {}, "cpu_cgroup": None}
+    for tid, label in tids.items():
+        try:
+            pol = os.sched_getscheduler(tid)
+            out["threads"][label] = [names.get(pol, pol), os.sched_getparam(tid).sched_priority]
+        except OSError:
+            pass
+    try:
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, ctrls, path = line.split(":", 2)
+            if "cpu" in ctrls.split(","):
+                out["cpu_cgroup"] = path
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def policy_delta(a, b):
     """Boosts, throttles and boosted seconds from pvschedd counters a to b."""
     return {"boosts": b["boosts"] - a.get("boosts", 0),
@@ -400,8 +446,8 @@ def policy_delta(a, b):
             "boosted_s": round((b["boosted_ns"] - a.get("boosted_ns", 0)) / 1e9, 3)}
 
 
-def run_boot(args, kernel, variant, rep, phases, daemon):
-    bb = BenchBoot(args, kernel, variant, rep, phases, daemon)
+def run_boot(args, kernel, variant, rep, phases, daemon, cgroup):
+    bb = BenchBoot(args, kernel, variant, rep, phases, daemon, cgroup)
     dev = daemon.device_cmd(bb.name) if variant == "pvsched" else None
     if variant == "pvsched":
         caps = daemon.vms / f"{bb.name}.toml"
@@ -448,6 +494,9 @@ def variant_summary(runs, load):
                         {k: (r.get("stalls") or {}).get(k) for k in
                          ("by_thread", "longest_boosted_ms", "host_gaps",
                           "longest_host_gap_ms")} for r in rs]
+    out["setup"] = [r.get("setup") for r in sorted(
+        (r for r in runs if r["load"] == load and r["interval_us"] == INTERVALS[0]),
+        key=lambda r: r["rep"])]
     head = str(INTERVALS[0])
     out["p50_us"] = out["guest_avg_us"][head]["median"]
     out["p99_us"] = out["guest_p99_us"][head]["median"]
@@ -455,14 +504,14 @@ def variant_summary(runs, load):
     return out
 
 
-def paired_max(runs, load):
-    """Per interval: each rep's pvsched guest max over that rep's vanilla."""
+def paired_max(runs, load, variant="pvsched"):
+    """Per interval: each rep's `variant` guest max over that rep's vanilla."""
     out = {}
     for iv in INTERVALS:
         by = {(r["variant"], r["rep"]): r["guest"]["max_us"] for r in runs
               if r["load"] == load and r["interval_us"] == iv}
         reps = sorted({rep for _, rep in by})
-        out[str(iv)] = [ratio(by.get(("pvsched", rep)), by.get(("vanilla", rep)))
+        out[str(iv)] = [ratio(by.get((variant, rep)), by.get(("vanilla", rep)))
                         for rep in reps]
     return out
 
@@ -484,14 +533,29 @@ def targets(van, pv, paired):
 
 
 def compare(runs, load):
-    van = variant_summary([r for r in runs if r["variant"] == "vanilla"], load)
-    pv = variant_summary([r for r in runs if r["variant"] == "pvsched"], load)
+    ran = [v for v in VARIANTS if v in {r["variant"] for r in runs}]
+    out = {v: variant_summary([r for r in runs if r["variant"] == v], load)
+           for v in {"vanilla", "pvsched", *ran}}
+    van = out["vanilla"]
+    alts = {}
+    for v in ran:
+        if v == "vanilla":
+            continue
+        s = out[v]
+        alts[v] = {"ratio_p50": ratio(s["p50_us"], van["p50_us"]),
+                   "ratio_p99": ratio(s["p99_us"], van["p99_us"]),
+                   "ratio_max": ratio(s["max_us"], van["max_us"]),
+                   "paired_max": paired_max(runs, load, v)}
+        for k in ("host_avg_us", "host_max_us"):
+            alts[v][f"ratio_{k[:-3]}"] = {
+                iv: ratio(s[k][iv]["median"], van[k][iv]["median"]) for iv in s[k]}
+    pv = out["pvsched"]
     paired = paired_max(runs, load)
-    return {"vanilla": van, "pvsched": pv,
-            "ratio_p50": ratio(pv["p50_us"], van["p50_us"]),
-            "ratio_p99": ratio(pv["p99_us"], van["p99_us"]),
-            "ratio_max": ratio(pv["max_us"], van["max_us"]),
-            "paired_max": paired, "targets": targets(van, pv, paired)}
+    return out | {"ratio_p50": ratio(pv["p50_us"], van["p50_us"]),
+                  "ratio_p99": ratio(pv["p99_us"], van["p99_us"]),
+                  "ratio_max": ratio(pv["max_us"], van["max_us"]),
+                  "paired_max": paired, "targets": targets(van, pv, paired),
+                  "alternatives": alts}
 
 
 def machine(args, releases):
@@ -557,7 +621,9 @@ def main():
     ap.add_argument("--keep-trace", action="store_true",
                     help="keep each phase's trace (OUT/NAME/trace-*.trace; large)")
     ap.add_argument("--variants", default="vanilla,pvsched",
-                    help="vanilla,pvsched (one alone: no ratios, for a look at its stalls)")
+                    help=f"comma-separated, of {','.join(VARIANTS)} (one alone: no ratios, "
+                    "for a look at its stalls)")
+    add_autogroup_option(ap, "QEMU against the host load")
     ap.add_argument("-v", "--verbose", action="store_true", help="echo the guest console")
     args = ap.parse_args()
     args.reps = args.reps or (1 if args.quick else 3)
@@ -570,8 +636,8 @@ def main():
     args.tag, args.load_append = "", ""
     kernels = args.kernels.split(",")[:1] if args.quick else args.kernels.split(",")
     variants = args.variants.split(",")
-    if not variants or any(v not in ("vanilla", "pvsched") for v in variants):
-        ap.error(f"--variants {args.variants}: of vanilla and pvsched")
+    if not variants or any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants {args.variants}: of {', '.join(VARIANTS)}")
     for b in (args.device_bin, args.pvsched_bin, args.pvschedd_bin, args.qemu11):
         if not b.exists():
             raise FileNotFoundError(f"{b} (build it: see bench/s4.py's usage)")
@@ -603,24 +669,38 @@ def main():
                                                    extra_files=initramfs_extras(chroot, release)))
     runs, counters = [], {}
     daemon = Daemon(args, args.out)
-    caps = None
+    caps = cgroup = None
+    autogroup = Autogroup(args.autogroup)
     try:
+        autogroup.__enter__()
+        log(f"autogroup {autogroup.state}")
+        if "weight" in variants:
+            cgroup = weight_cgroup("pvsched-s4-vm")
         for kernel in kernels:
             args.vmlinuz, args.initrd = images[kernel]
             for rep in range(args.reps):
                 order = variants if rep % 2 == 0 else variants[::-1]
                 for variant in order:
-                    bb = run_boot(args, kernel, variant, rep, phases, daemon)
+                    bb = run_boot(args, kernel, variant, rep, phases, daemon, cgroup)
                     runs += bb.results
                     counters.setdefault(kernel, {}).setdefault(variant, []).append(bb.counters)
                     caps = caps or bb.caps
     finally:
         daemon.stop()
+        remove_cgroup(cgroup)
+        ag_state = autogroup.state
+        autogroup.__exit__()
 
     result = {"scenario": "s4", "quick": args.quick, "reps": args.reps,
               "caps": caps, "caps_file": str(args.caps) if args.caps else None,
               "emulator_thread": not args.no_emulator, "trace": args.trace,
-              "duration_s": args.duration, "machine": machine(args, releases),
+              "variants": variants,
+              "alternatives_setup": {
+                  "fifo1": "every vCPU thread SCHED_FIFO 1; QEMU's main loop SCHED_OTHER",
+                  "weight": f"QEMU in {CGROUP_CPU}/pvsched-s4-vm, cpu.shares "
+                  f"{WEIGHT_SHARES}; the host load in the root cgroup"},
+              "duration_s": args.duration,
+              "machine": machine(args, releases) | {"autogroup": ag_state},
               "loadavg_start": la0,
               "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
               "guest_cmd": ("cyclictest --mlockall -q -p 8 --policy=rr -i {500,1000} "
@@ -654,9 +734,11 @@ def main():
         Path(args.json).write_text(text + "\n")
         log(f"wrote {args.json}")
     for kernel, k in result["kernels"].items():
-        log(f"{kernel}: loaded -i 500 guest max {k['vanilla']['max_us']} -> "
-            f"{k['pvsched']['max_us']} us (per rep {k['paired_max']['500']}); -i 1000 per rep "
-            f"{k['paired_max']['1000']}")
+        for v, a in k["alternatives"].items():
+            log(f"{kernel} {v}: loaded -i 500 guest max {k['vanilla']['max_us']} -> "
+                f"{k[v]['max_us']} us (per rep {a['paired_max']['500']}); -i 1000 per rep "
+                f"{a['paired_max']['1000']}; p99 x{a['ratio_p99']}; host max x"
+                f"{a['ratio_host_max']}")
     log(f"total {result['seconds']}s")
     return 0
 

@@ -6,7 +6,8 @@ What it runs
 ------------
 N guests of V vCPUs each (`--topology NxV`, default 1x2), Debian kernel
 `--kernel` of tests/linux-guest/kernels.conf (default 7.3-cloud) under
-QEMU 11 TCG (`-accel tcg,thread=multi`), each with the pvsched device over
+QEMU 11 TCG (`-accel tcg,thread=multi`, 256 MiB per vCPU, at least
+512 MiB), each with the pvsched device over
 vfio-user in device-region mode and the DKMS-built module loaded (by
 modprobe) in every variant. The workloads are Debian's programs from the
 kernel's suite chroot (scripts/setup.d/46-s6.sh), copied with their
@@ -18,6 +19,13 @@ libraries into the initramfs; bench/s6/bench.sh runs them:
   membarrier  stress-ng --membarrier V (expedited membarrier IPIs)
   hackbench   hackbench -g 2 -f 10 -l 100 in a loop (sockets, wakeups)
   dbench      dbench 2V on tmpfs (VFS, locks)
+
+The host's autogroup is off for the run (`--autogroup`; put back
+afterwards), so that every thread of the root cgroup is one nice-0 share:
+with autogroup on, the VMs (in the harness's session) and the hogs (in a
+session of their own) split the CPUs by session, and that split swings
+from run to run (2x2 vanilla hackbench, three runs: VM CPU 11.1-20.5 s,
+hog work 365-35 152 bogo ops; with it off 13.4-14.4 s and 23 114-24 698).
 
 Beside the guests, unless --hogs 0: `stress-ng --cpu H --cpu-method int64`
 on the host (H = --hogs, default one per host CPU), whose bogo ops are the
@@ -87,10 +95,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
-from pvsched_guest.bench import (BenchError, Daemon, Proc, between,  # noqa: E402
-                                 driver_counters, first_line, loadavg, qemu_cpu_s, ratio,
-                                 run_main, stat_cpu_s, thread_cpu_s, thread_stats,
-                                 vm_caps)
+from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
+                                 BenchError, CGROUP_CPU, Daemon, Proc,
+                                 WEIGHT_SHARES, between, driver_counters, first_line,
+                                 loadavg, qemu_cpu_s, ratio, remove_cgroup, run_main,
+                                 set_fifo1, stat_cpu_s, thread_cpu_s, thread_stats, vm_caps,
+                                 weight_cgroup)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.host import fair_slice, set_fair_slice  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
@@ -111,9 +121,11 @@ GUEST_COUNTERS = ("updates", "waits", "lock_waits")
 # The slice variant: every vCPU thread SCHED_OTHER nice 0 with this custom
 # slice (sched_attr.sched_runtime; the host kernel gives 1.4 ms by default).
 SLICE_NS = 24_000_000
-# The weight variant's cgroup (v1 cpu controller; shares 1024 = nice 0).
-WEIGHT_SHARES = 4096
-CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+# Guest memory: MIB_PER_VCPU per vCPU, at least MIN_MIB. dbench runs 2
+# clients per CPU on the initramfs's tmpfs (half the guest's memory), and
+# 8 clients in a 512 MiB guest fill it within a second (ENOSPC).
+MIB_PER_VCPU = 256
+MIN_MIB = 512
 # Seconds a boot may take to reach its first command (TCG, 4 vCPUs, load).
 BOOT_S = 240
 # Seconds past --duration a guest may take to report a workload before it
@@ -203,7 +215,8 @@ class Guest:
                 caps.unlink()
         self.boot = Boot(args, name, vcpus, "bench", transport="vfio-user", device_cmd=dev,
                          hooks={"bench-wait": self._on_wait},
-                         extra_append="pvload=modprobe")
+                         extra_append="pvload=modprobe",
+                         mem_mib=max(MIN_MIB, MIB_PER_VCPU * vcpus))
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self):
@@ -262,8 +275,7 @@ def apply_variant(g, variant, daemon, cgroup):
             daemon.caps[variant] = vm_caps(daemon, g.name)
             log(f"{variant} caps: {daemon.caps[variant]}")
     elif variant == "fifo1":
-        for t in g.vcpu_tids():
-            os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(1))
+        set_fifo1(g.vcpu_tids())
     elif variant == "weight":
         (cgroup / "cgroup.procs").write_text(str(pid))
     elif variant == "slice":
@@ -272,30 +284,6 @@ def apply_variant(g, variant, daemon, cgroup):
             if fair_slice(t) != SLICE_NS:
                 raise BenchError(f"vCPU thread {t}: slice {fair_slice(t)} ns after setting "
                                  f"{SLICE_NS}")
-
-
-def weight_cgroup():
-    """The weight variant's cgroup: created once, shares WEIGHT_SHARES."""
-    d = CGROUP_CPU / "pvsched-s6-vm"
-    if not CGROUP_CPU.is_dir():
-        raise FileNotFoundError(f"{CGROUP_CPU} (the cgroup v1 cpu controller)")
-    d.mkdir(exist_ok=True)
-    (d / "cpu.shares").write_text(str(WEIGHT_SHARES))
-    return d
-
-
-def remove_cgroup(d):
-    if d is None or not d.exists():
-        return
-    for pid in (d / "cgroup.procs").read_text().split():
-        try:
-            (CGROUP_CPU / "cgroup.procs").write_text(pid)
-        except OSError:
-            pass
-    try:
-        d.rmdir()
-    except OSError as e:
-        log(f"could not remove {d}: {e}")
 
 
 # ---------------------------------------------------------------- one round
@@ -524,14 +512,20 @@ def stats(vals):
             "min": min(vals), "max": max(vals), "reps": vals}
 
 
-def machine(args, release, loadavg_start):
+def machine(args, release, loadavg_start, autogroup):
     return {"cpus": os.cpu_count(), "host_kernel": platform.release(),
             "qemu": first_line([str(args.qemu11), "--version"]), "accel": "tcg,thread=multi",
-            "guest_kernel": release, "guest_mem": "512M",
+            "guest_kernel": release,
+            "guest_mem": f"{MIB_PER_VCPU} MiB per vCPU, at least {MIN_MIB} MiB",
             "stress_ng_host": first_line(["stress-ng", "--version"]),
             "loadavg_start": loadavg_start,
-            "cgroups": {"vanilla, pvsched, fifo1": "every QEMU thread and the hogs in the root "
-                        "cpu cgroup (cgroup v1, cpu.shares 1024 each thread's nice-0 weight)",
+            "autogroup": autogroup,
+            "cgroups": {"vanilla, pvsched, fifo1": (
+                "every QEMU thread and the hogs in the root cpu cgroup (cgroup v1), each "
+                "thread one nice-0 share" if autogroup != "on" else
+                "the root cpu cgroup (cgroup v1) with autogroup on: all the VMs' QEMUs (the "
+                "harness's session) one nice-0 share, the hogs (a session of their own) "
+                "another"),
                         "weight": f"each VM's QEMU in {CGROUP_CPU}/pvsched-s6-vm, cpu.shares "
                         f"{WEIGHT_SHARES}; the hogs in the root cgroup"},
             "note": "emulated guests (QEMU TCG) on a shared 2-CPU host"}
@@ -582,6 +576,7 @@ def main():
     ap.add_argument("--pvsched-bin", type=Path, default=target / "pvsched")
     ap.add_argument("--pvschedd-bin", type=Path, default=target / "pvschedd")
     ap.add_argument("--qemu11", type=Path, default=None)
+    add_autogroup_option(ap, "the VMs together against the hogs")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -618,11 +613,14 @@ def main():
     daemon = cgroup = None
     rows = []
     t_all = time.monotonic()
+    autogroup = Autogroup(args.autogroup)
     try:
+        autogroup.__enter__()
+        log(f"autogroup {autogroup.state}")
         if any(v.startswith("pvsched") for v in variants):
             daemon = Daemon(args, args.out)
         if "weight" in variants:
-            cgroup = weight_cgroup()
+            cgroup = weight_cgroup("pvsched-s6-vm")
         for topo in args.topology:
             for rep in range(args.reps):
                 # Interleaved, the order rotated per rep.
@@ -636,10 +634,13 @@ def main():
         if daemon is not None:
             daemon.stop()
         remove_cgroup(cgroup)
+        ag_state = autogroup.state
+        autogroup.__exit__()
     result = {"scenario": "s6", "quick": args.quick,
               "caps": daemon.caps if daemon is not None else None, "reps": args.reps,
               "duration_s": args.duration, "hogs": args.hogs, "kernel": args.kernel,
-              "machine": machine(args, release, la0), "command": " ".join(sys.argv),
+              "machine": machine(args, release, la0, ag_state),
+              "command": " ".join(sys.argv),
               "seconds": round(time.monotonic() - t_all, 1),
               "summary": summarize(rows, variants), "runs": rows}
     text = json.dumps(result, indent=1)

@@ -1,7 +1,8 @@
 """What the Linux-guest benchmarks (bench/s4.py, bench/s6.py) share on the
 host: processes started in their own process group and always stopped,
 pvschedd with its own socket and caps directory, console output between
-two marks, and the repetition statistics."""
+two marks, the repetition statistics, and the alternatives a user would
+pick instead of pvsched (static SCHED_FIFO 1 vCPUs, a cgroup weight)."""
 
 import json
 import os
@@ -17,6 +18,12 @@ from .host import Failure, die_with_parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Seconds pvschedd may take to answer its first `pvsched status`.
 DAEMON_READY_S = 20.0
+# The host's autogroup switch (CONFIG_SCHED_AUTOGROUP).
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+AUTOGROUP_MODES = ("off", "on", "host")
+# The weight alternative's cgroup (v1 cpu controller; shares 1024 = nice 0).
+WEIGHT_SHARES = 4096
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 
 
 class BenchError(Exception):
@@ -249,3 +256,88 @@ def thread_stats(status, name):
         for k in tot:
             tot[k] += t[k]
     return tot
+
+
+def set_fifo1(tids):
+    """Every thread of `tids` SCHED_FIFO 1: KubeVirt's realtime setting,
+    libvirt's <vcpusched scheduler='fifo' priority='1'/>."""
+    for t in tids:
+        os.sched_setscheduler(t, os.SCHED_FIFO, os.sched_param(1))
+
+
+def weight_cgroup(name):
+    """The weight alternative's cgroup CGROUP_CPU/name, shares
+    WEIGHT_SHARES (created if missing); a process joins it by writing its
+    PID to cgroup.procs (all its threads move)."""
+    d = CGROUP_CPU / name
+    if not CGROUP_CPU.is_dir():
+        raise FileNotFoundError(f"{CGROUP_CPU} (the cgroup v1 cpu controller)")
+    d.mkdir(exist_ok=True)
+    (d / "cpu.shares").write_text(str(WEIGHT_SHARES))
+    return d
+
+
+def remove_cgroup(d):
+    """Moves what is left in cgroup `d` back to the root and removes it
+    (None: nothing to do); a failure is printed, not raised, since this
+    runs while a benchmark unwinds."""
+    if d is None or not d.exists():
+        return
+    for pid in (d / "cgroup.procs").read_text().split():
+        try:
+            (CGROUP_CPU / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass
+    try:
+        d.rmdir()
+    except OSError as e:
+        print(f"could not remove {d}: {e}", file=sys.stderr, flush=True)
+
+
+def add_autogroup_option(ap, split):
+    """The benchmarks' --autogroup option; `split` says what autogroup on
+    would split the CPUs between."""
+    ap.add_argument("--autogroup", choices=AUTOGROUP_MODES, default="off",
+                    help="the host's sched_autogroup_enabled during the run: off (every "
+                    "thread of the root cgroup its own share; default), on (each session "
+                    f"one share: {split}), host (left as it is)")
+
+
+class Autogroup:
+    """Puts the host's autogroup switch where a benchmark wants it for the
+    run and back afterwards. With autogroup on, every session (setsid) in
+    the root cgroup is a task group of its own with one nice-0 share: the
+    benchmark's QEMUs (in the harness's session) split the CPUs with the
+    host load (started in sessions of their own) by group, not by thread.
+    `off` makes every thread in the root cgroup one nice-0 share (for
+    processes started after it); `host` leaves the switch alone. Usable as
+    a context manager; `state` is what the run's JSON records."""
+
+    def __init__(self, mode):
+        if mode not in AUTOGROUP_MODES:
+            raise ValueError(f"autogroup mode {mode!r}: one of {', '.join(AUTOGROUP_MODES)}")
+        self.mode = mode
+        self.saved = None
+
+    def __enter__(self):
+        if self.mode != "host" and AUTOGROUP.exists():
+            self.saved = AUTOGROUP.read_text().strip()
+            AUTOGROUP.write_text("0" if self.mode == "off" else "1")
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            try:
+                AUTOGROUP.write_text(self.saved)
+            except OSError as e:
+                print(f"could not restore {AUTOGROUP} to {self.saved}: {e}", file=sys.stderr,
+                      flush=True)
+            self.saved = None
+        return False
+
+    @property
+    def state(self):
+        """The switch in force: "on", "off", or None without autogroup."""
+        if not AUTOGROUP.exists():
+            return None
+        return "off" if AUTOGROUP.read_text().strip() == "0" else "on"

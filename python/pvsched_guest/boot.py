@@ -59,11 +59,12 @@ class Boot:
     (appended to NAME) and load_append (more kernel command line)."""
 
     def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None,
-                 transport="mpqemu", device_cmd=None, hotplug=False):
+                 transport="mpqemu", device_cmd=None, hotplug=False, mem_mib=512):
         # A matrix kernel's boots are told apart by its name: main-smp2@7.3-cloud.
         name += getattr(args, "tag", "")
         self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
         self.transport = transport
+        self.mem_mib = mem_mib
         # vfio-user: put the device behind a PCIe root port (hot-pluggable).
         self.hotplug = hotplug
         self.dev = None
@@ -121,8 +122,9 @@ class Boot:
         qemu_cmd = [
             qemu_bin, "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
             "-display", "none", "-machine", f"{machine},memory-backend=mem",
-            "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.smp), "-m", "512M",
-            "-object", "memory-backend-memfd,id=mem,size=512M,share=on",
+            "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.smp),
+            "-m", f"{self.mem_mib}M",
+            "-object", f"memory-backend-memfd,id=mem,size={self.mem_mib}M,share=on",
             "-kernel", str(self.args.vmlinuz), "-initrd", str(self.args.initrd),
             "-append", append, "-serial", "stdio", "-no-reboot",
             "-device", device_arg,

@@ -5,7 +5,8 @@ scheduler traced, and writes its JSON. The test asserts the run happened
 and its report has what a full run reports; its only policy assertion is
 causal: the guest's FIFO cyclictest makes its vCPU latency-sensitive, so
 pvschedd boosts that VM (no timing, no ratio: those are the benchmark's,
-docs/benchmarks.md)."""
+docs/benchmarks.md). The alternatives' run asserts that each variant put
+QEMU's threads where it says, read back from the kernel."""
 
 KERNEL = "7.3-cloud"
 
@@ -34,3 +35,27 @@ def test_s4_smoke(bench_script, report):
         "host_avg_i1000", "host_max_i1000")}, doc["targets"]
     report(f"s4 smoke: {doc['seconds']} s; guest max per rep {k['paired_max']}, "
            f"policy {pol['boosts']} boosts {pol['boosted_s']} s")
+
+
+def test_s4_alternatives(bench_script, report):
+    doc = bench_script("s4.py", "--kernels", KERNEL, "--reps", "1", "--duration", "3",
+                       "--no-idle", "--variants", "vanilla,fifo1,weight")
+    k = doc["kernels"][KERNEL]
+    assert set(k["alternatives"]) == {"fifo1", "weight"}, k["alternatives"]
+    for v in ("vanilla", "fifo1", "weight"):
+        assert all(c > 0 for c in k[v]["guest_cycles"]["500"]), (v, k[v]["guest_cycles"])
+    for v, a in k["alternatives"].items():
+        assert len(a["paired_max"]["500"]) == 1 and a["paired_max"]["500"][0], (v, a)
+    setup = {v: k[v]["setup"][0] for v in ("vanilla", "fifo1", "weight")}
+    # vanilla: every QEMU thread SCHED_OTHER, where the harness runs.
+    assert set(setup["vanilla"]["threads"]) == {"main", "vcpu0", "vcpu1"}, setup
+    assert all(p == ["other", 0] for p in setup["vanilla"]["threads"].values()), setup
+    assert setup["vanilla"]["cpu_cgroup"] not in (None, "/pvsched-s4-vm"), setup
+    # fifo1: every vCPU thread SCHED_FIFO 1, the main loop left alone.
+    t = setup["fifo1"]["threads"]
+    assert t["vcpu0"] == t["vcpu1"] == ["fifo", 1] and t["main"] == ["other", 0], setup
+    # weight: QEMU in the benchmark's cgroup, its threads SCHED_OTHER.
+    assert setup["weight"]["cpu_cgroup"] == "/pvsched-s4-vm", setup
+    assert all(p == ["other", 0] for p in setup["weight"]["threads"].values()), setup
+    report(f"s4 alternatives smoke: {doc['seconds']} s; guest max per rep "
+           f"{ {v: a['paired_max'] for v, a in k['alternatives'].items()} }")
