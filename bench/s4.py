@@ -88,9 +88,10 @@ Output (one JSON object)
       rep's vanilla guest max
     targets: per interval, guest max <= 0.1x vanilla in every rep, host
              avg and host max <= 1.1x vanilla (medians); {value, target, met}
-    alternatives: per variant other than vanilla (pvsched too), its
-      ratio_p50, ratio_p99, ratio_max, paired_max and host_avg / host_max
-      ratios (medians, -i 500 for the headline ratios) against vanilla
+    alternatives: per variant other than vanilla (pvsched too), against
+      vanilla: ratio_p50, ratio_p99, ratio_max (medians of the -i 500
+      phases), paired_max, and ratio_host_avg / ratio_host_max per
+      interval (medians)
     idle: the same for the idle-host phases
   targets: every kernel's targets, keyed "KERNEL NAME"
   guest_driver_counters: the driver's debugfs counters after each boot
