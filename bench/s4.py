@@ -538,25 +538,25 @@ def compare(runs, load):
     out = {v: variant_summary([r for r in runs if r["variant"] == v], load)
            for v in {"vanilla", "pvsched", *ran}}
     van = out["vanilla"]
-    alts = {}
-    for v in ran:
-        if v == "vanilla":
-            continue
+
+    def versus(v):
+        """Variant v against vanilla."""
         s = out[v]
-        alts[v] = {"ratio_p50": ratio(s["p50_us"], van["p50_us"]),
-                   "ratio_p99": ratio(s["p99_us"], van["p99_us"]),
-                   "ratio_max": ratio(s["max_us"], van["max_us"]),
-                   "paired_max": paired_max(runs, load, v)}
+        a = {"ratio_p50": ratio(s["p50_us"], van["p50_us"]),
+             "ratio_p99": ratio(s["p99_us"], van["p99_us"]),
+             "ratio_max": ratio(s["max_us"], van["max_us"]),
+             "paired_max": paired_max(runs, load, v)}
         for k in ("host_avg_us", "host_max_us"):
-            alts[v][f"ratio_{k[:-3]}"] = {
-                iv: ratio(s[k][iv]["median"], van[k][iv]["median"]) for iv in s[k]}
-    pv = out["pvsched"]
-    paired = paired_max(runs, load)
-    return out | {"ratio_p50": ratio(pv["p50_us"], van["p50_us"]),
-                  "ratio_p99": ratio(pv["p99_us"], van["p99_us"]),
-                  "ratio_max": ratio(pv["max_us"], van["max_us"]),
-                  "paired_max": paired, "targets": targets(van, pv, paired),
-                  "alternatives": alts}
+            a[f"ratio_{k[:-3]}"] = {iv: ratio(s[k][iv]["median"], van[k][iv]["median"])
+                                   for iv in s[k]}
+        return a
+
+    alts = {v: versus(v) for v in ran if v != "vanilla"}
+    # pvsched's ratios and targets at the top level, as before the
+    # alternatives (also when pvsched did not run: all None then).
+    pv = alts.get("pvsched") or versus("pvsched")
+    return out | {k: pv[k] for k in ("ratio_p50", "ratio_p99", "ratio_max", "paired_max")} | {
+        "targets": targets(van, out["pvsched"], pv["paired_max"]), "alternatives": alts}
 
 
 def machine(args, releases):
@@ -669,28 +669,27 @@ def main():
         images[kernel] = (vmlinuz, build_initramfs(REPO / "tests" / "linux-guest", None, kdir,
                                                    extra_files=initramfs_extras(chroot, release)))
     runs, counters = [], {}
-    daemon = Daemon(args, args.out)
     caps = cgroup = None
-    autogroup = Autogroup(args.autogroup)
-    try:
-        autogroup.__enter__()
-        log(f"autogroup {autogroup.state}")
-        if "weight" in variants:
-            cgroup = weight_cgroup("pvsched-s4-vm")
-        for kernel in kernels:
-            args.vmlinuz, args.initrd = images[kernel]
-            for rep in range(args.reps):
-                order = variants if rep % 2 == 0 else variants[::-1]
-                for variant in order:
-                    bb = run_boot(args, kernel, variant, rep, phases, daemon, cgroup)
-                    runs += bb.results
-                    counters.setdefault(kernel, {}).setdefault(variant, []).append(bb.counters)
-                    caps = caps or bb.caps
-    finally:
-        daemon.stop()
-        remove_cgroup(cgroup)
+    with Autogroup(args.autogroup) as autogroup:
         ag_state = autogroup.state
-        autogroup.__exit__()
+        log(f"autogroup {ag_state}")
+        daemon = Daemon(args, args.out)
+        try:
+            if "weight" in variants:
+                cgroup = weight_cgroup("pvsched-s4-vm")
+            for kernel in kernels:
+                args.vmlinuz, args.initrd = images[kernel]
+                for rep in range(args.reps):
+                    order = variants if rep % 2 == 0 else variants[::-1]
+                    for variant in order:
+                        bb = run_boot(args, kernel, variant, rep, phases, daemon, cgroup)
+                        runs += bb.results
+                        counters.setdefault(kernel, {}).setdefault(variant, []).append(
+                            bb.counters)
+                        caps = caps or bb.caps
+        finally:
+            daemon.stop()
+            remove_cgroup(cgroup)
 
     result = {"scenario": "s4", "quick": args.quick, "reps": args.reps,
               "caps": caps, "caps_file": str(args.caps) if args.caps else None,

@@ -613,29 +613,27 @@ def main():
     daemon = cgroup = None
     rows = []
     t_all = time.monotonic()
-    autogroup = Autogroup(args.autogroup)
-    try:
-        autogroup.__enter__()
-        log(f"autogroup {autogroup.state}")
-        if any(v.startswith("pvsched") for v in variants):
-            daemon = Daemon(args, args.out)
-        if "weight" in variants:
-            cgroup = weight_cgroup("pvsched-s6-vm")
-        for topo in args.topology:
-            for rep in range(args.reps):
-                # Interleaved, the order rotated per rep.
-                order = variants[rep % len(variants):] + variants[:rep % len(variants)]
-                for v in order:
-                    for r in run_round(args, topo, v, rep, daemon, cgroup):
-                        r["topology"] = f"{topo[0]}x{topo[1]}"
-                        r["rep"] = rep
-                        rows.append(r)
-    finally:
-        if daemon is not None:
-            daemon.stop()
-        remove_cgroup(cgroup)
+    with Autogroup(args.autogroup) as autogroup:
         ag_state = autogroup.state
-        autogroup.__exit__()
+        log(f"autogroup {ag_state}")
+        try:
+            if any(v.startswith("pvsched") for v in variants):
+                daemon = Daemon(args, args.out)
+            if "weight" in variants:
+                cgroup = weight_cgroup("pvsched-s6-vm")
+            for topo in args.topology:
+                for rep in range(args.reps):
+                    # Interleaved, the order rotated per rep.
+                    order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+                    for v in order:
+                        for r in run_round(args, topo, v, rep, daemon, cgroup):
+                            r["topology"] = f"{topo[0]}x{topo[1]}"
+                            r["rep"] = rep
+                            rows.append(r)
+        finally:
+            if daemon is not None:
+                daemon.stop()
+            remove_cgroup(cgroup)
     result = {"scenario": "s6", "quick": args.quick,
               "caps": daemon.caps if daemon is not None else None, "reps": args.reps,
               "duration_s": args.duration, "hogs": args.hogs, "kernel": args.kernel,
