@@ -13,6 +13,7 @@ use aya::{Btf, Ebpf, EbpfLoader};
 use pvsched_abi::seq::{SharedRegion, SharedWords};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 
 /// The compiled policy (built by build.rs from bpf-policy/).
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pvsched.bpf.o"));
@@ -120,7 +121,64 @@ pub struct PolicyObject {
     /// `tid_hint` element, without reading the map back.
     tids: std::collections::HashMap<u32, u32>,
     /// The `vcpus` array, mapped (read here, written by the policy).
-    vcpus_map: SharedRegion,
+    vcpus_map: Arc<SharedRegion>,
+}
+
+/// What the applier reads of the policy, held apart from the
+/// [`PolicyObject`] so that reading it takes no lock another thread may
+/// hold: the mapped `vcpus` array and its own handle of the `stats` map.
+pub struct PolicyView {
+    vcpus_map: Arc<SharedRegion>,
+    stats: PerCpuArray<MapData, PvsStats>,
+}
+
+impl PolicyView {
+    /// A thread's (tid, boost, boost_prio) as the policy holds them now,
+    /// read from the mapped array with no system call (each word atomic;
+    /// a boost changing meanwhile is seen at the next read).
+    pub fn vcpu_boost(&self, gid: u32) -> Option<(u32, u32, i32)> {
+        vcpu_boost(&self.vcpus_map, gid)
+    }
+
+    /// Sums the per-CPU statistics.
+    pub fn stats(&self) -> Result<PvsStats> {
+        sum_stats(&self.stats)
+    }
+}
+
+fn vcpu_boost(vcpus: &SharedRegion, gid: u32) -> Option<(u32, u32, i32)> {
+    let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
+    let words = vcpus.words();
+    let word = |off: usize| words.load(base + off, std::sync::atomic::Ordering::Relaxed);
+    Some((
+        word(std::mem::offset_of!(PvsVcpu, tid)),
+        word(std::mem::offset_of!(PvsVcpu, boost)),
+        word(std::mem::offset_of!(PvsVcpu, boost_prio)) as i32,
+    ))
+}
+
+fn sum_stats<T: std::borrow::Borrow<MapData>>(a: &PerCpuArray<T, PvsStats>) -> Result<PvsStats> {
+    let per = a.get(&0, 0).map_err(map_err("stats"))?;
+    let mut s = PvsStats::default();
+    for c in per.iter() {
+        for (d, e) in s.events.iter_mut().zip(c.events.iter()) {
+            *d += e;
+        }
+        s.decisions += c.decisions;
+        s.dropped += c.dropped;
+        s.boosts += c.boosts;
+        s.unboosts += c.unboosts;
+        s.throttles += c.throttles;
+        s.ipi_pairs += c.ipi_pairs;
+        s.slot_hits += c.slot_hits;
+        s.torn_reads += c.torn_reads;
+        s.read_errors += c.read_errors;
+        s.publish_busy += c.publish_busy;
+        for (d, e) in s.full_runs.iter_mut().zip(c.full_runs.iter()) {
+            *d += e;
+        }
+    }
+    Ok(s)
 }
 
 impl PolicyObject {
@@ -227,7 +285,7 @@ impl PolicyObject {
             regions,
             regions_fd,
             tids: std::collections::HashMap::new(),
-            vcpus_map,
+            vcpus_map: Arc::new(vcpus_map),
         })
     }
 
@@ -291,18 +349,10 @@ impl PolicyObject {
         a.get(&key, 0).map_err(map_err("vcpus"))
     }
 
-    /// A thread's (tid, boost, boost_prio) as the policy holds them now,
-    /// read from the mapped array with no system call (each word atomic;
-    /// a boost changing meanwhile is seen at the next read).
+    /// A thread's (tid, boost, boost_prio) as the policy holds them now
+    /// (see [`PolicyView::vcpu_boost`]).
     pub fn vcpu_boost(&self, gid: u32) -> Option<(u32, u32, i32)> {
-        let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
-        let words = self.vcpus_map.words();
-        let word = |off: usize| words.load(base + off, std::sync::atomic::Ordering::Relaxed);
-        Some((
-            word(std::mem::offset_of!(PvsVcpu, tid)),
-            word(std::mem::offset_of!(PvsVcpu, boost)),
-            word(std::mem::offset_of!(PvsVcpu, boost_prio)) as i32,
-        ))
+        vcpu_boost(&self.vcpus_map, gid)
     }
 
     /// Clears a thread's state (array elements cannot be removed).
@@ -425,27 +475,22 @@ impl PolicyObject {
         let a: PerCpuArray<_, PvsStats> =
             PerCpuArray::try_from(self.ebpf.map("stats").ok_or(ObjectError::NoMap("stats"))?)
                 .map_err(map_err("stats"))?;
-        let per = a.get(&0, 0).map_err(map_err("stats"))?;
-        let mut s = PvsStats::default();
-        for c in per.iter() {
-            for (d, e) in s.events.iter_mut().zip(c.events.iter()) {
-                *d += e;
-            }
-            s.decisions += c.decisions;
-            s.dropped += c.dropped;
-            s.boosts += c.boosts;
-            s.unboosts += c.unboosts;
-            s.throttles += c.throttles;
-            s.ipi_pairs += c.ipi_pairs;
-            s.slot_hits += c.slot_hits;
-            s.torn_reads += c.torn_reads;
-            s.read_errors += c.read_errors;
-            s.publish_busy += c.publish_busy;
-            for (d, e) in s.full_runs.iter_mut().zip(c.full_runs.iter()) {
-                *d += e;
-            }
-        }
-        Ok(s)
+        sum_stats(&a)
+    }
+
+    /// A [`PolicyView`]: the `vcpus` mapping shared, the `stats` map
+    /// through a new fd.
+    pub fn view(&self) -> Result<PolicyView> {
+        let d = match self.ebpf.map("stats").ok_or(ObjectError::NoMap("stats"))? {
+            aya::maps::Map::PerCpuArray(d) => dup_map_fd(d, "dup stats fd")?,
+            _ => return Err(ObjectError::NoMap("stats")),
+        };
+        let map = aya::maps::Map::from_map_data(MapData::from_fd(d).map_err(map_err("stats"))?)
+            .map_err(map_err("stats"))?;
+        Ok(PolicyView {
+            vcpus_map: self.vcpus_map.clone(),
+            stats: PerCpuArray::try_from(map).map_err(map_err("stats"))?,
+        })
     }
 
     /// Run time statistics of every loaded program: (name, run_cnt, run_time_ns).

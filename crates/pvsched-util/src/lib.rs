@@ -7,9 +7,12 @@
 //!   threads, reporting statistics, shutting down.
 //! - [`percentile`]: the nearest-rank percentile every report uses.
 //! - [`pidfd_open`]: a pidfd, to watch a process without pid reuse races;
-//! - [`exit`]: the exit-code table every pvsched binary shares.
+//! - [`exit`]: the exit-code table every pvsched binary shares;
+//! - [`pi::PiMutex`]: a mutex whose waiters lend their priority to its
+//!   holder, for state a SCHED_FIFO thread shares with ordinary ones.
 
 pub mod exit;
+pub mod pi;
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

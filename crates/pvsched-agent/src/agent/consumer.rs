@@ -5,9 +5,8 @@
 
 use super::{AgentConfig, Inner};
 use crate::intf::{Decision, gid_vm};
-use crate::object::reevaluate;
+use crate::object::{PolicyView, reevaluate};
 use crate::sched::{self, SchedAttr};
-use pvsched_util::lock;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -27,7 +26,7 @@ pub(super) fn now_mono() -> u64 {
 }
 
 fn handle(inner: &Inner, d: &Decision) {
-    let mut guard = lock(&inner.reg);
+    let mut guard = inner.reg.lock();
     let reg = &mut *guard;
     let vm_id = gid_vm(d.gid);
     let Some(vm) = reg.vms.get_mut(&vm_id) else {
@@ -98,6 +97,7 @@ fn drain(inner: &Inner, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, trace
 
 pub(super) fn consumer(
     inner: Arc<Inner>,
+    view: PolicyView,
     mut ring: aya::maps::RingBuf<aya::maps::MapData>,
     reeval_fd: OwnedFd,
     wake: OwnedFd,
@@ -161,7 +161,7 @@ pub(super) fn consumer(
             next_tick = now + tick_ns;
             // Every thread of every active VM in one run of the policy,
             // which scans the VM ids up to the highest one in use.
-            let scan = lock(&inner.reg).vms.keys().max().map(|m| u64::from(*m) + 1);
+            let scan = inner.reg.lock().vms.keys().max().map(|m| u64::from(*m) + 1);
             if let Some(scan) = scan
                 && let Err(e) = reevaluate(
                     &reeval_fd,
@@ -176,7 +176,7 @@ pub(super) fn consumer(
             }
             drain(&inner, &mut ring, &mut trace);
             ticks = ticks.wrapping_add(1);
-            reconcile(&inner, ticks.is_multiple_of(STATS_EVERY));
+            reconcile(&inner, &view, ticks.is_multiple_of(STATS_EVERY));
             trace.flush();
         }
     }
@@ -200,18 +200,16 @@ const STATS_EVERY: u64 = 20;
 /// syscall) can never leave a thread boosted past what the policy decided.
 /// With `drops`, also reports records the ring dropped since the last
 /// report.
-fn reconcile(inner: &Inner, drops: bool) {
-    let gids: Vec<u32> = lock(&inner.reg).threads.keys().copied().collect();
+fn reconcile(inner: &Inner, view: &PolicyView, drops: bool) {
+    let gids: Vec<u32> = inner.reg.lock().threads.keys().copied().collect();
     // (gid, boost, boost_prio, the tid the policy holds) per thread.
-    let (states, dropped): (Vec<PolicyBoost>, Option<u64>) = {
-        let obj = lock(&inner.obj);
-        let states = gids
-            .iter()
-            .filter_map(|&g| obj.vcpu_boost(g).map(|(tid, b, p)| (g, b, p, tid)))
-            .collect();
-        let dropped = drops.then(|| obj.stats().map(|s| s.dropped).ok()).flatten();
-        (states, dropped)
-    };
+    let states: Vec<PolicyBoost> = gids
+        .iter()
+        .filter_map(|&g| view.vcpu_boost(g).map(|(tid, b, p)| (g, b, p, tid)))
+        .collect();
+    let dropped = drops
+        .then(|| view.stats().map(|s| s.dropped).ok())
+        .flatten();
     if let Some(dropped) = dropped {
         let seen = inner.dropped_seen.swap(dropped, Ordering::Relaxed);
         if dropped > seen {
@@ -222,7 +220,7 @@ fn reconcile(inner: &Inner, drops: bool) {
             );
         }
     }
-    let mut guard = lock(&inner.reg);
+    let mut guard = inner.reg.lock();
     let reg = &mut *guard;
     for (gid, kind, prio, policy_tid) in states {
         let Some(vm) = reg.vms.get_mut(&gid_vm(gid)) else {

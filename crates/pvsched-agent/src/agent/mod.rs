@@ -27,12 +27,12 @@ use crate::safety::{self, Restore};
 use crate::sched::SchedAttr;
 use consumer::{consumer, now_mono};
 use pvsched_policy::Caps;
-use pvsched_util::lock;
+use pvsched_util::pi::PiMutex;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -175,8 +175,17 @@ struct Registry {
 struct Inner {
     /// Restores boosted threads if this process dies; before any boost.
     guardian: Option<Arc<crate::guardian::Guardian>>,
-    obj: Mutex<PolicyObject>,
-    reg: Mutex<Registry>,
+    /// The policy's maps; never taken by the applier (it reads the
+    /// policy through its own [`crate::object::PolicyView`]). Held across
+    /// map updates and test runs.
+    obj: PiMutex<PolicyObject>,
+    /// What the applier works on. Taken by the applier for every decision,
+    /// so every other holder keeps to copying and inserting: no system
+    /// call, no sorting. Priority-inheriting because the applier runs at
+    /// SCHED_FIFO and the others (status requests, registration) do not:
+    /// a holder preempted by a busy host would otherwise stall it for
+    /// milliseconds.
+    reg: PiMutex<Registry>,
     stop: AtomicBool,
     /// Ring-buffer drops already reported (the BPF `dropped` counter).
     dropped_seen: AtomicU64,
@@ -211,7 +220,7 @@ impl Restore for Inner {
         if let Some(g) = &self.guardian {
             let n = g.ledger().restore_armed();
             log::warn!("pvsched agent: restored {n} boosted thread(s) to their baselines");
-        } else if let Ok(mut r) = self.reg.try_lock() {
+        } else if let Some(mut r) = self.reg.try_lock() {
             for t in r.threads.values_mut() {
                 t.restore();
             }
@@ -286,14 +295,15 @@ impl Agent {
             what: "dup test fd",
             source,
         })?;
+        let view = obj.view()?;
         let guardian = match ledger {
             Some(l) => Some(Arc::new(crate::guardian::Guardian::spawn(l)?)),
             None => None,
         };
         let inner = Arc::new(Inner {
             guardian,
-            obj: Mutex::new(obj),
-            reg: Mutex::new(Registry::default()),
+            obj: PiMutex::new(obj),
+            reg: PiMutex::new(Registry::default()),
             stop: AtomicBool::new(false),
             dropped_seen: AtomicU64::new(0),
             restore_errors: AtomicU64::new(0),
@@ -310,7 +320,7 @@ impl Agent {
         let cfg2 = cfg.clone();
         let thread = std::thread::Builder::new()
             .name("pvsched-apply".into())
-            .spawn(move || consumer(inner2, ring, reeval_fd, wake2, cfg2, trace))
+            .spawn(move || consumer(inner2, view, ring, reeval_fd, wake2, cfg2, trace))
             .map_err(|source| AgentError::Sys {
                 what: "spawn consumer thread",
                 source,
@@ -415,21 +425,27 @@ impl Agent {
                     .map_err(|e| AgentError::Invalid(e.to_string()))?,
             );
         }
-        let mut obj = lock(&self.inner.obj);
-        let mut reg = lock(&self.inner.reg);
-        // A registered thread that is gone (its exit or exec record may
-        // still be queued) no longer holds its TID.
-        for t in reg.threads.values_mut() {
-            if all_tids.contains(&t.tid) && t.is_registered() {
-                return Err(AgentError::Invalid(format!(
-                    "thread {} is already registered",
-                    t.tid
-                )));
+        // The map updates run under `obj` alone, which also serializes
+        // registrations; `reg` is taken only to check and, at the end, to
+        // insert, so the applier never waits for this thread's system
+        // calls.
+        let mut obj = self.inner.obj.lock();
+        let vm_id = {
+            let mut reg = self.inner.reg.lock();
+            // A registered thread that is gone (its exit or exec record
+            // may still be queued) no longer holds its TID.
+            for t in reg.threads.values_mut() {
+                if all_tids.contains(&t.tid) && t.is_registered() {
+                    return Err(AgentError::Invalid(format!(
+                        "thread {} is already registered",
+                        t.tid
+                    )));
+                }
             }
-        }
-        let vm_id = (0..MAX_VMS)
-            .find(|i| !reg.vms.contains_key(i))
-            .ok_or(AgentError::Full)?;
+            (0..MAX_VMS)
+                .find(|i| !reg.vms.contains_key(i))
+                .ok_or(AgentError::Full)?
+        };
         let region = match (mode == MODE_DEVICE, given) {
             (true, Some(r)) => {
                 obj.attach_region(vm_id, &r)?;
@@ -452,6 +468,7 @@ impl Agent {
         .with_caps(&spec.caps);
         obj.set_vm(vm_id, &vm)?;
         // vCPUs, then the emulator threads (no slot address, no APIC ID).
+        let mut states = Vec::with_capacity(all_tids.len());
         for ((i, &tid), ident) in all_tids.iter().enumerate().zip(idents) {
             let index = i as u32;
             let v = PvsVcpu {
@@ -465,23 +482,34 @@ impl Agent {
             if let Some(&apic) = spec.apic_ids.get(i) {
                 obj.set_apic(vm_id, apic, Some(index))?;
             }
-            reg.threads.insert(
+            states.push((
                 gid(vm_id, index),
                 self.inner.thread_state(tid, vm_id, index).with_ident(ident),
-            );
+            ));
         }
         for (i, &tid) in all_tids.iter().enumerate() {
             obj.set_tid(tid, Some(gid(vm_id, i as u32)))?;
         }
-        obj.set_vm(vm_id, &PvsVm { active: 1, ..vm })?;
-        reg.vms.insert(
-            vm_id,
-            VmEntry {
-                caps: spec.caps.clone(),
-                threads: all_tids.len() as u32,
-                ..Default::default()
-            },
-        );
+        // Into the registry before the policy is switched on for the VM,
+        // so its first decisions find their threads.
+        {
+            let mut reg = self.inner.reg.lock();
+            reg.threads.extend(states);
+            reg.vms.insert(
+                vm_id,
+                VmEntry {
+                    caps: spec.caps.clone(),
+                    threads: all_tids.len() as u32,
+                    ..Default::default()
+                },
+            );
+        }
+        if let Err(e) = obj.set_vm(vm_id, &PvsVm { active: 1, ..vm }) {
+            let mut reg = self.inner.reg.lock();
+            reg.threads.retain(|_, t| t.vm_id != vm_id);
+            reg.vms.remove(&vm_id);
+            return Err(e.into());
+        }
         Ok(VmHandle {
             inner: self.inner.clone(),
             vm_id,
@@ -492,7 +520,7 @@ impl Agent {
 
     /// Run time statistics per program: (name, run_cnt, run_time_ns).
     pub fn prog_stats(&self) -> Vec<(String, u64, u64)> {
-        lock(&self.inner.obj).prog_stats()
+        self.inner.obj.lock().prog_stats()
     }
 
     /// Threads whose baseline could not be put back as their VM was
@@ -503,12 +531,12 @@ impl Agent {
 
     /// Summed BPF statistics.
     pub fn bpf_stats(&self) -> Result<crate::intf::PvsStats> {
-        Ok(lock(&self.inner.obj).stats()?)
+        Ok(self.inner.obj.lock().stats()?)
     }
 
     /// Restores every boosted thread now (all VMs).
     pub fn restore_all(&self) {
-        let mut r = lock(&self.inner.reg);
+        let mut r = self.inner.reg.lock();
         for t in r.threads.values_mut() {
             t.restore();
         }
@@ -556,7 +584,7 @@ impl VmHandle {
 
     /// Baselines captured so far (tid, attributes).
     pub fn baselines(&self) -> Vec<(u32, Option<SchedAttr>)> {
-        let r = lock(&self.inner.reg);
+        let r = self.inner.reg.lock();
         let mut v: Vec<_> = r
             .threads
             .values()
@@ -576,7 +604,7 @@ impl VmHandle {
             return;
         }
         let gid = gid(self.vm_id, index);
-        let obj = lock(&self.inner.obj);
+        let obj = self.inner.obj.lock();
         if let Err(e) = obj.reevaluate(pvsched_policy::event::EV_TICK, gid, now_mono(), 0, 0) {
             log::warn!("pvsched: kick of slot {index}: {e}");
         }
@@ -584,7 +612,9 @@ impl VmHandle {
 
     /// The caps in force.
     pub fn caps(&self) -> Caps {
-        lock(&self.inner.reg)
+        self.inner
+            .reg
+            .lock()
             .vms
             .get(&self.vm_id)
             .map(|v| v.caps.clone())
@@ -599,17 +629,13 @@ impl VmHandle {
     pub fn set_caps(&self, caps: Caps) -> Result<()> {
         caps.validate()
             .map_err(|e| AgentError::Invalid(e.to_string()))?;
-        {
-            let mut obj = lock(&self.inner.obj);
-            let mut reg = lock(&self.inner.reg);
-            let vm = obj.vm(self.vm_id)?;
-            obj.set_vm(self.vm_id, &vm.with_caps(&caps))?;
-            if let Some(v) = reg.vms.get_mut(&self.vm_id) {
-                v.caps = caps;
-            }
+        let mut obj = self.inner.obj.lock();
+        let vm = obj.vm(self.vm_id)?;
+        obj.set_vm(self.vm_id, &vm.with_caps(&caps))?;
+        if let Some(v) = self.inner.reg.lock().vms.get_mut(&self.vm_id) {
+            v.caps = caps;
         }
         let now = now_mono();
-        let obj = lock(&self.inner.obj);
         for i in 0..self.threads().count() as u32 {
             if let Err(e) = obj.reevaluate(
                 pvsched_policy::event::EV_TICK,
@@ -626,7 +652,7 @@ impl VmHandle {
 
     /// Restores this VM's boosted threads now.
     pub fn restore(&self) {
-        let mut r = lock(&self.inner.reg);
+        let mut r = self.inner.reg.lock();
         for t in r.threads.values_mut().filter(|t| t.vm_id == self.vm_id) {
             t.restore();
         }
@@ -641,7 +667,7 @@ impl Drop for VmHandle {
         // element would look like an exited thread), so the restore below
         // is the last word on each.
         let mut threads: Vec<ThreadState> = {
-            let mut reg = lock(&self.inner.reg);
+            let mut reg = self.inner.reg.lock();
             let gids: Vec<u32> = reg
                 .threads
                 .iter()
@@ -650,7 +676,7 @@ impl Drop for VmHandle {
                 .collect();
             gids.iter().filter_map(|g| reg.threads.remove(g)).collect()
         };
-        let mut obj = lock(&self.inner.obj);
+        let mut obj = self.inner.obj.lock();
         // Stop the policy so no new decision arrives.
         let _ = obj.set_vm(vm_id, &PvsVm::default());
         if self.region.is_some()
@@ -676,6 +702,6 @@ impl Drop for VmHandle {
             }
         }
         // Last: the VM id is free for the next registration.
-        lock(&self.inner.reg).vms.remove(&vm_id);
+        self.inner.reg.lock().vms.remove(&vm_id);
     }
 }

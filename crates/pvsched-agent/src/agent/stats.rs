@@ -3,7 +3,6 @@
 
 use super::VmHandle;
 use crate::intf::gid;
-use pvsched_util::lock;
 
 /// Statistics of one registered thread (a vCPU or an emulator thread).
 #[derive(Clone, Debug, Default)]
@@ -67,55 +66,71 @@ pub struct VmStats {
 }
 
 impl VmHandle {
-    /// Statistics.
+    /// Statistics. The policy's maps are read first, under the object's
+    /// lock alone; the applier's figures are then copied under the
+    /// registry's lock, which the applier takes for every decision, so
+    /// nothing slow (a system call, the sort of the latency samples) runs
+    /// while it is held.
     pub fn stats(&self) -> VmStats {
-        let obj = lock(&self.inner.obj);
-        let reg = lock(&self.inner.reg);
         let mut out = VmStats::default();
-        if let Ok(s) = obj.stats() {
-            out.dropped = s.dropped;
-        }
-        let nr = self.spec.vcpu_tids.len();
-        for (i, &tid) in self.threads().enumerate() {
-            let gid = gid(self.vm_id, i as u32);
-            let mut vs = ThreadStats {
-                tid,
-                ..Default::default()
-            };
-            if let Ok(v) = obj.vcpu(gid) {
-                vs.boosts = v.boosts;
-                vs.throttles = v.throttles;
-                vs.boosted_ns = v.boosted_ns;
-                vs.budget_used_ns = v.budget_used;
-                vs.cont_ns = v.cont_ns;
-                vs.ipis = v.ipis;
-                vs.slot_hits = v.slot_hits;
-                vs.yield_slot = v.yield_slot;
-                vs.last_ipi_target = v.last_ipi_target;
-                vs.boost = v.boost;
-                vs.boost_prio = v.boost_prio;
-                vs.throttled = v.throttled;
+        let gids: Vec<(u32, u32)> = self
+            .threads()
+            .enumerate()
+            .map(|(i, &tid)| (tid, gid(self.vm_id, i as u32)))
+            .collect();
+        let mut threads: Vec<ThreadStats> = {
+            let obj = self.inner.obj.lock();
+            if let Ok(s) = obj.stats() {
+                out.dropped = s.dropped;
             }
-            if let Some(t) = reg.threads.get(&gid) {
-                vs.boosts_applied = t.boosts_applied;
-                vs.corrections = t.corrections;
-                vs.errors = t.errors;
+            gids.iter()
+                .map(|&(tid, gid)| {
+                    let mut vs = ThreadStats {
+                        tid,
+                        ..Default::default()
+                    };
+                    if let Ok(v) = obj.vcpu(gid) {
+                        vs.boosts = v.boosts;
+                        vs.throttles = v.throttles;
+                        vs.boosted_ns = v.boosted_ns;
+                        vs.budget_used_ns = v.budget_used;
+                        vs.cont_ns = v.cont_ns;
+                        vs.ipis = v.ipis;
+                        vs.slot_hits = v.slot_hits;
+                        vs.yield_slot = v.yield_slot;
+                        vs.last_ipi_target = v.last_ipi_target;
+                        vs.boost = v.boost;
+                        vs.boost_prio = v.boost_prio;
+                        vs.throttled = v.throttled;
+                    }
+                    vs
+                })
+                .collect()
+        };
+        let mut latencies = {
+            let reg = self.inner.reg.lock();
+            for (vs, (_, gid)) in threads.iter_mut().zip(&gids) {
+                if let Some(t) = reg.threads.get(gid) {
+                    vs.boosts_applied = t.boosts_applied;
+                    vs.corrections = t.corrections;
+                    vs.errors = t.errors;
+                }
             }
-            if i < nr {
-                out.vcpus.push(vs);
-            } else {
-                out.emulators.push(vs);
+            match reg.vms.get(&self.vm_id) {
+                Some(vm) => {
+                    out.decisions = vm.decisions;
+                    out.corrections = vm.corrections;
+                    vm.latencies.clone()
+                }
+                None => Vec::new(),
             }
-        }
-        if let Some(vm) = reg.vms.get(&self.vm_id) {
-            out.decisions = vm.decisions;
-            out.corrections = vm.corrections;
-            let mut l = vm.latencies.clone();
-            l.sort_unstable();
-            out.apply_samples = l.len();
-            out.apply_p50_ns = pvsched_util::percentile(&l, 50.0).unwrap_or(0);
-            out.apply_p99_ns = pvsched_util::percentile(&l, 99.0).unwrap_or(0);
-        }
+        };
+        latencies.sort_unstable();
+        out.apply_samples = latencies.len();
+        out.apply_p50_ns = pvsched_util::percentile(&latencies, 50.0).unwrap_or(0);
+        out.apply_p99_ns = pvsched_util::percentile(&latencies, 99.0).unwrap_or(0);
+        out.emulators = threads.split_off(self.spec.vcpu_tids.len().min(threads.len()));
+        out.vcpus = threads;
         out
     }
 }

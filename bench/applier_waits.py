@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""What pvsched's applier thread did, from a bench/trace-run.sh --applier trace:
+how long each of its runs lasted on a CPU, how long each of its system
+calls took (enter to exit), how long it waited on locks (futex) and how
+long it waited, runnable, for a CPU after being preempted. Prints p50 /
+p99 / max (µs) and the waits over 1 ms; with --json, one JSON object.
+
+    bench/applier_waits.py OUT.trace [--json]
+
+A futex call by the applier is a lock it shares with another thread of
+its process: the applier sleeps in epoll_wait, never on a futex, so any
+futex wait is time a decision may sit unapplied.
+"""
+
+import argparse
+import json
+import re
+
+LINE = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
+                  r"(?P<ev>[a-z_]+):\s+(?P<rest>.*)$")
+APPLIER = "pvsched-apply"
+NR_FUTEX = 202  # x86_64
+FUTEX_OPS = {0: "WAIT", 1: "WAKE", 6: "LOCK_PI", 7: "UNLOCK_PI", 9: "WAIT_BITSET",
+             10: "WAKE_BITSET"}
+SLOW_NS = 1_000_000
+
+
+def quantiles(xs_ns):
+    xs = sorted(xs_ns)
+    if not xs:
+        return None
+    return {"n": len(xs), "p50": round(xs[len(xs) // 2] / 1e3, 1),
+            "p99": round(xs[min(len(xs) - 1, int(len(xs) * 0.99))] / 1e3, 1),
+            "max": round(xs[-1] / 1e3, 1), "sum_ms": round(sum(xs) / 1e6, 2)}
+
+
+def kv(rest):
+    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S+)", rest))
+
+
+def analyse(path):
+    runs, preempted, waits = [], [], []
+    calls = {}          # nr -> [durations]
+    futex_by_op = {}    # op name -> [durations]
+    slow_futex = []
+    on_cpu = {}         # tid -> switch-in ts
+    runnable = {}       # tid -> preempted-at ts
+    in_call = {}        # tid -> (ts, nr, args)
+    tids = set()
+    first = last = None
+    for line in open(path, errors="replace"):
+        m = LINE.match(line)
+        if not m:
+            continue
+        ts = round(float(m["ts"]) * 1e9)
+        first = ts if first is None else first
+        last = ts
+        ev, rest, tid = m["ev"], m["rest"], int(m["tid"])
+        if ev == "sched_switch":
+            f = kv(rest.replace(" ==> ", " "))
+            prev, nxt = int(f.get("prev_pid", -1)), int(f.get("next_pid", -1))
+            if f.get("prev_comm") == APPLIER:
+                tids.add(prev)
+                if prev in on_cpu:
+                    runs.append(ts - on_cpu.pop(prev))
+                if f.get("prev_state", "").startswith("R"):
+                    runnable[prev] = ts
+            if f.get("next_comm") == APPLIER:
+                tids.add(nxt)
+                on_cpu[nxt] = ts
+                if nxt in runnable:
+                    preempted.append(ts - runnable.pop(nxt))
+        elif ev == "sys_enter" and m["task"] == APPLIER:
+            mm = re.match(r"NR (\d+) \((.*)\)", rest)
+            if mm:
+                in_call[tid] = (ts, int(mm[1]), mm[2].split(", "))
+        elif ev == "sys_exit" and m["task"] == APPLIER:
+            mm = re.match(r"NR (\d+) = (-?\d+)", rest)
+            if not mm or tid not in in_call:
+                continue
+            t0, nr, args = in_call.pop(tid)
+            if nr != int(mm[1]):
+                continue
+            d = ts - t0
+            calls.setdefault(nr, []).append(d)
+            if nr == NR_FUTEX:
+                op = int(args[1], 16) & 0x7f if len(args) > 1 else -1
+                name = FUTEX_OPS.get(op, str(op))
+                futex_by_op.setdefault(name, []).append(d)
+                if name not in ("WAKE", "WAKE_BITSET", "UNLOCK_PI"):
+                    waits.append(d)
+                if d > SLOW_NS:
+                    slow_futex.append({"at_s": round(t0 / 1e9, 6), "op": name,
+                                       "ms": round(d / 1e6, 3)})
+    span = (last - first) / 1e9 if first is not None else 0
+    return {
+        "applier_tids": sorted(tids),
+        "span_s": round(span, 1),
+        "runs_us": quantiles(runs),
+        "preempted_wait_us": quantiles(preempted),
+        "syscalls_us": {str(nr): quantiles(v) for nr, v in sorted(calls.items())},
+        "futex_by_op_us": {k: quantiles(v) for k, v in sorted(futex_by_op.items())},
+        "lock_waits_us": quantiles(waits),
+        "lock_waits_over_1ms": len([w for w in waits if w > SLOW_NS]),
+        "lock_waits_over_2ms": len([w for w in waits if w > 2 * SLOW_NS]),
+        "slow_futex": slow_futex,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    res = analyse(a.trace)
+    if a.json:
+        print(json.dumps(res, indent=1))
+        return
+    print(f"{APPLIER} threads {res['applier_tids']}, {res['span_s']} s traced")
+    print(f"{'µs':<28}{'n':>8}{'p50':>9}{'p99':>9}{'max':>10}{'sum ms':>10}")
+    rows = [("runs on a CPU", res["runs_us"]),
+            ("preempted, waiting for CPU", res["preempted_wait_us"]),
+            ("lock waits (futex)", res["lock_waits_us"])]
+    rows += [(f"  futex {k}", v) for k, v in res["futex_by_op_us"].items()]
+    for name, q in rows:
+        if q:
+            print(f"{name:<28}{q['n']:>8}{q['p50']:>9}{q['p99']:>9}{q['max']:>10}{q['sum_ms']:>10}")
+        else:
+            print(f"{name:<28}{0:>8}")
+    print(f"lock waits over 1 ms: {res['lock_waits_over_1ms']}, "
+          f"over 2 ms: {res['lock_waits_over_2ms']}")
+
+
+if __name__ == "__main__":
+    main()
