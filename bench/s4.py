@@ -78,6 +78,8 @@ Output (one JSON object)
       VM was set up: {threads: {main|vcpuN: [policy, rt_priority]},
       cpu_cgroup} (pvsched's boosts come later and are not in it)
       cpu_s: CPU seconds of each QEMU thread (main, vcpuN) per phase;
+      switches: [voluntary, involuntary] context switches of each QEMU
+      thread per phase (a vCPU thread's voluntary ones: mostly its halts);
       steal_s: the host's steal time (/proc/stat, all CPUs) per phase
       policy (pvsched): pvschedd's boosts, throttles and boosted seconds
       of the VM's threads per phase, in all and per thread; stalls
@@ -125,7 +127,8 @@ from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
                                  BenchError, CGROUP_CPU, CLK_TCK, Daemon,
                                  Proc, WEIGHT_SHARES, between, driver_counters, first_line,
                                  loadavg, ratio, remove_cgroup, run_main, set_fifo1, spread,
-                                 stat_cpu_s, status_vm, thread_stats, vm_caps, weight_cgroup)
+                                 ctx_switches, stat_cpu_s, status_vm, thread_stats, vm_caps,
+                                 weight_cgroup)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
@@ -337,6 +340,7 @@ class BenchBoot:
                         "rep": self.rep, "variant": self.variant, "loadavg_start": loadavg()}
         self.status0 = self.policy()
         self.cpu0 = self.threads_cpu_s(boot)
+        self.sw0 = self.threads_switches(boot)
         self.steal0 = steal_s()
         if self.args.trace and load == "loaded":
             self.tracer = Tracer(self.dir / f"trace-{tag}", self.args.duration + 1)
@@ -352,6 +356,17 @@ class BenchBoot:
             try:
                 out[label] = stat_cpu_s(f"/proc/{boot.qemu.pid}/task/{tid}/stat")
             except OSError:
+                pass
+        return out
+
+    def threads_switches(self, boot):
+        """(voluntary, involuntary) context switches so far of each of the
+        VM's QEMU threads (by label)."""
+        out = {}
+        for tid, label in self.tids.items():
+            try:
+                out[label] = ctx_switches(f"/proc/{boot.qemu.pid}/task/{tid}")
+            except (OSError, KeyError):
                 pass
         return out
 
@@ -381,6 +396,9 @@ class BenchBoot:
         self.current["steal_s"] = round(steal_s() - self.steal0, 3)
         self.current["cpu_s"] = {k: round(cpu1[k] - self.cpu0[k], 3) for k in cpu1
                                  if k in self.cpu0}
+        sw1 = self.threads_switches(boot)
+        self.current["switches"] = {k: [sw1[k][0] - self.sw0[k][0], sw1[k][1] - self.sw0[k][1]]
+                                    for k in sw1 if k in self.sw0}
         pol = self.policy()
         if pol is not None and self.status0 is not None:
             self.current["policy"] = policy_delta(self.status0, pol)
@@ -397,6 +415,7 @@ class BenchBoot:
             f"{g['avg_us']:.0f} p99 {g['p99_us']} max {g['max_us']} us; host avg "
             f"{h['avg_us']:.0f} p99 {h['p99_us']} max {h['max_us']} us"
             + f"; CPU s {self.current['cpu_s']}, steal {self.current['steal_s']} s"
+            + f"; switches (vol, invol) {self.current['switches']}"
             + (f"; policy {self.current['policy']}" if "policy" in self.current else "")
             + (f"; stalls {st['by_thread']}, longest at an RT priority "
                f"{st['longest_boosted_ms']} ms; {st['host_gaps']} host-wide gaps, longest "
@@ -487,6 +506,7 @@ def variant_summary(runs, load):
                 out.setdefault("guest_cycles", {})[str(iv)] = [r["guest"]["cycles"] for r in rs]
                 out.setdefault("host_loadavg_start", {})[str(iv)] = [r["loadavg_start"] for r in rs]
                 out.setdefault("cpu_s", {})[str(iv)] = [r.get("cpu_s") for r in rs]
+                out.setdefault("switches", {})[str(iv)] = [r.get("switches") for r in rs]
                 out.setdefault("steal_s", {})[str(iv)] = [r.get("steal_s") for r in rs]
                 if any("policy" in r for r in rs):
                     out.setdefault("policy", {})[str(iv)] = [r.get("policy") for r in rs]

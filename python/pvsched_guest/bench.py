@@ -168,6 +168,19 @@ def stat_cpu_s(path):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def ctx_switches(task_dir):
+    """(voluntary, involuntary) context switches so far of a thread or
+    process (`task_dir`: /proc/PID or /proc/PID/task/TID): voluntary ones
+    are the times it blocked (a vCPU thread: mostly halts), involuntary
+    the times it was preempted."""
+    got = {}
+    for line in Path(task_dir, "status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+            got[k] = int(v)
+    return got["voluntary_ctxt_switches"], got["nonvoluntary_ctxt_switches"]
+
+
 def qemu_cpu_s(pid):
     """CPU seconds (user + system) of process `pid`, all its threads."""
     return stat_cpu_s(f"/proc/{pid}/stat")

@@ -87,6 +87,9 @@ class Boot:
         self.marks = {}
         self.qemu_rc = None
         self.snapshots = {}
+        # The console line of a first boot that oopsed before init ran
+        # (early_int3_oops), which was then booted once more; None if not.
+        self.booted_again = None
 
     def run(self):
         if self.dump.exists():
@@ -181,6 +184,16 @@ class Boot:
             qsock.close()
             dsock.close()
         self.seconds = time.monotonic() - t0
+        if self.early_int3_oops() and not self.booted_again:
+            first = self.dir / "serial-first-boot.log"
+            (self.dir / "serial.log").replace(first)
+            self.booted_again = next(l for l in self.serial if "Oops: int3" in l).strip()
+            log(f"{self.name}: the guest kernel oopsed before init ran ({self.booted_again}; "
+                f"console in {first}): QEMU TCG ran a stale INT3 while the kernel patched "
+                f"its text, before any pvsched code was in the guest; booting it once more")
+            self.serial, self.marks, self.snapshots = [], {}, {}
+            self.qemu_rc, self.dump_live = None, True
+            return self.run()
         boot = self.marks.get("boot", (0, {}))[1]
         if boot.get("pin") == "1" and boot.get("mode") != "bench" and \
                 int(boot.get("pinned", 0)) < 2 * PINNED_MIN:
@@ -248,6 +261,14 @@ class Boot:
                         if lockup is not None:
                             raise GuestLockup(lockup)
                         return
+
+    def early_int3_oops(self):
+        """Whether the kernel oopsed on an INT3 before init printed its
+        first mark: QEMU TCG executing a stale breakpoint while the kernel
+        patches its text (GuestLockup's cause), at a time no pvsched code
+        is in the guest (init loads the module after `@@ boot`) and no hook
+        has run. Anything later, or any other oops, fails the boot."""
+        return not self.marks and any("Oops: int3" in l for l in self.serial)
 
     def cpus_at_timeout(self):
         """Writes every vCPU's registers (QMP, HMP `info registers -a`) to

@@ -20,6 +20,11 @@ def test_s4_smoke(bench_script, report):
         for iv in ("500", "1000"):
             assert all(c > 0 for c in k[v]["guest_cycles"][iv]), (v, iv, k[v]["guest_cycles"])
             assert k[v]["guest_max_us"][iv]["median"] is not None, (v, iv)
+    # A guest that sleeps between cycles halts its vCPUs: their threads
+    # block (voluntary switches), counted per phase and thread.
+    sw = k["vanilla"]["switches"]["500"][0]
+    assert set(sw) == {"main", "vcpu0", "vcpu1"}, sw
+    assert sw["vcpu0"][0] + sw["vcpu1"][0] > 0, sw
     # The guest's cyclictest (FIFO 8) asks for a boost; the policy grants
     # it within the caps and holds it while the vCPU halts.
     pol = k["pvsched"]["policy"]["500"][0]
