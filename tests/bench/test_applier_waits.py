@@ -84,7 +84,9 @@ def test_trace_run_applier_records_only_the_applier(tmp_path, need_real):
             assert f"-{tid} " in line, line
     w = waits(tmp_path / "t.trace")
     assert w["applier_tids"] == [tid], w
-    assert w["runs_us"]["n"] >= 5, w
+    # Its first run began before it took the name, so counts vary; the run
+    # after the lock wait (switched in, then out as it exits) is always there.
+    assert w["runs_us"]["n"] >= 1, w
     # The main thread held the lock for about 0.2 s.
     assert w["lock_waits_over_2ms"] >= 1, w
     assert max(f["ms"] for f in w["slow_futex"]) >= 100, w
