@@ -120,7 +120,8 @@ pub struct PolicyObject {
     /// What `tids` holds (only this object writes it): the threads of each
     /// `tid_hint` element, without reading the map back.
     tids: std::collections::HashMap<u32, u32>,
-    /// The `vcpus` array, mapped (read here, written by the policy).
+    /// The `vcpus` array, mapped (read through [`PolicyView`], written by
+    /// the policy).
     vcpus_map: Arc<SharedRegion>,
 }
 
@@ -137,24 +138,20 @@ impl PolicyView {
     /// read from the mapped array with no system call (each word atomic;
     /// a boost changing meanwhile is seen at the next read).
     pub fn vcpu_boost(&self, gid: u32) -> Option<(u32, u32, i32)> {
-        vcpu_boost(&self.vcpus_map, gid)
+        let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
+        let words = self.vcpus_map.words();
+        let word = |off: usize| words.load(base + off, std::sync::atomic::Ordering::Relaxed);
+        Some((
+            word(std::mem::offset_of!(PvsVcpu, tid)),
+            word(std::mem::offset_of!(PvsVcpu, boost)),
+            word(std::mem::offset_of!(PvsVcpu, boost_prio)) as i32,
+        ))
     }
 
     /// Sums the per-CPU statistics.
     pub fn stats(&self) -> Result<PvsStats> {
         sum_stats(&self.stats)
     }
-}
-
-fn vcpu_boost(vcpus: &SharedRegion, gid: u32) -> Option<(u32, u32, i32)> {
-    let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
-    let words = vcpus.words();
-    let word = |off: usize| words.load(base + off, std::sync::atomic::Ordering::Relaxed);
-    Some((
-        word(std::mem::offset_of!(PvsVcpu, tid)),
-        word(std::mem::offset_of!(PvsVcpu, boost)),
-        word(std::mem::offset_of!(PvsVcpu, boost_prio)) as i32,
-    ))
 }
 
 fn sum_stats<T: std::borrow::Borrow<MapData>>(a: &PerCpuArray<T, PvsStats>) -> Result<PvsStats> {
@@ -347,12 +344,6 @@ impl PolicyObject {
             Array::try_from(self.ebpf.map("vcpus").ok_or(ObjectError::NoMap("vcpus"))?)
                 .map_err(map_err("vcpus"))?;
         a.get(&key, 0).map_err(map_err("vcpus"))
-    }
-
-    /// A thread's (tid, boost, boost_prio) as the policy holds them now
-    /// (see [`PolicyView::vcpu_boost`]).
-    pub fn vcpu_boost(&self, gid: u32) -> Option<(u32, u32, i32)> {
-        vcpu_boost(&self.vcpus_map, gid)
     }
 
     /// Clears a thread's state (array elements cannot be removed).
