@@ -25,7 +25,8 @@ vanilla = no daemon; pvsched = pvschedd (started once) with its default
 caps (`--caps FILE`: that file as the VM's caps), the VM registered by
 `pvsched qemu-attach --device-region`, QEMU's main-loop thread (which
 raises a TCG guest's timers) its emulator thread (`--no-emulator` leaves
-it out). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+it out; the variant pvsched-noemu does the same in one boot of its own,
+beside pvsched's). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
 fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
 libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
 stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
@@ -139,7 +140,11 @@ HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
           "--fork", "1"]
 INTERVALS = (500, 1000)
-VARIANTS = ("vanilla", "pvsched", "fifo1", "weight")
+VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "fifo1", "weight")
+# Variants that register the VM with pvschedd; pvsched-noemu leaves QEMU's
+# main loop out (no emulator thread), so whether its boost pays for its CPU
+# is measured in the same invocation as pvsched.
+PV_VARIANTS = ("pvsched", "pvsched-noemu")
 LOAD_WARMUP_S = 3.0
 IDLE_SETTLE_S = 2.0
 # Guest max over vanilla's, in every repetition; host avg and max over
@@ -275,10 +280,10 @@ class BenchBoot:
         pid = boot.qemu.pid
         cpus = sorted(qmp(boot.qmp_path, "query-cpus-fast"), key=lambda c: c["cpu-index"])
         self.tids = {pid: "main"} | {c["thread-id"]: f"vcpu{c['cpu-index']}" for c in cpus}
-        if self.variant == "pvsched":
+        if self.variant in PV_VARIANTS:
             argv = ["qemu-attach", "--qmp", str(boot.qmp_path), "--name", self.name,
                     "--device-region"]
-            if self.args.no_emulator:
+            if self.args.no_emulator or self.variant == "pvsched-noemu":
                 argv.append("--no-emulator")
             self.daemon.pvsched(*argv)
             boot.cleanups.append(self.unregister)
@@ -292,12 +297,12 @@ class BenchBoot:
         log(f"{self.variant}: {self.setup}")
 
     def unregister(self):
-        if self.daemon is not None and self.variant == "pvsched":
+        if self.daemon is not None and self.variant in PV_VARIANTS:
             self.daemon.pvsched("vm", "unregister", self.name, check=False)
 
     def policy(self):
         """pvschedd's counters of the VM: summed, and per thread (by label)."""
-        if self.variant != "pvsched":
+        if self.variant not in PV_VARIANTS:
             return None
         st = self.daemon.status()
         out = thread_stats(st, self.name)
@@ -339,8 +344,7 @@ class BenchBoot:
         self.current = {"kernel": self.kernel, "load": load, "interval_us": interval,
                         "rep": self.rep, "variant": self.variant, "loadavg_start": loadavg()}
         self.status0 = self.policy()
-        self.cpu0 = self.threads_cpu_s(boot)
-        self.sw0 = self.threads_switches(boot)
+        self.sample0 = self.threads_sample(boot)
         self.steal0 = steal_s()
         if self.args.trace and load == "loaded":
             self.tracer = Tracer(self.dir / f"trace-{tag}", self.args.duration + 1)
@@ -349,23 +353,14 @@ class BenchBoot:
         log(f"{self.name}: {tag} ({self.args.duration}s)")
         boot.answer(f"run {interval} {self.args.duration} {HIST_BUCKETS} {self.args.guest_threads}")
 
-    def threads_cpu_s(self, boot):
-        """CPU seconds so far of each of the VM's QEMU threads (by label)."""
+    def threads_sample(self, boot):
+        """{label: (CPU seconds, voluntary, involuntary context switches)}
+        so far of each of the VM's QEMU threads; a thread gone is left out."""
         out = {}
         for tid, label in self.tids.items():
+            task = f"/proc/{boot.qemu.pid}/task/{tid}"
             try:
-                out[label] = stat_cpu_s(f"/proc/{boot.qemu.pid}/task/{tid}/stat")
-            except OSError:
-                pass
-        return out
-
-    def threads_switches(self, boot):
-        """(voluntary, involuntary) context switches so far of each of the
-        VM's QEMU threads (by label)."""
-        out = {}
-        for tid, label in self.tids.items():
-            try:
-                out[label] = ctx_switches(f"/proc/{boot.qemu.pid}/task/{tid}")
+                out[label] = (stat_cpu_s(f"{task}/stat"), *ctx_switches(task))
             except (OSError, KeyError):
                 pass
         return out
@@ -392,13 +387,11 @@ class BenchBoot:
             raise BenchError(f"{self.name}: a cyclictest ran no cycles (guest {g['cycles']}, "
                              f"host {h['cycles']})")
         self.current.update(guest=guest, host=host, setup=self.setup)
-        cpu1 = self.threads_cpu_s(boot)
         self.current["steal_s"] = round(steal_s() - self.steal0, 3)
-        self.current["cpu_s"] = {k: round(cpu1[k] - self.cpu0[k], 3) for k in cpu1
-                                 if k in self.cpu0}
-        sw1 = self.threads_switches(boot)
-        self.current["switches"] = {k: [sw1[k][0] - self.sw0[k][0], sw1[k][1] - self.sw0[k][1]]
-                                    for k in sw1 if k in self.sw0}
+        s0, s1 = self.sample0, self.threads_sample(boot)
+        both = [k for k in s1 if k in s0]
+        self.current["cpu_s"] = {k: round(s1[k][0] - s0[k][0], 3) for k in both}
+        self.current["switches"] = {k: [s1[k][1] - s0[k][1], s1[k][2] - s0[k][2]] for k in both}
         pol = self.policy()
         if pol is not None and self.status0 is not None:
             self.current["policy"] = policy_delta(self.status0, pol)
@@ -468,8 +461,8 @@ def policy_delta(a, b):
 
 def run_boot(args, kernel, variant, rep, phases, daemon, cgroup):
     bb = BenchBoot(args, kernel, variant, rep, phases, daemon, cgroup)
-    dev = daemon.device_cmd(bb.name) if variant == "pvsched" else None
-    if variant == "pvsched":
+    dev = daemon.device_cmd(bb.name) if variant in PV_VARIANTS else None
+    if variant in PV_VARIANTS:
         caps = daemon.vms / f"{bb.name}.toml"
         if args.caps:
             caps.write_text(args.caps.read_text())

@@ -11,6 +11,14 @@ CPU taken away by the hypervisor of a host that is itself a VM.
 
     bench/stall_trace.py TRACE [--over-us 1000] [--tids 123=main,124=vcpu0]
                          [--json]
+    bench/stall_trace.py TRACE --sleeps --tids 123=main,124=vcpu0,125=vcpu1
+
+--sleeps looks at the other half of a thread's time off a CPU: every
+block (switched out, not runnable) over --over-us until its wake-up, who
+woke it and, when the trace has system calls (PVSCHED_TRACE_EXTRA=
+"syscalls/sys_enter_futex" for bench/trace-run.sh), the futex word it
+last waited on: a vCPU thread of QEMU TCG blocked on the word its sibling
+wakes it on is waiting for a lock that sibling held (the BQL), not halted.
 
 Each wait gets a cause, the first that fits:
   stolen       the CPU it was queued on recorded nothing (not even the
@@ -156,6 +164,54 @@ def analyze(path, over_us, tids=None):
     return waits, gaps
 
 
+# A futex system call's entry (syscalls/sys_enter_futex, recorded when
+# PVSCHED_TRACE_EXTRA asks for it): who, and on which word.
+FUTEX = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):"
+                   r"\s+sys_futex\(uaddr: (?P<uaddr>[0-9a-fx]+), op: (?P<op>[0-9a-fx]+)")
+# FUTEX_CMD_MASK: the op without FUTEX_PRIVATE_FLAG / FUTEX_CLOCK_REALTIME.
+FUTEX_WAKE_OPS = {1, 5, 7, 10}  # WAKE, WAKE_OP, UNLOCK_PI, WAKE_BITSET
+
+
+def sleeps(path, over_us, tids):
+    """Every time a thread of `tids` ({tid: label}) blocked (switched out
+    not runnable) for over `over_us` until a wake-up: when, how long, the
+    futex word it last waited on before blocking (when the trace has
+    syscalls/sys_enter_futex) and who woke it (the task current at the
+    wake-up: a sibling thread releasing a lock or kicking it, or an
+    interrupt taken while that task ran). Oldest first."""
+    asleep = {}  # tid -> (since, futex word)
+    last_futex = {}  # tid -> futex word of its last wait since it last ran
+    out = []
+    for line in open(path, errors="replace"):
+        f = FUTEX.match(line)
+        if f:
+            tid = int(f["tid"])
+            if tid in tids and (int(f["op"], 16) & 0x7f) not in FUTEX_WAKE_OPS:
+                last_futex[tid] = f["uaddr"]
+            continue
+        m = LINE.match(line)
+        if not m:
+            continue
+        ts, ev = float(m["ts"]), m["ev"]
+        if ev == "sched_switch":
+            sw = SWITCH.match(m["rest"])
+            if sw and int(sw["pp"]) in tids and not sw["ps"].startswith("R"):
+                pp = int(sw["pp"])
+                asleep[pp] = (ts, last_futex.pop(pp, None))
+        elif ev == "sched_wakeup":
+            w = WAKEUP.match(m["rest"])
+            if not w or int(w["p"]) not in asleep:
+                continue
+            pid = int(w["p"])
+            since, word = asleep.pop(pid)
+            if (ts - since) * 1e6 > over_us:
+                waker = int(m["tid"])
+                out.append({"at": since, "label": tids[pid], "tid": pid,
+                            "ms": round((ts - since) * 1e3, 3), "futex": word,
+                            "waker": tids.get(waker, m["task"].strip()), "waker_tid": waker})
+    return out
+
+
 def parse_tids(text):
     """--tids: TID[=LABEL],... -> {tid: label}."""
     out = {}
@@ -172,7 +228,32 @@ def main():
     ap.add_argument("--tids", type=parse_tids, default=None,
                     help="TID[=LABEL],...: these threads instead of those named 'vcpu N'")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--sleeps", action="store_true",
+                    help="instead: every block of the --tids threads over --over-us, the futex "
+                    "word it waited on and who woke it, then counts by (thread, waker, word)")
     a = ap.parse_args()
+    if a.sleeps:
+        if a.tids is None:
+            ap.error("--sleeps needs --tids")
+        got = sleeps(a.trace, a.over_us, a.tids)
+        by = Counter((s["label"], s["waker"], s["futex"]) for s in got)
+        longest = defaultdict(float)
+        for s in got:
+            key = (s["label"], s["waker"], s["futex"])
+            longest[key] = max(longest[key], s["ms"])
+        if a.json:
+            print(json.dumps({"over_us": a.over_us, "sleeps": got,
+                              "by": [{"thread": t, "waker": w, "futex": f, "count": n,
+                                      "longest_ms": longest[(t, w, f)]}
+                                     for (t, w, f), n in by.most_common()]}))
+            return
+        for s in got:
+            print(f"{s['at']:.6f} {s['label']}/{s['tid']} blocked {s['ms']:.2f} ms on futex "
+                  f"{s['futex']}, woken by {s['waker']}/{s['waker_tid']}")
+        print(f"{len(got)} block(s) over {a.over_us:.0f} µs, by (thread, waker, futex word):")
+        for (t, w, f), n in by.most_common():
+            print(f"  {t} woken by {w} on {f}: {n}, longest {longest[(t, w, f)]:.2f} ms")
+        return
     waits, gaps = analyze(a.trace, a.over_us, a.tids)
     if a.json:
         print(json.dumps({"over_us": a.over_us, "waits": waits,

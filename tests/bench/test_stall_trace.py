@@ -101,3 +101,32 @@ def test_the_cpu_it_was_queued_on_is_the_one_examined(tmp_path):
     w = json.loads(out)["waits"][0]
     assert (w["cpu"], w["queued_cpu"], w["cause"]) == (0, 1, "stolen"), w
     assert w["queued_ms"] == 4.0 and w["wait_ms"] == 4.01, w
+
+
+SLEEPS = """\
+# tracer: nop
+       CPU 0/TCG-11    [000] ..... 200.000000: sys_futex(uaddr: 0x7f00000010, op: 0x80, val: 2, utime: 0, uaddr2: 0, val3: 0)
+       CPU 0/TCG-11    [000] d..2. 200.000010: sched_switch: prev_comm=CPU 0/TCG prev_pid=11 prev_prio=98 prev_state=S ==> next_comm=bench-hog next_pid=21 next_prio=120
+       CPU 1/TCG-12    [001] ..... 200.004000: sys_futex(uaddr: 0x7f00000010, op: 0x81, val: 1, utime: 0, uaddr2: 0, val3: 0)
+       CPU 1/TCG-12    [001] d..3. 200.004010: sched_wakeup: comm=CPU 0/TCG pid=11 prio=98 target_cpu=000
+       bench-hog-21    [000] d..2. 200.004020: sched_switch: prev_comm=bench-hog prev_pid=21 prev_prio=120 prev_state=R ==> next_comm=CPU 0/TCG next_pid=11 next_prio=98
+       CPU 0/TCG-11    [000] d..2. 200.004100: sched_switch: prev_comm=CPU 0/TCG prev_pid=11 prev_prio=98 prev_state=S ==> next_comm=bench-hog next_pid=21 next_prio=120
+       main-10         [001] d..3. 200.004300: sched_wakeup: comm=CPU 0/TCG pid=11 prio=98 target_cpu=000
+"""
+
+
+def test_sleeps_name_the_futex_and_the_waker(tmp_path):
+    """--sleeps: a vCPU thread that blocked on a futex word until a sibling
+    woke it is listed with that word and the sibling; the wake (FUTEX_WAKE)
+    is not taken for a wait, and a block shorter than --over-us is left out."""
+    t = tmp_path / "t.trace"
+    t.write_text(SLEEPS)
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+                          "--sleeps", "--tids", "10=main,11=vcpu0,12=vcpu1", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    import json
+    doc = json.loads(out)
+    assert [(s["label"], s["ms"], s["futex"], s["waker"]) for s in doc["sleeps"]] == [
+        ("vcpu0", 4.0, "0x7f00000010", "vcpu1")], doc
+    assert doc["by"] == [{"thread": "vcpu0", "waker": "vcpu1", "futex": "0x7f00000010",
+                          "count": 1, "longest_ms": 4.0}], doc
