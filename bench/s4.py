@@ -99,7 +99,15 @@ Output (one JSON object)
   targets: every kernel's targets, keyed "KERNEL NAME"
   guest_driver_counters: the driver's debugfs counters after each boot
   stalls (--trace): every traced phase's waits and host-wide gaps over
-    1 ms (stall_trace.py)
+    1 ms (stall_trace.py); with --break-us also "window": the waits,
+    blocks (stall_trace.py --sleeps) and gaps of the VM's threads from
+    50 ms before the guest's stall until it ended
+  breaks (--break-us): every phase whose guest cyclictest stopped at a
+    latency over it: value_us, mark_at (host monotonic time the guest's
+    mark arrived), run_s (how long it ran) and timed (it stopped before
+    its last second, so the stall ended just before mark_at; otherwise
+    the mark trails cyclictest's shutdown and no window is drawn). A
+    diagnostic: such a phase's statistics end at the break.
 
 --samples FILE writes the raw 1 us histograms:
   {"unit": "us", "runs": [{"kernel", "variant", "load", "interval_us", "rep",
@@ -117,6 +125,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -155,6 +164,14 @@ HOST_TARGET = 1.1
 TRACE_KB_PER_S = 6144
 # A wait of a VM thread longer than this is a stall (--trace).
 STALL_US = 1000.0
+# --break-us: blocks shown in the window before the break, µs (a vCPU
+# thread of a guest waking every 500 µs blocks for less).
+WINDOW_US = 500.0
+# --break-us: how far before the stall's start the window opens, s.
+WINDOW_LEAD_S = 0.05
+# --break-us: seconds traced past the phase's duration (the guest's
+# cyclictest starts after the tracer and may stall at its very end).
+BREAK_TRACE_TAIL_S = 5
 
 
 def log(msg):
@@ -168,6 +185,16 @@ def host_cyclictest(out, dur):
                 ["cyclictest", "-p", "8", "--policy=rr", "-i", "500", "-t", "1", "-q",
                  "-D", str(dur), "-h", str(HIST_BUCKETS), "--histfile=/dev/null",
                  f"--json={out}.json"], f"{out}.log")
+
+
+def run_seconds(doc):
+    """How long a cyclictest --json run lasted, s (its start_time and
+    end_time have whole seconds), or None."""
+    try:
+        return int((parsedate_to_datetime(doc["end_time"])
+                    - parsedate_to_datetime(doc["start_time"])).total_seconds())
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def parse_cyclictest(doc):
@@ -223,9 +250,11 @@ class Tracer:
                                    "sh", str(HERE / "trace-run.sh"), str(out), "--", "sleep",
                                    str(seconds)], f"{out}.log")
 
-    def stalls(self, tids, timeout, keep=False):
+    def stalls(self, tids, timeout, keep=False, window=None):
         """Waits for the trace, then names the waits of `tids` ({tid:
-        label}) over STALL_US; None (and why, logged) if there is none."""
+        label}) over STALL_US; None (and why, logged) if there is none.
+        `window` (start, end, host monotonic s): also every wait, block
+        and host-wide gap of those threads that overlaps it, as "window"."""
         rc = self.proc.wait(timeout)
         self.proc.stop()
         text = Path(f"{self.out}.log").read_text(errors="replace")
@@ -234,6 +263,15 @@ class Tracer:
             return None
         overrun = sum(int(l.split()[-1]) for l in text.splitlines() if "overrun" in l)
         waits, gaps = stall_trace.analyze(f"{self.out}.trace", STALL_US, tids)
+        seen = None
+        if window is not None:
+            lo, hi = window
+            blocks = stall_trace.sleeps(f"{self.out}.trace", WINDOW_US, tids)
+            seen = {"start": round(lo, 6), "end": round(hi, 6),
+                    "waits": stall_trace.overlapping(waits, lo, hi, "wait_ms"),
+                    "blocks": stall_trace.overlapping(blocks, lo, hi, "ms"),
+                    "gaps": stall_trace.overlapping([{"at": t, "ms": ms} for t, ms in gaps],
+                                                    lo, hi, "ms")}
         if not keep:
             Path(f"{self.out}.trace").unlink()  # hundreds of MB; the waits are kept
         by = {}
@@ -245,7 +283,8 @@ class Tracer:
                                           default=0.0),
                 "host_gaps": len(gaps), "longest_host_gap_ms": max((ms for _, ms in gaps),
                                                                     default=0.0),
-                "waits": waits, "gaps": [{"at": t, "ms": ms} for t, ms in gaps]}
+                "waits": waits, "gaps": [{"at": t, "ms": ms} for t, ms in gaps],
+                "window": seen}
 
 
 # ---------------------------------------------------------------- one boot
@@ -271,10 +310,16 @@ class BenchBoot:
         self.status0 = None
         self.caps = None  # pvschedd's caps for the VM (pvsched)
         self.setup = None  # the QEMU threads' policies and cgroup, read back
+        self.broke = None  # (host monotonic s, latency µs) of a --break-us stop
 
     def hooks(self):
         return {"bench-wait": self.on_wait, "cyc-end": self.on_cyc_end,
-                "stats-end": self.on_stats_end}
+                "stats-end": self.on_stats_end, "cyc-break": self.on_break}
+
+    def on_break(self, boot):
+        """The guest's cyclictest stopped at a latency over --break-us: the
+        stall ended just before now (host monotonic time, the trace's clock)."""
+        self.broke = (time.monotonic(), int(boot.mark("cyc-break").get("value", 0)))
 
     def attach(self, boot):
         pid = boot.qemu.pid
@@ -347,11 +392,15 @@ class BenchBoot:
         self.sample0 = self.threads_sample(boot)
         self.steal0 = steal_s()
         if self.args.trace and load == "loaded":
-            self.tracer = Tracer(self.dir / f"trace-{tag}", self.args.duration + 1)
+            # A stall --break-us stops at can end with the run: trace past it.
+            extra = BREAK_TRACE_TAIL_S if self.args.break_us else 1
+            self.tracer = Tracer(self.dir / f"trace-{tag}", self.args.duration + extra)
         self.host = host_cyclictest(self.dir / f"host-{tag}", self.args.duration)
         self.host_out = self.dir / f"host-{tag}.json"
         log(f"{self.name}: {tag} ({self.args.duration}s)")
-        boot.answer(f"run {interval} {self.args.duration} {HIST_BUCKETS} {self.args.guest_threads}")
+        self.broke = None
+        boot.answer(f"run {interval} {self.args.duration} {HIST_BUCKETS} "
+                    f"{self.args.guest_threads} {self.args.break_us}")
 
     def threads_sample(self, boot):
         """{label: (CPU seconds, voluntary, involuntary context switches)}
@@ -369,7 +418,8 @@ class BenchBoot:
         rc = boot.mark("cyc-end").get("rc")
         lines = between(boot.serial, "@@ cyc-json-begin", "@@ cyc-end")
         try:
-            guest = parse_cyclictest(json.loads("\n".join(lines)))
+            doc = json.loads("\n".join(lines))
+            guest = parse_cyclictest(doc)
         except (ValueError, KeyError) as e:
             raise BenchError(f"{self.name}: guest cyclictest (rc {rc}) gave no result: {e}; "
                              f"see {boot.dir}/serial.log")
@@ -398,12 +448,30 @@ class BenchBoot:
             self.current["policy"]["threads"] = {
                 k: policy_delta(self.status0["threads"].get(k, {}), t)
                 for k, t in pol.get("threads", {}).items()}
+        window = None
+        if self.broke is not None:
+            at, value = self.broke
+            ran = run_seconds(doc)
+            # cyclictest prints the break when it exits: at once after a
+            # break in the run, but only after its shutdown (seconds under
+            # TCG) when the break came in the run's last second or in the
+            # shutdown itself. Then the host cannot tell when it was.
+            timed = ran is not None and ran < self.args.duration - 1
+            self.current["break"] = {"value_us": value, "mark_at": round(at, 6),
+                                     "run_s": ran, "timed": timed}
+            if timed:
+                window = (at - value / 1e6 - WINDOW_LEAD_S, at)
+            else:
+                log(f"{self.name}: guest latency {value} us at the end of its {ran} s run: "
+                    "when is not known to the host, no window")
         if self.tracer is not None:
             self.current["stalls"] = self.tracer.stalls(self.tids, self.args.duration + 60,
-                                                        keep=self.args.keep_trace)
+                                                        keep=self.args.keep_trace, window=window)
             self.tracer = None
         self.results.append(self.current)
         st = self.current.get("stalls")
+        if window is not None:
+            self.log_window(st and st.get("window"))
         log(f"{self.name}: {self.current['load']}-i{self.current['interval_us']}: guest avg "
             f"{g['avg_us']:.0f} p99 {g['p99_us']} max {g['max_us']} us; host avg "
             f"{h['avg_us']:.0f} p99 {h['p99_us']} max {h['max_us']} us"
@@ -413,6 +481,24 @@ class BenchBoot:
             + (f"; stalls {st['by_thread']}, longest at an RT priority "
                f"{st['longest_boosted_ms']} ms; {st['host_gaps']} host-wide gaps, longest "
                f"{st['longest_host_gap_ms']} ms (overrun {st['overrun']})" if st else ""))
+
+    def log_window(self, win):
+        """Logs what the VM's threads did around a --break-us stall."""
+        at, value = self.broke
+        if win is None:
+            log(f"{self.name}: guest latency {value} us ended at {at:.6f} (no trace: --trace)")
+            return
+        log(f"{self.name}: guest latency {value} us ended at {at:.6f}; from {win['start']:.6f}:")
+        for w in win["waits"]:
+            log(f"  {w['at']:.6f} {w['label']} {w['why']} at prio {w['prio']}, waited "
+                f"{w['wait_ms']} ms: {w['cause']} (silent {w['silent_ms']} ms; ran there: "
+                + ", ".join(f"{r['comm']}/{r['pid']} prio {r['prio']} {r['ms']} ms"
+                            for r in w["ran"][:3]) + ")")
+        for b in win["blocks"]:
+            log(f"  {b['at']:.6f} {b['label']} blocked {b['ms']} ms on futex {b['futex']}, "
+                f"woken by {b['waker']}")
+        for g in win["gaps"]:
+            log(f"  {g['at']:.6f} every CPU silent {g['ms']} ms")
 
     def on_stats_end(self, boot):
         self.counters = driver_counters(between(boot.serial, "@@ stats-begin", "@@ stats-end"))
@@ -632,6 +718,10 @@ def main():
     ap.add_argument("--trace", action="store_true",
                     help="record the host's scheduler events in each loaded phase and name "
                     "the VM threads' waits over 1 ms")
+    ap.add_argument("--break-us", type=int, default=0,
+                    help="stop each guest cyclictest at its first latency over this (-b) and, "
+                    "with --trace, list what the VM's threads did in the 50 ms before that "
+                    "stall began until it ended (a diagnostic: the phase's statistics stop there)")
     ap.add_argument("--keep-trace", action="store_true",
                     help="keep each phase's trace (OUT/NAME/trace-*.trace; large)")
     ap.add_argument("--variants", default="vanilla,pvsched",
@@ -706,7 +796,7 @@ def main():
 
     result = {"scenario": "s4", "quick": args.quick, "reps": args.reps,
               "caps": caps, "caps_file": str(args.caps) if args.caps else None,
-              "emulator_thread": not args.no_emulator, "trace": args.trace,
+              "emulator_thread": not args.no_emulator, "trace": args.trace, "break_us": args.break_us,
               "variants": variants,
               "alternatives_setup": {
                   "fifo1": "every vCPU thread SCHED_FIFO 1; QEMU's main loop SCHED_OTHER",
@@ -730,8 +820,10 @@ def main():
         result["targets"].update({f"{kernel} {n}": t for n, t in k["targets"].items()})
     result["guest_driver_counters"] = counters
     result["stalls"] = [{k: r[k] for k in ("kernel", "variant", "load", "interval_us", "rep")}
-                        | {k: r["stalls"][k] for k in ("waits", "gaps", "overrun")}
+                        | {k: r["stalls"].get(k) for k in ("waits", "gaps", "overrun", "window")}
                         for r in runs if r.get("stalls")]
+    result["breaks"] = [{k: r[k] for k in ("kernel", "variant", "load", "interval_us", "rep")}
+                        | r["break"] for r in runs if r.get("break")]
     result["seconds"] = round(time.monotonic() - t_all, 1)
     if args.samples:
         samples = {"unit": "us", "bucket_us": 1, "buckets": HIST_BUCKETS, "runs": [

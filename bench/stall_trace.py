@@ -44,6 +44,7 @@ SCHED_OTHER (120 + nice).
 """
 
 import argparse
+import bisect
 import json
 import re
 from collections import Counter, defaultdict
@@ -112,6 +113,7 @@ def analyze(path, over_us, tids=None):
             m = MIGRATE.search(rest)
             if m and int(m["p"]) in waiting:
                 waiting[int(m["p"])][3].append((ts, int(m["dest"])))
+    starts = {c: [r[0] for r in seq] for c, seq in runs.items()}
     waits = []
     for since, until, comm, pid, why, prio, moves, cpu in raw:
         # What kept it waiting is on the CPU it was queued on longest
@@ -123,7 +125,12 @@ def analyze(path, over_us, tids=None):
         lo_q, hi_q, queued = max(segs, key=lambda x: x[1] - x[0])
         ran = defaultdict(float)
         seq = runs[queued]
-        for i, (start, c, p, pr) in enumerate(seq):
+        # Each CPU's records are in time order: look only at the runs that
+        # overlap the wait (a whole trace has millions).
+        first = max(bisect.bisect_right(starts[queued], lo_q) - 1, 0)
+        last = bisect.bisect_right(starts[queued], hi_q)
+        for i in range(first, last):
+            start, c, p, pr = seq[i]
             end = seq[i + 1][0] if i + 1 < len(seq) else until
             lo, hi = max(start, lo_q), min(end, hi_q)
             if hi > lo and p != pid:
@@ -131,10 +138,13 @@ def analyze(path, over_us, tids=None):
         # A CPU that records nothing at all (not even its timer tick)
         # while a task is queued there was not running: on a host that is
         # itself a VM, its hypervisor had taken it.
-        there = sorted(t for t in seen[queued] if lo_q <= t <= hi_q)
+        ev = seen[queued]
+        there = ev[bisect.bisect_left(ev, lo_q):bisect.bisect_right(ev, hi_q)]
         edges = [lo_q] + there + [hi_q]
         silent = max(b - a for a, b in zip(edges, edges[1:]))
-        ipi = next((t for t in resched[queued] if lo_q <= t <= hi_q), None)
+        rs = resched[queued]
+        k = bisect.bisect_left(rs, lo_q)
+        ipi = rs[k] if k < len(rs) and rs[k] <= hi_q else None
         span = hi_q - lo_q
         rt = sum(t for (_, _, pr), t in ran.items() if pr <= prio)
         fair = sum(t for (_, _, pr), t in ran.items() if pr >= 100)
@@ -210,6 +220,12 @@ def sleeps(path, over_us, tids):
                             "ms": round((ts - since) * 1e3, 3), "futex": word,
                             "waker": tids.get(waker, m["task"].strip()), "waker_tid": waker})
     return out
+
+
+def overlapping(items, lo, hi, ms_key):
+    """The items (dicts with "at", s, and a length in ms under `ms_key`)
+    whose interval overlaps [lo, hi]."""
+    return [i for i in items if i["at"] <= hi and i["at"] + i[ms_key] / 1e3 >= lo]
 
 
 def parse_tids(text):

@@ -4,11 +4,13 @@
 #
 # Loads the pvsched module (the DKMS-built one, by modprobe), then serves
 # commands the host writes on the console, one per "@@ bench-wait":
-#   run INTERVAL_US DURATION_S HIST_BUCKETS [THREADS]
+#   run INTERVAL_US DURATION_S HIST_BUCKETS [THREADS [BREAK_US]]
 #       cyclictest --mlockall -q -p 8 --policy=rr -i INTERVAL_US for
 #       DURATION_S seconds with a 1 us histogram of HIST_BUCKETS buckets;
 #       its --json result is printed between "@@ cyc-json-begin" and
-#       "@@ cyc-end".
+#       "@@ cyc-end". BREAK_US (0: none) stops it at the first latency
+#       over BREAK_US (cyclictest -b) and prints "@@ cyc-break value=US"
+#       at once, so the host knows when that stall ended.
 #   stats   the driver's debugfs counters between "@@ stats-begin" and
 #           "@@ stats-end".
 #   quit    (or anything else, or no command within 15 minutes): unload.
@@ -20,7 +22,7 @@ load
 echo "@@ probe bound=$(bound)"
 while :; do
 	echo "@@ bench-wait"
-	if ! read -t 900 -r cmd interval dur hist threads; then
+	if ! read -t 900 -r cmd interval dur hist threads brk; then
 		echo "@@ bench-timeout"
 		break
 	fi
@@ -28,10 +30,17 @@ while :; do
 	run)
 		echo "@@ cyc-start interval=$interval dur=$dur"
 		rm -f /tmp/cyc.json
-		/usr/bin/cyclictest --mlockall -q -p 8 --policy=rr -i "$interval" -D "$dur" \
-			-t "${threads:-1}" -h "$hist" --histfile=/dev/null \
-			--json=/tmp/cyc.json >/tmp/cyc.out 2>&1
+		set -- --mlockall -q -p 8 --policy=rr -i "$interval" -D "$dur" \
+			-t "${threads:-1}" -h "$hist" --histfile=/dev/null --json=/tmp/cyc.json
+		if [ "${brk:-0}" != 0 ]; then
+			set -- "$@" -b "$brk"
+		fi
+		/usr/bin/cyclictest "$@" >/tmp/cyc.out 2>&1
 		rc=$?
+		value=$(sed -n 's/^# Break value: *//p' /tmp/cyc.out)
+		if [ -n "$value" ]; then
+			echo "@@ cyc-break value=$value"
+		fi
 		echo "@@ cyc-json-begin rc=$rc"
 		cat /tmp/cyc.json 2>/dev/null
 		echo "@@ cyc-end rc=$rc"

@@ -130,3 +130,12 @@ def test_sleeps_name_the_futex_and_the_waker(tmp_path):
         ("vcpu0", 4.0, "0x7f00000010", "vcpu1")], doc
     assert doc["by"] == [{"thread": "vcpu0", "waker": "vcpu1", "futex": "0x7f00000010",
                           "count": 1, "longest_ms": 4.0}], doc
+
+
+def test_overlapping_keeps_what_touches_the_window():
+    sys.path.insert(0, str(REPO / "bench"))
+    import stall_trace
+    items = [{"at": 1.0, "ms": 5.0}, {"at": 1.010, "ms": 100.0}, {"at": 1.2, "ms": 1.0}]
+    # [1.004, 1.1]: the first ended before it, the last began after it.
+    assert stall_trace.overlapping(items, 1.006, 1.1, "ms") == [items[1]]
+    assert stall_trace.overlapping(items, 1.0, 1.2, "ms") == items
