@@ -486,7 +486,8 @@ class BenchBoot:
         """Logs what the VM's threads did around a --break-us stall."""
         at, value = self.broke
         if win is None:
-            log(f"{self.name}: guest latency {value} us ended at {at:.6f} (no trace: --trace)")
+            log(f"{self.name}: guest latency {value} us ended at {at:.6f} (phase not traced: "
+                "--trace records the loaded phases)")
             return
         log(f"{self.name}: guest latency {value} us ended at {at:.6f}; from {win['start']:.6f}:")
         for w in win["waits"]:
