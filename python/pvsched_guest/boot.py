@@ -8,12 +8,20 @@ import os
 import re
 import select
 import socket
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from .host import Failure, die_with_parent, kill
 from .qmp import qmp
+
+# sizeof(sockaddr_un.sun_path): a socket path and its NUL must fit.
+SUN_PATH_MAX = 108
+# The device binds its vfio-user socket as PATH.PID.tmp first (PID up to 7
+# digits: pid_max is at most 4194304).
+BIND_SUFFIX_MAX = len(".4194304.tmp")
 
 # Hooked tracepoints every tested kernel has (sched_switch, irq_handler_entry
 # and _exit, softirq_entry and _exit); init.sh enables each in two instances.
@@ -78,6 +86,7 @@ class Boot:
         # hooks QEMU gets a QMP socket and a stdin pipe the hooks can answer on.
         self.hooks = hooks or {}
         self.cleanups = []
+        self.short_dir = None  # socket_path's directory, once needed
         self.qemu = None
         self.qmp_path = None
         self.dir = args.out / name
@@ -91,6 +100,26 @@ class Boot:
         # (early_int3_oops), which was then booted once more; None if not.
         self.booted_again = None
 
+    def socket_path(self, name):
+        """Where the boot's unix socket `name` lives: in its work dir, or,
+        when that path would not fit a unix socket address (108 bytes with
+        its NUL, less the ".PID.tmp" the device binds under before it
+        renames the socket into place; a deep --out or pytest's tmp_path),
+        in a short private directory under /tmp, removed when the boot
+        ends."""
+        path = self.dir / name
+        if len(os.fsencode(path)) + BIND_SUFFIX_MAX < SUN_PATH_MAX:
+            return path
+        if self.short_dir is None:
+            self.short_dir = Path(tempfile.mkdtemp(prefix="pvs-"))
+            self.cleanups.append(self.remove_short_dir)
+        return self.short_dir / name
+
+    def remove_short_dir(self):
+        if self.short_dir is not None:
+            shutil.rmtree(self.short_dir, ignore_errors=True)
+            self.short_dir = None
+
     def run(self):
         if self.dump.exists():
             self.dump.unlink()
@@ -98,7 +127,7 @@ class Boot:
         qfd, dfd = qsock.fileno(), dsock.fileno()
         os.set_inheritable(qfd, True)
         os.set_inheritable(dfd, True)
-        vfio_sock = self.dir / "vfio-user.sock"
+        vfio_sock = self.socket_path("vfio-user.sock")
         if self.transport == "vfio-user":
             if vfio_sock.exists():
                 vfio_sock.unlink()
@@ -136,7 +165,7 @@ class Boot:
             qemu_cmd[-2:-2] = ["-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1"]
         # QMP for the hooks, and for the vCPU registers of a boot that
         # hangs (cpus_at_timeout).
-        self.qmp_path = self.dir / "qmp.sock"
+        self.qmp_path = self.socket_path("qmp.sock")
         if self.qmp_path.exists():
             self.qmp_path.unlink()
         qemu_cmd += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]

@@ -43,11 +43,14 @@ def test_s4_smoke(bench_script, report):
 
 
 def test_s4_alternatives(bench_script, report):
+    # --break-us 1: every guest cyclictest stops at its first cycle (any
+    # latency is over 1 us) and says so, which the bench records.
     doc = bench_script("s4.py", "--kernels", KERNEL, "--reps", "1", "--duration", "3",
-                       "--no-idle", "--variants", "vanilla,fifo1,weight")
+                       "--no-idle", "--variants", "vanilla,fifo1,weight,pvsched-noemu",
+                       "--break-us", "1")
     k = doc["kernels"][KERNEL]
-    assert set(k["alternatives"]) == {"fifo1", "weight"}, k["alternatives"]
-    for v in ("vanilla", "fifo1", "weight"):
+    assert set(k["alternatives"]) == {"fifo1", "weight", "pvsched-noemu"}, k["alternatives"]
+    for v in ("vanilla", "fifo1", "weight", "pvsched-noemu"):
         assert all(c > 0 for c in k[v]["guest_cycles"]["500"]), (v, k[v]["guest_cycles"])
     for v, a in k["alternatives"].items():
         assert len(a["paired_max"]["500"]) == 1 and a["paired_max"]["500"][0], (v, a)
@@ -62,5 +65,11 @@ def test_s4_alternatives(bench_script, report):
     # weight: QEMU in the benchmark's cgroup, its threads SCHED_OTHER.
     assert setup["weight"]["cpu_cgroup"] == "/pvsched-s4-vm", setup
     assert all(p == ["other", 0] for p in setup["weight"]["threads"].values()), setup
+    # pvsched-noemu: pvschedd holds the vCPU threads only, not QEMU's main loop.
+    pol = k["pvsched-noemu"]["policy"]["500"][0]
+    assert set(pol["threads"]) == {"vcpu0", "vcpu1"}, pol
+    # Every phase broke at once and the host timed the guest's mark.
+    assert len(doc["breaks"]) == 2 * 4, doc["breaks"]
+    assert all(b["value_us"] > 1 and b["timed"] for b in doc["breaks"]), doc["breaks"]
     report(f"s4 alternatives smoke: {doc['seconds']} s; guest max per rep "
            f"{ {v: a['paired_max'] for v, a in k['alternatives'].items()} }")
