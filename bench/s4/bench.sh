@@ -10,7 +10,8 @@
 #       its --json result is printed between "@@ cyc-json-begin" and
 #       "@@ cyc-end". BREAK_US (0: none) stops it at the first latency
 #       over BREAK_US (cyclictest -b) and prints "@@ cyc-break value=US"
-#       at once, so the host knows when that stall ended.
+#       as soon as cyclictest exits: at once after a break in the run, so
+#       the host knows when that stall ended (bench/s4.py --break-us).
 #   stats   the driver's debugfs counters between "@@ stats-begin" and
 #           "@@ stats-end".
 #   quit    (or anything else, or no command within 15 minutes): unload.
