@@ -105,9 +105,12 @@ Output (one JSON object)
   breaks (--break-us): every phase whose guest cyclictest stopped at a
     latency over it: value_us, mark_at (host monotonic time the guest's
     mark arrived), run_s (how long it ran) and timed (it stopped before
-    its last second, so the stall ended just before mark_at; otherwise
-    the mark trails cyclictest's shutdown and no window is drawn). A
-    diagnostic: such a phase's statistics end at the break.
+    its last second; otherwise no window is drawn). Even then mark_at is
+    the stall's end plus cyclictest's shutdown (its histogram output),
+    whose length the host does not know: when that took longer than
+    the window's 50 ms lead, the window misses the stall, so keep the
+    trace (--keep-trace) to look further back. A diagnostic: such a
+    phase's statistics end at the break.
 
 --samples FILE writes the raw 1 us histograms:
   {"unit": "us", "runs": [{"kernel", "variant", "load", "interval_us", "rep",
@@ -317,8 +320,10 @@ class BenchBoot:
                 "stats-end": self.on_stats_end, "cyc-break": self.on_break}
 
     def on_break(self, boot):
-        """The guest's cyclictest stopped at a latency over --break-us: the
-        stall ended just before now (host monotonic time, the trace's clock)."""
+        """The guest's cyclictest stopped at a latency over --break-us and
+        exited: the mark arrives now (host monotonic time, the trace's
+        clock), after cyclictest's shutdown; on_cyc_end decides whether that
+        times the stall."""
         self.broke = (time.monotonic(), int(boot.mark("cyc-break").get("value", 0)))
 
     def attach(self, boot):
@@ -721,8 +726,9 @@ def main():
                     "the VM threads' waits over 1 ms")
     ap.add_argument("--break-us", type=int, default=0,
                     help="stop each guest cyclictest at its first latency over this (-b) and, "
-                    "with --trace, list what the VM's threads did in the 50 ms before that "
-                    "stall began until it ended (a diagnostic: the phase's statistics stop there)")
+                    "with --trace, list what the VM's threads did from 50 ms before that "
+                    "stall began until the guest's mark of it arrived, after cyclictest's "
+                    "shutdown (a diagnostic: the phase's statistics stop there)")
     ap.add_argument("--keep-trace", action="store_true",
                     help="keep each phase's trace (OUT/NAME/trace-*.trace; large)")
     ap.add_argument("--variants", default="vanilla,pvsched",

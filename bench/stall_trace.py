@@ -252,10 +252,10 @@ def main():
         if a.tids is None:
             ap.error("--sleeps needs --tids")
         got = sleeps(a.trace, a.over_us, a.tids)
-        by = Counter((s["label"], s["waker"], s["futex"]) for s in got)
-        longest = defaultdict(float)
+        by, longest = Counter(), defaultdict(float)
         for s in got:
             key = (s["label"], s["waker"], s["futex"])
+            by[key] += 1
             longest[key] = max(longest[key], s["ms"])
         if a.json:
             print(json.dumps({"over_us": a.over_us, "sleeps": got,
