@@ -26,7 +26,9 @@ caps (`--caps FILE`: that file as the VM's caps), the VM registered by
 `pvsched qemu-attach --device-region`, QEMU's main-loop thread (which
 raises a TCG guest's timers) its emulator thread (`--no-emulator` leaves
 it out; the variant pvsched-noemu does the same in one boot of its own,
-beside pvsched's). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+beside pvsched's; pvsched-kick and pvsched-nokick are pvsched with
+`kick_pairs = true` and `false` added to the caps, beside the default
+"auto"). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
 fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
 libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
 stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
@@ -123,6 +125,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import sys
@@ -152,11 +155,17 @@ HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
           "--fork", "1"]
 INTERVALS = (500, 1000)
-VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "fifo1", "weight")
+VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "fifo1",
+            "weight")
 # Variants that register the VM with pvschedd; pvsched-noemu leaves QEMU's
 # main loop out (no emulator thread), so whether its boost pays for its CPU
 # is measured in the same invocation as pvsched.
-PV_VARIANTS = ("pvsched", "pvsched-noemu")
+PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick")
+# Variants that are pvsched with one cap changed (added to the --caps file,
+# which must not set it too): kick pairing always on and always off, beside
+# the default ("auto").
+VARIANT_CAPS = {"pvsched-kick": ("kick_pairs", "true"),
+                "pvsched-nokick": ("kick_pairs", "false")}
 LOAD_WARMUP_S = 3.0
 IDLE_SETTLE_S = 2.0
 # Guest max over vanilla's, in every repetition; host avg and max over
@@ -360,6 +369,9 @@ class BenchBoot:
         if out is not None and vm is not None:
             out["threads"] = {self.tids.get(t["tid"], str(t["tid"])): t
                               for t in vm["vcpus"] + vm["emulators"]}
+            # What the guest's driver negotiated, as the policy reads it
+            # (kick_pairs "auto" pairs only without F_WAIT_ON).
+            out["guest_features"] = vm.get("guest_features")
         return out
 
     def on_wait(self, boot):
@@ -453,6 +465,7 @@ class BenchBoot:
             self.current["policy"]["threads"] = {
                 k: policy_delta(self.status0["threads"].get(k, {}), t)
                 for k, t in pol.get("threads", {}).items()}
+            self.current["policy"]["guest_features"] = pol.get("guest_features")
         window = None
         if self.broke is not None:
             at, value = self.broke
@@ -556,8 +569,12 @@ def run_boot(args, kernel, variant, rep, phases, daemon, cgroup):
     dev = daemon.device_cmd(bb.name) if variant in PV_VARIANTS else None
     if variant in PV_VARIANTS:
         caps = daemon.vms / f"{bb.name}.toml"
-        if args.caps:
-            caps.write_text(args.caps.read_text())
+        text = args.caps.read_text() if args.caps else ""
+        if variant in VARIANT_CAPS:
+            key, value = VARIANT_CAPS[variant]
+            text += f"\n{key} = {value}\n"
+        if text:
+            caps.write_text(text)
         elif caps.exists():
             caps.unlink()
     boot = Boot(args, bb.name, 2, "bench", transport="vfio-user", device_cmd=dev,
@@ -757,6 +774,10 @@ def main():
             raise FileNotFoundError(f"{tool} (run scripts/setup)")
     if args.caps and not args.caps.is_file():
         raise FileNotFoundError(f"{args.caps} (--caps)")
+    for v in variants:
+        key = VARIANT_CAPS.get(v, (None,))[0]
+        if key and args.caps and re.search(rf"^\s*{key}\s*=", args.caps.read_text(), re.M):
+            ap.error(f"--variants {v} sets {key}, and so does --caps {args.caps}")
     if os.geteuid() != 0:
         raise BenchError("run as root (BPF, RT priorities, tracefs)")
     loads = ["loaded"] if args.no_idle else ["loaded", "idle"]
@@ -780,6 +801,7 @@ def main():
                                                    extra_files=initramfs_extras(chroot, release)))
     runs, counters = [], {}
     caps = cgroup = None
+    caps_by_variant = {}
     with Autogroup(args.autogroup) as autogroup:
         ag_state = autogroup.state
         log(f"autogroup {ag_state}")
@@ -797,12 +819,17 @@ def main():
                         counters.setdefault(kernel, {}).setdefault(variant, []).append(
                             bb.counters)
                         caps = caps or bb.caps
+                        if bb.caps:
+                            caps_by_variant.setdefault(variant, bb.caps)
         finally:
             daemon.stop()
             remove_cgroup(cgroup)
 
     result = {"scenario": "s4", "quick": args.quick, "reps": args.reps,
               "caps": caps, "caps_file": str(args.caps) if args.caps else None,
+              "variant_caps": {v: f"{k} = {x}" for v, (k, x) in VARIANT_CAPS.items()
+                               if v in variants},
+              "caps_by_variant": caps_by_variant,
               "emulator_thread": not args.no_emulator, "trace": args.trace, "break_us": args.break_us,
               "variants": variants,
               "alternatives_setup": {

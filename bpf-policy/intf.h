@@ -34,6 +34,11 @@
 #define PVS_MODE_DEVICE 1 /* region = the map at element vm_id of `regions` */
 #define PVS_MODE_GUEST 2  /* region slots at pvs_vcpu.slot_addr (VMM address) */
 
+/* pvs_caps.kick_pairs. */
+#define PVS_KICK_OFF 0
+#define PVS_KICK_ON 1
+#define PVS_KICK_AUTO 2 /* a guest without F_WAIT_ON, from a boosted sender */
+
 /* Internal vCPU run states (pvs_vcpu.state). */
 #define PVS_ST_UNKNOWN 0
 #define PVS_ST_RUNNING 1
@@ -83,7 +88,7 @@ struct pvs_caps {
 	__u64 ipi_window_ns; /* how long an IPI pair stays confirmed */
 	__u64 halt_hold_ns;  /* latency-sensitive this long after the guest last asked */
 	__u32 halt_always;   /* every vCPU is latency-sensitive */
-	__u32 kick_pairs;    /* a sibling vCPU's wakeup confirms a pair as an IPI does */
+	__u32 kick_pairs;    /* PVS_KICK_*: when a sibling vCPU's wakeup confirms a pair */
 	__u64 vm_budget_ns;  /* boosted on-CPU time of all the VM's threads per window; U64_MAX = unlimited */
 };
 

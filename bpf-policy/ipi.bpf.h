@@ -64,15 +64,21 @@ static __always_inline void ipi_record(struct pvs_vcpu *s, __u32 dest_id, __u32 
  * no IPI and would lend a busy vCPU the boost. And only the second kick of
  * the same vCPU within ipi_window_ns confirms the pair: a guest that
  * communicates kicks its siblings again and again, a batch guest's odd
- * IPI (a timer, a load balance) lends nothing.
+ * IPI (a timer, a load balance) lends nothing. With kick_pairs "auto"
+ * only a boosted sender's kick counts: its FIFO run is what keeps the
+ * sibling it woke off the CPU (the woken thread often waits on the
+ * sender's CPU), while an unboosted sender competes with it as equals.
  */
 static __always_inline void kick_record(struct pvs_vcpu *s, const struct pvs_vm *vm,
 					__u32 target, __u64 now)
 {
 	struct pvs_vcpu *t;
 
-	if (!vm->caps.kick_pairs || target == s->index || target >= vm->nr_vcpus ||
-	    target >= PVS_MAX_VCPUS_PER_VM)
+	if (target == s->index || target >= vm->nr_vcpus || target >= PVS_MAX_VCPUS_PER_VM)
+		return;
+	if (vm->caps.kick_pairs == PVS_KICK_AUTO && s->boost == PVSCHED_BOOST_NONE)
+		return;
+	if (!kick_pairs_vm(s->vm_id, vm))
 		return;
 	t = vcpu_by_index(s->vm_id, target);
 	if (!t || !READ_ONCE(t->guest_idle))

@@ -125,12 +125,52 @@ static __always_inline __u32 gid_of(__u32 vm_id, __u32 index)
 	return (vm_id << PVS_GID_SHIFT) | index;
 }
 
-/* Whether VM `vm_id` pairs kicks (caps.kick_pairs). */
+/*
+ * Low word of the features the VM's driver negotiated, from the header of
+ * its device region (ABI 1.3). 0 when unknown: a 1.2 device, a region not
+ * attached, or guest-region mode, where the header is readable only in a
+ * vCPU thread's own context. The guest can overwrite it, so it selects
+ * only between behaviours the VM's caps allow.
+ */
+static __always_inline __u32 driver_features(__u32 vm_id, const struct pvs_vm *vm)
+{
+	__u32 key = vm_id, zero = 0;
+	struct pvsched_region_header *h;
+	void *inner;
+
+	if (vm->mode != PVS_MODE_DEVICE)
+		return 0;
+	inner = bpf_map_lookup_elem(&regions, &key);
+	if (!inner)
+		return 0;
+	h = bpf_map_lookup_elem(inner, &zero);
+	return h ? READ_ONCE(h->driver_features_lo) : 0;
+}
+
+/*
+ * Whether VM `vm_id` pairs kicks (caps.kick_pairs): always, or (auto) when
+ * its guest negotiated a region but not F_WAIT_ON. Such a guest (Linux <
+ * 6.3 has no csd tracepoints) cannot say whom a synchronous call waits
+ * for, so a kick is the host's only sign of the pair.
+ */
+static __always_inline int kick_pairs_vm(__u32 vm_id, const struct pvs_vm *vm)
+{
+	__u32 f;
+
+	if (vm->caps.kick_pairs == PVS_KICK_ON)
+		return 1;
+	if (vm->caps.kick_pairs != PVS_KICK_AUTO)
+		return 0;
+	f = driver_features(vm_id, vm);
+	return (f & (PVSCHED_F_DEVICE_REGION | PVSCHED_F_GUEST_REGION)) &&
+	       !(f & PVSCHED_F_WAIT_ON);
+}
+
 static __always_inline int kick_pairs(__u32 vm_id)
 {
 	struct pvs_vm *vm = bpf_map_lookup_elem(&vms, &vm_id);
 
-	return vm && vm->caps.kick_pairs;
+	return vm && kick_pairs_vm(vm_id, vm);
 }
 
 /* Thread `index` of VM `vm_id`, or NULL when either is out of range. */

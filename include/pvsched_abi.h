@@ -30,7 +30,7 @@
  * Minor additions are announced by feature bits; old drivers ignore them.
  */
 #define PVSCHED_ABI_MAJOR 1
-#define PVSCHED_ABI_MINOR 2
+#define PVSCHED_ABI_MINOR 3
 #define PVSCHED_ABI_VERSION ((PVSCHED_ABI_MAJOR << 16) | PVSCHED_ABI_MINOR)
 #define PVSCHED_VERSION_MAJOR(v) (((v) >> 16) & 0xffff)
 #define PVSCHED_VERSION_MINOR(v) ((v) & 0xffff)
@@ -154,7 +154,9 @@ struct pvsched_region_header {
 	__u32 slots_offset;	 /* byte offset of slot 0 (64-byte aligned) */
 	__u32 generation;	 /* == GENERATION register at attach */
 	__u32 host_flags;	 /* PVSCHED_HOST_F_* */
-	__u32 reserved[7];
+	__u32 driver_features_lo; /* features the driver set at FEATURES_OK (1.3) */
+	__u32 driver_features_hi;
+	__u32 reserved[5];
 };
 
 /* header.host_flags */

@@ -8,8 +8,8 @@ PVSCHED_BLESS=1 rewrites it.
 """
 
 ABI_MAJOR = 1
-ABI_MINOR = 2
-ABI_VERSION = 65538
+ABI_MINOR = 3
+ABI_VERSION = 65539
 PCI_VENDOR_ID = 20566
 PCI_DEVICE_ID = 23630
 PCI_SUBSYS_VENDOR_ID = 20566
@@ -120,7 +120,9 @@ OFFSETOF = {
         "slots_offset": 24,
         "generation": 28,
         "host_flags": 32,
-        "reserved": 36,
+        "driver_features_lo": 36,
+        "driver_features_hi": 40,
+        "reserved": 44,
     },
     "pvsched_slot": {
         "guest": 0,

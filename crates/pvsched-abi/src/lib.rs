@@ -29,7 +29,7 @@ use core::mem::{offset_of, size_of};
 /// ABI major version. A major mismatch is refused at DRIVER_OK.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version. Minor additions are announced by feature bits.
-pub const ABI_MINOR: u32 = 2;
+pub const ABI_MINOR: u32 = 3;
 /// `(major << 16) | minor`, as found in the VERSION register and region header.
 pub const ABI_VERSION: u32 = (ABI_MAJOR << 16) | ABI_MINOR;
 
@@ -293,8 +293,14 @@ pub struct RegionHeader {
     pub generation: u32,
     /// `HOST_F_*` bits.
     pub host_flags: u32,
+    /// Low 32 bits of the features the driver set at FEATURES_OK (1.3; 0
+    /// from an older device). For the host policy: the guest can
+    /// overwrite it, so it only selects behaviour within the VM's caps.
+    pub driver_features_lo: u32,
+    /// High 32 bits of the same.
+    pub driver_features_hi: u32,
     /// Zero.
-    pub reserved: [u32; 7],
+    pub reserved: [u32; 5],
 }
 
 /// Guest-written half of a slot: one cache line only the guest writes.

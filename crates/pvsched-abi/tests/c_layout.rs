@@ -32,6 +32,8 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             slots_offset,
             generation,
             host_flags,
+            driver_features_lo,
+            driver_features_hi,
             reserved
         ]
     );

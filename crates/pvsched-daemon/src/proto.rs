@@ -207,6 +207,12 @@ pub struct VmStatus {
     pub pid: u32,
     /// Region mode (`none`, `device`, `guest`).
     pub region: String,
+    /// The features the guest's driver negotiated, from the device
+    /// region's header (what `kick_pairs = "auto"` reads); absent without
+    /// a device region, before the guest's driver attached, or from a
+    /// device older than ABI 1.3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_features: Option<u64>,
     /// Where its caps came from (`file`, `client`, `default`, `set`).
     pub caps_source: String,
     /// Caps in force.

@@ -415,6 +415,7 @@ impl Registry {
                     vm_id: vm.handle.vm_id(),
                     pid: vm.pid,
                     region: vm.region.into(),
+                    guest_features: vm.handle.guest_features(),
                     caps_source: vm.caps_source.into(),
                     caps: vm.handle.caps(),
                     vcpus: st.vcpus.iter().map(thread_status).collect(),

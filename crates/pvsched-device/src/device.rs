@@ -391,7 +391,12 @@ impl PvschedDevice {
         match self.resolve(true) {
             Ok((mapping, mut info)) => {
                 let generation = self.regs.state().generation.wrapping_add(1);
-                let header = region::header(self.cfg.nr_vcpus, generation, self.sink.host_flags());
+                let header = region::header(
+                    self.cfg.nr_vcpus,
+                    generation,
+                    self.sink.host_flags(),
+                    self.regs.state().drv_features,
+                );
                 mapping.initialize(&header, &self.apic_ids);
                 self.regs.attached(generation);
                 info.generation = generation;

@@ -366,8 +366,15 @@ fn from_words<T: ByteValued + Default>(words: &[u32]) -> T {
     v
 }
 
-/// Region header for `nr_vcpus` slots at `generation`.
-pub(crate) fn header(nr_vcpus: u32, generation: u32, host_flags: u32) -> RegionHeader {
+/// Region header for `nr_vcpus` slots at `generation`, recording the
+/// features the driver negotiated so the host policy can tell what this
+/// guest reports (a guest without `F_WAIT_ON` cannot say whom it waits on).
+pub(crate) fn header(
+    nr_vcpus: u32,
+    generation: u32,
+    host_flags: u32,
+    driver_features: u64,
+) -> RegionHeader {
     RegionHeader {
         magic: pvsched_abi::REGION_MAGIC,
         version: pvsched_abi::ABI_VERSION,
@@ -378,7 +385,9 @@ pub(crate) fn header(nr_vcpus: u32, generation: u32, host_flags: u32) -> RegionH
         slots_offset: pvsched_abi::slots_offset(nr_vcpus),
         generation,
         host_flags,
-        reserved: [0; 7],
+        driver_features_lo: driver_features as u32,
+        driver_features_hi: (driver_features >> 32) as u32,
+        reserved: [0; 5],
     }
 }
 

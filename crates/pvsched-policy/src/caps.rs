@@ -184,6 +184,67 @@ impl BoostKind {
     }
 }
 
+/// When a vCPU's wake-up of a sibling confirms an IPI pair (`kick_pairs`).
+/// Written `false`, `true` or `"auto"` in TOML and in `pvsched vm set`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KickPairs {
+    /// Never.
+    Off,
+    /// Always.
+    On,
+    /// Only for a guest that does not report `wait_on` (its driver did not
+    /// negotiate `F_WAIT_ON`; device-region mode, where the policy reads
+    /// the negotiated features from the region header) and only from a
+    /// boosted sender.
+    #[default]
+    Auto,
+}
+
+impl KickPairs {
+    /// `pvs_caps.kick_pairs` (`PVS_KICK_*` in bpf-policy/intf.h).
+    pub fn abi(self) -> u32 {
+        match self {
+            KickPairs::Off => 0,
+            KickPairs::On => 1,
+            KickPairs::Auto => 2,
+        }
+    }
+}
+
+impl Serialize for KickPairs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            KickPairs::Off => s.serialize_bool(false),
+            KickPairs::On => s.serialize_bool(true),
+            KickPairs::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for KickPairs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = KickPairs;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or \"auto\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<KickPairs, E> {
+                Ok(if v { KickPairs::On } else { KickPairs::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<KickPairs, E> {
+                match v {
+                    "auto" => Ok(KickPairs::Auto),
+                    "true" | "on" => Ok(KickPairs::On),
+                    "false" | "off" => Ok(KickPairs::Off),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Per-VM caps. Times are in microseconds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -233,10 +294,12 @@ pub struct Caps {
     /// A vCPU thread that wakes a sibling vCPU's idle, halted thread twice
     /// within `ipi_window_us` (under QEMU TCG that is the IPI itself: the
     /// sender kicks the halted receiver) confirms the pair as an IPI would.
-    /// Off by default: it buys IPI-heavy TCG guests throughput per CPU
-    /// second with the host's CPU, and lends a batch guest's odd wake-ups a
-    /// boost too (docs/benchmarks.md, S6).
-    pub kick_pairs: bool,
+    /// `false`, `true` or `"auto"` (the default): only for a guest whose
+    /// driver did not negotiate `F_WAIT_ON` (a kernel without csd
+    /// tracepoints, Linux < 6.3, cannot say whom it waits on) and only
+    /// from a sender that is boosted itself, whose FIFO run would
+    /// otherwise keep the sibling it kicked off the CPU (docs/operating.md).
+    pub kick_pairs: KickPairs,
     /// Honour the guest's `wait_on` hint.
     pub wait_on: bool,
     /// Honour a guest vCPU that says it spins on a contended lock
@@ -264,7 +327,7 @@ impl Default for Caps {
             window_us: 1_000_000,
             vm_budget_us: 0,
             ipi_window_us: 50_000,
-            kick_pairs: false,
+            kick_pairs: KickPairs::Auto,
             wait_on: true,
             lock_wait: true,
         }
@@ -772,9 +835,41 @@ mod tests {
             ("max_rt_prio", "x"),
             ("max_rt_prio", "100"),
             ("halt_boost", "fast"),
+            ("kick_pairs", "sometimes"),
+            ("kick_pairs", "1"),
         ] {
             assert!(Caps::default().with_settings([(k, v)]).is_err(), "{k}={v}");
         }
+    }
+
+    #[test]
+    fn kick_pairs_is_a_bool_or_auto_everywhere() {
+        assert_eq!(Caps::default().kick_pairs, KickPairs::Auto);
+        for (text, want) in [
+            ("kick_pairs = true", KickPairs::On),
+            ("kick_pairs = false", KickPairs::Off),
+            ("kick_pairs = \"auto\"", KickPairs::Auto),
+        ] {
+            let c = Caps::from_toml(text).unwrap();
+            assert_eq!(c.kick_pairs, want, "{text}");
+            // What a client sends and pvschedd persists reads back the same.
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(serde_json::from_str::<Caps>(&json).unwrap(), c, "{json}");
+            let toml = toml::to_string(&c).unwrap();
+            assert_eq!(Caps::from_toml(&toml).unwrap(), c, "{toml}");
+        }
+        for (v, want) in [
+            ("auto", KickPairs::Auto),
+            ("true", KickPairs::On),
+            ("off", KickPairs::Off),
+        ] {
+            let c = Caps::default().with_settings([("kick_pairs", v)]).unwrap();
+            assert_eq!(c.kick_pairs, want, "kick_pairs={v}");
+        }
+        let e = Caps::from_toml("kick_pairs = \"maybe\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("auto"), "{e}");
     }
 
     #[test]

@@ -50,7 +50,8 @@ pub struct PvsCaps {
     pub halt_hold_ns: u64,
     /// Every vCPU is latency-sensitive.
     pub halt_always: u32,
-    /// A sibling vCPU's wakeup confirms a pair as an IPI does.
+    /// When a sibling vCPU's wakeup confirms a pair as an IPI does:
+    /// 0 never, 1 always, 2 auto ([`crate::KickPairs`]).
     pub kick_pairs: u32,
     /// Boosted on-CPU time of all the VM's threads per window, ns
     /// (`u64::MAX` = unlimited, so the policy needs no test for "is there
@@ -76,7 +77,7 @@ impl From<&Caps> for PvsCaps {
             ipi_window_ns: Caps::ns(c.ipi_window_us),
             halt_hold_ns: Caps::ns(c.halt_hold_us),
             halt_always: c.halt_always as u32,
-            kick_pairs: c.kick_pairs as u32,
+            kick_pairs: c.kick_pairs.abi(),
             vm_budget_ns: c.vm_budget_ns(),
         }
     }

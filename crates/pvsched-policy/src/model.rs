@@ -9,7 +9,7 @@
 //! (throttling it, and its waiting group with it, when a limit is reached),
 //! then re-evaluate the yield targets it released or now waits on.
 
-use crate::caps::Caps;
+use crate::caps::{Caps, KickPairs};
 use crate::event::*;
 use crate::intf::PvsVcpu;
 use pvsched_abi::{
@@ -39,6 +39,9 @@ pub struct VmModel {
     pub slots: Vec<GuestFields>,
     /// APIC ID of each slot.
     pub apic_ids: Vec<u32>,
+    /// Features the driver negotiated, as the region header says
+    /// (`driver_features` in maps.bpf.h; 0 = unknown).
+    pub driver_features: u64,
 }
 
 /// Orders boosts: any RT above any nice, higher RT priority and lower nice
@@ -150,6 +153,7 @@ impl VmModel {
             budget_used: 0,
             slots: vec![GuestFields::default(); tids.len()],
             apic_ids: apic_ids.to_vec(),
+            driver_features: 0,
         }
     }
 
@@ -267,13 +271,29 @@ impl VmModel {
         v.ipis += 1;
     }
 
+    /// Whether kicks pair at all (`kick_pairs_vm` in maps.bpf.h): always,
+    /// or (auto) for a guest that negotiated a region but not `F_WAIT_ON`.
+    fn kick_pairs_on(&self) -> bool {
+        let f = self.driver_features & 0xffff_ffff;
+        match self.caps.kick_pairs {
+            KickPairs::On => true,
+            KickPairs::Off => false,
+            KickPairs::Auto => {
+                f & (pvsched_abi::F_DEVICE_REGION | pvsched_abi::F_GUEST_REGION) != 0
+                    && f & pvsched_abi::F_WAIT_ON == 0
+            }
+        }
+    }
+
     /// vCPU `i`'s thread woke vCPU `target`'s (`kick_record` in ipi.bpf.h).
     fn kick_record(&mut self, i: usize, target: u32, now: u64) {
         let nr = self.nr();
-        if !self.caps.kick_pairs
-            || target == self.vcpus[i].index
+        if target == self.vcpus[i].index
             || target >= nr
             || target >= MAX_VCPUS_PER_VM
+            // Auto: only a boosted sender's kick counts.
+            || (self.caps.kick_pairs == KickPairs::Auto && self.vcpus[i].boost == BOOST_NONE)
+            || !self.kick_pairs_on()
             || self.vcpus[target as usize].guest_idle == 0
         {
             return;
@@ -684,7 +704,10 @@ impl VmModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pvsched_abi::{CS_HARDIRQ, CS_PREEMPT_OFF, CS_SOFTIRQ, POLICY_FIFO};
+    use pvsched_abi::{
+        CS_HARDIRQ, CS_PREEMPT_OFF, CS_SOFTIRQ, F_DEVICE_REGION, F_KICK, F_LOCK_WAIT, F_TASK_FLAGS,
+        F_WAIT_ON, POLICY_FIFO,
+    };
 
     const MS: u64 = 1_000_000;
 
@@ -1143,7 +1166,7 @@ mod tests {
     #[test]
     fn a_kick_confirms_a_pair_like_an_ipi() {
         let caps = Caps {
-            kick_pairs: true,
+            kick_pairs: KickPairs::On,
             ..Caps::default()
         };
         let mut vm = VmModel::new(caps, &[10, 11], &[0, 1]);
@@ -1182,7 +1205,8 @@ mod tests {
         vm.step(200 * MS, Event::Kick { vcpu: 0, target: 0 });
         vm.step(200 * MS, Event::Kick { vcpu: 0, target: 5 });
         assert_eq!(vm.vcpus[0].yield_slot, 0);
-        // The default: off, whatever the guest does.
+        // The default (auto) with features unknown (a 1.2 device): none,
+        // whatever the guest does.
         let mut vm = vm2();
         let idle = GuestFields {
             flags: TASK_F_IDLE,
@@ -1193,6 +1217,54 @@ mod tests {
         vm.step(1, Event::Kick { vcpu: 0, target: 1 });
         vm.step(2, Event::Kick { vcpu: 0, target: 1 });
         assert_eq!(vm.vcpus[0].yield_slot, 0);
+    }
+
+    /// Two kicks of halted, idle vCPU 1 by vCPU 0; vCPU 0's confirmed pair.
+    fn two_kicks(vm: &mut VmModel, at: u64) -> u32 {
+        let idle = GuestFields {
+            flags: TASK_F_IDLE,
+            ..Default::default()
+        };
+        write(vm, 1, idle);
+        vm.step(at, out(1, false));
+        vm.step(at, Event::Kick { vcpu: 0, target: 1 });
+        vm.step(at + 1, Event::Kick { vcpu: 0, target: 1 });
+        vm.vcpus[0].yield_slot
+    }
+
+    #[test]
+    fn auto_kick_pairs_only_a_guest_without_wait_on_from_a_boosted_sender() {
+        let no_wait_on = F_DEVICE_REGION | F_KICK | F_TASK_FLAGS | F_LOCK_WAIT;
+        // A 6.1 guest (no F_WAIT_ON) whose sender runs batch work: nothing.
+        let mut vm = vm2();
+        vm.driver_features = no_wait_on;
+        vm.step(1, Event::SwitchIn { vcpu: 0 });
+        assert_eq!(vm.vcpus[0].boost, BOOST_NONE);
+        assert_eq!(two_kicks(&mut vm, 2), 0, "an unboosted sender");
+        // Its RT task boosts the sender: now its kicks pair.
+        write(&mut vm, 0, rt(5));
+        vm.step(10, Event::Tick { vcpu: 0 });
+        assert_eq!(vm.vcpus[0].boost, BOOST_RT);
+        assert_eq!(two_kicks(&mut vm, 11), 2, "a boosted sender, no wait_on");
+        // A guest that reports wait_on (7.3): never, boosted or not.
+        let mut vm = vm2();
+        vm.driver_features = no_wait_on | F_WAIT_ON;
+        write(&mut vm, 0, rt(5));
+        vm.step(1, Event::SwitchIn { vcpu: 0 });
+        assert_eq!(vm.vcpus[0].boost, BOOST_RT);
+        assert_eq!(two_kicks(&mut vm, 2), 0, "the guest says whom it waits on");
+        // On: an unboosted sender's kicks pair too.
+        let mut vm = VmModel::new(
+            Caps {
+                kick_pairs: KickPairs::On,
+                ..Caps::default()
+            },
+            &[10, 11],
+            &[0, 1],
+        );
+        vm.driver_features = no_wait_on | F_WAIT_ON;
+        vm.step(1, Event::SwitchIn { vcpu: 0 });
+        assert_eq!(two_kicks(&mut vm, 2), 2);
     }
 
     #[test]

@@ -79,7 +79,9 @@ impl HostileHeader {
             slots_offset: u32::MAX - 63,
             generation: u32::MAX,
             host_flags: u32::MAX,
-            reserved: [u32::MAX; 7],
+            driver_features_lo: u32::MAX,
+            driver_features_hi: u32::MAX,
+            reserved: [u32::MAX; 5],
         }
     }
 }

@@ -582,6 +582,32 @@ impl VmHandle {
         self.region.clone()
     }
 
+    /// The features the guest's driver negotiated, as its device region's
+    /// header records them (ABI 1.3), what the policy reads for
+    /// `kick_pairs = "auto"`. None without a device region, before the
+    /// device has written a header, or from a device older than 1.3 (0).
+    /// The guest can overwrite the header: this is what the policy sees,
+    /// not a verified fact.
+    pub fn guest_features(&self) -> Option<u64> {
+        use pvsched_abi::seq::SharedWords;
+        let region = self.region.as_ref()?;
+        let w = region.words();
+        let field = |off: usize| w.load(off, Ordering::Acquire);
+        if field(0) != pvsched_abi::REGION_MAGIC {
+            return None;
+        }
+        let lo = field(std::mem::offset_of!(
+            pvsched_abi::RegionHeader,
+            driver_features_lo
+        ));
+        let hi = field(std::mem::offset_of!(
+            pvsched_abi::RegionHeader,
+            driver_features_hi
+        ));
+        let f = u64::from(hi) << 32 | u64::from(lo);
+        (f != 0).then_some(f)
+    }
+
     /// Baselines captured so far (tid, attributes).
     pub fn baselines(&self) -> Vec<(u32, Option<SchedAttr>)> {
         let r = self.inner.reg.lock();

@@ -9,13 +9,20 @@
 
 use crate::common;
 
-use pvsched_abi::SlotGuest;
+use std::sync::atomic::Ordering;
+
+use pvsched_abi::seq::SharedWords;
+use pvsched_abi::{F_DEVICE_REGION, F_KICK, F_WAIT_ON, SlotGuest};
 use pvsched_agent::PolicyObject;
 use pvsched_agent::intf::{MODE_DEVICE, PvsVcpu, PvsVm};
 use pvsched_policy::event::{
     R_BUDGET, R_HALT, R_LIMITS, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET, R_YIELD,
 };
-use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
+use pvsched_policy::{BoostKind, Caps, Event, GuestFields, KickPairs, VmModel};
+
+/// Byte offset of `driver_features_lo` in the region header.
+const HEADER_DRIVER_FEATURES_LO: usize =
+    std::mem::offset_of!(pvsched_abi::RegionHeader, driver_features_lo);
 
 /// xorshift64*: small deterministic generator (the seed is printed on failure).
 struct Rng(u64);
@@ -53,7 +60,7 @@ fn gen_caps(r: &mut Rng) -> Caps {
         window_us: r.pick(&[1_000, 10_000, 50_000]),
         vm_budget_us: r.pick(&[0, 0, 2_000, 6_000]),
         ipi_window_us: r.pick(&[0, 500, 50_000]),
-        kick_pairs: r.below(3) != 0,
+        kick_pairs: r.pick(&[KickPairs::Off, KickPairs::On, KickPairs::Auto]),
         wait_on: r.below(3) != 0,
         lock_wait: r.below(3) != 0,
     }
@@ -142,8 +149,21 @@ fn bpf_and_model_agree_on_1000_traces() {
         let emus: Vec<u32> = (0..nemu).map(|j| 2000 + j).collect();
         let apics: Vec<u32> = (0..nr).map(|i| i * 2 + 1).collect();
         let mut model = VmModel::with_emulators(caps.clone(), &tids, &apics, &emus);
-        // Fresh BPF state for vm 0.
+        // Fresh BPF state for vm 0, with the features a driver negotiated
+        // in the region header: unknown (0), without wait_on (a Linux < 6.3
+        // guest) or with it, for kick_pairs "auto".
         region.clear();
+        model.driver_features = r.pick(&[
+            0,
+            F_DEVICE_REGION | F_KICK,
+            F_DEVICE_REGION | F_KICK | F_WAIT_ON,
+        ]);
+        let words = region.words();
+        words.store(
+            HEADER_DRIVER_FEATURES_LO,
+            model.driver_features as u32,
+            Ordering::Release,
+        );
         for i in 0..6u32 {
             let _ = obj.remove_vcpu(i);
             let _ = obj.set_apic(0, i * 2 + 1, None);

@@ -34,8 +34,9 @@ fn le32(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
 }
 
-/// Check header and APIC table bytes of a freshly attached region.
-fn check_layout(bytes: &[u8], generation: u32) {
+/// Check header and APIC table bytes of a freshly attached region whose
+/// driver negotiated `features` (testing::*_handshake).
+fn check_layout(bytes: &[u8], generation: u32, features: u64) {
     assert_eq!(&bytes[0..4], b"PVSR");
     assert_eq!(le32(bytes, 0), abi::REGION_MAGIC);
     assert_eq!(le32(bytes, 4), abi::ABI_VERSION);
@@ -46,8 +47,15 @@ fn check_layout(bytes: &[u8], generation: u32) {
     assert_eq!(le32(bytes, 24), abi::slots_offset(NR));
     assert_eq!(le32(bytes, 28), generation);
     assert_eq!(le32(bytes, 32), 0, "host_flags from NullSink-like sink");
+    // What the driver negotiated, for the host policy (1.3).
+    assert_eq!(le32(bytes, 36), features as u32, "driver_features_lo");
+    assert_eq!(
+        le32(bytes, 40),
+        (features >> 32) as u32,
+        "driver_features_hi"
+    );
     assert!(
-        bytes[36..64].iter().all(|&b| b == 0),
+        bytes[44..64].iter().all(|&b| b == 0),
         "reserved header words zero"
     );
     for i in 0..NR as usize {
@@ -83,7 +91,11 @@ fn guest_region_handshake_reaches_driver_ok() {
 
     let mut bytes = vec![0u8; 4096];
     mem.read_slice(&mut bytes, GuestAddress(GPA)).unwrap();
-    check_layout(&bytes, 1);
+    check_layout(
+        &bytes,
+        1,
+        abi::F_GUEST_REGION | abi::F_WAIT_ON | abi::F_KICK,
+    );
 
     let view = dev.region_view().unwrap();
     assert_eq!(view.info().mode, RegionMode::Guest);
@@ -174,7 +186,11 @@ fn device_region_handshake_reaches_driver_ok() {
         .unwrap()
         .read_slice(&mut bytes, 0)
         .unwrap();
-    check_layout(&bytes, 1);
+    check_layout(
+        &bytes,
+        1,
+        abi::F_DEVICE_REGION | abi::F_WAIT_ON | abi::F_KICK,
+    );
     let view = dev.region_view().unwrap();
     assert_eq!(view.info().mode, RegionMode::Device);
     assert_eq!(view.info().guest_addr, 0xc000_0000);

@@ -11,7 +11,7 @@
 use proptest::prelude::*;
 use pvsched_abi::{BOOST_NICE, BOOST_NONE, BOOST_RT};
 use pvsched_policy::event::{R_LIMITS, R_THROTTLED};
-use pvsched_policy::{BoostKind, Caps, Event, GuestFields, VmModel};
+use pvsched_policy::{BoostKind, Caps, Event, GuestFields, KickPairs, VmModel};
 use std::collections::HashMap;
 
 fn kind() -> impl Strategy<Value = BoostKind> {
@@ -39,7 +39,11 @@ fn caps() -> impl Strategy<Value = Caps> {
         (
             0u64..5_000,
             any::<bool>(),
-            any::<bool>(),
+            prop_oneof![
+                Just(KickPairs::Off),
+                Just(KickPairs::On),
+                Just(KickPairs::Auto)
+            ],
             prop_oneof![Just(0u64), 1u64..5_000],
         ),
     )
@@ -133,6 +137,8 @@ fn config() -> ProptestConfig {
 fn check(c: Caps, evs: Vec<(u64, Event)>) -> Result<(), TestCaseError> {
     // Four vCPUs and one emulator thread (index 4, tid 5).
     let mut vm = VmModel::with_emulators(c.clone(), &[1, 2, 3, 4], &[0, 1, 2, 3], &[5]);
+    // A guest that cannot report wait_on, so kick_pairs "auto" pairs.
+    vm.driver_features = pvsched_abi::F_DEVICE_REGION;
     let mut halt = (c.halt_boost.abi(), c.halt_prio);
     pvsched_policy::model::caps_clamp(&c, &mut halt.0, &mut halt.1);
     let mut now = 1u64;
