@@ -58,7 +58,12 @@ def policy_line(d, variants):
 
 def targets(d):
     rows = ["| target | goal | value | limit | met |", "| --- | --- | ---: | ---: | --- |"]
-    for t in d.get("targets", []):
+    ts = d.get("targets", [])
+    if isinstance(ts, dict):
+        # S4 and S6 key their targets by name; the goal says the limit.
+        ts = [{"name": k, "goal": t.get("target", ""), "value": t.get("value"), "limit": "",
+               "met": t.get("met")} for k, t in ts.items()]
+    for t in ts:
         rows.append(f"| `{t['name']}` | {t['goal']} | {fmt(t['value'], 3)} | {t['limit']} | "
                     f"{'**met**' if t['met'] else '**not met**'} |")
     return "\n".join(rows)
