@@ -734,6 +734,9 @@ def main():
     ap.add_argument("--guest-threads", type=int, default=1,
                     help="guest cyclictest -t (seed 001 used 2; merged histogram)")
     ap.add_argument("--no-idle", action="store_true", help="skip the idle-host phases")
+    ap.add_argument("--daemon-toml", type=Path, default=None,
+                    help="appended to the pvschedd.toml the bench writes (top-level keys, "
+                         "then tables: e.g. applier_rt_prio and [max])")
     ap.add_argument("--caps", type=Path, default=None,
                     help="caps TOML for the VM (default: pvschedd's default caps)")
     ap.add_argument("--no-emulator", action="store_true",
@@ -774,6 +777,8 @@ def main():
             raise FileNotFoundError(f"{tool} (run scripts/setup)")
     if args.caps and not args.caps.is_file():
         raise FileNotFoundError(f"{args.caps} (--caps)")
+    if args.daemon_toml and not args.daemon_toml.is_file():
+        raise FileNotFoundError(f"{args.daemon_toml} (--daemon-toml)")
     for v in variants:
         key = VARIANT_CAPS.get(v, (None,))[0]
         if key and args.caps and re.search(rf"^\s*{key}\s*=", args.caps.read_text(), re.M):
@@ -827,6 +832,7 @@ def main():
 
     result = {"scenario": "s4", "quick": args.quick, "reps": args.reps,
               "caps": caps, "caps_file": str(args.caps) if args.caps else None,
+              "daemon_toml": args.daemon_toml.read_text() if args.daemon_toml else None,
               "variant_caps": {v: f"{k} = {x}" for v, (k, x) in VARIANT_CAPS.items()
                                if v in variants},
               "caps_by_variant": caps_by_variant,

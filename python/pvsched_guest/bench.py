@@ -215,8 +215,9 @@ class Daemon:
         vms = self.vms = self.dir / "vms"
         vms.mkdir(exist_ok=True)
         cfg = self.dir / "pvschedd.toml"
+        extra = getattr(args, "daemon_toml", None)
         cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
-                       f'metrics_listen = ""\n')
+                       f'metrics_listen = ""\n' + (extra.read_text() if extra else ""))
         if self.socket.exists():
             self.socket.unlink()
         self.proc = Proc("pvschedd", [str(args.pvschedd_bin), "--config", str(cfg)],

@@ -104,6 +104,12 @@ pub struct Config {
     pub max_clients_per_uid: usize,
     /// VMs one uid other than root may have registered at once.
     pub max_vms_per_uid: usize,
+    /// SCHED_FIFO priority of the thread that applies the policy's
+    /// decisions (1..=99; above `[max] max_rt_prio`, so that no boost it
+    /// must undo can keep it off a CPU). It preempts every host thread
+    /// below it for the few µs a decision takes: a host whose own RT
+    /// threads must not wait for it sets it below theirs.
+    pub applier_rt_prio: u32,
     /// The operator's maximum for every VM's caps.
     pub max: CapsLimit,
     /// Caps of a VM that has no file and sent none.
@@ -124,6 +130,7 @@ impl Default for Config {
             max_clients: 1024,
             max_clients_per_uid: 32,
             max_vms_per_uid: 16,
+            applier_rt_prio: pvsched_agent::guardian::RESTORER_RT_PRIO,
             max: CapsLimit::default(),
             defaults: Caps::default(),
         }
@@ -174,6 +181,16 @@ impl Config {
                 what: "max_clients, max_clients_per_uid, max_vms_per_uid and \
                        client_timeout_ms must be > 0"
                     .into(),
+            });
+        }
+        if !(1..=99).contains(&c.applier_rt_prio) || c.applier_rt_prio <= c.max.max_rt_prio {
+            return Err(ConfigError::Invalid {
+                path: path.into(),
+                what: format!(
+                    "applier_rt_prio {} must be in 1..=99 and above [max] max_rt_prio ({}): \
+                     the applier must outrank every boost it undoes",
+                    c.applier_rt_prio, c.max.max_rt_prio
+                ),
             });
         }
         Ok(c)
@@ -386,5 +403,24 @@ mod tests {
         assert!(e.to_string().contains("operator maximum"), "{e}");
         let e = Config::parse("sockett = \"x\"\n", Path::new("x.toml")).unwrap_err();
         assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn the_applier_outranks_every_boost_it_undoes() {
+        let p = Path::new("x.toml");
+        assert_eq!(Config::parse("", p).unwrap().applier_rt_prio, 99);
+        // Below a host's own RT threads (FIFO 8, say): every cap lower still.
+        let low = "applier_rt_prio = 5\n[max]\nmax_rt_prio = 4\n";
+        assert_eq!(Config::parse(low, p).unwrap().applier_rt_prio, 5);
+        for bad in [
+            "applier_rt_prio = 0\n",
+            "applier_rt_prio = 100\n",
+            // [max] max_rt_prio is 10 by default.
+            "applier_rt_prio = 10\n",
+            "applier_rt_prio = 4\n[max]\nmax_rt_prio = 4\n",
+        ] {
+            let e = Config::parse(bad, p).unwrap_err().to_string();
+            assert!(e.contains("applier_rt_prio"), "{bad}: {e}");
+        }
     }
 }

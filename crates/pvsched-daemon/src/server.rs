@@ -187,6 +187,7 @@ impl Server {
         // The ledger file: what a previous pvschedd left boosted is
         // restored inside Agent::load, before the policy loads.
         let agent = Agent::load(AgentConfig {
+            consumer_rt_prio: cfg.applier_rt_prio,
             handle_signals: false,
             ledger: Some(crate::persist::ledger_path(&runtime_dir)),
             ..AgentConfig::default()
