@@ -28,7 +28,8 @@ raises a TCG guest's timers) its emulator thread (`--no-emulator` leaves
 it out; the variant pvsched-noemu does the same in one boot of its own,
 beside pvsched's; pvsched-kick and pvsched-nokick are pvsched with
 `kick_pairs = true` and `false` added to the caps, beside the default
-"auto"). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+"auto"; pvsched-noruns is pvsched whose device does not offer F_RT_RUNS,
+so the host sees the guest's RT task only when it catches it running). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
 fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
 libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
 stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
@@ -129,6 +130,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from email.utils import parsedate_to_datetime
@@ -145,6 +147,7 @@ from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
                                  loadavg, ratio, remove_cgroup, run_main, set_fifo1, spread,
                                  ctx_switches, stat_cpu_s, status_vm, thread_stats, vm_caps,
                                  weight_cgroup)
+from pvsched_guest import abi  # noqa: E402
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
@@ -155,12 +158,16 @@ HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
           "--fork", "1"]
 INTERVALS = (500, 1000)
-VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "fifo1",
-            "weight")
+VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick",
+            "pvsched-noruns", "fifo1", "weight")
 # Variants that register the VM with pvschedd; pvsched-noemu leaves QEMU's
 # main loop out (no emulator thread), so whether its boost pays for its CPU
 # is measured in the same invocation as pvsched.
-PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick")
+PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "pvsched-noruns")
+# Variants whose device offers fewer features: pvsched-noruns leaves out
+# F_RT_RUNS, so the host learns of the guest's RT task only when it
+# catches it running.
+VARIANT_FEATURES = {"pvsched-noruns": abi.F_ALL & ~abi.F_RT_RUNS}
 # Variants that are pvsched with one cap changed (added to the --caps file,
 # which must not set it too): kick pairing always on and always off, beside
 # the default ("auto").
@@ -323,6 +330,7 @@ class BenchBoot:
         self.caps = None  # pvschedd's caps for the VM (pvsched)
         self.setup = None  # the QEMU threads' policies and cgroup, read back
         self.broke = None  # (host monotonic s, latency µs) of a --break-us stop
+        self.first_boost = None  # FirstBoost of the running phase (pvsched variants)
 
     def hooks(self):
         return {"bench-wait": self.on_wait, "cyc-end": self.on_cyc_end,
@@ -416,6 +424,10 @@ class BenchBoot:
         self.host_out = self.dir / f"host-{tag}.json"
         log(f"{self.name}: {tag} ({self.args.duration}s)")
         self.broke = None
+        self.first_boost = None
+        if self.variant in PV_VARIANTS:
+            self.first_boost = FirstBoost(t for t, lb in self.tids.items() if lb != "main")
+            self.first_boost.start()
         boot.answer(f"run {interval} {self.args.duration} {HIST_BUCKETS} "
                     f"{self.args.guest_threads} {self.args.break_us}")
 
@@ -462,6 +474,10 @@ class BenchBoot:
         pol = self.policy()
         if pol is not None and self.status0 is not None:
             self.current["policy"] = policy_delta(self.status0, pol)
+            # ms from "run" to the first vCPU at SCHED_FIFO (None: not
+            # within FirstBoost.LIMIT_S).
+            if self.first_boost is not None:
+                self.current["policy"]["first_boost_ms"] = self.first_boost.result()
             self.current["policy"]["threads"] = {
                 k: policy_delta(self.status0["threads"].get(k, {}), t)
                 for k, t in pol.get("threads", {}).items()}
@@ -557,6 +573,37 @@ def thread_setup(pid, tids):
     return out
 
 
+class FirstBoost(threading.Thread):
+    """Polls the VM's vCPU threads' scheduling policy every POLL_S from
+    its start until one is SCHED_FIFO (or LIMIT_S passed): how long the
+    policy took to boost the VM after the guest was told to start its RT
+    cyclictest (guest start-up included, alike in every variant)."""
+
+    POLL_S = 0.0005
+    LIMIT_S = 10.0
+
+    def __init__(self, tids):
+        super().__init__(daemon=True)
+        self.tids, self.stop_at, self.ms = list(tids), None, None
+
+    def run(self):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.LIMIT_S and self.stop_at is None:
+            for t in self.tids:
+                try:
+                    if os.sched_getscheduler(t) == os.SCHED_FIFO:
+                        self.ms = round((time.monotonic() - t0) * 1000, 1)
+                        return
+                except OSError:
+                    pass
+            time.sleep(self.POLL_S)
+
+    def result(self):
+        self.stop_at = time.monotonic()
+        self.join(1.0)
+        return self.ms
+
+
 def policy_delta(a, b):
     """Boosts, throttles and boosted seconds from pvschedd counters a to b."""
     return {"boosts": b["boosts"] - a.get("boosts", 0),
@@ -567,6 +614,8 @@ def policy_delta(a, b):
 def run_boot(args, kernel, variant, rep, phases, daemon, cgroup):
     bb = BenchBoot(args, kernel, variant, rep, phases, daemon, cgroup)
     dev = daemon.device_cmd(bb.name) if variant in PV_VARIANTS else None
+    if variant in VARIANT_FEATURES:
+        dev += ["--features", hex(VARIANT_FEATURES[variant])]
     if variant in PV_VARIANTS:
         caps = daemon.vms / f"{bb.name}.toml"
         text = args.caps.read_text() if args.caps else ""
@@ -836,6 +885,7 @@ def main():
               "variant_caps": {v: f"{k} = {x}" for v, (k, x) in VARIANT_CAPS.items()
                                if v in variants},
               "caps_by_variant": caps_by_variant,
+              "variant_features": {v: hex(f) for v, f in VARIANT_FEATURES.items() if v in variants},
               "emulator_thread": not args.no_emulator, "trace": args.trace, "break_us": args.break_us,
               "variants": variants,
               "alternatives_setup": {

@@ -44,7 +44,8 @@ F_WAIT_ON = 4
 F_KICK = 8
 F_TASK_FLAGS = 16
 F_LOCK_WAIT = 32
-F_ALL = 63
+F_RT_RUNS = 64
+F_ALL = 127
 STATUS_RESET = 0
 STATUS_ACKNOWLEDGE = 1
 STATUS_DRIVER = 2
@@ -136,7 +137,7 @@ OFFSETOF = {
         "rt_prio": 16,
         "wait_on": 20,
         "flags": 24,
-        "reserved0": 28,
+        "rt_runs": 28,
         "updates": 32,
         "reserved": 40,
     },

@@ -98,7 +98,9 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             slot_hits,
             guest_idle,
             last_kick_target,
-            last_kick_ns
+            last_kick_ns,
+            last_rt_runs,
+            rt_runs_valid
         ]
     );
     layout_struct!(
