@@ -28,8 +28,7 @@ raises a TCG guest's timers) its emulator thread (`--no-emulator` leaves
 it out; the variant pvsched-noemu does the same in one boot of its own,
 beside pvsched's; pvsched-kick and pvsched-nokick are pvsched with
 `kick_pairs = true` and `false` added to the caps, beside the default
-"auto"; pvsched-noruns is pvsched whose device does not offer F_RT_RUNS,
-so the host sees the guest's RT task only when it catches it running). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+"auto"). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
 fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
 libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
 stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
@@ -147,7 +146,6 @@ from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
                                  loadavg, ratio, remove_cgroup, run_main, set_fifo1, spread,
                                  ctx_switches, stat_cpu_s, status_vm, thread_stats, vm_caps,
                                  weight_cgroup)
-from pvsched_guest import abi  # noqa: E402
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
@@ -158,16 +156,12 @@ HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
           "--fork", "1"]
 INTERVALS = (500, 1000)
-VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick",
-            "pvsched-noruns", "fifo1", "weight")
+VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "fifo1",
+            "weight")
 # Variants that register the VM with pvschedd; pvsched-noemu leaves QEMU's
 # main loop out (no emulator thread), so whether its boost pays for its CPU
 # is measured in the same invocation as pvsched.
-PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "pvsched-noruns")
-# Variants whose device offers fewer features: pvsched-noruns leaves out
-# F_RT_RUNS, so the host learns of the guest's RT task only when it
-# catches it running.
-VARIANT_FEATURES = {"pvsched-noruns": abi.F_ALL & ~abi.F_RT_RUNS}
+PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick")
 # Variants that are pvsched with one cap changed (added to the --caps file,
 # which must not set it too): kick pairing always on and always off, beside
 # the default ("auto").
@@ -614,8 +608,6 @@ def policy_delta(a, b):
 def run_boot(args, kernel, variant, rep, phases, daemon, cgroup):
     bb = BenchBoot(args, kernel, variant, rep, phases, daemon, cgroup)
     dev = daemon.device_cmd(bb.name) if variant in PV_VARIANTS else None
-    if variant in VARIANT_FEATURES:
-        dev += ["--features", hex(VARIANT_FEATURES[variant])]
     if variant in PV_VARIANTS:
         caps = daemon.vms / f"{bb.name}.toml"
         text = args.caps.read_text() if args.caps else ""
@@ -885,7 +877,6 @@ def main():
               "variant_caps": {v: f"{k} = {x}" for v, (k, x) in VARIANT_CAPS.items()
                                if v in variants},
               "caps_by_variant": caps_by_variant,
-              "variant_features": {v: hex(f) for v, f in VARIANT_FEATURES.items() if v in variants},
               "emulator_thread": not args.no_emulator, "trace": args.trace, "break_us": args.break_us,
               "variants": variants,
               "alternatives_setup": {

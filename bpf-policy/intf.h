@@ -146,8 +146,6 @@ struct pvs_vcpu {
 	__u32 guest_idle;      /* the guest ran its idle task at the last slot read */
 	__u32 last_kick_target; /* slot index + 1 of the vCPU this one last kicked, or 0 */
 	__u64 last_kick_ns;
-	__u32 last_rt_runs;  /* the slot's rt_runs at the last valid read */
-	__u32 rt_runs_valid; /* 1 once last_rt_runs holds a read */
 };
 
 /* Decision record (`decisions` ring buffer): sent when a thread's boost

@@ -68,21 +68,10 @@ static __always_inline void caps_clamp(const struct pvs_caps *c, __u32 *kind, __
 	}
 }
 
-/* v is latency-sensitive (holds the halt boost) for halt_hold_ns from now. */
-static __always_inline void hold_latency(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now)
-{
-	v->ls_until = now + vm->caps.halt_hold_ns;
-	/* The VM's emulator threads follow its latest latency-sensitive
-	 * vCPU (a lost race between two CPUs only shortens a hold that the
-	 * next request renews). */
-	if (vm->ls_until < v->ls_until)
-		vm->ls_until = v->ls_until;
-}
-
 /* Derive the capped request from guest fields; store it in v. */
 static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now,
 					__u32 kern_cs, __u32 policy, __s32 nice,
-					__u32 rt_prio, __u32 wait_on, __u32 flags, __u32 rt_runs)
+					__u32 rt_prio, __u32 wait_on, __u32 flags)
 {
 	__u32 kind = PVSCHED_BOOST_NONE, reason = PVS_R_NONE;
 	__s32 prio = 0;
@@ -128,21 +117,14 @@ static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, _
 	 * budget at FIFO, for ever. Those boosts last while the slot shows
 	 * them. */
 	if (treason == PVS_R_RT_TASK && !(flags & PVSCHED_TASK_F_KTHREAD) &&
-	    kind != PVSCHED_BOOST_NONE)
-		hold_latency(v, vm, now);
-	/* A user RT task ran since the last read (F_RT_RUNS), though none
-	 * runs now: the host seldom samples a short run between two halts.
-	 * It counts as one seen now, if the caps grant an RT task anything
-	 * (the first read only records the count). */
-	if (v->rt_runs_valid && rt_runs != v->last_rt_runs) {
-		tkind = PVSCHED_BOOST_RT;
-		tprio = 1;
-		caps_clamp(&vm->caps, &tkind, &tprio);
-		if (tkind != PVSCHED_BOOST_NONE)
-			hold_latency(v, vm, now);
+	    kind != PVSCHED_BOOST_NONE) {
+		v->ls_until = now + vm->caps.halt_hold_ns;
+		/* The VM's emulator threads follow its latest latency-sensitive
+		 * vCPU (a lost race between two CPUs only shortens a hold that
+		 * the next request renews). */
+		if (vm->ls_until < v->ls_until)
+			vm->ls_until = v->ls_until;
 	}
-	v->last_rt_runs = rt_runs;
-	v->rt_runs_valid = 1;
 	/* WAIT_ANY (a lock spinner; F_LOCK_WAIT) is kept as it is: yield_update()
 	 * resolves it to a vCPU each time the slot is read. */
 	if (wait_on == PVSCHED_WAIT_ANY) {
@@ -183,7 +165,6 @@ static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *v
 		g.rt_prio = READ_ONCE(s->guest.rt_prio);
 		g.wait_on = READ_ONCE(s->guest.wait_on);
 		g.flags = READ_ONCE(s->guest.flags);
-		g.rt_runs = READ_ONCE(s->guest.rt_runs);
 		barrier();
 		seq2 = READ_ONCE(s->guest.seq);
 	} else if (vm->mode == PVS_MODE_GUEST) {
@@ -202,8 +183,7 @@ static __always_inline void refresh_request(struct pvs_vcpu *v, struct pvs_vm *v
 		STAT_INC(torn_reads);
 		return;
 	}
-	set_request(v, vm, now, g.kern_cs, g.policy, g.nice, g.rt_prio, g.wait_on, g.flags,
-		    g.rt_runs);
+	set_request(v, vm, now, g.kern_cs, g.policy, g.nice, g.rt_prio, g.wait_on, g.flags);
 }
 
 /* Publish v's host-visible state into the host half of its device slot `s`

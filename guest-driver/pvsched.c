@@ -8,9 +8,7 @@
  *
  *   sched_switch                 policy, nice and rt_prio of the next task,
  *                                and whether it is a kernel thread or the
- *                                idle task (flags, with PVSCHED_F_TASK_FLAGS);
- *                                rt_runs counts user RT tasks switched in
- *                                (PVSCHED_F_RT_RUNS)
+ *                                idle task (flags, with PVSCHED_F_TASK_FLAGS)
  *   irq_handler_entry/exit       PVSCHED_CS_HARDIRQ
  *   softirq_entry/exit           PVSCHED_CS_SOFTIRQ
  *   csd_queue_cpu                wait_on: this CPU queued a synchronous
@@ -134,7 +132,6 @@ struct pvsched_cpu {
 	s32 nice;
 	u32 rt_prio;
 	u32 task_flags; /* PVSCHED_TASK_F_*, with PVSCHED_F_TASK_FLAGS */
-	u32 rt_runs;	/* user RT tasks switched in, with PVSCHED_F_RT_RUNS */
 	u32 hardirq_depth;
 	/*
 	 * The synchronous call this CPU waits for: set by this CPU when it
@@ -200,14 +197,6 @@ static bool pvsched_claiming;
  * waited for the VMM). Otherwise flags stay 0.
  */
 static bool pvsched_task_flags;
-
-/*
- * PVSCHED_F_RT_RUNS negotiated: slots count the user RT tasks this CPU
- * switched to. A host reads a slot only when the vCPU's thread is
- * scheduled, and a short RT run (a cyclictest cycle of a few µs between
- * two halts) is seldom current then; the count tells it one ran anyway.
- */
-static bool pvsched_rt_runs;
 
 /* How long a slot writer waits for another writer to finish its update. */
 #define PVSCHED_CLAIM_SPINS 4096
@@ -308,7 +297,6 @@ static void notrace pvsched_publish(struct pvsched_cpu *pc)
 		WRITE_ONCE(slot->nice, pc->nice);
 		WRITE_ONCE(slot->rt_prio, pc->rt_prio);
 		WRITE_ONCE(slot->flags, pc->task_flags);
-		WRITE_ONCE(slot->rt_runs, pc->rt_runs);
 		WRITE_ONCE(slot->wait_on, READ_ONCE(pc->wait_on));
 		WRITE_ONCE(slot->updates, slot->updates + 1);
 		smp_wmb();
@@ -331,9 +319,6 @@ static void pvsched_task_state(struct pvsched_cpu *pc,
 		if (is_idle_task(p))
 			pc->task_flags |= PVSCHED_TASK_F_IDLE;
 	}
-	if ((policy == SCHED_FIFO || policy == SCHED_RR || policy == SCHED_DEADLINE) &&
-	    !(p->flags & PF_KTHREAD) && READ_ONCE(pvsched_rt_runs))
-		pc->rt_runs++;
 	if (policy == SCHED_FIFO || policy == SCHED_RR) {
 		pc->rt_prio = p->rt_priority;
 		pc->nice = 0;
@@ -999,7 +984,7 @@ static int pvsched_handshake(struct pvsched_dev *pd)
 		return -ENODEV;
 	}
 	wanted = dev_region ? PVSCHED_F_DEVICE_REGION : PVSCHED_F_GUEST_REGION;
-	wanted |= offered & (PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS | PVSCHED_F_RT_RUNS);
+	wanted |= offered & (PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS);
 	pvsched_tp_find();
 	if (report_wait && (offered & PVSCHED_F_WAIT_ON)) {
 		if (pvsched_have_all("csd_", PVSCHED_CSD_TRACEPOINTS))
@@ -1056,7 +1041,6 @@ static void pvsched_detach(struct pvsched_dev *pd)
 	pvsched_tp_unregister();
 	WRITE_ONCE(pvsched_claiming, false);
 	WRITE_ONCE(pvsched_task_flags, false);
-	WRITE_ONCE(pvsched_rt_runs, false);
 	if (pd->cpuhp_state > 0)
 		cpuhp_remove_state(pd->cpuhp_state);
 	pd->cpuhp_state = 0;
@@ -1131,7 +1115,6 @@ static int pvsched_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 
 	WRITE_ONCE(pvsched_active, pd);
 	WRITE_ONCE(pvsched_task_flags, pd->features & PVSCHED_F_TASK_FLAGS);
-	WRITE_ONCE(pvsched_rt_runs, pd->features & PVSCHED_F_RT_RUNS);
 	ret = cpuhp_setup_state(CPUHP_AP_ONLINE_DYN, "pvsched:online",
 				pvsched_cpu_online, pvsched_cpu_offline);
 	if (ret < 0)

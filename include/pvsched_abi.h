@@ -94,10 +94,9 @@
 #define PVSCHED_F_KICK (1ULL << 3)	    /* KICK register is wired to the policy */
 #define PVSCHED_F_TASK_FLAGS (1ULL << 4)    /* slot.flags describes the running task (1.1) */
 #define PVSCHED_F_LOCK_WAIT (1ULL << 5)	    /* slot.wait_on may be PVSCHED_WAIT_ANY (1.2) */
-#define PVSCHED_F_RT_RUNS (1ULL << 6)	    /* slot.rt_runs counts user RT task runs (1.3) */
 #define PVSCHED_F_ALL                                                   \
 	(PVSCHED_F_DEVICE_REGION | PVSCHED_F_GUEST_REGION | PVSCHED_F_WAIT_ON | \
-	 PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS | PVSCHED_F_LOCK_WAIT | PVSCHED_F_RT_RUNS)
+	 PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS | PVSCHED_F_LOCK_WAIT)
 
 /* ------------------------------------------------------------------------ */
 /* STATUS (virtio device status bits and values)                             */
@@ -205,7 +204,7 @@ struct pvsched_slot_guest {
 	__u32 rt_prio;	/* 1..99 (FIFO/RR), else 0 */
 	__u32 wait_on;	/* slot index + 1, PVSCHED_WAIT_NONE or _ANY */
 	__u32 flags;	/* PVSCHED_TASK_F_* with F_TASK_FLAGS, else 0 */
-	__u32 rt_runs;	/* user RT tasks switched in, wrapping (F_RT_RUNS, else 0) */
+	__u32 reserved0;
 	__u64 updates;	/* number of completed updates (informational) */
 	__u32 reserved[6];
 };

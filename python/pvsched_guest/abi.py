@@ -44,8 +44,7 @@ F_WAIT_ON = 4
 F_KICK = 8
 F_TASK_FLAGS = 16
 F_LOCK_WAIT = 32
-F_RT_RUNS = 64
-F_ALL = 127
+F_ALL = 63
 STATUS_RESET = 0
 STATUS_ACKNOWLEDGE = 1
 STATUS_DRIVER = 2
@@ -137,7 +136,7 @@ OFFSETOF = {
         "rt_prio": 16,
         "wait_on": 20,
         "flags": 24,
-        "rt_runs": 28,
+        "reserved0": 28,
         "updates": 32,
         "reserved": 40,
     },

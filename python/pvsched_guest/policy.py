@@ -57,7 +57,7 @@ SIZEOF = {
     "pvs_decision": 48,
     "pvs_stats": 200,
     "pvs_tid_hint": 16,
-    "pvs_vcpu": 200,
+    "pvs_vcpu": 192,
     "pvs_vm": 144,
 }
 
@@ -147,8 +147,6 @@ OFFSETOF = {
         "guest_idle": 176,
         "last_kick_target": 180,
         "last_kick_ns": 184,
-        "last_rt_runs": 192,
-        "rt_runs_valid": 196,
     },
     "pvs_vm": {
         "active": 0,

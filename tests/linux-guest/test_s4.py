@@ -34,11 +34,9 @@ def test_s4_smoke(bench_script, report):
     assert set(pol["threads"]) == {"main", "vcpu0", "vcpu1"}, pol
     # The device recorded what the driver negotiated in the region header,
     # where the policy reads it: a 7.3 guest reports wait_on (it has csd
-    # tracepoints), so kick_pairs "auto" pairs no kicks for it, and counts
-    # its RT runs.
+    # tracepoints), so kick_pairs "auto" pairs no kicks for it.
     feats = pol["guest_features"]
-    want = abi.F_DEVICE_REGION | abi.F_WAIT_ON | abi.F_RT_RUNS
-    assert feats is not None and feats & want == want, pol
+    assert feats is not None and feats & abi.F_DEVICE_REGION and feats & abi.F_WAIT_ON, pol
     # Every loaded phase was traced and its waits named.
     assert len(doc["stalls"]) == 4, [(s["variant"], s["interval_us"]) for s in doc["stalls"]]
     for s in doc["stalls"]:

@@ -128,12 +128,9 @@ pub const F_TASK_FLAGS: u64 = 1 << 4;
 /// `slot.wait_on` may be [`WAIT_ANY`] (a vCPU spinning on a contended lock);
 /// ABI 1.2.
 pub const F_LOCK_WAIT: u64 = 1 << 5;
-/// `slot.rt_runs` counts the user RT tasks the vCPU switched to, so the
-/// host learns of a short RT run it did not sample; ABI 1.3.
-pub const F_RT_RUNS: u64 = 1 << 6;
 /// Every feature bit ABI v1 defines.
 pub const F_ALL: u64 =
-    F_DEVICE_REGION | F_GUEST_REGION | F_WAIT_ON | F_KICK | F_TASK_FLAGS | F_LOCK_WAIT | F_RT_RUNS;
+    F_DEVICE_REGION | F_GUEST_REGION | F_WAIT_ON | F_KICK | F_TASK_FLAGS | F_LOCK_WAIT;
 
 // ---------------------------------------------------------------------------
 // STATUS: virtio's device status values, taken from virtio-bindings.
@@ -324,9 +321,8 @@ pub struct SlotGuest {
     pub wait_on: u32,
     /// `TASK_F_*` bits of the running task with [`F_TASK_FLAGS`], else 0.
     pub flags: u32,
-    /// User RT (FIFO, RR, DEADLINE) tasks switched in on this vCPU,
-    /// wrapping, with [`F_RT_RUNS`]; 0 without it.
-    pub rt_runs: u32,
+    /// Reserved, zero.
+    pub reserved0: u32,
     /// Completed updates (informational).
     pub updates: u64,
     /// Reserved, zero.

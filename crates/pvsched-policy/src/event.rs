@@ -143,8 +143,6 @@ pub struct GuestFields {
     /// `TASK_F_*` bits of the running guest task (0 from a driver that did
     /// not negotiate `F_TASK_FLAGS`: a user task).
     pub flags: u32,
-    /// User RT tasks switched in so far, wrapping (`F_RT_RUNS`; 0 without).
-    pub rt_runs: u32,
 }
 
 /// One trace event for one vCPU (slot index).

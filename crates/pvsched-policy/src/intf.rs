@@ -195,11 +195,6 @@ pub struct PvsVcpu {
     pub last_kick_target: u32,
     /// When.
     pub last_kick_ns: u64,
-    /// The slot's `rt_runs` at the last valid read.
-    pub last_rt_runs: u32,
-    /// 1 once `last_rt_runs` holds a read (the first read only records:
-    /// a count from before registration says nothing about now).
-    pub rt_runs_valid: u32,
 }
 
 /// `struct pvs_tid_hint`: element `tid & (TID_HINTS - 1)` of the BPF
@@ -240,7 +235,7 @@ pub struct PvsStats {
 const _: () = {
     assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4 + 8);
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 32);
-    assert!(size_of::<PvsVcpu>() == 200);
+    assert!(size_of::<PvsVcpu>() == 192);
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 10 + PROG_MAX as usize) * 8);

@@ -364,18 +364,7 @@ impl VmModel {
         // Only the guest's own RT task makes the vCPU latency-sensitive,
         // whichever reason won; not a kernel thread's, not a critical
         // section (slot.bpf.h says why).
-        let mut hold = treason == R_RT_TASK && g.flags & TASK_F_KTHREAD == 0 && kind != BOOST_NONE;
-        // A user RT task ran since the last read (F_RT_RUNS) though none
-        // runs now: as if seen now, when the caps grant an RT task
-        // anything; the first read only records the count.
-        if v.rt_runs_valid != 0 && g.rt_runs != v.last_rt_runs {
-            let (mut k, mut p) = (BOOST_RT, 1);
-            caps_clamp(c, &mut k, &mut p);
-            hold |= k != BOOST_NONE;
-        }
-        v.last_rt_runs = g.rt_runs;
-        v.rt_runs_valid = 1;
-        if hold {
+        if treason == R_RT_TASK && g.flags & TASK_F_KTHREAD == 0 && kind != BOOST_NONE {
             v.ls_until = now.wrapping_add(Caps::ns(c.halt_hold_us));
             if self.ls_until < v.ls_until {
                 self.ls_until = v.ls_until;
@@ -890,45 +879,6 @@ mod tests {
             vm.vcpus[0].ls_until,
             MS + Caps::ns(Caps::default().halt_hold_us)
         );
-    }
-
-    #[test]
-    fn an_rt_run_the_host_did_not_sample_holds_the_halt_boost() {
-        let idle = |rt_runs| GuestFields {
-            flags: TASK_F_IDLE,
-            rt_runs,
-            ..Default::default()
-        };
-        let mut vm = vm2();
-        // The first read records the count (RT runs from before say
-        // nothing about now): no hold.
-        write(&mut vm, 0, idle(7));
-        assert!(vm.step(MS, Event::SwitchIn { vcpu: 0 }).is_empty());
-        assert!(vm.step(2 * MS, out(0, false)).is_empty());
-        assert_eq!(vm.vcpus[0].ls_until, 0);
-        // Between two reads an RT task ran and the guest went idle again:
-        // the count moved, and the halted vCPU holds the halt boost.
-        write(&mut vm, 0, idle(8));
-        let d = vm.step(3 * MS, Event::Wakeup { vcpu: 0 });
-        assert_eq!((d[0].kind, d[0].prio, d[0].reason), (BOOST_RT, 1, R_HALT));
-        assert!(vm.step(4 * MS, out(0, false)).is_empty());
-        assert_eq!(vm.vcpus[0].boost, BOOST_RT, "held across the halt");
-        assert_eq!(
-            vm.vcpus[0].ls_until,
-            3 * MS + Caps::ns(Caps::default().halt_hold_us)
-        );
-        // Caps that grant an RT task nothing: the count holds nothing.
-        let caps = Caps {
-            allow_rt: false,
-            nice_floor: 0,
-            ..Caps::default()
-        };
-        let mut vm = VmModel::new(caps, &[10, 11], &[0, 1]);
-        write(&mut vm, 0, idle(1));
-        vm.step(MS, Event::SwitchIn { vcpu: 0 });
-        write(&mut vm, 0, idle(2));
-        vm.step(2 * MS, out(0, false));
-        assert_eq!(vm.vcpus[0].ls_until, 0);
     }
 
     #[test]

@@ -122,8 +122,6 @@ fn gen_event(r: &mut Rng, nr: u32, nemu: u32) -> Event {
                     r.below(nr as u64 + 2) as u32
                 },
                 flags: r.pick(&[0, 0, 1, 2, 3]),
-                // The count of short RT runs moves now and then.
-                rt_runs: r.pick(&[0, 0, 1, 2]),
             },
         },
     }
@@ -218,7 +216,6 @@ fn bpf_and_model_agree_on_1000_traces() {
                         rt_prio: guest.rt_prio,
                         wait_on: guest.wait_on,
                         flags: guest.flags,
-                        rt_runs: guest.rt_runs,
                         ..Default::default()
                     };
                     assert!(region.write_guest(nr, vcpu, &g));
@@ -286,8 +283,6 @@ fn bpf_and_model_agree_on_1000_traces() {
                     b.ls_until,
                     b.last_kick_target,
                     b.last_kick_ns,
-                    b.last_rt_runs,
-                    b.rt_runs_valid,
                 ),
             );
             let ms = (
@@ -318,8 +313,6 @@ fn bpf_and_model_agree_on_1000_traces() {
                     m.ls_until,
                     m.last_kick_target,
                     m.last_kick_ns,
-                    m.last_rt_runs,
-                    m.rt_runs_valid,
                 ),
             );
             assert_eq!(bs, ms, "seed {seed} vcpu {i} final state");

@@ -202,7 +202,7 @@ fn clamping() {
         abi::SlotGuest {
             kern_cs: 0xffff_fff5,
             flags: 7,
-            rt_runs: 1,
+            reserved0: 1,
             reserved: [9; 6],
             ..base
         },

@@ -98,9 +98,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             slot_hits,
             guest_idle,
             last_kick_target,
-            last_kick_ns,
-            last_rt_runs,
-            rt_runs_valid
+            last_kick_ns
         ]
     );
     layout_struct!(

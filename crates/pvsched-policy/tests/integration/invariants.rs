@@ -118,8 +118,6 @@ fn event(nr: u32) -> impl Strategy<Value = Event> {
                         },
                         // The kernel-thread bit from the same draw.
                         flags: (wait_on >> 8) & 1,
-                        // A short RT run now and then (the count moves).
-                        rt_runs: (wait_on >> 9) & 3,
                     },
                 }
             }),
