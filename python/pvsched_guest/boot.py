@@ -17,11 +17,10 @@ from pathlib import Path
 from .host import Failure, die_with_parent, kill
 from .qmp import qmp
 
-# sizeof(sockaddr_un.sun_path): a socket path and its NUL must fit.
+# sizeof(sockaddr_un.sun_path): a socket path and its NUL must fit (the
+# device binds under a shorter temporary name beside it, so the path's own
+# length is what counts).
 SUN_PATH_MAX = 108
-# The device binds its vfio-user socket as PATH.PID.tmp first (PID up to 7
-# digits: pid_max is at most 4194304).
-BIND_SUFFIX_MAX = len(".4194304.tmp")
 
 # Hooked tracepoints every tested kernel has (sched_switch, irq_handler_entry
 # and _exit, softirq_entry and _exit); init.sh enables each in two instances.
@@ -103,12 +102,10 @@ class Boot:
     def socket_path(self, name):
         """Where the boot's unix socket `name` lives: in its work dir, or,
         when that path would not fit a unix socket address (108 bytes with
-        its NUL, less the ".PID.tmp" the device binds under before it
-        renames the socket into place; a deep --out or pytest's tmp_path),
-        in a short private directory under /tmp, removed when the boot
-        ends."""
+        its NUL; a deep --out or pytest's tmp_path), in a short private
+        directory under /tmp, removed when the boot ends."""
         path = self.dir / name
-        if len(os.fsencode(path)) + BIND_SUFFIX_MAX < SUN_PATH_MAX:
+        if len(os.fsencode(path)) < SUN_PATH_MAX:
             return path
         if self.short_dir is None:
             self.short_dir = Path(tempfile.mkdtemp(prefix="pvs-"))

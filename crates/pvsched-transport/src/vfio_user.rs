@@ -667,6 +667,10 @@ pub fn server_irqs() -> Vec<IrqInfo> {
         .collect()
 }
 
+/// Bytes of `sockaddr_un.sun_path` on Linux; the standard library binds
+/// and connects only paths shorter than that (room for the NUL).
+const SUN_PATH_MAX: usize = 108;
+
 /// A vfio-user server for one device and one client connection.
 ///
 /// The listening socket is bound here (not by the crate), so the device
@@ -697,15 +701,32 @@ impl<D: TransportDevice> VfioUserServer<D> {
             path: path.to_owned(),
             source,
         };
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".{}.tmp", std::process::id()));
-        let tmp = PathBuf::from(tmp);
-        let _ = std::fs::remove_file(&tmp);
-        let listener = UnixListener::bind(&tmp).map_err(bind_err)?;
-        if let Err(e) = std::fs::rename(&tmp, path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(bind_err(e));
+        // The temporary name is short (".pvsPID" beside the path), so that
+        // any path short enough for a socket address has one that is too,
+        // unless its own file name is shorter still: that path is bound
+        // directly, and a client that connects between the bind and the
+        // listen (microseconds apart) is refused.
+        let len = path.as_os_str().len();
+        if len >= SUN_PATH_MAX {
+            return Err(bind_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the path is {len} bytes; a unix socket path must be shorter than {SUN_PATH_MAX}: choose a shorter one"
+                ),
+            )));
         }
+        let tmp = path.with_file_name(format!(".pvs{}", std::process::id()));
+        let listener = if tmp.as_os_str().len() < SUN_PATH_MAX {
+            let _ = std::fs::remove_file(&tmp);
+            let listener = UnixListener::bind(&tmp).map_err(bind_err)?;
+            if let Err(e) = std::fs::rename(&tmp, path) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(bind_err(e));
+            }
+            listener
+        } else {
+            UnixListener::bind(path).map_err(bind_err)?
+        };
         let listener_fd = listener.as_raw_fd();
         let regions = dev.server_regions();
         let mut server =

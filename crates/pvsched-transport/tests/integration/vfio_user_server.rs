@@ -536,3 +536,39 @@ fn short_version_message_gets_an_error_reply() {
     drop(s);
     h.finish().expect("clean end");
 }
+
+#[test]
+fn every_path_a_socket_address_holds_binds() {
+    // The socket is bound under a temporary name first: that name must not
+    // make a path that fits a socket address (< 108 bytes) fail, whether
+    // its file name is long or short.
+    let dir = temp_dir("long-paths");
+    let base = dir.0.as_os_str().len();
+    for (len, name_len) in [(100, 12), (107, 20), (107, 3), (106, 1)] {
+        // A directory whose path makes the whole `len` bytes long.
+        let sub_len = len - base - 2 - name_len;
+        let sub = dir.0.join("d".repeat(sub_len));
+        std::fs::create_dir_all(&sub).expect("subdir");
+        let path = sub.join("s".repeat(name_len));
+        assert_eq!(path.as_os_str().len(), len);
+        let backend = VfioUserDevice::new(model(), Arc::new(TransportMonitor::new())).unwrap();
+        let server = VfioUserServer::bind(&path, backend)
+            .unwrap_or_else(|e| panic!("{len}-byte path, {name_len}-byte name: {e}"));
+        assert!(path.exists(), "{len}: the socket is in place");
+        let left: Vec<_> = std::fs::read_dir(&sub)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "{len}: only the socket is left: {left:?}");
+        drop(server);
+        let _ = std::fs::remove_file(&path);
+    }
+    let path = dir.0.join("x".repeat(108 - base - 1));
+    assert_eq!(path.as_os_str().len(), 108);
+    let backend = VfioUserDevice::new(model(), Arc::new(TransportMonitor::new())).unwrap();
+    let e = VfioUserServer::bind(&path, backend)
+        .err()
+        .expect("108 bytes do not fit");
+    assert!(e.to_string().contains("108 bytes"), "{e}");
+    assert!(!path.exists());
+}
