@@ -1205,9 +1205,9 @@ mod tests {
         vm.step(200 * MS, Event::Kick { vcpu: 0, target: 0 });
         vm.step(200 * MS, Event::Kick { vcpu: 0, target: 5 });
         assert_eq!(vm.vcpus[0].yield_slot, 0);
-        // The default (auto) with features unknown (a 1.2 device): none,
-        // whatever the guest does.
-        let mut vm = vm2();
+        // Auto with features unknown (a 1.2 device): none, whatever the
+        // guest does.
+        let mut vm = vm_auto();
         let idle = GuestFields {
             flags: TASK_F_IDLE,
             ..Default::default()
@@ -1232,11 +1232,19 @@ mod tests {
         vm.vcpus[0].yield_slot
     }
 
+    fn vm_auto() -> VmModel {
+        let caps = Caps {
+            kick_pairs: KickPairs::Auto,
+            ..Caps::default()
+        };
+        VmModel::new(caps, &[10, 11], &[0, 1])
+    }
+
     #[test]
     fn auto_kick_pairs_only_a_guest_without_wait_on_from_a_boosted_sender() {
         let no_wait_on = F_DEVICE_REGION | F_KICK | F_TASK_FLAGS | F_LOCK_WAIT;
         // A 6.1 guest (no F_WAIT_ON) whose sender runs batch work: nothing.
-        let mut vm = vm2();
+        let mut vm = vm_auto();
         vm.driver_features = no_wait_on;
         vm.step(1, Event::SwitchIn { vcpu: 0 });
         assert_eq!(vm.vcpus[0].boost, BOOST_NONE);
@@ -1247,7 +1255,7 @@ mod tests {
         assert_eq!(vm.vcpus[0].boost, BOOST_RT);
         assert_eq!(two_kicks(&mut vm, 11), 2, "a boosted sender, no wait_on");
         // A guest that reports wait_on (7.3): never, boosted or not.
-        let mut vm = vm2();
+        let mut vm = vm_auto();
         vm.driver_features = no_wait_on | F_WAIT_ON;
         write(&mut vm, 0, rt(5));
         vm.step(1, Event::SwitchIn { vcpu: 0 });
