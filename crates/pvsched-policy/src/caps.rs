@@ -204,9 +204,9 @@ impl KickPairs {
     /// `pvs_caps.kick_pairs` (`PVS_KICK_*` in bpf-policy/intf.h).
     pub fn abi(self) -> u32 {
         match self {
-            KickPairs::Off => 0,
-            KickPairs::On => 1,
-            KickPairs::Auto => 2,
+            KickPairs::Off => crate::intf::KICK_OFF,
+            KickPairs::On => crate::intf::KICK_ON,
+            KickPairs::Auto => crate::intf::KICK_AUTO,
         }
     }
 }

@@ -16,6 +16,13 @@ pub const MODE_DEVICE: u32 = 1;
 /// `PVS_MODE_GUEST`: slots at VMM addresses.
 pub const MODE_GUEST: u32 = 2;
 
+/// `PVS_KICK_OFF`: kicks never confirm a pair.
+pub const KICK_OFF: u32 = 0;
+/// `PVS_KICK_ON`: every kick of an idle sibling may.
+pub const KICK_ON: u32 = 1;
+/// `PVS_KICK_AUTO`: only a boosted sender's, of a guest without `F_WAIT_ON`.
+pub const KICK_AUTO: u32 = 2;
+
 /// `struct pvs_caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
