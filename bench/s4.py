@@ -26,9 +26,9 @@ caps (`--caps FILE`: that file as the VM's caps), the VM registered by
 `pvsched qemu-attach --device-region`, QEMU's main-loop thread (which
 raises a TCG guest's timers) its emulator thread (`--no-emulator` leaves
 it out; the variant pvsched-noemu does the same in one boot of its own,
-beside pvsched's; pvsched-kick and pvsched-nokick are pvsched with
-`kick_pairs = true` and `false` added to the caps, beside the default
-"auto"). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+beside pvsched's; pvsched-kick, pvsched-nokick and pvsched-auto are
+pvsched with `kick_pairs = true`, `false` or `"auto"` added to the caps,
+whatever the default). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
 fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
 libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
 stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
@@ -156,17 +156,18 @@ HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
           "--fork", "1"]
 INTERVALS = (500, 1000)
-VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "fifo1",
-            "weight")
+VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick",
+            "pvsched-auto", "fifo1", "weight")
 # Variants that register the VM with pvschedd; pvsched-noemu leaves QEMU's
 # main loop out (no emulator thread), so whether its boost pays for its CPU
 # is measured in the same invocation as pvsched.
-PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick")
+PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "pvsched-auto")
 # Variants that are pvsched with one cap changed (added to the --caps file,
-# which must not set it too): kick pairing always on and always off, beside
-# the default ("auto").
+# which must not set it too): kick pairing always on, always off, or only
+# where the guest cannot report wait_on, whatever the default.
 VARIANT_CAPS = {"pvsched-kick": ("kick_pairs", "true"),
-                "pvsched-nokick": ("kick_pairs", "false")}
+                "pvsched-nokick": ("kick_pairs", "false"),
+                "pvsched-auto": ("kick_pairs", '"auto"')}
 LOAD_WARMUP_S = 3.0
 IDLE_SETTLE_S = 2.0
 # Guest max over vanilla's, in every repetition; host avg and max over

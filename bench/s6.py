@@ -43,10 +43,10 @@ Variants (--variants, each booted fresh, repetitions interleaved):
             ablations: the same with the guest's critical sections
             ignored (cs_rt_prio = 0), its wait_on hints (wait_on = false)
             or its lock waits (lock_wait = false)
-  pvsched-kick, pvsched-nokick
-            kick pairing always on (kick_pairs = true) or off (false),
-            beside the default "auto" (only a guest without wait_on, only
-            from a boosted sender)
+  pvsched-kick, pvsched-nokick, pvsched-auto
+            kick pairing always on (kick_pairs = true), off (false), or
+            "auto" (only a guest without wait_on, only from a boosted
+            sender), whatever the default
   pvsched-none
             the control: registered the same way, every boost clamped to
             nothing (allow_rt = false, nice_floor = 0)
@@ -114,13 +114,15 @@ from pvsched_guest.qmp import qmp  # noqa: E402
 
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
-            "pvsched-kick", "pvsched-nokick", "pvsched-none", "fifo1", "weight", "slice")
+            "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-none", "fifo1", "weight",
+            "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
 # control: registered, every boost clamped to nothing.
 ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n",
                  "pvsched-nolock": "lock_wait = false\n", "pvsched-kick": "kick_pairs = true\n",
                  "pvsched-nokick": "kick_pairs = false\n",
+                 "pvsched-auto": "kick_pairs = \"auto\"\n",
                  "pvsched-none": "allow_rt = false\nnice_floor = 0\n"}
 # The guest driver's debugfs counters kept per workload (summed over CPUs).
 GUEST_COUNTERS = ("updates", "waits", "lock_waits")
