@@ -63,21 +63,29 @@ static __always_inline void charge(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 
 	v->acct_ns = now;
 }
 
+/* Whether a budget window that started at `start` is over at `now`. The
+ * difference is signed: a program whose `now` is older than a window
+ * another CPU just started (its clock read came first) sees that window
+ * as current, never as over; unsigned, the difference wrapped and started
+ * the window again, giving the VM a second budget in it. */
+static __always_inline int window_over(__u64 now, __u64 start, __u64 window)
+{
+	return (__s64)(now - start) >= (__s64)window;
+}
+
 /* Start the VM's next budget window if the current one is over, then say
  * whether the VM's boosted on-CPU time in it has reached its budget
  * (vm_budget_ns is U64_MAX for "no VM budget"). Only the CPU whose
  * compare-and-swap moves window_start clears the sum; a charge another CPU
  * adds between the two is lost to the new window (a few µs at most, in the
- * VM's favour). A CPU whose `now` is older than the window just started
- * sees it over (the difference wraps) and starts it again a few µs
- * earlier: harmless. */
+ * VM's favour). */
 static __always_inline int vm_spent(struct pvs_vm *vm, __u64 now)
 {
 	__u64 ws, window;
 
 	window = vm->caps.window_ns;
 	ws = READ_ONCE(vm->window_start);
-	if (window && now - ws >= window &&
+	if (window && window_over(now, ws, window) &&
 	    __sync_val_compare_and_swap(&vm->window_start, ws, now) == ws)
 		WRITE_ONCE(vm->budget_used, 0);
 	return READ_ONCE(vm->budget_used) >= vm->caps.vm_budget_ns;
@@ -261,7 +269,7 @@ __noinline int apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now, __u
 	c = &vm->caps;
 	charge(v, vm, now);
 	/* Budget window roll-over, the thread's and the VM's. */
-	if (c->window_ns && now - v->window_start >= c->window_ns) {
+	if (c->window_ns && window_over(now, v->window_start, c->window_ns)) {
 		v->window_start = now;
 		v->budget_used = 0;
 	}

@@ -26,6 +26,10 @@
 #define PVS_GID_SHIFT 10
 /* The re-evaluation entry's gid for "every thread of every active VM". */
 #define PVS_GID_ALL 0xffffffffU
+/* The re-evaluation entry's `now` for "the policy's own clock when it runs"
+ * (bpf_ktime_get_ns()): a time the caller read before the system call can
+ * be older than a window another CPU has just started. */
+#define PVS_NOW_CLOCK 0
 /* Entries of the `tid_hint` prefilter (a power of two). */
 #define PVS_TID_HINTS 4096
 

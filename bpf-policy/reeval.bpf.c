@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * pvsched BPF policy: re-evaluation entry, run with BPF_PROG_TEST_RUN and
- * never attached. args: [0] event, [1] gid, [2] now (ns), [3] a, [4] b.
+ * never attached. args: [0] event, [1] gid, [2] now (ns; PVS_NOW_CLOCK for
+ * the policy's own clock), [3] a, [4] b.
  * In production the agent's timer runs PVS_EV_TICK through it for every
  * registered thread (gid PVS_GID_ALL, a = how many VM ids from 0 to scan:
  * throttle ends, windows, latency holds of vCPUs that produce no scheduler
@@ -53,13 +54,14 @@ int pvs_reeval(void *ctx)
 	 * CO-RE access strings cannot index. */
 	__u64 *args = ctx;
 	__u32 gid = (__u32)args[1];
+	__u64 now = args[2] == PVS_NOW_CLOCK ? bpf_ktime_get_ns() : args[2];
 	struct pvs_vcpu *v;
 
 	/* The agent's timer: a tick for every thread of every active VM in
 	 * one run (one system call per tick, not one per thread); returns
 	 * how many. */
 	if (gid == PVS_GID_ALL) {
-		struct tick_ctx t = { .now = args[2] };
+		struct tick_ctx t = { .now = now };
 		__u64 vms_to_scan = args[3] < PVS_MAX_VMS ? args[3] : PVS_MAX_VMS;
 
 		bpf_loop(vms_to_scan * PVS_THREADS_PER_VM, tick_cb, &t, 0);
@@ -68,6 +70,6 @@ int pvs_reeval(void *ctx)
 	v = registered(gid >> PVS_GID_SHIFT, gid & ((1U << PVS_GID_SHIFT) - 1));
 	if (!v)
 		return 1;
-	handle_event(v, (__u32)args[0], args[3], args[4], args[2], 0);
+	handle_event(v, (__u32)args[0], args[3], args[4], now, 0);
 	return 0;
 }

@@ -70,6 +70,13 @@ pub const GID_SHIFT: u32 = 10;
 /// The re-evaluation entry's gid for "every thread of every active VM".
 pub const GID_ALL: u32 = u32::MAX;
 
+/// The re-evaluation entry's `now` for "the policy's own clock when it
+/// runs" (`bpf_ktime_get_ns()`): a time read before the system call can be
+/// older than a budget window another CPU has just started. The agent
+/// passes it for every tick and kick; explicit times are for tests that
+/// drive the policy through synthetic events.
+pub const NOW_CLOCK: u64 = 0;
+
 /// The gid of thread `index` of VM `vm_id` (`gid_of` in the BPF policy).
 pub const fn gid(vm_id: u32, index: u32) -> u32 {
     (vm_id << GID_SHIFT) | index

@@ -112,6 +112,13 @@ pub fn step_below(c: &Caps, kind: &mut u32, prio: &mut i32) {
 }
 
 /// The caps' boost `kind`/`prio` for a role (halt, yield), clamped.
+/// Whether a budget window that started at `start` is over at `now`
+/// (`window_over` in budget.bpf.h): signed, so an event whose clock read
+/// is older than a window just started sees that window as current.
+fn window_over(now: u64, start: u64, window: u64) -> bool {
+    now.wrapping_sub(start) as i64 >= window as i64
+}
+
 fn clamped(c: &Caps, kind: u32, prio: i32) -> (u32, i32) {
     let (mut k, mut p) = (kind, prio);
     caps_clamp(c, &mut k, &mut p);
@@ -240,7 +247,7 @@ impl VmModel {
     /// `vm_budget_us` (`vm_spent` in budget.bpf.h).
     fn vm_spent(&mut self, now: u64) -> bool {
         let window = Caps::ns(self.caps.window_us);
-        if window != 0 && now.wrapping_sub(self.window_start) >= window {
+        if window != 0 && window_over(now, self.window_start, window) {
             self.window_start = now;
             self.budget_used = 0;
         }
@@ -499,7 +506,7 @@ impl VmModel {
             Caps::ns(c.window_us),
         );
         let v = &mut self.vcpus[i];
-        if window != 0 && now.wrapping_sub(v.window_start) >= window {
+        if window != 0 && window_over(now, v.window_start, window) {
             v.window_start = now;
             v.budget_used = 0;
         }
@@ -696,7 +703,10 @@ impl VmModel {
             v.boost = BOOST_NONE;
             v.boost_prio = 0;
             v.boost_reason = R_THROTTLED;
-            self.emit(j, event, now, out);
+            // Stamped no earlier than the sender's last charge, so a
+            // trace keeps a boost from another CPU before this unboost.
+            let ts = v.acct_ns.max(now);
+            self.emit(j, event, ts, out);
         }
     }
 }
@@ -945,6 +955,28 @@ mod tests {
         vm.step(186 * MS, Event::SwitchIn { vcpu: 0 });
         assert!(vm.step(200 * MS, Event::Tick { vcpu: 0 }).is_empty());
         assert_eq!(vm.vcpus[0].cont_ns, 14 * MS);
+    }
+
+    #[test]
+    fn a_late_event_does_not_start_a_second_vm_window() {
+        let caps = Caps {
+            vm_budget_us: 10_000,
+            window_us: 100_000,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(caps, &[10, 11], &[0, 1]);
+        write(&mut vm, 0, rt(1));
+        write(&mut vm, 1, rt(1));
+        let d = vm.step(200 * MS, Event::SwitchIn { vcpu: 0 });
+        assert_eq!((d[0].kind, vm.window_start), (BOOST_RT, 200 * MS));
+        let d = vm.step(215 * MS, Event::Tick { vcpu: 0 });
+        assert_eq!((d[0].kind, d[0].reason), (BOOST_NONE, R_VM_BUDGET));
+        // vCPU 1's event read its clock just before that window began (on
+        // another CPU, or a caller's read before its system call): the
+        // window is still the current one, and its budget is spent.
+        let d = vm.step(199 * MS, Event::SwitchIn { vcpu: 1 });
+        assert!(d.iter().all(|d| d.kind == BOOST_NONE), "{d:?}");
+        assert_eq!((vm.window_start, vm.budget_used), (200 * MS, 15 * MS));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The consumer thread: drains the decision ring (blocking in epoll, never
-//! spinning), applies each decision to its registered thread, writes the
-//! trace, drives the policy timer and, every tick, reconciles every thread
-//! with the policy's state.
+//! spinning), applies each decision to its registered thread, queues it for
+//! the trace, drives the policy timer and, every tick, reconciles every
+//! thread with the policy's state.
 
+use super::trace_out::TraceOut;
 use super::{AgentConfig, Inner};
 use crate::intf::{Decision, gid_vm};
 use crate::object::{PolicyView, reevaluate};
@@ -61,30 +62,6 @@ fn handle(inner: &Inner, d: &Decision) {
     }
 }
 
-/// The decision trace being written, if any; a write error ends it (logged
-/// once), never the agent.
-struct TraceOut(Option<std::io::BufWriter<std::fs::File>>);
-
-impl TraceOut {
-    fn record(&mut self, d: &Decision) {
-        if let Some(w) = &mut self.0
-            && let Err(e) = crate::trace::write_record(w, d)
-        {
-            log::warn!("pvsched agent: writing the decision trace failed, tracing stops: {e}");
-            self.0 = None;
-        }
-    }
-
-    fn flush(&mut self) {
-        if let Some(w) = &mut self.0
-            && let Err(e) = std::io::Write::flush(w)
-        {
-            log::warn!("pvsched agent: writing the decision trace failed, tracing stops: {e}");
-            self.0 = None;
-        }
-    }
-}
-
 /// Handles every record waiting in the ring.
 fn drain(inner: &Inner, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, trace: &mut TraceOut) {
     while let Some(item) = ring.next() {
@@ -102,9 +79,8 @@ pub(super) fn consumer(
     reeval_fd: OwnedFd,
     wake: OwnedFd,
     cfg: AgentConfig,
-    trace: Option<std::io::BufWriter<std::fs::File>>,
+    mut trace: TraceOut,
 ) {
-    let mut trace = TraceOut(trace);
     if cfg.consumer_rt_prio > 0 {
         let attr = SchedAttr {
             policy: pvsched_abi::POLICY_FIFO,
@@ -148,6 +124,7 @@ pub(super) fn consumer(
     let mut next_tick = now_mono() + tick_ns;
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
     let mut ticks: u64 = 0;
+    let mut last_tick = now_mono();
     while !inner.stop.load(Ordering::SeqCst) {
         let wait_ms = (next_tick.saturating_sub(now_mono()) / 1_000_000).max(1) as i32;
         // SAFETY: evs is a valid buffer of 4 events.
@@ -159,6 +136,13 @@ pub(super) fn consumer(
         let now = now_mono();
         if now >= next_tick {
             next_tick = now + tick_ns;
+            // Between two ticks nothing ends a boost that ran past a cap
+            // on a vCPU that produces no events: the longest gap is how
+            // late the agent may have been.
+            inner
+                .tick_gap_max_ns
+                .fetch_max(now.saturating_sub(last_tick), Ordering::Relaxed);
+            last_tick = now;
             // Every thread of every active VM in one run of the policy,
             // which scans the VM ids up to the highest one in use.
             let scan = inner.reg.lock().vms.keys().max().map(|m| u64::from(*m) + 1);
@@ -167,7 +151,7 @@ pub(super) fn consumer(
                     &reeval_fd,
                     pvsched_policy::event::EV_TICK,
                     pvsched_policy::event::GID_ALL,
-                    now_mono(),
+                    pvsched_policy::event::NOW_CLOCK,
                     scan,
                     0,
                 )
@@ -177,12 +161,10 @@ pub(super) fn consumer(
             drain(&inner, &mut ring, &mut trace);
             ticks = ticks.wrapping_add(1);
             reconcile(&inner, &view, ticks.is_multiple_of(STATS_EVERY));
-            trace.flush();
         }
     }
     // What is left of the trace (unregistration sends no records).
     drain(&inner, &mut ring, &mut trace);
-    trace.flush();
 }
 
 /// A thread's gid, its boost and priority in the policy, and the tid the

@@ -13,6 +13,7 @@
 
 mod consumer;
 mod stats;
+mod trace_out;
 
 pub use stats::{ThreadStats, VmStats};
 
@@ -25,7 +26,7 @@ use crate::intf::{
 use crate::object::{ObjectError, PolicyObject, RegionMmap};
 use crate::safety::{self, Restore};
 use crate::sched::SchedAttr;
-use consumer::{consumer, now_mono};
+use consumer::consumer;
 use pvsched_policy::Caps;
 use pvsched_util::pi::PiMutex;
 use std::collections::HashMap;
@@ -192,6 +193,8 @@ struct Inner {
     /// Threads whose baseline could not be put back when their VM was
     /// unregistered: the VM's own statistics go with it, this stays.
     restore_errors: AtomicU64,
+    /// The longest time between two of the applier's ticks, ns.
+    tick_gap_max_ns: AtomicU64,
 }
 
 impl Inner {
@@ -232,6 +235,8 @@ impl Restore for Inner {
 pub struct Agent {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
+    /// Joined after the consumer: the trace is whole once it returns.
+    trace_writer: Option<trace_out::TraceWriter>,
     wake: OwnedFd,
 }
 
@@ -249,14 +254,23 @@ impl Agent {
     /// Loads and attaches the policy and starts the consumer thread. Fails,
     /// saying why, if BPF cannot be used (never silently does nothing).
     pub fn load(cfg: AgentConfig) -> Result<Agent> {
-        let trace = match &cfg.trace {
-            Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).map_err(
-                |source| AgentError::Trace {
-                    path: p.display().to_string(),
+        let (trace, trace_writer) = match &cfg.trace {
+            Some(p) => {
+                let path = p.display().to_string();
+                let file = std::fs::File::create(p).map_err(|source| AgentError::Trace {
+                    path: path.clone(),
                     source,
-                },
-            )?)),
-            None => None,
+                })?;
+                let (out, w) =
+                    trace_out::spawn(std::io::BufWriter::new(file), path).map_err(|source| {
+                        AgentError::Sys {
+                            what: "spawn trace writer thread",
+                            source,
+                        }
+                    })?;
+                (out, Some(w))
+            }
+            None => (trace_out::TraceOut::none(), None),
         };
         // What a previous agent on the same ledger file left boosted is
         // restored before anything else: no baseline can be captured from
@@ -307,6 +321,7 @@ impl Agent {
             stop: AtomicBool::new(false),
             dropped_seen: AtomicU64::new(0),
             restore_errors: AtomicU64::new(0),
+            tick_gap_max_ns: AtomicU64::new(0),
         });
         let wake = eventfd().map_err(|source| AgentError::Sys {
             what: "eventfd",
@@ -340,6 +355,7 @@ impl Agent {
         Ok(Agent {
             inner,
             thread: Some(thread),
+            trace_writer,
             wake,
         })
     }
@@ -553,6 +569,9 @@ impl Drop for Agent {
             let _ = t.join();
         }
         self.restore_all();
+        if let Some(w) = self.trace_writer.take() {
+            w.join();
+        }
     }
 }
 
@@ -631,7 +650,13 @@ impl VmHandle {
         }
         let gid = gid(self.vm_id, index);
         let obj = self.inner.obj.lock();
-        if let Err(e) = obj.reevaluate(pvsched_policy::event::EV_TICK, gid, now_mono(), 0, 0) {
+        if let Err(e) = obj.reevaluate(
+            pvsched_policy::event::EV_TICK,
+            gid,
+            pvsched_policy::event::NOW_CLOCK,
+            0,
+            0,
+        ) {
             log::warn!("pvsched: kick of slot {index}: {e}");
         }
     }
@@ -661,12 +686,11 @@ impl VmHandle {
         if let Some(v) = self.inner.reg.lock().vms.get_mut(&self.vm_id) {
             v.caps = caps;
         }
-        let now = now_mono();
         for i in 0..self.threads().count() as u32 {
             if let Err(e) = obj.reevaluate(
                 pvsched_policy::event::EV_TICK,
                 gid(self.vm_id, i),
-                now,
+                pvsched_policy::event::NOW_CLOCK,
                 0,
                 0,
             ) {

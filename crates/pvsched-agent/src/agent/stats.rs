@@ -63,6 +63,11 @@ pub struct VmStats {
     pub apply_p50_ns: u64,
     /// p99, ns.
     pub apply_p99_ns: u64,
+    /// The longest time between two of the agent's ticks since it started
+    /// (all VMs), ns: how late it may have been to end a boost that ran
+    /// past a cap (a tick every 5 ms by default; longer when the host
+    /// kept the applier from running).
+    pub tick_gap_max_ns: u64,
 }
 
 impl VmHandle {
@@ -129,6 +134,10 @@ impl VmHandle {
         out.apply_samples = latencies.len();
         out.apply_p50_ns = pvsched_util::percentile(&latencies, 50.0).unwrap_or(0);
         out.apply_p99_ns = pvsched_util::percentile(&latencies, 99.0).unwrap_or(0);
+        out.tick_gap_max_ns = self
+            .inner
+            .tick_gap_max_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
         out.emulators = threads.split_off(self.spec.vcpu_tids.len().min(threads.len()));
         out.vcpus = threads;
         out
