@@ -94,10 +94,11 @@ int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
 	count_full(PVS_PROG_WAKEUP);
 	now = bpf_ktime_get_ns();
 	/* Only a VM that pairs kicks pays for the waker's event (under KVM
-	 * every IPI to a halted vCPU is such a wake-up). */
-	if (cur != (__u32)p->pid && kick_pairs(v->vm_id)) {
+	 * every IPI to a halted vCPU is such a wake-up; under TCG every hand-
+	 * over between sibling vCPU threads). */
+	if (cur != (__u32)p->pid && kick_waker_counts(v->vm_id)) {
 		s = vcpu_by_tid(cur);
-		if (s && s->vm_id == v->vm_id)
+		if (s && s->vm_id == v->vm_id && kick_sender_counts(s))
 			handle_event(s, PVS_EV_KICK, v->index, 0, now, cur);
 	}
 	handle_event(v, PVS_EV_WAKEUP, 0, 0, now, cur);

@@ -8,9 +8,13 @@
 use crate::common;
 
 use common::{FakeVcpu, need_bpf, wait_for};
-use pvsched_abi::{CS_HARDIRQ, POLICY_FIFO, POLICY_NORMAL, SlotGuest};
-use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec};
-use pvsched_policy::{BoostKind, Caps};
+use pvsched_abi::seq::SharedWords;
+use pvsched_abi::{CS_HARDIRQ, F_DEVICE_REGION, F_KICK, POLICY_FIFO, POLICY_NORMAL, SlotGuest};
+use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec, sched};
+use pvsched_policy::event::{EV_KICK, EV_WAKEUP};
+use pvsched_policy::{BoostKind, Caps, KickPairs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(10);
@@ -409,5 +413,126 @@ fn bad_emulator_lists_are_refused() {
     ] {
         let e = agent.register_vm(spec(bad)).err().expect("refused");
         assert!(e.to_string().contains(why), "{e}");
+    }
+}
+
+/// A thread that wakes its partner every `period` (a vCPU kicking a
+/// sibling): the partner blocks on a channel the waker sends on, so each
+/// wake-up runs in the waker's context, as a vCPU's IPI to a halted
+/// sibling does under KVM.
+struct KickingPair {
+    waker: u32,
+    woken: u32,
+    stop: Arc<AtomicBool>,
+    joins: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl KickingPair {
+    fn spawn(period: Duration) -> KickingPair {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (kick, kicked) = std::sync::mpsc::channel::<bool>();
+        let (woken_tx, woken_rx) = std::sync::mpsc::channel();
+        let (waker_tx, waker_rx) = std::sync::mpsc::channel();
+        let woken = std::thread::spawn(move || {
+            woken_tx.send(sched::gettid()).unwrap();
+            while let Ok(true) = kicked.recv() {}
+        });
+        let s2 = stop.clone();
+        let waker = std::thread::spawn(move || {
+            waker_tx.send(sched::gettid()).unwrap();
+            while !s2.load(Ordering::Relaxed) {
+                std::thread::sleep(period);
+                let _ = kick.send(true);
+            }
+            let _ = kick.send(false);
+        });
+        KickingPair {
+            waker: waker_rx.recv().unwrap(),
+            woken: woken_rx.recv().unwrap(),
+            stop,
+            joins: vec![waker, woken],
+        }
+    }
+}
+
+impl Drop for KickingPair {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for j in self.joins.drain(..) {
+            let _ = j.join();
+        }
+    }
+}
+
+/// With `kick_pairs = "auto"` and a guest whose driver did not negotiate
+/// `F_WAIT_ON`, a vCPU thread waking a sibling costs the policy a KICK event
+/// only while the waker is boosted: a batch guest's vCPUs wake each other
+/// all the time and pay for no event of the waker's; with `"on"` every such
+/// wake-up is one.
+#[test]
+fn auto_kick_pairs_run_the_wakers_event_only_while_it_is_boosted() {
+    if !need_bpf("auto_kick_pairs_run_the_wakers_event_only_while_it_is_boosted") {
+        return;
+    }
+    let kicks = |agent: &Agent| agent.bpf_stats().unwrap().events[EV_KICK as usize];
+    let wakeups = |agent: &Agent| agent.bpf_stats().unwrap().events[EV_WAKEUP as usize];
+    for mode in [KickPairs::Auto, KickPairs::On] {
+        let agent = agent();
+        let pair = KickingPair::spawn(Duration::from_millis(1));
+        let c = Caps {
+            kick_pairs: mode,
+            ..caps()
+        };
+        let vm = common::device_vm(&agent, &[pair.waker, pair.woken], &[], c);
+        let region = vm.region().unwrap();
+        // What the device writes at DRIVER_OK for a Linux < 6.3 guest.
+        region.words().store(
+            std::mem::offset_of!(pvsched_abi::RegionHeader, driver_features_lo),
+            (F_DEVICE_REGION | F_KICK) as u32,
+            Ordering::Release,
+        );
+        let (k0, w0) = (kicks(&agent), wakeups(&agent));
+        std::thread::sleep(Duration::from_millis(300));
+        let (k1, w1) = (kicks(&agent), wakeups(&agent));
+        println!(
+            "{mode:?}, waker unboosted: {} wake-ups, {} kick events",
+            w1 - w0,
+            k1 - k0
+        );
+        assert!(w1 - w0 >= 50, "the pair ran: {} wake-ups", w1 - w0);
+        match mode {
+            KickPairs::Auto => assert_eq!(k1, k0, "an unboosted waker's kicks are skipped"),
+            _ => assert!(
+                k1 - k0 >= 50,
+                "every kick is an event with \"on\": {}",
+                k1 - k0
+            ),
+        }
+        if mode != KickPairs::Auto {
+            continue;
+        }
+        // The waker's guest runs an RT task: it is boosted, and its kicks
+        // are events again (kick_record() may pair them).
+        region.write_guest(
+            2,
+            0,
+            &SlotGuest {
+                policy: POLICY_FIFO,
+                rt_prio: 1,
+                ..Default::default()
+            },
+        );
+        wait_for("the waker boosted", LIMIT, || {
+            Some(sched::get(pair.waker).unwrap()).filter(|a| a.policy == POLICY_FIFO)
+        });
+        let k2 = kicks(&agent);
+        std::thread::sleep(Duration::from_millis(300));
+        let k3 = kicks(&agent);
+        println!("{mode:?}, waker boosted: {} kick events", k3 - k2);
+        assert!(
+            k3 - k2 >= 50,
+            "a boosted waker's kicks are events: {}",
+            k3 - k2
+        );
     }
 }
