@@ -188,15 +188,15 @@ impl BoostKind {
 /// Written `false`, `true` or `"auto"` in TOML and in `pvsched vm set`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KickPairs {
-    /// Never (the default).
-    #[default]
+    /// Never.
     Off,
     /// Always.
     On,
     /// Only for a guest that does not report `wait_on` (its driver did not
     /// negotiate `F_WAIT_ON`; device-region mode, where the policy reads
     /// the negotiated features from the region header) and only from a
-    /// boosted sender.
+    /// boosted sender (the default).
+    #[default]
     Auto,
 }
 
@@ -294,12 +294,12 @@ pub struct Caps {
     /// A vCPU thread that wakes a sibling vCPU's idle, halted thread twice
     /// within `ipi_window_us` (under QEMU TCG that is the IPI itself: the
     /// sender kicks the halted receiver) confirms the pair as an IPI would.
-    /// `false` (the default), `true` or `"auto"`: only for a guest whose
+    /// `false`, `true` or `"auto"` (the default): only for a guest whose
     /// driver did not negotiate `F_WAIT_ON` (a kernel without csd
     /// tracepoints, Linux < 6.3, cannot say whom it waits on) and only
     /// from a sender that is boosted itself, whose FIFO run would
-    /// otherwise keep the sibling it kicked off the CPU (docs/operating.md:
-    /// "auto" still costs a 6.1 batch guest's throughput).
+    /// otherwise keep the sibling it kicked off the CPU (docs/operating.md).
+    /// An unboosted sender's wake-ups cost the policy no event.
     pub kick_pairs: KickPairs,
     /// Honour the guest's `wait_on` hint.
     pub wait_on: bool,
@@ -328,7 +328,7 @@ impl Default for Caps {
             window_us: 1_000_000,
             vm_budget_us: 0,
             ipi_window_us: 50_000,
-            kick_pairs: KickPairs::Off,
+            kick_pairs: KickPairs::Auto,
             wait_on: true,
             lock_wait: true,
         }
@@ -845,7 +845,7 @@ mod tests {
 
     #[test]
     fn kick_pairs_is_a_bool_or_auto_everywhere() {
-        assert_eq!(Caps::default().kick_pairs, KickPairs::Off);
+        assert_eq!(Caps::default().kick_pairs, KickPairs::Auto);
         for (text, want) in [
             ("kick_pairs = true", KickPairs::On),
             ("kick_pairs = false", KickPairs::Off),
