@@ -28,7 +28,8 @@ raises a TCG guest's timers) its emulator thread (`--no-emulator` leaves
 it out; the variant pvsched-noemu does the same in one boot of its own,
 beside pvsched's; pvsched-kick, pvsched-nokick and pvsched-auto are
 pvsched with `kick_pairs = true`, `false` or `"auto"` added to the caps,
-whatever the default). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+whatever the default; pvsched-flat adds `max_rt_prio = 1`, so every boost
+of the VM is FIFO 1 and its threads never preempt each other). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
 fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
 libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
 stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
@@ -85,7 +86,8 @@ Output (one JSON object)
       thread per phase (a vCPU thread's voluntary ones: mostly its halts);
       steal_s: the host's steal time (/proc/stat, all CPUs) per phase
       policy (pvsched): pvschedd's boosts, throttles and boosted seconds
-      of the VM's threads per phase, in all and per thread; stalls
+      of the VM's threads per phase, in all and per thread, and the
+      applier's decisions for the VM (one sched_setattr each); stalls
       (--trace): per thread, counts per cause, the longest wait of a
       thread at an RT priority, and the host-wide gaps (no CPU recorded
       anything) over 1 ms: how many, the longest
@@ -157,15 +159,17 @@ STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", 
           "--fork", "1"]
 INTERVALS = (500, 1000)
 VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick",
-            "pvsched-auto", "fifo1", "weight")
+            "pvsched-auto", "pvsched-flat", "fifo1", "weight")
 # Variants that register the VM with pvschedd; pvsched-noemu leaves QEMU's
 # main loop out (no emulator thread), so whether its boost pays for its CPU
 # is measured in the same invocation as pvsched.
-PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "pvsched-auto")
+PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "pvsched-auto",
+               "pvsched-flat")
 # Variants that are pvsched with one cap changed (added to the --caps file,
 # which must not set it too): kick pairing always on, always off, or only
 # where the guest cannot report wait_on, whatever the default.
-VARIANT_CAPS = {"pvsched-kick": ("kick_pairs", "true"),
+VARIANT_CAPS = {"pvsched-flat": ("max_rt_prio", "1"),
+                "pvsched-kick": ("kick_pairs", "true"),
                 "pvsched-nokick": ("kick_pairs", "false"),
                 "pvsched-auto": ("kick_pairs", '"auto"')}
 LOAD_WARMUP_S = 3.0
@@ -375,6 +379,8 @@ class BenchBoot:
             # What the guest's driver negotiated, as the policy reads it
             # (kick_pairs "auto" pairs only without F_WAIT_ON).
             out["guest_features"] = vm.get("guest_features")
+            # Every boost change the applier made (a sched_setattr each).
+            out["decisions"] = vm.get("decisions", 0)
         return out
 
     def on_wait(self, boot):
@@ -427,13 +433,15 @@ class BenchBoot:
                     f"{self.args.guest_threads} {self.args.break_us}")
 
     def threads_sample(self, boot):
-        """{label: (CPU seconds, voluntary, involuntary context switches)}
-        so far of each of the VM's QEMU threads; a thread gone is left out."""
+        """{label: (CPU seconds, voluntary, involuntary context switches,
+        migrations between CPUs)} so far of each of the VM's QEMU threads;
+        a thread gone is left out."""
         out = {}
         for tid, label in self.tids.items():
             task = f"/proc/{boot.qemu.pid}/task/{tid}"
             try:
-                out[label] = (stat_cpu_s(f"{task}/stat"), *ctx_switches(task))
+                out[label] = (stat_cpu_s(f"{task}/stat"), *ctx_switches(task),
+                              migrations(task))
             except (OSError, KeyError):
                 pass
         return out
@@ -466,6 +474,9 @@ class BenchBoot:
         both = [k for k in s1 if k in s0]
         self.current["cpu_s"] = {k: round(s1[k][0] - s0[k][0], 3) for k in both}
         self.current["switches"] = {k: [s1[k][1] - s0[k][1], s1[k][2] - s0[k][2]] for k in both}
+        # An RT thread preempted by a higher one is pushed to another CPU
+        # if it can run there: what a boost costs the host beyond CPU time.
+        self.current["migrations"] = {k: s1[k][3] - s0[k][3] for k in both}
         pol = self.policy()
         if pol is not None and self.status0 is not None:
             self.current["policy"] = policy_delta(self.status0, pol)
@@ -599,11 +610,26 @@ class FirstBoost(threading.Thread):
         return self.ms
 
 
+def migrations(task):
+    """se.nr_migrations of thread directory `task` (/proc/PID/task/TID):
+    how often the scheduler moved it to another CPU; 0 where the kernel
+    does not show it (no CONFIG_SCHED_DEBUG)."""
+    with open(f"{task}/sched") as f:
+        for line in f:
+            if line.startswith("se.nr_migrations"):
+                return int(line.split(":")[1])
+    return 0
+
+
 def policy_delta(a, b):
-    """Boosts, throttles and boosted seconds from pvschedd counters a to b."""
-    return {"boosts": b["boosts"] - a.get("boosts", 0),
-            "throttles": b["throttles"] - a.get("throttles", 0),
-            "boosted_s": round((b["boosted_ns"] - a.get("boosted_ns", 0)) / 1e9, 3)}
+    """Boosts, throttles and boosted seconds (and, for a VM, decisions)
+    from pvschedd counters a to b."""
+    out = {"boosts": b["boosts"] - a.get("boosts", 0),
+           "throttles": b["throttles"] - a.get("throttles", 0),
+           "boosted_s": round((b["boosted_ns"] - a.get("boosted_ns", 0)) / 1e9, 3)}
+    if "decisions" in b:
+        out["decisions"] = b["decisions"] - a.get("decisions", 0)
+    return out
 
 
 def run_boot(args, kernel, variant, rep, phases, daemon, cgroup):
