@@ -29,7 +29,9 @@ it out; the variant pvsched-noemu does the same in one boot of its own,
 beside pvsched's; pvsched-kick, pvsched-nokick and pvsched-auto are
 pvsched with `kick_pairs = true`, `false` or `"auto"` added to the caps,
 whatever the default; pvsched-flat adds `max_rt_prio = 1`, so every boost
-of the VM is FIFO 1 and its threads never preempt each other). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+of the VM is FIFO 1 and its threads never preempt each other;
+pvsched-halt4 adds `halt_prio = 4`, the default max_rt_prio, so a
+latency-sensitive vCPU keeps one priority through its halts). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
 fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
 libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
 stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
@@ -159,16 +161,17 @@ STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", 
           "--fork", "1"]
 INTERVALS = (500, 1000)
 VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick",
-            "pvsched-auto", "pvsched-flat", "fifo1", "weight")
+            "pvsched-auto", "pvsched-flat", "pvsched-halt4", "fifo1", "weight")
 # Variants that register the VM with pvschedd; pvsched-noemu leaves QEMU's
 # main loop out (no emulator thread), so whether its boost pays for its CPU
 # is measured in the same invocation as pvsched.
 PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "pvsched-auto",
-               "pvsched-flat")
+               "pvsched-flat", "pvsched-halt4")
 # Variants that are pvsched with one cap changed (added to the --caps file,
 # which must not set it too): kick pairing always on, always off, or only
 # where the guest cannot report wait_on, whatever the default.
 VARIANT_CAPS = {"pvsched-flat": ("max_rt_prio", "1"),
+                "pvsched-halt4": ("halt_prio", "4"),
                 "pvsched-kick": ("kick_pairs", "true"),
                 "pvsched-nokick": ("kick_pairs", "false"),
                 "pvsched-auto": ("kick_pairs", '"auto"')}
@@ -677,6 +680,7 @@ def variant_summary(runs, load):
                 out.setdefault("host_loadavg_start", {})[str(iv)] = [r["loadavg_start"] for r in rs]
                 out.setdefault("cpu_s", {})[str(iv)] = [r.get("cpu_s") for r in rs]
                 out.setdefault("switches", {})[str(iv)] = [r.get("switches") for r in rs]
+                out.setdefault("migrations", {})[str(iv)] = [r.get("migrations") for r in rs]
                 out.setdefault("steal_s", {})[str(iv)] = [r.get("steal_s") for r in rs]
                 if any("policy" in r for r in rs):
                     out.setdefault("policy", {})[str(iv)] = [r.get("policy") for r in rs]
