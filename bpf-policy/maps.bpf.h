@@ -168,31 +168,26 @@ static __always_inline int kick_pairs_vm(__u32 vm_id, const struct pvs_vm *vm)
 
 /*
  * The sched_wakeup program's gate for the waker's KICK event, in two steps
- * from the cheapest: whether VM `vm_id` may pair kicks at all (one map
- * lookup: "off", the default, ends here), then, for a waker `s` of it,
- * whether its kick can count. With "auto" only a boosted sender's kick
- * counts (kick_record()): an unboosted one's wake-ups (every hand-over
- * between a batch guest's vCPU threads) skip the whole event and the
- * region lookups kick_pairs_vm() makes, as with "off"; the waker's own
- * next event charges and re-reads its slot as it would anyway.
+ * from the cheapest: kick_vm() gives VM `vm_id` if it may pair kicks at all
+ * (one map lookup: "off" ends here), then kick_sender_counts() says, for a
+ * waker `s` of that VM, whether its kick can count. With "auto" only a
+ * boosted sender's kick counts (kick_record()): an unboosted one's wake-ups
+ * (every hand-over between a batch guest's vCPU threads) skip the whole
+ * event and the region lookups kick_pairs_vm() makes, as with "off"; the
+ * waker's own next event charges and re-reads its slot as it would anyway.
  */
-static __always_inline int kick_waker_counts(__u32 vm_id)
+static __always_inline struct pvs_vm *kick_vm(__u32 vm_id)
 {
 	struct pvs_vm *vm = bpf_map_lookup_elem(&vms, &vm_id);
 
-	return vm && vm->caps.kick_pairs != PVS_KICK_OFF;
+	return vm && vm->caps.kick_pairs != PVS_KICK_OFF ? vm : NULL;
 }
 
-static __always_inline int kick_sender_counts(const struct pvs_vcpu *s)
+static __always_inline int kick_sender_counts(const struct pvs_vcpu *s, const struct pvs_vm *vm)
 {
-	__u32 vm_id = s->vm_id;
-	struct pvs_vm *vm = bpf_map_lookup_elem(&vms, &vm_id);
-
-	if (!vm)
-		return 0;
 	if (vm->caps.kick_pairs == PVS_KICK_AUTO && READ_ONCE(s->boost) == PVSCHED_BOOST_NONE)
 		return 0;
-	return kick_pairs_vm(vm_id, vm);
+	return kick_pairs_vm(s->vm_id, vm);
 }
 
 /* Thread `index` of VM `vm_id`, or NULL when either is out of range. */

@@ -87,6 +87,7 @@ int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
 {
 	struct pvs_vcpu *v = vcpu_by_tid((__u32)p->pid), *s;
 	__u32 cur = current_tid();
+	struct pvs_vm *vm;
 	__u64 now;
 
 	if (!v)
@@ -96,9 +97,9 @@ int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
 	/* Only a VM that pairs kicks pays for the waker's event (under KVM
 	 * every IPI to a halted vCPU is such a wake-up; under TCG every hand-
 	 * over between sibling vCPU threads). */
-	if (cur != (__u32)p->pid && kick_waker_counts(v->vm_id)) {
+	if (cur != (__u32)p->pid && (vm = kick_vm(v->vm_id))) {
 		s = vcpu_by_tid(cur);
-		if (s && s->vm_id == v->vm_id && kick_sender_counts(s))
+		if (s && s->vm_id == v->vm_id && kick_sender_counts(s, vm))
 			handle_event(s, PVS_EV_KICK, v->index, 0, now, cur);
 	}
 	handle_event(v, PVS_EV_WAKEUP, 0, 0, now, cur);
