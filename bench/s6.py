@@ -42,7 +42,10 @@ Variants (--variants, each booted fresh, repetitions interleaved):
   pvsched-nocs, pvsched-nowait, pvsched-nolock
             ablations: the same with the guest's critical sections
             ignored (cs_rt_prio = 0), its wait_on hints (wait_on = false)
-            or its lock waits (lock_wait = false)
+            or its lock waits (lock_wait = false, the default since
+            2026-11-27)
+  pvsched-lock
+            lock waits honoured (lock_wait = true)
   pvsched-kick, pvsched-nokick, pvsched-auto
             kick pairing always on (kick_pairs = true), off (false), or
             "auto" (only a guest without wait_on, only from a boosted
@@ -114,13 +117,14 @@ from pvsched_guest.qmp import qmp  # noqa: E402
 
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
-            "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-none", "fifo1", "weight",
-            "slice")
+            "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-none",
+            "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
 # control: registered, every boost clamped to nothing.
 ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n",
-                 "pvsched-nolock": "lock_wait = false\n", "pvsched-kick": "kick_pairs = true\n",
+                 "pvsched-nolock": "lock_wait = false\n", "pvsched-lock": "lock_wait = true\n",
+                 "pvsched-kick": "kick_pairs = true\n",
                  "pvsched-nokick": "kick_pairs = false\n",
                  "pvsched-auto": "kick_pairs = \"auto\"\n",
                  "pvsched-none": "allow_rt = false\nnice_floor = 0\n"}
@@ -584,6 +588,13 @@ def main():
     ap.add_argument("--pvsched-bin", type=Path, default=target / "pvsched")
     ap.add_argument("--pvschedd-bin", type=Path, default=target / "pvschedd")
     ap.add_argument("--qemu11", type=Path, default=None)
+    ap.add_argument("--cpu", default="max",
+                    help="QEMU's -cpu model for every guest (default max). "
+                         "'max,hypervisor=off' hides the CPUID hypervisor bit: the guest "
+                         "then takes contended spinlocks through the queued slow path, "
+                         "whose lock:contention_* tracepoints a KVM guest with "
+                         "paravirtual spinlocks also fires, instead of the "
+                         "virt_spin_lock() test-and-set loop a TCG guest uses")
     add_autogroup_option(ap, "the VMs together against the hogs")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
@@ -617,7 +628,7 @@ def main():
     la0 = loadavg()
     log(f"guest kernel {release}; workloads {','.join(args.workloads)}; variants "
         f"{','.join(variants)}; {args.reps} reps of {args.duration} s; hogs {args.hogs}; "
-        f"load average {la0}")
+        f"-cpu {args.cpu}; load average {la0}")
     daemon = cgroup = None
     rows = []
     t_all = time.monotonic()
@@ -645,6 +656,7 @@ def main():
     result = {"scenario": "s6", "quick": args.quick,
               "caps": daemon.caps if daemon is not None else None, "reps": args.reps,
               "duration_s": args.duration, "hogs": args.hogs, "kernel": args.kernel,
+              "cpu": args.cpu,
               "machine": machine(args, release, la0, ag_state),
               "command": " ".join(sys.argv),
               "seconds": round(time.monotonic() - t_all, 1),

@@ -63,7 +63,8 @@ class Boot:
     `args` (the script's argparse namespace) gives device_bin, vmlinuz,
     initrd, out (boot directories go in out/NAME), timeout (s per boot),
     kernel_log, verbose, qemu11 (QEMU 11 for vfio-user) and, optionally, tag
-    (appended to NAME) and load_append (more kernel command line)."""
+    (appended to NAME), load_append (more kernel command line) and cpu
+    (QEMU's -cpu model, default "max")."""
 
     def __init__(self, args, name, smp, mode, fault=None, extra_append="", hooks=None,
                  transport="mpqemu", device_cmd=None, hotplug=False, mem_mib=512):
@@ -151,7 +152,7 @@ class Boot:
         qemu_cmd = [
             qemu_bin, "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
             "-display", "none", "-machine", f"{machine},memory-backend=mem",
-            "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.smp),
+            "-accel", "tcg,thread=multi", "-cpu", getattr(self.args, "cpu", "max"), "-smp", str(self.smp),
             "-m", f"{self.mem_mib}M",
             "-object", f"memory-backend-memfd,id=mem,size={self.mem_mib}M,share=on",
             "-kernel", str(self.args.vmlinuz), "-initrd", str(self.args.initrd),

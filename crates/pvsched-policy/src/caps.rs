@@ -305,7 +305,9 @@ pub struct Caps {
     pub wait_on: bool,
     /// Honour a guest vCPU that says it spins on a contended lock
     /// (`wait_on` = `WAIT_ANY`): lend the yield boost to one of the VM's
-    /// preempted vCPUs, the likely holder.
+    /// preempted vCPUs, the likely holder. Off by default: where a guest
+    /// reports its spinlock waits, the lending cost its throughput
+    /// (docs/benchmarks.md, S6 "lock waits").
     pub lock_wait: bool,
 }
 
@@ -330,7 +332,7 @@ impl Default for Caps {
             ipi_window_us: 50_000,
             kick_pairs: KickPairs::Auto,
             wait_on: true,
-            lock_wait: true,
+            lock_wait: false,
         }
     }
 }

@@ -1142,7 +1142,11 @@ mod tests {
 
     #[test]
     fn a_lock_spinner_lends_to_a_preempted_vcpu_and_keeps_it_while_it_runs() {
-        let mut vm = VmModel::new(Caps::default(), &[10, 11, 12], &[0, 1, 2]);
+        let lock = Caps {
+            lock_wait: true,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(lock, &[10, 11, 12], &[0, 1, 2]);
         // vCPU 1 halts, vCPU 2 is preempted: vCPU 0 spins on a lock.
         vm.step(1, out(1, false));
         vm.step(2, out(2, true));
@@ -1178,17 +1182,19 @@ mod tests {
 
     #[test]
     fn a_lock_spinner_with_nobody_preempted_or_lock_wait_off_lends_nothing() {
-        let mut vm = vm2();
+        let lock = Caps {
+            lock_wait: true,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(lock, &[10, 11], &[0, 1]);
         write(&mut vm, 0, waits(WAIT_ANY));
         vm.step(1, Event::SwitchIn { vcpu: 0 });
         vm.step(2, out(1, false));
         vm.step(3, Event::Tick { vcpu: 0 });
         assert_eq!(vm.vcpus[0].yield_slot, 0, "vCPU 1 is halted");
-        let caps = Caps {
-            lock_wait: false,
-            ..Caps::default()
-        };
-        let mut vm = VmModel::new(caps, &[10, 11], &[0, 1]);
+        // Off, the default.
+        assert!(!Caps::default().lock_wait);
+        let mut vm = VmModel::new(Caps::default(), &[10, 11], &[0, 1]);
         vm.step(1, out(1, true));
         write(&mut vm, 0, waits(WAIT_ANY));
         vm.step(2, Event::SwitchIn { vcpu: 0 });
