@@ -313,6 +313,10 @@ __noinline int apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now, __u
 	    (v->index >= vm->nr_vcpus && now < vm->ls_until)) {
 		hk = c->halt_kind;
 		hp = c->halt_prio;
+		/* A latency-sensitive vCPU holds its RT request's priority
+		 * (slot.bpf.h), if that is higher. */
+		if (hk == PVSCHED_BOOST_RT && now < v->ls_until && v->ls_prio > hp)
+			hp = v->ls_prio;
 		caps_clamp(c, &hk, &hp);
 		if (boost_rank(hk, hp) > boost_rank(kind, prio)) {
 			kind = hk;

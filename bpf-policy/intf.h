@@ -150,6 +150,8 @@ struct pvs_vcpu {
 	__u32 guest_idle;      /* the guest ran its idle task at the last slot read */
 	__u32 last_kick_target; /* slot index + 1 of the vCPU this one last kicked, or 0 */
 	__u64 last_kick_ns;
+	__s32 ls_prio;	       /* RT priority of the request that set ls_until (0: not RT) */
+	__u32 pad1;
 };
 
 /* Decision record (`decisions` ring buffer): sent when a thread's boost

@@ -119,6 +119,10 @@ static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, _
 	if (treason == PVS_R_RT_TASK && !(flags & PVSCHED_TASK_F_KTHREAD) &&
 	    kind != PVSCHED_BOOST_NONE) {
 		v->ls_until = now + vm->caps.halt_hold_ns;
+		/* The halt boost holds this priority until ls_until: one
+		 * priority across the vCPU's halts, not a flip (and a
+		 * sched_setattr) at every halt and every wake-up. */
+		v->ls_prio = kind == PVSCHED_BOOST_RT ? prio : 0;
 		/* The VM's emulator threads follow its latest latency-sensitive
 		 * vCPU (a lost race between two CPUs only shortens a hold that
 		 * the next request renews). */

@@ -61,7 +61,7 @@ SIZEOF = {
     "pvs_decision": 48,
     "pvs_stats": 200,
     "pvs_tid_hint": 16,
-    "pvs_vcpu": 192,
+    "pvs_vcpu": 200,
     "pvs_vm": 144,
 }
 
@@ -151,6 +151,8 @@ OFFSETOF = {
         "guest_idle": 176,
         "last_kick_target": 180,
         "last_kick_ns": 184,
+        "ls_prio": 192,
+        "pad1": 196,
     },
     "pvs_vm": {
         "active": 0,

@@ -202,6 +202,12 @@ pub struct PvsVcpu {
     pub last_kick_target: u32,
     /// When.
     pub last_kick_ns: u64,
+    /// RT priority of the guest request that last set `ls_until` (0: it
+    /// was no RT request): the halt boost holds it, so a latency-sensitive
+    /// vCPU keeps one priority across its halts.
+    pub ls_prio: i32,
+    /// Padding.
+    pub pad1: u32,
 }
 
 /// `struct pvs_tid_hint`: element `tid & (TID_HINTS - 1)` of the BPF
@@ -242,7 +248,7 @@ pub struct PvsStats {
 const _: () = {
     assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4 + 8);
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 32);
-    assert!(size_of::<PvsVcpu>() == 192);
+    assert!(size_of::<PvsVcpu>() == 200);
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 10 + PROG_MAX as usize) * 8);

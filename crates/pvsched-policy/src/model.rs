@@ -373,6 +373,7 @@ impl VmModel {
         // section (slot.bpf.h says why).
         if treason == R_RT_TASK && g.flags & TASK_F_KTHREAD == 0 && kind != BOOST_NONE {
             v.ls_until = now.wrapping_add(Caps::ns(c.halt_hold_us));
+            v.ls_prio = if kind == BOOST_RT { prio } else { 0 };
             if self.ls_until < v.ls_until {
                 self.ls_until = v.ls_until;
             }
@@ -549,7 +550,10 @@ impl VmModel {
         }
         let emulator = v.index >= self.nr_vcpus;
         if c.halt_always || now < v.ls_until || (emulator && now < self.ls_until) {
-            let (hk, hp) = clamped(&c, c.halt_boost.abi(), c.halt_prio);
+            let held =
+                c.halt_boost.abi() == BOOST_RT && now < v.ls_until && v.ls_prio > c.halt_prio;
+            let hp = if held { v.ls_prio } else { c.halt_prio };
+            let (hk, hp) = clamped(&c, c.halt_boost.abi(), hp);
             if boost_rank(hk, hp) > boost_rank(kind, prio) {
                 kind = hk;
                 prio = hp;
@@ -714,6 +718,7 @@ impl VmModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::caps::BoostKind;
     use pvsched_abi::{
         CS_HARDIRQ, CS_PREEMPT_OFF, CS_SOFTIRQ, F_DEVICE_REGION, F_KICK, F_LOCK_WAIT, F_TASK_FLAGS,
         F_WAIT_ON, POLICY_FIFO,
@@ -888,6 +893,54 @@ mod tests {
         assert_eq!(
             vm.vcpus[0].ls_until,
             MS + Caps::ns(Caps::default().halt_hold_us)
+        );
+    }
+
+    #[test]
+    fn a_latency_sensitive_vcpu_holds_its_rt_priority_across_halts() {
+        // The guest's RT task at FIFO 3: the halt boost holds 3, not
+        // halt_prio 1, so halting and waking again decide nothing.
+        let mut vm = vm2();
+        write(&mut vm, 0, rt(3));
+        let d = vm.step(MS, Event::SwitchIn { vcpu: 0 });
+        assert_eq!(
+            (d[0].kind, d[0].prio, d[0].reason),
+            (BOOST_RT, 3, R_RT_TASK)
+        );
+        write(&mut vm, 0, GuestFields::default());
+        assert!(vm.step(2 * MS, out(0, false)).is_empty());
+        assert_eq!(
+            (vm.vcpus[0].boost_prio, vm.vcpus[0].boost_reason),
+            (3, R_HALT)
+        );
+        assert!(vm.step(3 * MS, Event::Wakeup { vcpu: 0 }).is_empty());
+        write(&mut vm, 0, rt(3));
+        assert!(vm.step(4 * MS, Event::SwitchIn { vcpu: 0 }).is_empty());
+        // A lower RT request lowers what is held (capped at max_rt_prio 4
+        // above, halt_prio 1 below).
+        write(&mut vm, 0, rt(2));
+        vm.step(5 * MS, Event::Tick { vcpu: 0 });
+        write(&mut vm, 0, GuestFields::default());
+        vm.step(6 * MS, out(0, false));
+        assert_eq!((vm.vcpus[0].boost_prio, vm.vcpus[0].ls_prio), (2, 2));
+        // The hold ends with ls_until.
+        let end = 5 * MS + Caps::ns(Caps::default().halt_hold_us);
+        let d = vm.step(end, Event::Tick { vcpu: 0 });
+        assert_eq!((d[0].kind, d[0].reason), (BOOST_NONE, R_NONE));
+        // A NICE halt boost is not raised to an RT priority.
+        let caps = Caps {
+            halt_boost: BoostKind::Nice,
+            halt_prio: -5,
+            ..Caps::default()
+        };
+        let mut vm = VmModel::new(caps, &[10], &[0]);
+        write(&mut vm, 0, rt(3));
+        vm.step(MS, Event::SwitchIn { vcpu: 0 });
+        write(&mut vm, 0, GuestFields::default());
+        vm.step(2 * MS, out(0, false));
+        assert_eq!(
+            (vm.vcpus[0].boost, vm.vcpus[0].boost_prio),
+            (BOOST_NICE, -5)
         );
     }
 

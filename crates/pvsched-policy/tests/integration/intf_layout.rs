@@ -98,7 +98,9 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             slot_hits,
             guest_idle,
             last_kick_target,
-            last_kick_ns
+            last_kick_ns,
+            ls_prio,
+            pad1
         ]
     );
     layout_struct!(
