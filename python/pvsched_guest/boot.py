@@ -152,7 +152,8 @@ class Boot:
         qemu_cmd = [
             qemu_bin, "-name", f"pvs-{self.name},debug-threads=on", "-nodefaults",
             "-display", "none", "-machine", f"{machine},memory-backend=mem",
-            "-accel", "tcg,thread=multi", "-cpu", getattr(self.args, "cpu", "max"), "-smp", str(self.smp),
+            "-accel", "tcg,thread=multi", "-cpu", getattr(self.args, "cpu", "max"),
+            "-smp", str(self.smp),
             "-m", f"{self.mem_mib}M",
             "-object", f"memory-backend-memfd,id=mem,size={self.mem_mib}M,share=on",
             "-kernel", str(self.args.vmlinuz), "-initrd", str(self.args.initrd),

@@ -730,6 +730,14 @@ mod tests {
         VmModel::new(Caps::default(), &[10, 11], &[0, 1])
     }
 
+    /// Default caps with lock waits honoured (off by default).
+    fn lock_wait_on() -> Caps {
+        Caps {
+            lock_wait: true,
+            ..Caps::default()
+        }
+    }
+
     /// vm2 with critical sections asking for FIFO 1 (off by default).
     fn vm2_cs() -> VmModel {
         let caps = Caps {
@@ -1195,11 +1203,7 @@ mod tests {
 
     #[test]
     fn a_lock_spinner_lends_to_a_preempted_vcpu_and_keeps_it_while_it_runs() {
-        let lock = Caps {
-            lock_wait: true,
-            ..Caps::default()
-        };
-        let mut vm = VmModel::new(lock, &[10, 11, 12], &[0, 1, 2]);
+        let mut vm = VmModel::new(lock_wait_on(), &[10, 11, 12], &[0, 1, 2]);
         // vCPU 1 halts, vCPU 2 is preempted: vCPU 0 spins on a lock.
         vm.step(1, out(1, false));
         vm.step(2, out(2, true));
@@ -1235,11 +1239,7 @@ mod tests {
 
     #[test]
     fn a_lock_spinner_with_nobody_preempted_or_lock_wait_off_lends_nothing() {
-        let lock = Caps {
-            lock_wait: true,
-            ..Caps::default()
-        };
-        let mut vm = VmModel::new(lock, &[10, 11], &[0, 1]);
+        let mut vm = VmModel::new(lock_wait_on(), &[10, 11], &[0, 1]);
         write(&mut vm, 0, waits(WAIT_ANY));
         vm.step(1, Event::SwitchIn { vcpu: 0 });
         vm.step(2, out(1, false));
