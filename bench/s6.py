@@ -118,6 +118,7 @@ from pvsched_guest.qmp import qmp  # noqa: E402
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-none",
+            "pvsched-cosched",
             "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
@@ -127,7 +128,26 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  "pvsched-kick": "kick_pairs = true\n",
                  "pvsched-nokick": "kick_pairs = false\n",
                  "pvsched-auto": "kick_pairs = \"auto\"\n",
-                 "pvsched-none": "allow_rt = false\nnice_floor = 0\n"}
+                 "pvsched-none": "allow_rt = false\nnice_floor = 0\n",
+                 "pvsched-cosched": None}
+# pvsched-cosched: the period of the co-scheduled phase, µs.
+COSCHED_PERIOD_US = 20_000
+
+
+def cosched_caps(nvm, vcpus, hogs):
+    """The caps of the pvsched-cosched variant: the default caps with a
+    co-scheduled phase as long as the VM's fair share of the host, as an
+    operator would set it: every runnable thread (the guests' vCPUs and the
+    hogs) weighs the same, so a VM's vCPUs are owed vcpus / threads of the
+    host's CPUs; running together they use min(vcpus, CPUs) of them, so the
+    phase is that share of the period (at most the default limit, 50 %)."""
+    ncpu = os.cpu_count()
+    fair_cpus = vcpus * ncpu / (nvm * vcpus + hogs)
+    frac = min(0.5, fair_cpus / min(vcpus, ncpu))
+    on = int(COSCHED_PERIOD_US * frac)
+    return f"cosched_us = {on}\ncosched_period_us = {COSCHED_PERIOD_US}\n"
+
+
 # The guest driver's debugfs counters kept per workload (summed over CPUs).
 GUEST_COUNTERS = ("updates", "waits", "lock_waits")
 # The slice variant: every vCPU thread SCHED_OTHER nice 0 with this custom
@@ -206,7 +226,7 @@ class Guest:
     a thread; the "@@ bench-wait" hook hands control to the main thread
     (self.ready) and blocks until it sends the next command (self.cmd)."""
 
-    def __init__(self, args, name, vcpus, variant, daemon):
+    def __init__(self, args, name, vcpus, variant, daemon, nvm=1):
         self.args, self.name, self.vcpus, self.variant = args, name, vcpus, variant
         self.daemon = daemon
         self.ready, self.cmd = queue.Queue(), queue.Queue()
@@ -221,7 +241,9 @@ class Guest:
         if variant.startswith("pvsched"):
             dev = daemon.device_cmd(name)
             caps = daemon.vms / f"{name}.toml"
-            if variant in ABLATION_CAPS:
+            if variant == "pvsched-cosched":
+                caps.write_text(cosched_caps(nvm, vcpus, args.hogs))
+            elif variant in ABLATION_CAPS:
                 caps.write_text(ABLATION_CAPS[variant])
             elif caps.exists():
                 caps.unlink()
@@ -305,7 +327,7 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
     them at once (with the hogs), and returns one row per workload."""
     nvm, vcpus = topo
     tag = f"{nvm}x{vcpus}-{variant}-r{rep}"
-    guests = [Guest(args, f"s6-{tag}-vm{i}", vcpus, variant, daemon) for i in range(nvm)]
+    guests = [Guest(args, f"s6-{tag}-vm{i}", vcpus, variant, daemon, nvm) for i in range(nvm)]
     rows = []
     # Why the guests stopped answering, once they have.
     stuck = None

@@ -56,6 +56,76 @@ pub fn plan(base: &SchedAttr, kind: u32, prio: i32, caps: &Caps) -> SchedAttr {
     }
 }
 
+/// Where a vCPU thread is in its VM's co-scheduling period (caps
+/// `cosched_us`, `cosched_period_us`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Phase {
+    /// The VM does not co-schedule (or the thread is an emulator thread).
+    #[default]
+    Free,
+    /// The VM's vCPUs run together: SCHED_FIFO [`COSCHED_RT_PRIO`].
+    On,
+    /// The rest of the period: nice [`COSCHED_OFF_NICE`].
+    Off,
+}
+
+/// The RT priority of a co-scheduled phase: the lowest, so every boost the
+/// policy decides (halt, yield) still outranks it.
+pub const COSCHED_RT_PRIO: i32 = 1;
+
+/// The nice value of a vCPU thread outside its VM's co-scheduled phase.
+/// Nice 19 rather than SCHED_IDLE: on this host's EEVDF a thread moved
+/// between SCHED_FIFO and SCHED_IDLE every few ms kept 0.69 of what its
+/// co-scheduled phase alone gives it, nice 19 0.41 of an expected 0.40
+/// (docs/benchmarks.md, S6 "Co-scheduling").
+pub const COSCHED_OFF_NICE: i32 = 19;
+
+/// How much CPU the scheduler gives `a` before other work: RT priority
+/// above any nice value, a lower nice above a higher one.
+fn rank(a: &SchedAttr) -> i64 {
+    match a.policy {
+        POLICY_DEADLINE => 1_000_000,
+        POLICY_FIFO | POLICY_RR => 1000 + i64::from(a.priority),
+        POLICY_IDLE => -100,
+        _ => -i64::from(a.nice),
+    }
+}
+
+/// What a thread whose baseline is `base` gets for the policy's boost
+/// (`kind`, `prio`) in co-scheduling `phase`: the higher of the boost and
+/// the phase's FIFO in the co-scheduled phase; outside it, the boost if
+/// there is one, else the baseline lowered to nice [`COSCHED_OFF_NICE`]
+/// (an RT, deadline or idle baseline, or one already at 19, is kept).
+pub fn effective(base: &SchedAttr, kind: u32, prio: i32, phase: Phase, caps: &Caps) -> SchedAttr {
+    let boost = if kind == BOOST_NONE {
+        *base
+    } else {
+        plan(base, kind, prio, caps)
+    };
+    match phase {
+        Phase::Free => boost,
+        Phase::On => {
+            let gang = plan(base, BOOST_RT, COSCHED_RT_PRIO, caps);
+            if rank(&gang) > rank(&boost) {
+                gang
+            } else {
+                boost
+            }
+        }
+        Phase::Off => {
+            let fair = base.policy == POLICY_NORMAL || base.policy == pvsched_abi::POLICY_BATCH;
+            if boost != *base || !fair || base.nice >= COSCHED_OFF_NICE {
+                boost
+            } else {
+                SchedAttr {
+                    nice: COSCHED_OFF_NICE,
+                    ..*base
+                }
+            }
+        }
+    }
+}
+
 /// One registered vCPU thread as the applier sees it.
 #[derive(Clone, Debug)]
 pub struct ThreadState {
@@ -91,6 +161,10 @@ pub struct ThreadState {
     /// Checked before every system call on the TID (see [`crate::ident`]);
     /// None only for threads made by [`ThreadState::new`] in unit tests.
     ident: Option<Arc<ThreadIdent>>,
+    /// Where the thread is in its VM's co-scheduling period.
+    pub phase: Phase,
+    /// Co-scheduling phase changes applied.
+    pub phase_changes: u64,
 }
 
 /// Where a thread's boosts are recorded for the guardian.
@@ -124,6 +198,8 @@ impl ThreadState {
             guard: None,
             exited: false,
             ident: None,
+            phase: Phase::Free,
+            phase_changes: 0,
         }
     }
 
@@ -300,13 +376,40 @@ impl ThreadState {
         if pvsched_policy::event::R_LIMITS.contains(&reason) {
             self.throttles += 1;
         }
-        if kind == BOOST_NONE {
+        if kind == BOOST_NONE && self.phase == Phase::Free {
             let changed = self.restore();
             if self.applied.is_none() {
                 self.decided = (BOOST_NONE, 0);
             }
             return changed;
         }
+        let prio = if kind == BOOST_NONE { 0 } else { prio };
+        self.set_target(kind, prio, caps)
+    }
+
+    /// Moves the thread to co-scheduling `phase` (its decided boost kept);
+    /// returns true if a syscall changed the thread. `Phase::Free` puts it
+    /// back where the policy alone has it: its baseline unless boosted.
+    pub fn set_phase(&mut self, phase: Phase, caps: &Caps) -> bool {
+        if self.exited || phase == self.phase {
+            return false;
+        }
+        self.phase = phase;
+        let (kind, prio) = self.decided;
+        let changed = if phase == Phase::Free && kind == BOOST_NONE {
+            self.restore()
+        } else {
+            self.set_target(kind, prio, caps)
+        };
+        if changed {
+            self.phase_changes += 1;
+        }
+        changed
+    }
+
+    /// Sets the attributes of the policy's boost (`kind`, `prio`) in the
+    /// thread's phase, capturing its baseline first if it has none.
+    fn set_target(&mut self, kind: u32, prio: i32, caps: &Caps) -> bool {
         if self.baseline.is_none() && !self.still_there() {
             return false;
         }
@@ -324,7 +427,7 @@ impl ThreadState {
                 }
             },
         };
-        let target = plan(&base, kind, prio, caps);
+        let target = effective(&base, kind, prio, self.phase, caps);
         let current = self.applied.unwrap_or(base);
         if target == current {
             self.decided = (kind, prio);
@@ -369,11 +472,13 @@ impl ThreadState {
         }
     }
 
-    /// Puts the thread back to its baseline if we changed it.
+    /// Puts the thread back to its baseline if we changed it, out of any
+    /// co-scheduling phase (the next phase change moves it again).
     pub fn restore(&mut self) -> bool {
         if self.exited {
             return false;
         }
+        self.phase = Phase::Free;
         let (Some(base), Some(_)) = (self.baseline, self.applied) else {
             return false;
         };
@@ -459,5 +564,66 @@ mod tests {
             ..Caps::default()
         };
         assert_eq!(plan(&normal(0), BOOST_RT, 50, &c), normal(-10));
+    }
+
+    #[test]
+    fn a_cosched_phase_runs_at_fifo_1_and_the_rest_at_nice_19() {
+        let c = Caps::default();
+        let on = effective(&normal(0), BOOST_NONE, 0, Phase::On, &c);
+        assert_eq!((on.policy, on.priority), (POLICY_FIFO, 1));
+        assert_eq!(
+            effective(&normal(0), BOOST_NONE, 0, Phase::Off, &c),
+            normal(19)
+        );
+        assert_eq!(
+            effective(&normal(0), BOOST_NONE, 0, Phase::Free, &c),
+            normal(0)
+        );
+    }
+
+    #[test]
+    fn a_boost_outranks_the_cosched_phase_either_way() {
+        let c = Caps::default();
+        // The policy's halt boost (FIFO 1) and yield boost (FIFO 2) hold in
+        // the phase outside the co-scheduled one, and FIFO 2 beats it.
+        let halt = effective(&normal(0), BOOST_RT, 1, Phase::Off, &c);
+        assert_eq!((halt.policy, halt.priority), (POLICY_FIFO, 1));
+        let y = effective(&normal(0), BOOST_RT, 2, Phase::On, &c);
+        assert_eq!((y.policy, y.priority), (POLICY_FIFO, 2));
+        // A nice boost is below the co-scheduled phase's FIFO.
+        let n = effective(&normal(0), BOOST_NICE, -5, Phase::On, &c);
+        assert_eq!((n.policy, n.priority), (POLICY_FIFO, 1));
+        assert_eq!(
+            effective(&normal(0), BOOST_NICE, -5, Phase::Off, &c),
+            normal(-5)
+        );
+    }
+
+    #[test]
+    fn the_cosched_phases_never_touch_an_rt_or_idle_baseline_wrongly() {
+        let c = Caps::default();
+        let rt = SchedAttr {
+            policy: POLICY_FIFO,
+            priority: 50,
+            nice: 0,
+            flags: 0,
+        };
+        for phase in [Phase::On, Phase::Off] {
+            assert_eq!(effective(&rt, BOOST_NONE, 0, phase, &c), rt);
+        }
+        let idle = SchedAttr {
+            policy: POLICY_IDLE,
+            ..normal(0)
+        };
+        assert_eq!(effective(&idle, BOOST_NONE, 0, Phase::Off, &c), idle);
+        // Without RT the co-scheduled phase is the nice floor.
+        let no_rt = Caps {
+            allow_rt: false,
+            ..Caps::default()
+        };
+        assert_eq!(
+            effective(&normal(0), BOOST_NONE, 0, Phase::On, &no_rt),
+            normal(-10)
+        );
     }
 }

@@ -174,7 +174,7 @@ impl Client {
         };
         Ok(Registered {
             vm_id,
-            caps,
+            caps: *caps,
             caps_source,
             region,
         })
@@ -205,7 +205,7 @@ impl Client {
             name: name.into(),
             settings,
         })? {
-            (Reply::Ok { caps: Some(c) }, _) => Ok(c),
+            (Reply::Ok { caps: Some(c) }, _) => Ok(*c),
             (r, _) => Err(ClientError::Protocol(format!("{r:?}"))),
         }
     }

@@ -187,6 +187,7 @@ impl RemoteVm {
             boosts_applied: t.boosts_applied,
             corrections: t.corrections,
             errors: t.errors,
+            phase_changes: t.phase_changes,
             boost_prio: t.boost_prio,
             throttled: t.throttled as u32,
             ..Default::default()

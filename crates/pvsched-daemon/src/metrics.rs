@@ -136,7 +136,7 @@ const PER_VM: [Single<VmStatus>; 4] = [
 ];
 
 /// The per-thread families (`vm` and `thread` labels).
-const PER_THREAD: [Single<ThreadStatus>; 8] = [
+const PER_THREAD: [Single<ThreadStatus>; 9] = [
     (
         "pvsched_boosts_total",
         "counter",
@@ -172,6 +172,12 @@ const PER_THREAD: [Single<ThreadStatus>; 8] = [
         "gauge",
         "1 while the thread is throttled.",
         |t| t.throttled as u8 as f64,
+    ),
+    (
+        "pvsched_cosched_phase_changes_total",
+        "counter",
+        "Co-scheduling phase changes applied per thread (caps cosched_us).",
+        |t| t.phase_changes as f64,
     ),
     (
         "pvsched_corrections_total",

@@ -194,6 +194,9 @@ pub struct ThreadStatus {
     pub corrections: u64,
     /// Failed sched_setattr calls.
     pub errors: u64,
+    /// Co-scheduling phase changes applied (caps `cosched_us`).
+    #[serde(default)]
+    pub phase_changes: u64,
 }
 
 /// One VM in [`Reply::Status`].
@@ -346,8 +349,8 @@ pub enum Reply {
     Registered {
         /// The agent's VM id.
         vm_id: u32,
-        /// Caps in force.
-        caps: Caps,
+        /// Caps in force (boxed: the other replies are small).
+        caps: Box<Caps>,
         /// Where they came from.
         caps_source: String,
         /// Bytes of the region map (device region), else 0.
@@ -363,7 +366,7 @@ pub enum Reply {
     Ok {
         /// Caps in force after a `set`.
         #[serde(default)]
-        caps: Option<Caps>,
+        caps: Option<Box<Caps>>,
     },
     /// Status.
     Status {

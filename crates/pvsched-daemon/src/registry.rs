@@ -288,7 +288,7 @@ impl Registry {
         Ok((
             Reply::Registered {
                 vm_id,
-                caps,
+                caps: Box::new(caps),
                 caps_source: caps_source.into(),
                 region_len,
             },
@@ -317,7 +317,9 @@ impl Registry {
         }
         vm.caps_source = "set";
         tracing::info!(vm = %name, ?settings, "caps changed");
-        Reply::Ok { caps: Some(new) }
+        Reply::Ok {
+            caps: Some(Box::new(new)),
+        }
     }
 
     /// Refuses another registration by `uid` if it has `max_vms_per_uid`
@@ -466,6 +468,7 @@ fn thread_status(t: &pvsched_agent::agent::ThreadStats) -> ThreadStatus {
         throttled: t.throttled != 0,
         corrections: t.corrections,
         errors: t.errors,
+        phase_changes: t.phase_changes,
     }
 }
 

@@ -101,6 +101,17 @@ pub struct CapsLimit {
     /// Longest `ipi_window_us` a VM may set, µs: how long an IPI pair
     /// stays confirmed (and its receiver boosted for its sender).
     pub max_ipi_window_us: u64,
+    /// Largest share of its period a VM's co-scheduled phase may be,
+    /// percent (`cosched_us` of `cosched_period_us`; 0: no VM may
+    /// co-schedule). In that phase the VM's vCPU threads run at
+    /// SCHED_FIFO, so this bounds what a VM can take from the host's
+    /// other work.
+    pub max_cosched_pct: u32,
+    /// Largest share of the host's CPUs all co-scheduling VMs together may
+    /// hold in their co-scheduled phases, percent: a VM whose phase would
+    /// take the sum above it is not co-scheduled (the agent logs it), so
+    /// many VMs, each within `max_cosched_pct`, cannot starve the host.
+    pub max_cosched_host_pct: u32,
 }
 
 impl Default for CapsLimit {
@@ -117,6 +128,8 @@ impl Default for CapsLimit {
             max_window_us: 1_000_000,
             max_halt_hold_us: 1_000_000,
             max_ipi_window_us: 100_000,
+            max_cosched_pct: 50,
+            max_cosched_host_pct: 50,
         }
     }
 }
@@ -142,6 +155,11 @@ impl CapsLimit {
         }
         if self.max_window_us == 0 {
             return Err(CapsError::Range("[max] max_window_us must be > 0"));
+        }
+        if self.max_cosched_pct > 100 || self.max_cosched_host_pct > 100 {
+            return Err(CapsError::Range(
+                "[max] max_cosched_pct and max_cosched_host_pct must be 0..=100",
+            ));
         }
         for t in [
             self.max_boost_us,
@@ -309,6 +327,18 @@ pub struct Caps {
     /// reports its spinlock waits, the lending cost its throughput
     /// (docs/benchmarks.md, S6 "lock waits").
     pub lock_wait: bool,
+    /// Co-scheduling: for this long in every `cosched_period_us`, µs, all
+    /// the VM's vCPU threads run together at SCHED_FIFO 1 (within
+    /// `allow_rt`/`max_rt_prio`), and for the rest of the period at nice
+    /// 19, unless a boost holds them higher; 0 (the default) = off. Set to
+    /// the VM's fair share of the host, it gives the VM no more CPU than
+    /// without it, in bursts in which its vCPUs run at the same time:
+    /// what a vCPU waits for (an IPI's answer, a lock holder, a TLB
+    /// shootdown) is then running (docs/operating.md, "Co-scheduling").
+    pub cosched_us: u64,
+    /// The co-scheduling period, µs (1 000..=1 000 000). VMs that
+    /// co-schedule take their phases one after another in VM-id order.
+    pub cosched_period_us: u64,
 }
 
 impl Default for Caps {
@@ -333,6 +363,8 @@ impl Default for Caps {
             kick_pairs: KickPairs::Auto,
             wait_on: true,
             lock_wait: false,
+            cosched_us: 0,
+            cosched_period_us: 20_000,
         }
     }
 }
@@ -410,6 +442,14 @@ impl Caps {
         }
         if self.vm_budget_us != 0 && self.window_us == 0 {
             return Err(CapsError::Range("vm_budget_us needs a non-zero window_us"));
+        }
+        if !(1_000..=1_000_000).contains(&self.cosched_period_us) {
+            return Err(CapsError::Range("cosched_period_us must be 1000..=1000000"));
+        }
+        if self.cosched_us > self.cosched_period_us {
+            return Err(CapsError::Range(
+                "cosched_us must be at most cosched_period_us",
+            ));
         }
         for t in [
             self.max_boost_us,
@@ -489,6 +529,17 @@ impl Caps {
                     format!("{key} = {pct} of window_us (0 = unlimited is not allowed)"),
                 );
             }
+        }
+        if u128::from(self.cosched_us) * 100
+            > u128::from(lim.max_cosched_pct) * u128::from(self.cosched_period_us)
+        {
+            return above(
+                "cosched_us",
+                format!(
+                    "max_cosched_pct = {} of cosched_period_us",
+                    lim.max_cosched_pct
+                ),
+            );
         }
         if self.halt_always && !lim.halt_always {
             return above("halt_always = true", "halt_always = false".into());
@@ -671,6 +722,45 @@ mod tests {
         }
         .check_within(&no_rt)
         .unwrap();
+    }
+
+    /// A co-scheduled phase is bounded by its period and by the operator's
+    /// share; a limit of 0 refuses every co-scheduling VM, naming the key.
+    #[test]
+    fn the_cosched_phase_is_bounded_by_its_period_and_the_limit() {
+        let on = |us, period| Caps {
+            cosched_us: us,
+            cosched_period_us: period,
+            ..Caps::default()
+        };
+        on(10_000, 20_000).validate().unwrap();
+        on(10_000, 20_000)
+            .check_within(&CapsLimit::default())
+            .unwrap();
+        assert!(on(20_001, 20_000).validate().is_err());
+        assert!(on(0, 999).validate().is_err());
+        assert!(on(0, 1_000_001).validate().is_err());
+        match on(10_001, 20_000).check_within(&CapsLimit::default()) {
+            Err(CapsError::AboveMax(what, max)) => {
+                assert_eq!(what, "cosched_us");
+                assert!(max.contains("max_cosched_pct = 50"), "{max}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let none = CapsLimit {
+            max_cosched_pct: 0,
+            ..CapsLimit::default()
+        };
+        assert!(on(1, 20_000).check_within(&none).is_err());
+        on(0, 20_000).check_within(&none).unwrap();
+        assert!(
+            CapsLimit {
+                max_cosched_pct: 101,
+                ..CapsLimit::default()
+            }
+            .validate()
+            .is_err()
+        );
     }
 
     /// An operator's VM-wide limit (percent of one CPU, may exceed 100)

@@ -1,10 +1,12 @@
 //! The consumer thread: drains the decision ring (blocking in epoll, never
 //! spinning), applies each decision to its registered thread, queues it for
 //! the trace, drives the policy timer and, every tick, reconciles every
-//! thread with the policy's state.
+//! thread with the policy's state; moves the vCPU threads of co-scheduling
+//! VMs between their phases at each phase's edge.
 
 use super::trace_out::TraceOut;
 use super::{AgentConfig, Inner};
+use crate::applier::Phase;
 use crate::intf::{Decision, gid_vm};
 use crate::object::{PolicyView, reevaluate};
 use crate::sched::{self, SchedAttr};
@@ -103,9 +105,27 @@ pub(super) fn consumer(
     }
     // SAFETY: fresh fd we own.
     let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    // The co-scheduling edges: µs-exact, where epoll's own timeout is ms.
+    // SAFETY: timerfd_create returns a new fd or -1.
+    let tfd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_CLOEXEC | libc::TFD_NONBLOCK,
+        )
+    };
+    if tfd < 0 {
+        log::error!(
+            "pvsched consumer: timerfd_create failed: {}",
+            io::Error::last_os_error()
+        );
+        return;
+    }
+    // SAFETY: fresh fd we own.
+    let tfd = unsafe { OwnedFd::from_raw_fd(tfd) };
     for (fd, tag) in [
         (std::os::fd::AsRawFd::as_raw_fd(&ring), 1u64),
         (wake.as_raw_fd(), 2u64),
+        (tfd.as_raw_fd(), 3u64),
     ] {
         let mut ev = libc::epoll_event {
             events: libc::EPOLLIN as u32,
@@ -125,14 +145,30 @@ pub(super) fn consumer(
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
     let mut ticks: u64 = 0;
     let mut last_tick = now_mono();
+    let mut cosched = Cosched {
+        host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+        host_permille: u64::from(cfg.cosched_host_pct.min(100)) * 10,
+        ..Cosched::default()
+    };
     while !inner.stop.load(Ordering::SeqCst) {
         let wait_ms = (next_tick.saturating_sub(now_mono()) / 1_000_000).max(1) as i32;
         // SAFETY: evs is a valid buffer of 4 events.
-        unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, wait_ms) };
+        let n = unsafe {
+            libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, wait_ms)
+        };
         if inner.stop.load(Ordering::SeqCst) {
             break;
         }
         drain(&inner, &mut ring, &mut trace);
+        if evs[..n.max(0) as usize].iter().any(|e| e.u64 == 3) {
+            let mut expirations = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into the buffer; the fd is
+            // non-blocking, so an already-read expiry returns EAGAIN.
+            unsafe { libc::read(tfd.as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
+        }
+        if cosched.next_edge.is_some_and(|e| now_mono() >= e) {
+            cosched.run(&inner, &tfd);
+        }
         let now = now_mono();
         if now >= next_tick {
             next_tick = now + tick_ns;
@@ -161,6 +197,9 @@ pub(super) fn consumer(
             drain(&inner, &mut ring, &mut trace);
             ticks = ticks.wrapping_add(1);
             reconcile(&inner, &view, ticks.is_multiple_of(STATS_EVERY));
+            // A VM registered, unregistered or given new caps since the
+            // last edge: its phases follow within a tick.
+            cosched.run(&inner, &tfd);
         }
     }
     // What is left of the trace (unregistration sends no records).
@@ -222,5 +261,168 @@ fn reconcile(inner: &Inner, view: &PolicyView, drops: bool) {
         if t.reconcile(kind, prio, &vm.caps) {
             vm.corrections += 1;
         }
+    }
+}
+
+/// The co-scheduling timer: when the next phase edge of any co-scheduling
+/// VM is.
+#[derive(Default)]
+struct Cosched {
+    /// Absolute `CLOCK_MONOTONIC` ns of the next edge, None when no VM
+    /// co-schedules.
+    next_edge: Option<u64>,
+    /// The VMs that co-scheduled at the last run: a VM that stops (new
+    /// caps) has its threads freed at the next run.
+    on_vms: Vec<u32>,
+    /// The VMs left out for the host-wide limit, as last logged.
+    left_out: Vec<u32>,
+    /// CPUs the host gives this process.
+    host_cpus: u64,
+    /// The host-wide limit, per mille of the host's CPUs.
+    host_permille: u64,
+}
+
+impl Cosched {
+    /// Moves every vCPU thread of every co-scheduling VM to its phase now
+    /// and arms the timer fd for the next edge. The VMs that co-schedule
+    /// take their phases one after another in VM-id order (each VM's phase
+    /// starts where the one before it ended, modulo its period), so VMs
+    /// with the same period and shares adding up to at most 100 % never
+    /// hold the host's CPUs at the same time. Only the co-scheduling VMs'
+    /// threads are visited.
+    fn run(&mut self, inner: &Inner, tfd: &OwnedFd) {
+        let now = now_mono();
+        let mut guard = inner.reg.lock();
+        let reg = &mut *guard;
+        let mut ids: Vec<u32> = reg
+            .vms
+            .iter()
+            .filter(|(id, v)| v.caps.cosched_us > 0 || self.on_vms.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        if ids.is_empty() {
+            self.next_edge = None;
+            return;
+        }
+        ids.sort_unstable();
+        let now_us = now / 1000;
+        let mut offset_us: u64 = 0;
+        let mut next: Option<u64> = None;
+        let mut on_vms = Vec::with_capacity(ids.len());
+        let mut left_out = Vec::new();
+        let mut host_used: u64 = 0;
+        for id in ids {
+            let Some(vm) = reg.vms.get(&id) else {
+                continue;
+            };
+            let (on, period) = (vm.caps.cosched_us, vm.caps.cosched_period_us);
+            // What the VM's phase holds of the host: its vCPUs (at most one
+            // per CPU run at once) for on / period of the time.
+            let cpus = u64::from(vm.vcpus).min(self.host_cpus).max(1);
+            let share = on.saturating_mul(1000).saturating_mul(cpus)
+                / period.max(1).saturating_mul(self.host_cpus.max(1));
+            let fits = host_used.saturating_add(share) <= self.host_permille;
+            if on > 0 && !fits {
+                left_out.push(id);
+            }
+            let phase = if on == 0 || !fits {
+                Phase::Free
+            } else {
+                host_used += share;
+                let (phase, edge_in_us) = phase_at(now_us, offset_us, on, period);
+                offset_us = offset_us.saturating_add(on);
+                let edge = now.saturating_add(edge_in_us.saturating_mul(1000));
+                next = Some(next.map_or(edge, |n| n.min(edge)));
+                on_vms.push(id);
+                phase
+            };
+            for index in 0..vm.threads {
+                if let Some(t) = reg.threads.get_mut(&crate::intf::gid(id, index)) {
+                    let p = if index < vm.vcpus { phase } else { Phase::Free };
+                    t.set_phase(p, &vm.caps);
+                }
+            }
+        }
+        drop(guard);
+        if left_out != self.left_out {
+            if !left_out.is_empty() {
+                log::warn!(
+                    "pvsched: VM id(s) {left_out:?} not co-scheduled: their phases would take \
+                     the co-scheduling VMs above {} % of the host's CPUs \
+                     ([max] max_cosched_host_pct)",
+                    self.host_permille / 10
+                );
+            }
+            self.left_out = left_out;
+        }
+        self.on_vms = on_vms;
+        self.next_edge = next;
+        let at = next.unwrap_or(0);
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (at / 1_000_000_000) as libc::time_t,
+                tv_nsec: (at % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: a valid timer fd and itimerspec; no old value wanted. An
+        // all-zero value disarms the timer.
+        let rc = unsafe {
+            libc::timerfd_settime(
+                tfd.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != 0 {
+            log::warn!(
+                "pvsched consumer: timerfd_settime failed: {}; co-scheduling edges \
+                 follow the 5 ms tick",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// The phase at `now_us` of a VM whose co-scheduled phase is `on_us` of
+/// every `period_us`, starting `offset_us` into the period, and how many µs
+/// until its next edge (at least 1).
+fn phase_at(now_us: u64, offset_us: u64, on_us: u64, period_us: u64) -> (Phase, u64) {
+    let period = period_us.max(1);
+    let pos = (now_us % period + period - offset_us % period) % period;
+    if on_us >= period {
+        (Phase::On, period)
+    } else if pos < on_us {
+        (Phase::On, (on_us - pos).max(1))
+    } else {
+        (Phase::Off, (period - pos).max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_follow_the_period_and_their_offset() {
+        // 10 ms of every 20, starting at 0: on at 0..10 ms, off at 10..20.
+        assert_eq!(phase_at(0, 0, 10_000, 20_000), (Phase::On, 10_000));
+        assert_eq!(phase_at(9_999, 0, 10_000, 20_000), (Phase::On, 1));
+        assert_eq!(phase_at(10_000, 0, 10_000, 20_000), (Phase::Off, 10_000));
+        assert_eq!(phase_at(39_999, 0, 10_000, 20_000), (Phase::Off, 1));
+        // The second VM's phase starts where the first one's ended.
+        assert_eq!(phase_at(10_000, 10_000, 5_000, 20_000), (Phase::On, 5_000));
+        assert_eq!(phase_at(5_000, 10_000, 5_000, 20_000), (Phase::Off, 5_000));
+        // An offset past the period wraps.
+        assert_eq!(
+            phase_at(10_000, 30_000, 5_000, 20_000),
+            phase_at(10_000, 10_000, 5_000, 20_000)
+        );
+        // The whole period: always on.
+        assert_eq!(phase_at(123, 0, 20_000, 20_000).0, Phase::On);
     }
 }

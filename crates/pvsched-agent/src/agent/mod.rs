@@ -104,6 +104,11 @@ pub struct AgentConfig {
     /// left boosted, before it loads the policy (pvschedd:
     /// `/run/pvsched/ledger`).
     pub ledger: Option<std::path::PathBuf>,
+    /// Largest share of the host's CPUs, percent, that all co-scheduling
+    /// VMs together may hold in their co-scheduled phases (caps
+    /// `cosched_us`); VMs beyond it, in VM-id order, are not co-scheduled.
+    /// pvschedd: `[max] max_cosched_host_pct`.
+    pub cosched_host_pct: u32,
 }
 
 impl Default for AgentConfig {
@@ -117,6 +122,7 @@ impl Default for AgentConfig {
             trace: None,
             guardian: true,
             ledger: None,
+            cosched_host_pct: 50,
         }
     }
 }
@@ -160,6 +166,8 @@ struct VmEntry {
     caps: Caps,
     /// vCPUs plus emulator threads.
     threads: u32,
+    /// vCPU threads (indexes below this; the emulator threads follow).
+    vcpus: u32,
     latencies: Vec<u64>,
     lat_next: usize,
     decisions: u64,
@@ -516,6 +524,7 @@ impl Agent {
                 VmEntry {
                     caps: spec.caps.clone(),
                     threads: all_tids.len() as u32,
+                    vcpus: nr as u32,
                     ..Default::default()
                 },
             );

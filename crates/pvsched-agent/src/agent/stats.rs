@@ -40,6 +40,8 @@ pub struct ThreadStats {
     pub corrections: u64,
     /// Failed syscalls.
     pub errors: u64,
+    /// Co-scheduling phase changes the agent applied (caps `cosched_us`).
+    pub phase_changes: u64,
 }
 
 /// Per-VM statistics.
@@ -119,6 +121,7 @@ impl VmHandle {
                     vs.boosts_applied = t.boosts_applied;
                     vs.corrections = t.corrections;
                     vs.errors = t.errors;
+                    vs.phase_changes = t.phase_changes;
                 }
             }
             match reg.vms.get(&self.vm_id) {

@@ -63,6 +63,9 @@ fn gen_caps(r: &mut Rng) -> Caps {
         kick_pairs: r.pick(&[KickPairs::Off, KickPairs::On, KickPairs::Auto]),
         wait_on: r.below(3) != 0,
         lock_wait: r.below(3) != 0,
+        // The agent's, not the policy's: the BPF program never sees it.
+        cosched_us: 0,
+        cosched_period_us: 20_000,
     }
 }
 

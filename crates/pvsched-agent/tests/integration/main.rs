@@ -7,6 +7,7 @@
 mod common;
 
 mod attach_cli;
+mod cosched;
 mod differential;
 mod kill9;
 mod lossless;

@@ -76,6 +76,7 @@ fn caps() -> impl Strategy<Value = Caps> {
                 kick_pairs,
                 wait_on: true,
                 lock_wait: true,
+                ..Caps::default()
             },
         )
 }

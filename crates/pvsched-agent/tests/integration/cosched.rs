@@ -1,0 +1,137 @@
+//! Co-scheduling on real threads: a VM with `cosched_us` has its vCPU
+//! threads moved together between SCHED_FIFO 1 (the co-scheduled phase)
+//! and nice 19 (the rest of the period), read back with sched_getattr; its
+//! emulator thread is left alone; switching the cap off and unregistering
+//! both put every thread back at its exact baseline.
+
+use crate::common;
+
+use common::{FakeVcpu, need_bpf, wait_for};
+use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL};
+use pvsched_agent::{Agent, AgentConfig, sched};
+use pvsched_policy::{BoostKind, Caps};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn caps(on_us: u64) -> Caps {
+    Caps {
+        // No boost of the policy's own: what the threads show is the phase.
+        halt_boost: BoostKind::None,
+        yield_boost: BoostKind::None,
+        cosched_us: on_us,
+        cosched_period_us: 20_000,
+        ..Caps::default()
+    }
+}
+
+/// Samples both threads for `d`: (samples with both at FIFO 1, samples
+/// with both at nice 19, samples with the two apart, samples in total).
+fn sample(a: &FakeVcpu, b: &FakeVcpu, d: Duration) -> (u32, u32, u32, u32) {
+    let (mut on, mut off, mut apart, mut n) = (0, 0, 0, 0);
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        let (x, y) = (a.attr(), b.attr());
+        let fifo = |s: &sched::SchedAttr| s.policy == POLICY_FIFO && s.priority == 1;
+        let low = |s: &sched::SchedAttr| s.policy == POLICY_NORMAL && s.nice == 19;
+        match (fifo(&x) && fifo(&y), low(&x) && low(&y)) {
+            (true, _) => on += 1,
+            (_, true) => off += 1,
+            _ => apart += 1,
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_micros(700));
+    }
+    (on, off, apart, n)
+}
+
+#[test]
+fn vcpus_move_together_between_the_phases_and_get_their_baselines_back() {
+    if !need_bpf("vcpus_move_together_between_the_phases_and_get_their_baselines_back") {
+        return;
+    }
+    let agent = Agent::load(AgentConfig {
+        handle_signals: false,
+        ..AgentConfig::default()
+    })
+    .expect("agent loads");
+    let a = FakeVcpu::spawn(2, Duration::from_micros(500));
+    let b = FakeVcpu::spawn(2, Duration::from_micros(500));
+    let emu = FakeVcpu::spawn(1, Duration::from_micros(500));
+    let base = (a.attr(), b.attr(), emu.attr());
+    let vm = common::device_vm(&agent, &[a.tid, b.tid], &[emu.tid], caps(5_000));
+    wait_for("the first co-scheduled phase", LIMIT, || {
+        Some(a.attr()).filter(|s| s.policy == POLICY_FIFO)
+    });
+    // A quarter of every 20 ms period at FIFO 1, the rest at nice 19; the
+    // two threads change together (a sample taken between the agent's two
+    // system calls of one edge sees them apart).
+    let (on, off, apart, n) = sample(&a, &b, Duration::from_millis(600));
+    println!("cosched samples: {on} on, {off} off, {apart} apart of {n}");
+    assert!(on > 0 && off > 0, "both phases seen: {on} on, {off} off");
+    assert!(
+        off > on,
+        "the phase outside is the longer one: {on} on, {off} off"
+    );
+    assert!(
+        apart * 10 < n,
+        "the threads move together: {apart} of {n} apart"
+    );
+    assert_eq!(emu.attr(), base.2, "an emulator thread is not co-scheduled");
+    let changes: u64 = vm.stats().vcpus.iter().map(|v| v.phase_changes).sum();
+    assert!(changes >= 4, "phase changes counted: {changes}");
+    // Off again: the baselines come back within a tick.
+    vm.set_caps(caps(0)).expect("caps change");
+    wait_for("baselines after cosched off", LIMIT, || {
+        Some(()).filter(|_| (a.attr(), b.attr()) == (base.0, base.1))
+    });
+    let (on, off, _, _) = sample(&a, &b, Duration::from_millis(60));
+    assert_eq!((on, off), (0, 0), "no phase once the cap is off");
+    // On again, then unregistered in either phase: exact baselines.
+    vm.set_caps(caps(10_000)).expect("caps change");
+    wait_for("a co-scheduled phase again", LIMIT, || {
+        Some(a.attr()).filter(|s| s.policy == POLICY_FIFO || s.nice == 19)
+    });
+    drop(vm);
+    assert_eq!((a.attr(), b.attr(), emu.attr()), base);
+}
+
+#[test]
+fn vms_beyond_the_host_wide_share_are_not_co_scheduled() {
+    if !need_bpf("vms_beyond_the_host_wide_share_are_not_co_scheduled") {
+        return;
+    }
+    // The host-wide limit set to exactly what one 2-vCPU VM's phase (half
+    // of each period) holds of this host's CPUs: the first VM fits, the
+    // second would go above it.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let one_vm_pct = 50 * 2.min(cpus) / cpus;
+    let agent = Agent::load(AgentConfig {
+        handle_signals: false,
+        cosched_host_pct: one_vm_pct,
+        ..AgentConfig::default()
+    })
+    .expect("agent loads");
+    let first = [
+        FakeVcpu::spawn(0, Duration::from_micros(500)),
+        FakeVcpu::spawn(0, Duration::from_micros(500)),
+    ];
+    let second = [
+        FakeVcpu::spawn(0, Duration::from_micros(500)),
+        FakeVcpu::spawn(0, Duration::from_micros(500)),
+    ];
+    let base = second[0].attr();
+    let _vm1 = common::device_vm(&agent, &[first[0].tid, first[1].tid], &[], caps(10_000));
+    let vm2 = common::device_vm(&agent, &[second[0].tid, second[1].tid], &[], caps(10_000));
+    wait_for("the first VM's co-scheduled phase", LIMIT, || {
+        Some(first[0].attr()).filter(|s| s.policy == POLICY_FIFO)
+    });
+    let (on, off, _, n) = sample(&second[0], &second[1], Duration::from_millis(200));
+    assert_eq!(
+        (on, off),
+        (0, 0),
+        "the second VM is left alone ({n} samples)"
+    );
+    assert_eq!(second[0].attr(), base);
+    assert_eq!(vm2.stats().vcpus[0].phase_changes, 0);
+}
