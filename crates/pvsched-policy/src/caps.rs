@@ -129,7 +129,7 @@ impl Default for CapsLimit {
             max_halt_hold_us: 1_000_000,
             max_ipi_window_us: 100_000,
             max_cosched_pct: 50,
-            max_cosched_host_pct: 50,
+            max_cosched_host_pct: 80,
         }
     }
 }

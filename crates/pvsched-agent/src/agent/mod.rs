@@ -122,7 +122,7 @@ impl Default for AgentConfig {
             trace: None,
             guardian: true,
             ledger: None,
-            cosched_host_pct: 50,
+            cosched_host_pct: 80,
         }
     }
 }
