@@ -167,7 +167,7 @@ pub(super) fn consumer(
             unsafe { libc::read(tfd.as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
         }
         if cosched.next_edge.is_some_and(|e| now_mono() >= e) {
-            cosched.run(&inner, &tfd);
+            cosched.run(&inner, &tfd, false);
         }
         let now = now_mono();
         if now >= next_tick {
@@ -199,7 +199,7 @@ pub(super) fn consumer(
             reconcile(&inner, &view, ticks.is_multiple_of(STATS_EVERY));
             // A VM registered, unregistered or given new caps since the
             // last edge: its phases follow within a tick.
-            cosched.run(&inner, &tfd);
+            cosched.run(&inner, &tfd, true);
         }
     }
     // What is left of the trace (unregistration sends no records).
@@ -271,9 +271,10 @@ struct Cosched {
     /// Absolute `CLOCK_MONOTONIC` ns of the next edge, None when no VM
     /// co-schedules.
     next_edge: Option<u64>,
-    /// The VMs that co-scheduled at the last run: a VM that stops (new
-    /// caps) has its threads freed at the next run.
-    on_vms: Vec<u32>,
+    /// The VMs that co-scheduled at the last run, with their phase then:
+    /// a VM that stops (new caps) has its threads freed at the next run,
+    /// and an edge visits only the threads of VMs whose phase changed.
+    on_vms: Vec<(u32, Phase)>,
     /// The VMs left out for the host-wide limit, as last logged.
     left_out: Vec<u32>,
     /// CPUs the host gives this process.
@@ -289,15 +290,17 @@ impl Cosched {
     /// starts where the one before it ended, modulo its period), so VMs
     /// with the same period and shares adding up to at most 100 % never
     /// hold the host's CPUs at the same time. Only the co-scheduling VMs'
-    /// threads are visited.
-    fn run(&mut self, inner: &Inner, tfd: &OwnedFd) {
+    /// threads are visited: with `all` (every tick: new threads, changed
+    /// caps, a failed system call) every one of them, else those of the VMs
+    /// whose phase changed.
+    fn run(&mut self, inner: &Inner, tfd: &OwnedFd, all: bool) {
         let now = now_mono();
         let mut guard = inner.reg.lock();
         let reg = &mut *guard;
         let mut ids: Vec<u32> = reg
             .vms
             .iter()
-            .filter(|(id, v)| v.caps.cosched_us > 0 || self.on_vms.contains(id))
+            .filter(|(id, v)| v.caps.cosched_us > 0 || self.on_vms.iter().any(|o| o.0 == **id))
             .map(|(id, _)| *id)
             .collect();
         if ids.is_empty() {
@@ -333,9 +336,13 @@ impl Cosched {
                 offset_us = offset_us.saturating_add(on);
                 let edge = now.saturating_add(edge_in_us.saturating_mul(1000));
                 next = Some(next.map_or(edge, |n| n.min(edge)));
-                on_vms.push(id);
+                on_vms.push((id, phase));
                 phase
             };
+            let was = self.on_vms.iter().find(|o| o.0 == id).map(|o| o.1);
+            if !all && was == Some(phase) {
+                continue;
+            }
             for index in 0..vm.threads {
                 if let Some(t) = reg.threads.get_mut(&crate::intf::gid(id, index)) {
                     let p = if index < vm.vcpus { phase } else { Phase::Free };
