@@ -522,6 +522,15 @@ impl ThreadState {
 mod tests {
     use super::*;
 
+    fn fifo(priority: u32) -> SchedAttr {
+        SchedAttr {
+            policy: POLICY_FIFO,
+            priority,
+            nice: 0,
+            flags: 0,
+        }
+    }
+
     fn normal(nice: i32) -> SchedAttr {
         SchedAttr {
             policy: POLICY_NORMAL,
@@ -545,12 +554,7 @@ mod tests {
     #[test]
     fn never_below_baseline() {
         let c = Caps::default();
-        let rt = SchedAttr {
-            policy: POLICY_FIFO,
-            priority: 50,
-            nice: 0,
-            flags: 0,
-        };
+        let rt = fifo(50);
         assert_eq!(plan(&rt, BOOST_RT, 5, &c), rt);
         assert_eq!(plan(&rt, BOOST_NICE, -10, &c), rt);
         assert_eq!(plan(&normal(-15), BOOST_NICE, -5, &c), normal(-15));
@@ -602,12 +606,7 @@ mod tests {
     #[test]
     fn the_cosched_phases_never_touch_an_rt_or_idle_baseline_wrongly() {
         let c = Caps::default();
-        let rt = SchedAttr {
-            policy: POLICY_FIFO,
-            priority: 50,
-            nice: 0,
-            flags: 0,
-        };
+        let rt = fifo(50);
         for phase in [Phase::On, Phase::Off] {
             assert_eq!(effective(&rt, BOOST_NONE, 0, phase, &c), rt);
         }

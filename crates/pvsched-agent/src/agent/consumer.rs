@@ -5,13 +5,13 @@
 //! VMs between their phases at each phase's edge.
 
 use super::trace_out::TraceOut;
-use super::{AgentConfig, Inner};
+use super::{AgentConfig, Inner, owned_fd};
 use crate::applier::Phase;
 use crate::intf::{Decision, gid_vm};
 use crate::object::{PolicyView, reevaluate};
 use crate::sched::{self, SchedAttr};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -94,34 +94,24 @@ pub(super) fn consumer(
             log::warn!("pvsched consumer stays SCHED_OTHER: {e}");
         }
     }
-    // SAFETY: epoll_create1 returns a new fd or -1.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        log::error!(
-            "pvsched consumer: epoll_create1 failed: {}",
-            io::Error::last_os_error()
-        );
-        return;
-    }
-    // SAFETY: fresh fd we own.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-    // The co-scheduling edges: µs-exact, where epoll's own timeout is ms.
-    // SAFETY: timerfd_create returns a new fd or -1.
-    let tfd = unsafe {
-        libc::timerfd_create(
-            libc::CLOCK_MONOTONIC,
-            libc::TFD_CLOEXEC | libc::TFD_NONBLOCK,
-        )
+    // SAFETY: epoll_create1 takes no pointer; it returns a new fd or -1.
+    let ep = match owned_fd(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }) {
+        Ok(fd) => fd,
+        Err(e) => {
+            log::error!("pvsched consumer: epoll_create1 failed: {e}");
+            return;
+        }
     };
-    if tfd < 0 {
-        log::error!(
-            "pvsched consumer: timerfd_create failed: {}",
-            io::Error::last_os_error()
-        );
-        return;
-    }
-    // SAFETY: fresh fd we own.
-    let tfd = unsafe { OwnedFd::from_raw_fd(tfd) };
+    // The co-scheduling edges: µs-exact, where epoll's own timeout is ms.
+    let flags = libc::TFD_CLOEXEC | libc::TFD_NONBLOCK;
+    // SAFETY: timerfd_create takes no pointer; it returns a new fd or -1.
+    let tfd = match owned_fd(unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, flags) }) {
+        Ok(fd) => fd,
+        Err(e) => {
+            log::error!("pvsched consumer: timerfd_create failed: {e}");
+            return;
+        }
+    };
     for (fd, tag) in [
         (std::os::fd::AsRawFd::as_raw_fd(&ring), 1u64),
         (wake.as_raw_fd(), 2u64),

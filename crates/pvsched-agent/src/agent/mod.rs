@@ -250,11 +250,16 @@ pub struct Agent {
 
 fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: eventfd returns a new fd or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    owned_fd(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
+}
+
+/// The fd a system call that creates one returned (or -1 with errno set),
+/// owned; call it right after that call, before anything can change errno.
+fn owned_fd(fd: libc::c_int) -> io::Result<OwnedFd> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: fresh fd we own.
+    // SAFETY: a fresh fd just returned to us, which nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 

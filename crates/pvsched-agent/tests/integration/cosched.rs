@@ -50,11 +50,7 @@ fn vcpus_move_together_between_the_phases_and_get_their_baselines_back() {
     if !need_bpf("vcpus_move_together_between_the_phases_and_get_their_baselines_back") {
         return;
     }
-    let agent = Agent::load(AgentConfig {
-        handle_signals: false,
-        ..AgentConfig::default()
-    })
-    .expect("agent loads");
+    let agent = common::agent();
     let a = FakeVcpu::spawn(2, Duration::from_micros(500));
     let b = FakeVcpu::spawn(2, Duration::from_micros(500));
     let emu = FakeVcpu::spawn(1, Duration::from_micros(500));

@@ -7,10 +7,10 @@
 
 use crate::common;
 
-use common::{FakeVcpu, need_bpf, wait_for};
+use common::{FakeVcpu, agent, need_bpf, wait_for};
 use pvsched_abi::seq::SharedWords;
 use pvsched_abi::{CS_HARDIRQ, F_DEVICE_REGION, F_KICK, POLICY_FIFO, POLICY_NORMAL, SlotGuest};
-use pvsched_agent::{Agent, AgentConfig, RegionSpec, VmSpec, sched};
+use pvsched_agent::{Agent, RegionSpec, VmSpec, sched};
 use pvsched_policy::event::{EV_KICK, EV_WAKEUP};
 use pvsched_policy::{BoostKind, Caps, KickPairs};
 use std::sync::Arc;
@@ -29,14 +29,6 @@ fn caps() -> Caps {
         budget_us: 0,
         ..Caps::default()
     }
-}
-
-fn agent() -> Agent {
-    Agent::load(AgentConfig {
-        handle_signals: false,
-        ..AgentConfig::default()
-    })
-    .expect("agent loads")
 }
 
 #[test]

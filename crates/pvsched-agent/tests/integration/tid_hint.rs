@@ -9,8 +9,8 @@ use crate::common;
 
 use common::{FakeVcpu, device_vm, need_bpf, vcpu_with_tid, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL, SlotGuest};
+use pvsched_agent::VmHandle;
 use pvsched_agent::intf::TID_HINTS;
-use pvsched_agent::{Agent, AgentConfig, VmHandle};
 use pvsched_policy::{BoostKind, Caps};
 use std::time::{Duration, Instant};
 
@@ -67,11 +67,7 @@ fn colliding_tids_are_each_found_and_restored() {
     {
         return;
     }
-    let agent = Agent::load(AgentConfig {
-        handle_signals: false,
-        ..AgentConfig::default()
-    })
-    .expect("agent loads");
+    let agent = common::agent();
     let a = FakeVcpu::spawn(0, Duration::from_millis(1));
     let b = colliding(a.tid).expect("a thread with a TID in a's prefilter element");
     assert_eq!(a.tid % TID_HINTS, b.tid % TID_HINTS);

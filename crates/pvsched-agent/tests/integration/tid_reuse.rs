@@ -9,7 +9,7 @@ use crate::common;
 use common::{FakeVcpu, need_bpf, vcpu_with_tid, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_IDLE, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched;
-use pvsched_agent::{Agent, AgentConfig, RegionMmap, RegionSpec, VmSpec};
+use pvsched_agent::{Agent, RegionMmap, RegionSpec, VmSpec};
 use pvsched_policy::{BoostKind, Caps};
 use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
@@ -31,11 +31,7 @@ fn setup(test: &str) -> Option<(Agent, Caps)> {
     {
         return None;
     }
-    let agent = Agent::load(AgentConfig {
-        handle_signals: false,
-        ..AgentConfig::default()
-    })
-    .expect("agent loads");
+    let agent = common::agent();
     let caps = Caps {
         halt_boost: BoostKind::None,
         yield_boost: BoostKind::None,

@@ -7,6 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+/// An agent with the default configuration, no signal handler (the test
+/// harness owns the signals).
+pub fn agent() -> pvsched_agent::Agent {
+    pvsched_agent::Agent::load(pvsched_agent::AgentConfig {
+        handle_signals: false,
+        ..pvsched_agent::AgentConfig::default()
+    })
+    .expect("agent loads")
+}
+
 /// Whether real BPF works here. Missing: panic under PVSCHED_REQUIRE_REAL=1,
 /// else print SKIP and return false.
 pub fn need_bpf(test: &str) -> bool {
