@@ -89,6 +89,10 @@ impl Drop for FakeVcpu {
 /// process may take the number first. Root only.
 pub fn vcpu_with_tid(tid: u32) -> Option<FakeVcpu> {
     for _ in 0..200 {
+        // ns_last_pid is one for the whole host: two tests of this binary
+        // running side by side (one searching many TIDs in a tight loop)
+        // would otherwise spend each other's write before their clone.
+        let _one_at_a_time = NS_LAST_PID.lock().unwrap_or_else(|e| e.into_inner());
         std::fs::write("/proc/sys/kernel/ns_last_pid", (tid - 1).to_string()).ok()?;
         let v = FakeVcpu::spawn(0, Duration::from_millis(1));
         if v.tid == tid {
@@ -97,6 +101,9 @@ pub fn vcpu_with_tid(tid: u32) -> Option<FakeVcpu> {
     }
     None
 }
+
+/// Held from a write of `ns_last_pid` to the clone it is for.
+static NS_LAST_PID: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[allow(unused_imports)] // not every test binary polls
 pub use pvsched_testkit::wait_for;
