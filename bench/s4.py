@@ -33,7 +33,8 @@ of the VM is FIFO 1 and its threads never preempt each other;
 pvsched-halt4 adds `halt_prio = 4`, the default max_rt_prio, so a
 latency-sensitive vCPU keeps one priority through its halts;
 pvsched-cosched adds `cosched_us = 5000`, co-scheduling at about the
-guest's fair share beside the load). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
+guest's fair share beside the load; pvsched-coauto `cosched_us = "auto"`,
+which co-schedules no VM with a latency-sensitive vCPU). The alternatives (`--variants vanilla,pvsched,fifo1,weight`):
 fifo1 = every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
 libvirt's <vcpusched scheduler='fifo' priority='1'/>; QEMU's main loop
 stays SCHED_OTHER, as there); weight = QEMU in its own cgroup with
@@ -163,13 +164,13 @@ STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", 
           "--fork", "1"]
 INTERVALS = (500, 1000)
 VARIANTS = ("vanilla", "pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick",
-            "pvsched-auto", "pvsched-flat", "pvsched-halt4", "pvsched-cosched", "fifo1",
-            "weight")
+            "pvsched-auto", "pvsched-flat", "pvsched-halt4", "pvsched-cosched",
+            "pvsched-coauto", "fifo1", "weight")
 # Variants that register the VM with pvschedd; pvsched-noemu leaves QEMU's
 # main loop out (no emulator thread), so whether its boost pays for its CPU
 # is measured in the same invocation as pvsched.
 PV_VARIANTS = ("pvsched", "pvsched-noemu", "pvsched-kick", "pvsched-nokick", "pvsched-auto",
-               "pvsched-flat", "pvsched-halt4", "pvsched-cosched")
+               "pvsched-flat", "pvsched-halt4", "pvsched-cosched", "pvsched-coauto")
 # Variants that are pvsched with one cap changed (added to the --caps file,
 # which must not set it too): kick pairing always on, always off, or only
 # where the guest cannot report wait_on, whatever the default.
@@ -180,7 +181,10 @@ VARIANT_CAPS = {"pvsched-flat": ("max_rt_prio", "1"),
                 "pvsched-auto": ("kick_pairs", '"auto"'),
                 # Co-scheduling at about the guest's fair share beside S4's
                 # stress-ng (2 vCPUs among ~7 runnable threads on 2 CPUs).
-                "pvsched-cosched": ("cosched_us", "5000")}
+                "pvsched-cosched": ("cosched_us", "5000"),
+                # The measured fair share, which leaves a VM with an RT
+                # task (cyclictest) alone.
+                "pvsched-coauto": ("cosched_us", '"auto"')}
 LOAD_WARMUP_S = 3.0
 IDLE_SETTLE_S = 2.0
 # Guest max over vanilla's, in every repetition; host avg and max over

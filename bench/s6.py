@@ -107,7 +107,7 @@ from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
                                  BenchError, CGROUP_CPU, Daemon, Proc,
                                  WEIGHT_SHARES, between, driver_counters, first_line,
                                  loadavg, qemu_cpu_s, ratio, remove_cgroup, run_main,
-                                 set_fifo1, stat_cpu_s, thread_cpu_s, thread_stats, vm_caps,
+                                 set_fifo1, stat_cpu_s, status_vm, thread_cpu_s, thread_stats, vm_caps,
                                  weight_cgroup)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.host import fair_slice, set_fair_slice  # noqa: E402
@@ -118,7 +118,7 @@ from pvsched_guest.qmp import qmp  # noqa: E402
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-none",
-            "pvsched-cosched",
+            "pvsched-cosched", "pvsched-coauto",
             "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
@@ -129,7 +129,8 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  "pvsched-nokick": "kick_pairs = false\n",
                  "pvsched-auto": "kick_pairs = \"auto\"\n",
                  "pvsched-none": "allow_rt = false\nnice_floor = 0\n",
-                 "pvsched-cosched": None}
+                 "pvsched-cosched": None,
+                 "pvsched-coauto": "cosched_us = \"auto\"\n"}
 # pvsched-cosched: the period of the co-scheduled phase, µs.
 COSCHED_PERIOD_US = 20_000
 
@@ -452,6 +453,10 @@ def run_workload(args, tag, guests, w, variant, daemon):
                     pol[k] += b[k] - a[k]
         row["policy"] = {"boosts": pol["boosts"], "throttles": pol["throttles"],
                          "boosted_s": round(pol["boosted_ns"] / 1e9, 3)}
+        # Each VM's co-scheduled phase as the run ended (what "auto" measured).
+        phases = [(status_vm(st1, g.name) or {}).get("cosched_now_us", 0) for g in guests]
+        if any(phases):
+            row["cosched_now_us"] = phases
     row["aux_cpu_s"] = {k: round(aux1[k] - aux0[k], 3) for k in aux0}
     gc = [v["guest_counters"] for v in vms if v.get("guest_counters")]
     if gc:

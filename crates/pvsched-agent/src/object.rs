@@ -148,6 +148,30 @@ impl PolicyView {
         ))
     }
 
+    /// Until when (`CLOCK_MONOTONIC` ns) the policy holds the thread
+    /// latency-sensitive (its guest last ran an RT task), read from the
+    /// mapped array: the two halves again until they agree, so a value the
+    /// policy rewrites meanwhile is never read torn.
+    pub fn vcpu_ls_until(&self, gid: u32) -> Option<u64> {
+        let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
+        let words = self.vcpus_map.words();
+        let off = base + std::mem::offset_of!(PvsVcpu, ls_until);
+        let read = || {
+            let lo = words.load(off, std::sync::atomic::Ordering::Acquire);
+            let hi = words.load(off + 4, std::sync::atomic::Ordering::Acquire);
+            u64::from(hi) << 32 | u64::from(lo)
+        };
+        let mut v = read();
+        for _ in 0..4 {
+            let again = read();
+            if again == v {
+                break;
+            }
+            v = again;
+        }
+        Some(v)
+    }
+
     /// Sums the per-CPU statistics.
     pub fn stats(&self) -> Result<PvsStats> {
         sum_stats(&self.stats)

@@ -200,6 +200,7 @@ impl RemoteVm {
             apply_samples: vm.apply_samples as usize,
             apply_p50_ns: vm.apply_p50_ns,
             apply_p99_ns: vm.apply_p99_ns,
+            cosched_now_us: vm.cosched_now_us,
             ..Default::default()
         })
     }

@@ -108,7 +108,7 @@ const DAEMON: [Single<(DaemonStatus, usize)>; 8] = [
 ];
 
 /// The per-VM families with one series per VM.
-const PER_VM: [Single<VmStatus>; 4] = [
+const PER_VM: [Single<VmStatus>; 5] = [
     (
         "pvsched_vcpus",
         "gauge",
@@ -132,6 +132,12 @@ const PER_VM: [Single<VmStatus>; 4] = [
         "gauge",
         "Decision to sched_setattr latency per VM, 99th percentile of its recent decisions.",
         |v| v.apply_p99_ns as f64 / 1e9,
+    ),
+    (
+        "pvsched_cosched_phase_seconds",
+        "gauge",
+        "Co-scheduled phase per VM now, of every cosched_period_us (0: not co-scheduled).",
+        |v| v.cosched_now_us as f64 / 1e6,
     ),
 ];
 

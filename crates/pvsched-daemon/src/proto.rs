@@ -234,6 +234,11 @@ pub struct VmStatus {
     pub apply_p50_ns: u64,
     /// p99, ns.
     pub apply_p99_ns: u64,
+    /// The co-scheduled phase the VM holds now, µs of its
+    /// `cosched_period_us` (0: not co-scheduled): its `cosched_us`, or
+    /// what `"auto"` measured.
+    #[serde(default)]
+    pub cosched_now_us: u64,
 }
 
 impl VmStatus {

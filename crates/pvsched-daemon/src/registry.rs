@@ -427,6 +427,7 @@ impl Registry {
                     apply_samples: st.apply_samples as u64,
                     apply_p50_ns: st.apply_p50_ns,
                     apply_p99_ns: st.apply_p99_ns,
+                    cosched_now_us: st.cosched_now_us,
                 }
             })
             .collect()

@@ -189,6 +189,7 @@ impl Server {
         let agent = Agent::load(AgentConfig {
             consumer_rt_prio: cfg.applier_rt_prio,
             cosched_host_pct: cfg.max.max_cosched_host_pct,
+            cosched_max_pct: cfg.max.max_cosched_pct,
             handle_signals: false,
             ledger: Some(crate::persist::ledger_path(&runtime_dir)),
             ..AgentConfig::default()

@@ -263,6 +263,70 @@ impl<'de> Deserialize<'de> for KickPairs {
     }
 }
 
+/// The co-scheduled phase of every period (`cosched_us`): a number of µs
+/// (0 = off), or `"auto"`. Written `5000` or `"auto"` in TOML and in
+/// `pvsched vm set`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoschedUs {
+    /// This many µs of every `cosched_period_us` (0: the VM does not
+    /// co-schedule).
+    Us(u64),
+    /// The agent measures the VM's fair share of the host and co-schedules
+    /// it for that share, within `[max] max_cosched_pct`, while the host is
+    /// overcommitted and none of the VM's vCPUs is latency-sensitive
+    /// (docs/operating.md, "Co-scheduling").
+    Auto,
+}
+
+impl Default for CoschedUs {
+    fn default() -> Self {
+        CoschedUs::Us(0)
+    }
+}
+
+impl CoschedUs {
+    /// Whether the VM may co-schedule at all.
+    pub fn is_on(self) -> bool {
+        self != CoschedUs::Us(0)
+    }
+}
+
+impl Serialize for CoschedUs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CoschedUs::Us(us) => s.serialize_u64(*us),
+            CoschedUs::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CoschedUs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = CoschedUs;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number of microseconds or \"auto\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<CoschedUs, E> {
+                Ok(CoschedUs::Us(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<CoschedUs, E> {
+                u64::try_from(v)
+                    .map(CoschedUs::Us)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<CoschedUs, E> {
+                match v {
+                    "auto" => Ok(CoschedUs::Auto),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Per-VM caps. Times are in microseconds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -335,7 +399,8 @@ pub struct Caps {
     /// without it, in bursts in which its vCPUs run at the same time:
     /// what a vCPU waits for (an IPI's answer, a lock holder, a TLB
     /// shootdown) is then running (docs/operating.md, "Co-scheduling").
-    pub cosched_us: u64,
+    /// `"auto"`: the VM's measured fair share (see [`CoschedUs::Auto`]).
+    pub cosched_us: CoschedUs,
     /// The co-scheduling period, µs (1 000..=1 000 000). VMs that
     /// co-schedule take their phases one after another in VM-id order.
     pub cosched_period_us: u64,
@@ -363,7 +428,7 @@ impl Default for Caps {
             kick_pairs: KickPairs::Auto,
             wait_on: true,
             lock_wait: false,
-            cosched_us: 0,
+            cosched_us: CoschedUs::Us(0),
             cosched_period_us: 20_000,
         }
     }
@@ -446,7 +511,7 @@ impl Caps {
         if !(1_000..=1_000_000).contains(&self.cosched_period_us) {
             return Err(CapsError::Range("cosched_period_us must be 1000..=1000000"));
         }
-        if self.cosched_us > self.cosched_period_us {
+        if matches!(self.cosched_us, CoschedUs::Us(us) if us > self.cosched_period_us) {
             return Err(CapsError::Range(
                 "cosched_us must be at most cosched_period_us",
             ));
@@ -530,9 +595,16 @@ impl Caps {
                 );
             }
         }
-        if u128::from(self.cosched_us) * 100
-            > u128::from(lim.max_cosched_pct) * u128::from(self.cosched_period_us)
-        {
+        // "auto" is held to the same share when the agent sets its phase;
+        // an operator who allows no co-scheduling refuses it here.
+        let cosched_above = match self.cosched_us {
+            CoschedUs::Us(us) => {
+                u128::from(us) * 100
+                    > u128::from(lim.max_cosched_pct) * u128::from(self.cosched_period_us)
+            }
+            CoschedUs::Auto => lim.max_cosched_pct == 0,
+        };
+        if cosched_above {
             return above(
                 "cosched_us",
                 format!(
@@ -729,7 +801,7 @@ mod tests {
     #[test]
     fn the_cosched_phase_is_bounded_by_its_period_and_the_limit() {
         let on = |us, period| Caps {
-            cosched_us: us,
+            cosched_us: CoschedUs::Us(us),
             cosched_period_us: period,
             ..Caps::default()
         };
@@ -753,6 +825,13 @@ mod tests {
         };
         assert!(on(1, 20_000).check_within(&none).is_err());
         on(0, 20_000).check_within(&none).unwrap();
+        let auto = Caps {
+            cosched_us: CoschedUs::Auto,
+            ..Caps::default()
+        };
+        auto.validate().unwrap();
+        auto.check_within(&CapsLimit::default()).unwrap();
+        assert!(auto.check_within(&none).is_err());
         assert!(
             CapsLimit {
                 max_cosched_pct: 101,
@@ -963,6 +1042,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("auto"), "{e}");
+    }
+
+    #[test]
+    fn cosched_us_is_a_number_or_auto_everywhere() {
+        assert_eq!(Caps::default().cosched_us, CoschedUs::Us(0));
+        for (text, want) in [
+            ("cosched_us = 5000", CoschedUs::Us(5000)),
+            ("cosched_us = 0", CoschedUs::Us(0)),
+            ("cosched_us = \"auto\"", CoschedUs::Auto),
+        ] {
+            let c = Caps::from_toml(text).unwrap();
+            assert_eq!(c.cosched_us, want, "{text}");
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(serde_json::from_str::<Caps>(&json).unwrap(), c, "{json}");
+            let toml = toml::to_string(&c).unwrap();
+            assert_eq!(Caps::from_toml(&toml).unwrap(), c, "{toml}");
+        }
+        for (v, want) in [("auto", CoschedUs::Auto), ("4000", CoschedUs::Us(4000))] {
+            let c = Caps::default().with_settings([("cosched_us", v)]).unwrap();
+            assert_eq!(c.cosched_us, want, "cosched_us={v}");
+        }
+        for bad in ["cosched_us = -1", "cosched_us = \"sometimes\""] {
+            let e = Caps::from_toml(bad).unwrap_err().to_string();
+            assert!(e.contains("auto"), "{bad}: {e}");
+        }
+        assert!(CoschedUs::Auto.is_on() && CoschedUs::Us(1).is_on());
+        assert!(!CoschedUs::Us(0).is_on());
     }
 
     #[test]

@@ -224,6 +224,7 @@ mod tests {
             apply_p50_ns: 12_000,
             apply_p99_ns: 40_500,
             tick_gap_max_ns: 5_000_000,
+            cosched_now_us: 0,
         }
     }
 

@@ -4,12 +4,15 @@
 //! thread with the policy's state; moves the vCPU threads of co-scheduling
 //! VMs between their phases at each phase's edge.
 
+use super::fairshare::{self, AutoPhase, Window};
 use super::trace_out::TraceOut;
 use super::{AgentConfig, Inner, owned_fd};
 use crate::applier::Phase;
 use crate::intf::{Decision, gid_vm};
 use crate::object::{PolicyView, reevaluate};
 use crate::sched::{self, SchedAttr};
+use pvsched_policy::CoschedUs;
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -138,6 +141,7 @@ pub(super) fn consumer(
     let mut cosched = Cosched {
         host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
         host_permille: u64::from(cfg.cosched_host_pct.min(100)) * 10,
+        max_share: f64::from(cfg.cosched_max_pct.min(100)) / 100.0,
         ..Cosched::default()
     };
     while !inner.stop.load(Ordering::SeqCst) {
@@ -187,6 +191,7 @@ pub(super) fn consumer(
             drain(&inner, &mut ring, &mut trace);
             ticks = ticks.wrapping_add(1);
             reconcile(&inner, &view, ticks.is_multiple_of(STATS_EVERY));
+            cosched.measure(&inner, &view, now);
             // A VM registered, unregistered or given new caps since the
             // last edge: its phases follow within a tick.
             cosched.run(&inner, &tfd, true);
@@ -271,6 +276,26 @@ struct Cosched {
     host_cpus: u64,
     /// The host-wide limit, per mille of the host's CPUs.
     host_permille: u64,
+    /// The largest share of its period an "auto" VM's phase may hold.
+    max_share: f64,
+    /// The "auto" VMs' measurements.
+    auto: HashMap<u32, AutoVm>,
+    /// When the measuring window under way started and every host
+    /// thread's figures then ([`fairshare::all_threads`]); None while no
+    /// VM is "auto".
+    host_last: Option<(u64, Vec<ThreadFigures>)>,
+}
+
+/// A thread's (tid, run + wait ns, run ns) ([`fairshare::all_threads`]).
+type ThreadFigures = (u32, u64, u64);
+
+/// One "auto" VM's measurement.
+#[derive(Default)]
+struct AutoVm {
+    /// Its phase.
+    phase: AutoPhase,
+    /// Each vCPU thread's (tid, run ns, wait ns) at the window's start.
+    last: Vec<(u32, u64, u64)>,
 }
 
 impl Cosched {
@@ -290,7 +315,7 @@ impl Cosched {
         let mut ids: Vec<u32> = reg
             .vms
             .iter()
-            .filter(|(id, v)| v.caps.cosched_us > 0 || self.on_vms.iter().any(|o| o.0 == **id))
+            .filter(|(id, v)| v.caps.cosched_us.is_on() || self.on_vms.iter().any(|o| o.0 == **id))
             .map(|(id, _)| *id)
             .collect();
         if ids.is_empty() {
@@ -305,10 +330,18 @@ impl Cosched {
         let mut left_out = Vec::new();
         let mut host_used: u64 = 0;
         for id in ids {
-            let Some(vm) = reg.vms.get(&id) else {
+            let Some(vm) = reg.vms.get_mut(&id) else {
                 continue;
             };
-            let (on, period) = (vm.caps.cosched_us, vm.caps.cosched_period_us);
+            let period = vm.caps.cosched_period_us;
+            let on = match vm.caps.cosched_us {
+                CoschedUs::Us(us) => us,
+                CoschedUs::Auto => self.auto.get(&id).map_or(0, |a| {
+                    (a.phase.share * period as f64)
+                        .round()
+                        .clamp(0.0, period as f64) as u64
+                }),
+            };
             // What the VM's phase holds of the host: its vCPUs (at most one
             // per CPU run at once) for on / period of the time.
             let cpus = u64::from(vm.vcpus).min(self.host_cpus).max(1);
@@ -318,6 +351,7 @@ impl Cosched {
             if on > 0 && !fits {
                 left_out.push(id);
             }
+            vm.cosched_now_us = if on > 0 && fits { on } else { 0 };
             let phase = if on == 0 || !fits {
                 Phase::Free
             } else {
@@ -382,6 +416,125 @@ impl Cosched {
                 io::Error::last_os_error()
             );
         }
+    }
+}
+
+impl Cosched {
+    /// Every tick: ends the phase of an "auto" VM that has become
+    /// latency-sensitive and, once a measuring window is over, sets every
+    /// "auto" VM's share from it ([`fairshare`]).
+    fn measure(&mut self, inner: &Inner, view: &PolicyView, now: u64) {
+        // (VM id, its live vCPU threads' (gid, tid), halt_always), copied
+        // so that no file is read under the registry's lock.
+        type AutoSpec = (u32, Vec<(u32, u32)>, bool);
+        let autos: Vec<AutoSpec> = {
+            let reg = inner.reg.lock();
+            reg.vms
+                .iter()
+                .filter(|(_, v)| v.caps.cosched_us == CoschedUs::Auto)
+                .map(|(id, v)| {
+                    let threads = (0..v.vcpus)
+                        .filter_map(|i| {
+                            let g = crate::intf::gid(*id, i);
+                            reg.threads
+                                .get(&g)
+                                .filter(|t| !t.exited)
+                                .map(|t| (g, t.tid))
+                        })
+                        .collect();
+                    (*id, threads, v.caps.halt_always)
+                })
+                .collect()
+        };
+        self.auto.retain(|id, _| autos.iter().any(|a| a.0 == *id));
+        let samples = |threads: &[(u32, u32)]| -> Vec<(u32, u64, u64)> {
+            threads
+                .iter()
+                .filter_map(|(_, tid)| fairshare::thread_sample(*tid).map(|(r, w)| (*tid, r, w)))
+                .collect()
+        };
+        if autos.is_empty() {
+            self.host_last = None;
+            return;
+        }
+        let latency_sensitive = |threads: &[(u32, u32)], always: bool| {
+            always
+                || threads
+                    .iter()
+                    .any(|(g, _)| view.vcpu_ls_until(*g).is_some_and(|until| until > now))
+        };
+        // A guest that starts an RT task leaves its phase at once, not at
+        // the end of the window: the off part would hold its wake-ups.
+        for (id, threads, always) in &autos {
+            if let Some(a) = self.auto.get_mut(id)
+                && a.phase.share > 0.0
+                && latency_sensitive(threads, *always)
+            {
+                a.phase = AutoPhase::default();
+            }
+        }
+        // A new "auto" VM counts from now (its first window is short).
+        for (id, threads, _) in &autos {
+            if !self.auto.contains_key(id) {
+                let last = samples(threads);
+                self.auto.insert(
+                    *id,
+                    AutoVm {
+                        phase: AutoPhase::default(),
+                        last,
+                    },
+                );
+            }
+        }
+        let start = match self.host_last.take() {
+            Some((start, host)) if now.saturating_sub(start) >= fairshare::WINDOW_NS => {
+                (start, host)
+            }
+            Some(last) => {
+                self.host_last = Some(last);
+                return;
+            }
+            None => {
+                self.host_last = Some((now, fairshare::all_threads()));
+                return;
+            }
+        };
+        let host = fairshare::all_threads();
+        let dt_ns = now.saturating_sub(start.0);
+        let dt = dt_ns.max(1) as f64;
+        let cpus = self.host_cpus.max(1) as f64;
+        let demands =
+            fairshare::Demands::new(&fairshare::host_threads(&start.1, &host, dt_ns), cpus);
+        let (level, host_demand) = fairshare::fair_level(&demands.demands, cpus);
+        for (id, threads, always) in &autos {
+            let Some(a) = self.auto.get_mut(id) else {
+                continue;
+            };
+            let now_samples = samples(threads);
+            // Only threads sampled at both ends count: a new thread counts
+            // from the next window.
+            let (mut owed, mut got) = (0.0f64, 0.0f64);
+            for (tid, r, w) in &now_samples {
+                if let Some((_, r0, w0)) = a.last.iter().find(|l| l.0 == *tid) {
+                    let ran = r.saturating_sub(*r0) as f64 / dt;
+                    let runnable = ran + w.saturating_sub(*w0) as f64 / dt;
+                    owed += fairshare::demand(ran, runnable, demands.heavy_ran).min(level);
+                    got += ran;
+                }
+            }
+            let w = Window {
+                host_demand,
+                host_cpus: u32::try_from(self.host_cpus).unwrap_or(u32::MAX),
+                owed,
+                got,
+                vcpus: u32::try_from(threads.len()).unwrap_or(u32::MAX),
+                latency_sensitive: latency_sensitive(threads, *always),
+            };
+            let share = a.phase.update(&w, self.max_share);
+            log::debug!("pvsched cosched auto: VM {id}: level {level:.3}, {w:?}: share {share:.3}");
+            a.last = now_samples;
+        }
+        self.host_last = Some((now, host));
     }
 }
 

@@ -12,6 +12,7 @@
 //! the thread that applies decisions and reconciles every tick.
 
 mod consumer;
+mod fairshare;
 mod stats;
 mod trace_out;
 
@@ -109,6 +110,10 @@ pub struct AgentConfig {
     /// `cosched_us`); VMs beyond it, in VM-id order, are not co-scheduled.
     /// pvschedd: `[max] max_cosched_host_pct`.
     pub cosched_host_pct: u32,
+    /// Largest share of its period, percent, that one VM's phase may
+    /// hold when its `cosched_us` is `"auto"` (a number is checked when
+    /// it is set). pvschedd: `[max] max_cosched_pct`.
+    pub cosched_max_pct: u32,
 }
 
 impl Default for AgentConfig {
@@ -123,6 +128,7 @@ impl Default for AgentConfig {
             guardian: true,
             ledger: None,
             cosched_host_pct: 80,
+            cosched_max_pct: 50,
         }
     }
 }
@@ -172,6 +178,9 @@ struct VmEntry {
     lat_next: usize,
     decisions: u64,
     corrections: u64,
+    /// The co-scheduled phase the VM holds now, µs of its period (0: not
+    /// co-scheduled): `cosched_us`, or what "auto" measured.
+    cosched_now_us: u64,
 }
 
 #[derive(Default)]

@@ -70,6 +70,9 @@ pub struct VmStats {
     /// past a cap (a tick every 5 ms by default; longer when the host
     /// kept the applier from running).
     pub tick_gap_max_ns: u64,
+    /// The co-scheduled phase the VM holds now, µs of `cosched_period_us`
+    /// (0: not co-scheduled): `cosched_us`, or what `"auto"` measured.
+    pub cosched_now_us: u64,
 }
 
 impl VmHandle {
@@ -128,6 +131,7 @@ impl VmHandle {
                 Some(vm) => {
                     out.decisions = vm.decisions;
                     out.corrections = vm.corrections;
+                    out.cosched_now_us = vm.cosched_now_us;
                     vm.latencies.clone()
                 }
                 None => Vec::new(),

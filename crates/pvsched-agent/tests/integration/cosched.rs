@@ -19,7 +19,7 @@ fn caps(on_us: u64) -> Caps {
         // No boost of the policy's own: what the threads show is the phase.
         halt_boost: BoostKind::None,
         yield_boost: BoostKind::None,
-        cosched_us: on_us,
+        cosched_us: pvsched_policy::CoschedUs::Us(on_us),
         cosched_period_us: 20_000,
         ..Caps::default()
     }
@@ -27,22 +27,36 @@ fn caps(on_us: u64) -> Caps {
 
 /// Samples both threads for `d`: (samples with both at FIFO 1, samples
 /// with both at nice 19, samples with the two apart, samples in total).
+/// The sampler runs at SCHED_FIFO 2, above a phase's FIFO 1: spinning
+/// vCPU threads in their phase would otherwise keep it off every CPU and
+/// hide the phase.
 fn sample(a: &FakeVcpu, b: &FakeVcpu, d: Duration) -> (u32, u32, u32, u32) {
-    let (mut on, mut off, mut apart, mut n) = (0, 0, 0, 0);
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        let (x, y) = (a.attr(), b.attr());
-        let fifo = |s: &sched::SchedAttr| s.policy == POLICY_FIFO && s.priority == 1;
-        let low = |s: &sched::SchedAttr| s.policy == POLICY_NORMAL && s.nice == 19;
-        match (fifo(&x) && fifo(&y), low(&x) && low(&y)) {
-            (true, _) => on += 1,
-            (_, true) => off += 1,
-            _ => apart += 1,
+    let (ta, tb) = (a.tid, b.tid);
+    std::thread::spawn(move || {
+        let me = sched::gettid();
+        let mut attr = sched::get(me).expect("own attributes");
+        attr.policy = POLICY_FIFO;
+        attr.priority = 2;
+        attr.nice = 0;
+        sched::set(me, &attr).expect("the sampler at FIFO 2 (root)");
+        let (mut on, mut off, mut apart, mut n) = (0, 0, 0, 0);
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            let (x, y) = (sched::get(ta).unwrap(), sched::get(tb).unwrap());
+            let fifo = |s: &sched::SchedAttr| s.policy == POLICY_FIFO && s.priority == 1;
+            let low = |s: &sched::SchedAttr| s.policy == POLICY_NORMAL && s.nice == 19;
+            match (fifo(&x) && fifo(&y), low(&x) && low(&y)) {
+                (true, _) => on += 1,
+                (_, true) => off += 1,
+                _ => apart += 1,
+            }
+            n += 1;
+            std::thread::sleep(Duration::from_micros(700));
         }
-        n += 1;
-        std::thread::sleep(Duration::from_micros(700));
-    }
-    (on, off, apart, n)
+        (on, off, apart, n)
+    })
+    .join()
+    .expect("sampler")
 }
 
 #[test]
@@ -130,4 +144,65 @@ fn vms_beyond_the_host_wide_share_are_not_co_scheduled() {
     );
     assert_eq!(second[0].attr(), base);
     assert_eq!(vm2.stats().vcpus[0].phase_changes, 0);
+}
+
+fn auto_caps() -> Caps {
+    Caps {
+        cosched_us: pvsched_policy::CoschedUs::Auto,
+        ..caps(0)
+    }
+}
+
+#[test]
+fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alone() {
+    if !need_bpf("auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alone")
+    {
+        return;
+    }
+    let agent = common::agent();
+    // The test makes the host overcommitted itself: as many spinning,
+    // unregistered hogs as CPUs, beside two spinning vCPUs.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let _hogs: Vec<FakeVcpu> = (0..cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    let busy = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    // A VM whose vCPUs sleep nearly all the time: owed next to nothing.
+    let idle = [
+        FakeVcpu::spawn(0, Duration::from_millis(5)),
+        FakeVcpu::spawn(0, Duration::from_millis(5)),
+    ];
+    // A busy VM that is latency-sensitive (halt_always: as if its guest
+    // ran an RT task): an off phase would hold its wake-ups.
+    let latency = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let base = (idle[0].attr(), latency[0].attr());
+    let vm = common::device_vm(&agent, &[busy[0].tid, busy[1].tid], &[], auto_caps());
+    let idle_vm = common::device_vm(&agent, &[idle[0].tid, idle[1].tid], &[], auto_caps());
+    let latency_vm = common::device_vm(
+        &agent,
+        &[latency[0].tid, latency[1].tid],
+        &[],
+        Caps {
+            halt_always: true,
+            ..auto_caps()
+        },
+    );
+    let now_us = wait_for("the busy VM's measured phase", LIMIT, || {
+        Some(vm.stats().cosched_now_us).filter(|us| *us > 0)
+    });
+    // Its share of the period: what its two vCPUs are owed of a host
+    // with at least 2·CPUs + 2 spinning threads, within the default
+    // max_cosched_pct (50).
+    assert!(now_us <= 10_000, "phase {now_us} µs of 20 000");
+    let (on, off, apart, n) = sample(&busy[0], &busy[1], Duration::from_millis(300));
+    println!("auto cosched: {now_us} µs; samples {on} on, {off} off, {apart} apart of {n}");
+    assert!(on > 0 && off > 0, "both phases seen: {on} on, {off} off");
+    for (what, v) in [("idle", &idle_vm), ("latency-sensitive", &latency_vm)] {
+        let s = v.stats();
+        assert_eq!(s.cosched_now_us, 0, "the {what} VM has no phase");
+        let changes: u64 = s.vcpus.iter().map(|t| t.phase_changes).sum();
+        assert_eq!(changes, 0, "the {what} VM's threads were never moved");
+    }
+    assert_eq!((idle[0].attr(), latency[0].attr()), base);
+    drop(vm);
+    assert_eq!(busy[0].attr().policy, POLICY_NORMAL);
+    assert_eq!(busy[0].attr().nice, 0, "baseline back at unregistration");
 }

@@ -64,7 +64,7 @@ fn gen_caps(r: &mut Rng) -> Caps {
         wait_on: r.below(3) != 0,
         lock_wait: r.below(3) != 0,
         // The agent's, not the policy's: the BPF program never sees it.
-        cosched_us: 0,
+        cosched_us: pvsched_policy::CoschedUs::Us(0),
         cosched_period_us: 20_000,
     }
 }

@@ -1,0 +1,360 @@
+//! `cosched_us = "auto"`: the co-scheduled phase that gives a VM its fair
+//! share of the host, measured.
+//!
+//! Without co-scheduling, the host's scheduler shares an overcommitted
+//! host among the threads that want to run, each as much as the others
+//! unless it wants less: a max-min ("water-filling") split of the CPUs.
+//! What every thread on the host wanted is measured, not sampled: the
+//! time it ran and the time it waited on a run queue in a window
+//! (`/proc/<pid>/task/<tid>/schedstat`; a host without `CONFIG_SCHEDSTATS`
+//! has no `/proc/schedstat` to give the sums at once); a light thread
+//! wants only what it ran ([`Demands`]). The level `L` at which
+//! `Σ min(wanted_i, L)` fills the host's CPUs is what a thread that wants
+//! more gets; the VM is owed `Σ min(wanted_v, L)` over its vCPU threads.
+//! Its co-scheduled phase holds `min(vCPUs, CPUs)` CPUs, so the phase is
+//! the owed CPUs over that, of the period. What the VM gets outside its
+//! phase (nice 19 still runs now and then) and what it leaves unused inside
+//! it are corrected by an integral term on the VM's measured CPU against
+//! what it is owed.
+//!
+//! The sums are the same with and without the VM's phases: they change
+//! who waits, not which threads want to run. (A first version sampled
+//! `/proc/loadavg`'s running count at the agent's ticks and saw about 10 %
+//! more runnable threads than there were: the agent wakes with the timers
+//! of other threads. A second one split the host by the mean
+//! run / (run + wait) of all threads, which the many threads that want
+//! little and get all of it pull down: the VMs got 5–20 % less than
+//! without co-scheduling.)
+
+use std::fs;
+
+/// How long a measuring window lasts: long enough for thousands of the
+/// host scheduler's slices, short enough to follow a load that changes.
+pub const WINDOW_NS: u64 = 1_000_000_000;
+
+/// The least the host's threads must want, in CPUs per CPU, before a VM is
+/// co-scheduled: below it nobody waits long for a CPU, every vCPU runs
+/// when it wants, and a phase would only move CPU around.
+pub const OVERCOMMIT: f64 = 1.1;
+
+/// How far the integral correction may move a phase, of the period.
+const MAX_CORRECTION: f64 = 0.25;
+
+/// A phase below this share of the period is not worth its switches.
+const MIN_PHASE: f64 = 0.02;
+
+/// A thread's (run, wait) ns from its `/proc/<tid>/schedstat`; None when
+/// the thread is gone or the kernel has no `CONFIG_SCHED_INFO` (then
+/// "auto" never co-schedules).
+pub fn thread_sample(tid: u32) -> Option<(u64, u64)> {
+    parse_thread(&fs::read_to_string(format!("/proc/{tid}/schedstat")).ok()?)
+}
+
+/// (run, wait) ns from the text of a `/proc/<tid>/schedstat`.
+pub fn parse_thread(text: &str) -> Option<(u64, u64)> {
+    let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
+    Some((f.next()??, f.next()??))
+}
+
+/// Every thread on the host now: (tid, run + wait ns, run ns), read from
+/// `/proc`. Threads that exit while it reads are left out.
+pub fn all_threads() -> Vec<(u32, u64, u64)> {
+    let mut out = Vec::new();
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let path = format!("/proc/{pid}/task/{tid}/schedstat");
+            if let Some((run, wait)) = fs::read_to_string(path).ok().and_then(|s| parse_thread(&s))
+            {
+                out.push((tid, run.saturating_add(wait), run));
+            }
+        }
+    }
+    out.sort_unstable_by_key(|t| t.0);
+    out
+}
+
+/// A thread runnable for at least this share of a window may want a
+/// whole CPU (see [`Demands`]).
+pub const HEAVY: f64 = 0.5;
+
+/// What the host's threads wanted in a window.
+///
+/// A thread that was runnable for at least [`HEAVY`] of it and ran at
+/// least half of what an equal split among such threads gives wants what
+/// it was runnable for; any other thread wants what it ran. A light thread
+/// (a VMM's main loop woken by timers) gets what it wants once it waits
+/// its turn: its waits are latency, and a VM's co-scheduled phases make
+/// them longer without it wanting more CPU (counted as demand, they made
+/// the split, and the phases, swing from one window to the next).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Demands {
+    /// Each thread's demand, CPUs.
+    pub demands: Vec<f64>,
+    /// The least a thread must run, CPUs, to count as heavy.
+    pub heavy_ran: f64,
+}
+
+impl Demands {
+    /// From each thread's (ran, runnable) CPUs in the window, on `cpus`.
+    pub fn new(threads: &[(f64, f64)], cpus: f64) -> Demands {
+        let candidates = threads.iter().filter(|t| t.1 >= HEAVY).count().max(1);
+        let heavy_ran = 0.5 * (cpus / candidates as f64).min(1.0);
+        let demands = threads
+            .iter()
+            .map(|&(ran, runnable)| demand(ran, runnable, heavy_ran))
+            .filter(|d| *d > 0.0)
+            .collect();
+        Demands { demands, heavy_ran }
+    }
+}
+
+/// A thread's demand, CPUs: what it was runnable for if it is heavy (see
+/// [`Demands`]), else what it ran; at most one CPU.
+pub fn demand(ran: f64, runnable: f64, heavy_ran: f64) -> f64 {
+    if runnable >= HEAVY && ran >= heavy_ran {
+        runnable.min(1.0)
+    } else {
+        ran.min(1.0)
+    }
+}
+
+/// Each host thread present at both reads: what it ran and what it was
+/// runnable for between them, CPUs over `dt_ns`. Both lists sorted by tid.
+pub fn host_threads(
+    before: &[(u32, u64, u64)],
+    after: &[(u32, u64, u64)],
+    dt_ns: u64,
+) -> Vec<(f64, f64)> {
+    let dt = dt_ns.max(1) as f64;
+    after
+        .iter()
+        .filter_map(|(tid, w1, r1)| {
+            let i = before.binary_search_by_key(tid, |t| t.0).ok()?;
+            let (_, w0, r0) = before[i];
+            let ran = r1.saturating_sub(r0) as f64 / dt;
+            let runnable = w1.saturating_sub(w0) as f64 / dt;
+            Some((ran, runnable.max(ran)))
+        })
+        .collect()
+}
+
+/// The max-min split of `cpus` CPUs among threads that want `demands`
+/// CPUs: the level every thread that wants more than it gets, and their
+/// total demand. With less demand than CPUs, every thread gets what it
+/// wants (the level is 1).
+pub fn fair_level(demands: &[f64], cpus: f64) -> (f64, f64) {
+    let total: f64 = demands.iter().sum();
+    if total <= cpus {
+        return (1.0, total);
+    }
+    let mut d: Vec<f64> = demands.to_vec();
+    d.sort_unstable_by(f64::total_cmp);
+    let mut left = cpus;
+    for (i, x) in d.iter().enumerate() {
+        let n = (d.len() - i) as f64;
+        if x * n >= left {
+            return (left / n, total);
+        }
+        left -= x;
+    }
+    (1.0, total)
+}
+
+/// One window of a VM's measurement.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Window {
+    /// What the host's threads wanted in it, CPUs ([`fair_level`]).
+    pub host_demand: f64,
+    /// The host's CPUs.
+    pub host_cpus: u32,
+    /// What the VM's vCPUs are owed of it, CPUs: `Σ min(wanted, level)`.
+    pub owed: f64,
+    /// What they got, CPUs.
+    pub got: f64,
+    /// The VM's vCPUs.
+    pub vcpus: u32,
+    /// Some vCPU of the VM is latency-sensitive (a phase's off part would
+    /// hold its RT task's wake-ups behind the host's work).
+    pub latency_sensitive: bool,
+}
+
+/// The auto phase of one VM: its last share and integral correction.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AutoPhase {
+    /// Share of the period the VM's phase holds (0: not co-scheduled).
+    pub share: f64,
+    /// Integral correction, of the period.
+    correction: f64,
+}
+
+impl AutoPhase {
+    /// Ends a window, measured as `w`, and gives the share of the next
+    /// one, at most `max_share` (the operator's `max_cosched_pct` / 100).
+    pub fn update(&mut self, w: &Window, max_share: f64) -> f64 {
+        let cpus = f64::from(w.host_cpus.max(1));
+        // A NaN demand (no window) is no overcommit either.
+        let overcommitted = w
+            .host_demand
+            .partial_cmp(&(OVERCOMMIT * cpus))
+            .is_some_and(|o| o != std::cmp::Ordering::Less);
+        if w.latency_sensitive || !overcommitted {
+            *self = AutoPhase::default();
+            return 0.0;
+        }
+        let held = f64::from(w.vcpus.min(w.host_cpus).max(1));
+        if self.share > 0.0 {
+            // Only a window the VM spent co-scheduled says how far its
+            // phase misses its share (one without is the host's own
+            // sharing, which the feed-forward term already follows).
+            self.correction = (self.correction + 0.5 * (w.owed - w.got) / held)
+                .clamp(-MAX_CORRECTION, MAX_CORRECTION);
+        }
+        let share = (w.owed / held + self.correction).clamp(0.0, max_share.clamp(0.0, 1.0));
+        self.share = if share.is_finite() && share >= MIN_PHASE {
+            share
+        } else {
+            0.0
+        };
+        self.share
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_figures_parse() {
+        assert_eq!(parse_thread("123 456 7\n"), Some((123, 456)));
+        assert_eq!(parse_thread("123\n"), None);
+        assert_eq!(parse_thread("x 1 2\n"), None);
+        assert_eq!(parse_thread(""), None);
+        // This host's own files.
+        assert!(thread_sample(std::process::id()).is_some());
+        let t = std::time::Instant::now();
+        let all = all_threads();
+        // What one window's read of every thread costs here (printed, not
+        // asserted: docs/operating.md quotes it).
+        println!("all_threads: {} threads in {:?}", all.len(), t.elapsed());
+        assert!(
+            all.iter().any(|t| t.0 == std::process::id()),
+            "{} threads",
+            all.len()
+        );
+        assert!(all.windows(2).all(|w| w[0].0 < w[1].0), "sorted by tid");
+    }
+
+    #[test]
+    fn the_host_threads_present_at_both_reads_count() {
+        let before = [(1, 100, 60), (2, 50, 50), (5, 10, 0), (8, 0, 0)];
+        // Thread 2 exited, 7 is new, 5 ran backwards (a reused tid).
+        let after = [(1, 300, 160), (5, 5, 0), (7, 1_000, 1_000), (8, 600, 100)];
+        assert_eq!(
+            host_threads(&before, &after, 1_000),
+            vec![(0.1, 0.2), (0.0, 0.0), (0.1, 0.6)]
+        );
+    }
+
+    #[test]
+    fn light_threads_want_what_they_ran_however_long_they_waited() {
+        // Four CPU-bound threads on 2 CPUs, and a main loop that ran 0.05
+        // but waited behind a phase for most of the window.
+        let d = Demands::new(
+            &[(0.5, 1.0), (0.5, 1.0), (0.45, 1.0), (0.5, 1.0), (0.05, 0.7)],
+            2.0,
+        );
+        assert!((d.heavy_ran - 0.2).abs() < 1e-9, "{d:?}");
+        assert_eq!(d.demands, vec![1.0, 1.0, 1.0, 1.0, 0.05]);
+        assert_eq!(demand(0.1, 0.3, 0.2), 0.1);
+        assert_eq!(demand(0.3, 0.4, 0.2), 0.3);
+        assert_eq!(demand(0.3, 0.6, 0.2), 0.6);
+        assert_eq!(Demands::new(&[(0.0, 0.0)], 2.0).demands, Vec::<f64>::new());
+    }
+
+    #[test]
+    fn the_level_fills_the_cpus_max_min() {
+        // Four threads that want a whole CPU on 2 CPUs: half each.
+        assert_eq!(fair_level(&[1.0; 4], 2.0), (0.5, 4.0));
+        // Light threads get what they want, the rest split what is left.
+        let (l, t) = fair_level(&[0.1, 0.1, 1.0, 1.0, 1.0, 1.0], 2.0);
+        assert!((l - 0.45).abs() < 1e-9 && (t - 4.2).abs() < 1e-9, "{l} {t}");
+        // Room for everyone.
+        assert_eq!(fair_level(&[0.5, 0.5], 2.0), (1.0, 1.0));
+        assert_eq!(fair_level(&[], 2.0), (1.0, 0.0));
+    }
+
+    /// A window on 2 CPUs whose threads wanted `demand` CPUs; the VM's 2
+    /// vCPUs are owed `owed` and got `got`.
+    fn window(demand: f64, owed: f64, got: f64) -> Window {
+        Window {
+            host_demand: demand,
+            host_cpus: 2,
+            owed,
+            got,
+            vcpus: 2,
+            latency_sensitive: false,
+        }
+    }
+
+    #[test]
+    fn the_share_is_what_the_vm_is_owed_over_the_cpus_it_holds() {
+        // A 2-vCPU VM owed 1 CPU of 2: half of the period.
+        let mut a = AutoPhase::default();
+        let s = a.update(&window(4.0, 1.0, 1.0), 0.5);
+        assert!((s - 0.5).abs() < 1e-9, "{s}");
+        let mut a = AutoPhase::default();
+        let s = a.update(&window(6.0, 2.0 / 3.0, 2.0 / 3.0), 1.0);
+        assert!((s - 1.0 / 3.0).abs() < 1e-9, "{s}");
+        // The operator's limit holds.
+        let mut a = AutoPhase::default();
+        assert!((a.update(&window(3.0, 4.0 / 3.0, 4.0 / 3.0), 0.5) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn no_phase_without_overcommit_or_with_a_latency_sensitive_vcpu() {
+        let mut a = AutoPhase::default();
+        assert_eq!(a.update(&window(2.0, 2.0, 2.0), 0.5), 0.0);
+        assert_eq!(a.update(&window(2.1, 1.9, 1.9), 0.5), 0.0);
+        assert_eq!(a.update(&window(f64::NAN, 1.0, 1.0), 0.5), 0.0);
+        assert!(a.update(&window(4.0, 1.0, 1.0), 0.5) > 0.0);
+        let mut w = window(4.0, 1.0, 1.0);
+        w.latency_sensitive = true;
+        assert_eq!(a.update(&w, 0.5), 0.0);
+        assert_eq!(a, AutoPhase::default());
+        // An idle VM on a busy host.
+        assert_eq!(a.update(&window(4.0, 0.01, 0.01), 0.5), 0.0);
+    }
+
+    #[test]
+    fn the_correction_takes_back_what_the_vm_gets_beyond_its_share() {
+        // Owed 1 CPU of 2, and the phase of a half gives it 1.1 (nice 19
+        // outside it still runs): the share shrinks until it gets 1.
+        let mut a = AutoPhase::default();
+        let mut share = a.update(&window(4.0, 1.0, 1.0), 1.0);
+        for _ in 0..20 {
+            share = a.update(&window(4.0, 1.0, 2.0 * share + 0.1), 1.0);
+        }
+        assert!((2.0 * share + 0.1 - 1.0).abs() < 0.01, "{share}");
+        // Bounded, whatever the VM's figures say.
+        for _ in 0..100 {
+            a.update(&window(4.0, 1.0, 2.0), 1.0);
+        }
+        assert!(a.share >= 0.5 - MAX_CORRECTION - 1e-9, "{a:?}");
+    }
+}
