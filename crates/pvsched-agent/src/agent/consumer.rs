@@ -278,8 +278,8 @@ struct Cosched {
     host_permille: u64,
     /// The largest share of its period an "auto" VM's phase may hold.
     max_share: f64,
-    /// The "auto" VMs' measurements.
-    auto: HashMap<u32, AutoVm>,
+    /// The "auto" VMs' phases.
+    auto: HashMap<u32, AutoPhase>,
     /// When the measuring window under way started and every host
     /// thread's figures then ([`fairshare::all_threads`]); None while no
     /// VM is "auto".
@@ -288,15 +288,6 @@ struct Cosched {
 
 /// A thread's (tid, run + wait ns, run ns) ([`fairshare::all_threads`]).
 type ThreadFigures = (u32, u64, u64);
-
-/// One "auto" VM's measurement.
-#[derive(Default)]
-struct AutoVm {
-    /// Its phase.
-    phase: AutoPhase,
-    /// Each vCPU thread's (tid, run ns, wait ns) at the window's start.
-    last: Vec<(u32, u64, u64)>,
-}
 
 impl Cosched {
     /// Moves every vCPU thread of every co-scheduling VM to its phase now
@@ -337,9 +328,7 @@ impl Cosched {
             let on = match vm.caps.cosched_us {
                 CoschedUs::Us(us) => us,
                 CoschedUs::Auto => self.auto.get(&id).map_or(0, |a| {
-                    (a.phase.share * period as f64)
-                        .round()
-                        .clamp(0.0, period as f64) as u64
+                    (a.share * period as f64).round().clamp(0.0, period as f64) as u64
                 }),
             };
             // What the VM's phase holds of the host: its vCPUs (at most one
@@ -447,12 +436,6 @@ impl Cosched {
                 .collect()
         };
         self.auto.retain(|id, _| autos.iter().any(|a| a.0 == *id));
-        let samples = |threads: &[(u32, u32)]| -> Vec<(u32, u64, u64)> {
-            threads
-                .iter()
-                .filter_map(|(_, tid)| fairshare::thread_sample(*tid).map(|(r, w)| (*tid, r, w)))
-                .collect()
-        };
         if autos.is_empty() {
             self.host_last = None;
             return;
@@ -467,23 +450,10 @@ impl Cosched {
         // the end of the window: the off part would hold its wake-ups.
         for (id, threads, always) in &autos {
             if let Some(a) = self.auto.get_mut(id)
-                && a.phase.share > 0.0
+                && a.share > 0.0
                 && latency_sensitive(threads, *always)
             {
-                a.phase = AutoPhase::default();
-            }
-        }
-        // A new "auto" VM counts from now (its first window is short).
-        for (id, threads, _) in &autos {
-            if !self.auto.contains_key(id) {
-                let last = samples(threads);
-                self.auto.insert(
-                    *id,
-                    AutoVm {
-                        phase: AutoPhase::default(),
-                        last,
-                    },
-                );
+                *a = AutoPhase::default();
             }
         }
         let start = match self.host_last.take() {
@@ -501,23 +471,17 @@ impl Cosched {
         };
         let host = fairshare::all_threads();
         let dt_ns = now.saturating_sub(start.0);
-        let dt = dt_ns.max(1) as f64;
         let cpus = self.host_cpus.max(1) as f64;
-        let demands =
-            fairshare::Demands::new(&fairshare::host_threads(&start.1, &host, dt_ns), cpus);
+        // The VMs' vCPU threads are among the host's: one read serves both.
+        let threads_now = fairshare::host_threads(&start.1, &host, dt_ns);
+        let demands = fairshare::Demands::new(&threads_now, cpus);
         let (level, host_demand) = fairshare::fair_level(&demands.demands, cpus);
         for (id, threads, always) in &autos {
-            let Some(a) = self.auto.get_mut(id) else {
-                continue;
-            };
-            let now_samples = samples(threads);
-            // Only threads sampled at both ends count: a new thread counts
-            // from the next window.
+            // Only threads read at both ends of the window count.
             let (mut owed, mut got) = (0.0f64, 0.0f64);
-            for (tid, r, w) in &now_samples {
-                if let Some((_, r0, w0)) = a.last.iter().find(|l| l.0 == *tid) {
-                    let ran = r.saturating_sub(*r0) as f64 / dt;
-                    let runnable = ran + w.saturating_sub(*w0) as f64 / dt;
+            for (_, tid) in threads {
+                if let Ok(i) = threads_now.binary_search_by_key(tid, |t| t.0) {
+                    let (_, ran, runnable) = threads_now[i];
                     owed += fairshare::demand(ran, runnable, demands.heavy_ran).min(level);
                     got += ran;
                 }
@@ -530,9 +494,8 @@ impl Cosched {
                 vcpus: u32::try_from(threads.len()).unwrap_or(u32::MAX),
                 latency_sensitive: latency_sensitive(threads, *always),
             };
-            let share = a.phase.update(&w, self.max_share);
+            let share = self.auto.entry(*id).or_default().update(&w, self.max_share);
             log::debug!("pvsched cosched auto: VM {id}: level {level:.3}, {w:?}: share {share:.3}");
-            a.last = now_samples;
         }
         self.host_last = Some((now, host));
     }

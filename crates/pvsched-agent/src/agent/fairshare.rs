@@ -43,13 +43,6 @@ const MAX_CORRECTION: f64 = 0.25;
 /// A phase below this share of the period is not worth its switches.
 const MIN_PHASE: f64 = 0.02;
 
-/// A thread's (run, wait) ns from its `/proc/<tid>/schedstat`; None when
-/// the thread is gone or the kernel has no `CONFIG_SCHED_INFO` (then
-/// "auto" never co-schedules).
-pub fn thread_sample(tid: u32) -> Option<(u64, u64)> {
-    parse_thread(&fs::read_to_string(format!("/proc/{tid}/schedstat")).ok()?)
-}
-
 /// (run, wait) ns from the text of a `/proc/<tid>/schedstat`.
 pub fn parse_thread(text: &str) -> Option<(u64, u64)> {
     let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
@@ -57,7 +50,9 @@ pub fn parse_thread(text: &str) -> Option<(u64, u64)> {
 }
 
 /// Every thread on the host now: (tid, run + wait ns, run ns), read from
-/// `/proc`. Threads that exit while it reads are left out.
+/// `/proc`, sorted by tid. Threads that exit while it reads are left out;
+/// a kernel without `CONFIG_SCHED_INFO` has no schedstat files, so the
+/// list is empty and "auto" never co-schedules.
 pub fn all_threads() -> Vec<(u32, u64, u64)> {
     let mut out = Vec::new();
     let Ok(procs) = fs::read_dir("/proc") else {
@@ -111,13 +106,14 @@ pub struct Demands {
 }
 
 impl Demands {
-    /// From each thread's (ran, runnable) CPUs in the window, on `cpus`.
-    pub fn new(threads: &[(f64, f64)], cpus: f64) -> Demands {
-        let candidates = threads.iter().filter(|t| t.1 >= HEAVY).count().max(1);
+    /// From each thread's (tid, ran, runnable CPUs) in the window
+    /// ([`host_threads`]), on `cpus`.
+    pub fn new(threads: &[(u32, f64, f64)], cpus: f64) -> Demands {
+        let candidates = threads.iter().filter(|t| t.2 >= HEAVY).count().max(1);
         let heavy_ran = 0.5 * (cpus / candidates as f64).min(1.0);
         let demands = threads
             .iter()
-            .map(|&(ran, runnable)| demand(ran, runnable, heavy_ran))
+            .map(|&(_, ran, runnable)| demand(ran, runnable, heavy_ran))
             .filter(|d| *d > 0.0)
             .collect();
         Demands { demands, heavy_ran }
@@ -134,13 +130,14 @@ pub fn demand(ran: f64, runnable: f64, heavy_ran: f64) -> f64 {
     }
 }
 
-/// Each host thread present at both reads: what it ran and what it was
-/// runnable for between them, CPUs over `dt_ns`. Both lists sorted by tid.
+/// Each host thread present at both reads: (tid, what it ran, what it was
+/// runnable for) between them, CPUs over `dt_ns`. Both lists, and the
+/// result, sorted by tid.
 pub fn host_threads(
     before: &[(u32, u64, u64)],
     after: &[(u32, u64, u64)],
     dt_ns: u64,
-) -> Vec<(f64, f64)> {
+) -> Vec<(u32, f64, f64)> {
     let dt = dt_ns.max(1) as f64;
     after
         .iter()
@@ -149,7 +146,7 @@ pub fn host_threads(
             let (_, w0, r0) = before[i];
             let ran = r1.saturating_sub(r0) as f64 / dt;
             let runnable = w1.saturating_sub(w0) as f64 / dt;
-            Some((ran, runnable.max(ran)))
+            Some((*tid, ran, runnable.max(ran)))
         })
         .collect()
 }
@@ -246,7 +243,6 @@ mod tests {
         assert_eq!(parse_thread("x 1 2\n"), None);
         assert_eq!(parse_thread(""), None);
         // This host's own files.
-        assert!(thread_sample(std::process::id()).is_some());
         let t = std::time::Instant::now();
         let all = all_threads();
         // What one window's read of every thread costs here (printed, not
@@ -267,7 +263,7 @@ mod tests {
         let after = [(1, 300, 160), (5, 5, 0), (7, 1_000, 1_000), (8, 600, 100)];
         assert_eq!(
             host_threads(&before, &after, 1_000),
-            vec![(0.1, 0.2), (0.0, 0.0), (0.1, 0.6)]
+            vec![(1, 0.1, 0.2), (5, 0.0, 0.0), (8, 0.1, 0.6)]
         );
     }
 
@@ -276,7 +272,13 @@ mod tests {
         // Four CPU-bound threads on 2 CPUs, and a main loop that ran 0.05
         // but waited behind a phase for most of the window.
         let d = Demands::new(
-            &[(0.5, 1.0), (0.5, 1.0), (0.45, 1.0), (0.5, 1.0), (0.05, 0.7)],
+            &[
+                (1, 0.5, 1.0),
+                (2, 0.5, 1.0),
+                (3, 0.45, 1.0),
+                (4, 0.5, 1.0),
+                (5, 0.05, 0.7),
+            ],
             2.0,
         );
         assert!((d.heavy_ran - 0.2).abs() < 1e-9, "{d:?}");
@@ -284,7 +286,10 @@ mod tests {
         assert_eq!(demand(0.1, 0.3, 0.2), 0.1);
         assert_eq!(demand(0.3, 0.4, 0.2), 0.3);
         assert_eq!(demand(0.3, 0.6, 0.2), 0.6);
-        assert_eq!(Demands::new(&[(0.0, 0.0)], 2.0).demands, Vec::<f64>::new());
+        assert_eq!(
+            Demands::new(&[(1, 0.0, 0.0)], 2.0).demands,
+            Vec::<f64>::new()
+        );
     }
 
     #[test]
