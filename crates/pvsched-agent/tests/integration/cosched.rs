@@ -160,10 +160,12 @@ fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alo
         return;
     }
     let agent = common::agent();
-    // The test makes the host overcommitted itself: as many spinning,
-    // unregistered hogs as CPUs, beside two spinning vCPUs.
+    // The test makes the host overcommitted itself, on any number of
+    // CPUs: two spinning, unregistered hogs per CPU (more than the 1.1
+    // threads per CPU "auto" needs, however many CPUs), beside two
+    // spinning vCPUs.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let _hogs: Vec<FakeVcpu> = (0..cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    let _hogs: Vec<FakeVcpu> = (0..2 * cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
     let busy = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
     // A VM whose vCPUs sleep nearly all the time: owed next to nothing.
     let idle = [
@@ -189,7 +191,7 @@ fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alo
         Some(vm.stats().cosched_now_us).filter(|us| *us > 0)
     });
     // Its share of the period: what its two vCPUs are owed of a host
-    // with at least 2·CPUs + 2 spinning threads, within the default
+    // with at least 2·CPUs + 4 spinning threads, within the default
     // max_cosched_pct (50).
     assert!(now_us <= 10_000, "phase {now_us} µs of 20 000");
     let (on, off, apart, n) = sample(&busy[0], &busy[1], Duration::from_millis(300));
