@@ -394,6 +394,8 @@ class BenchBoot:
             out["guest_features"] = vm.get("guest_features")
             # Every boost change the applier made (a sched_setattr each).
             out["decisions"] = vm.get("decisions", 0)
+            # The co-scheduled phase "auto" gives the VM now (0: none).
+            out["cosched_now_us"] = vm.get("cosched_now_us", 0)
         return out
 
     def on_wait(self, boot):
@@ -501,6 +503,7 @@ class BenchBoot:
                 k: policy_delta(self.status0["threads"].get(k, {}), t)
                 for k, t in pol.get("threads", {}).items()}
             self.current["policy"]["guest_features"] = pol.get("guest_features")
+            self.current["policy"]["cosched_now_us"] = pol.get("cosched_now_us", 0)
         window = None
         if self.broke is not None:
             at, value = self.broke
@@ -640,8 +643,9 @@ def policy_delta(a, b):
     out = {"boosts": b["boosts"] - a.get("boosts", 0),
            "throttles": b["throttles"] - a.get("throttles", 0),
            "boosted_s": round((b["boosted_ns"] - a.get("boosted_ns", 0)) / 1e9, 3)}
-    if "decisions" in b:
-        out["decisions"] = b["decisions"] - a.get("decisions", 0)
+    for k in ("decisions", "phase_changes"):
+        if k in b:
+            out[k] = b[k] - a.get(k, 0)
     return out
 
 

@@ -445,14 +445,15 @@ def run_workload(args, tag, guests, w, variant, daemon):
            "hog_ops": hog_ops, "wall_s": round(wall, 1), "loadavg_start": la, "vms": vms}
     if st0 is not None:
         st1 = daemon.status()
-        pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0}
+        pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0}
         for g in guests:
             a, b = thread_stats(st0, g.name), thread_stats(st1, g.name)
             if a and b:
                 for k in pol:
                     pol[k] += b[k] - a[k]
         row["policy"] = {"boosts": pol["boosts"], "throttles": pol["throttles"],
-                         "boosted_s": round(pol["boosted_ns"] / 1e9, 3)}
+                         "boosted_s": round(pol["boosted_ns"] / 1e9, 3),
+                         "phase_changes": pol["phase_changes"]}
         # Each VM's co-scheduled phase as the run ended (what "auto" measured).
         phases = [(status_vm(st1, g.name) or {}).get("cosched_now_us", 0) for g in guests]
         if any(phases):

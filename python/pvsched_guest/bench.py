@@ -261,14 +261,15 @@ def vm_caps(daemon, name):
 
 
 def thread_stats(status, name):
-    """Sum of boosts, throttles and boosted ns over VM `name`'s threads."""
+    """Sum of boosts, throttles, boosted ns and co-scheduling phase changes
+    over VM `name`'s threads."""
     vm = status_vm(status, name)
-    tot = {"boosts": 0, "throttles": 0, "boosted_ns": 0}
+    tot = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0}
     if vm is None:
         return None
     for t in vm["vcpus"] + vm["emulators"]:
         for k in tot:
-            tot[k] += t[k]
+            tot[k] += t.get(k, 0)
     return tot
 
 

@@ -356,7 +356,20 @@ impl Cosched {
             if !all && was == Some(phase) {
                 continue;
             }
-            for index in 0..vm.threads {
+            // A VM with more vCPUs than the host has CPUs: the first vCPUs
+            // put at FIFO take the CPUs and keep them until they halt (FIFO
+            // has no time slice), so each period starts with the next one.
+            let first = if vm.vcpus > 0 && u64::from(vm.vcpus) > self.host_cpus {
+                ((now_us / period.max(1)) % u64::from(vm.vcpus)) as u32
+            } else {
+                0
+            };
+            for n in 0..vm.threads {
+                let index = if n < vm.vcpus {
+                    (n + first) % vm.vcpus
+                } else {
+                    n
+                };
                 if let Some(t) = reg.threads.get_mut(&crate::intf::gid(id, index)) {
                     let p = if index < vm.vcpus { phase } else { Phase::Free };
                     t.set_phase(p, &vm.caps);
@@ -478,12 +491,13 @@ impl Cosched {
         let (level, host_demand) = fairshare::fair_level(&demands.demands, cpus);
         for (id, threads, always) in &autos {
             // Only threads read at both ends of the window count.
-            let (mut owed, mut got) = (0.0f64, 0.0f64);
+            let (mut owed, mut got, mut contended) = (0.0f64, 0.0f64, false);
             for (_, tid) in threads {
                 if let Ok(i) = threads_now.binary_search_by_key(tid, |t| t.0) {
                     let (_, ran, runnable) = threads_now[i];
                     owed += fairshare::demand(ran, runnable, demands.heavy_ran).min(level);
                     got += ran;
+                    contended |= fairshare::is_heavy(ran, runnable, demands.heavy_ran);
                 }
             }
             let w = Window {
@@ -493,6 +507,7 @@ impl Cosched {
                 got,
                 vcpus: u32::try_from(threads.len()).unwrap_or(u32::MAX),
                 latency_sensitive: latency_sensitive(threads, *always),
+                contended,
             };
             let share = self.auto.entry(*id).or_default().update(&w, self.max_share);
             log::debug!("pvsched cosched auto: VM {id}: level {level:.3}, {w:?}: share {share:.3}");

@@ -123,11 +123,17 @@ impl Demands {
 /// A thread's demand, CPUs: what it was runnable for if it is heavy (see
 /// [`Demands`]), else what it ran; at most one CPU.
 pub fn demand(ran: f64, runnable: f64, heavy_ran: f64) -> f64 {
-    if runnable >= HEAVY && ran >= heavy_ran {
+    if is_heavy(ran, runnable, heavy_ran) {
         runnable.min(1.0)
     } else {
         ran.min(1.0)
     }
+}
+
+/// Whether a thread that ran `ran` and was runnable for `runnable` CPUs is
+/// heavy (see [`Demands`]).
+pub fn is_heavy(ran: f64, runnable: f64, heavy_ran: f64) -> bool {
+    runnable >= HEAVY && ran >= heavy_ran
 }
 
 /// Each host thread present at both reads: (tid, what it ran, what it was
@@ -189,6 +195,12 @@ pub struct Window {
     /// Some vCPU of the VM is latency-sensitive (a phase's off part would
     /// hold its RT task's wake-ups behind the host's work).
     pub latency_sensitive: bool,
+    /// Some vCPU of the VM is heavy ([`Demands`]: runnable for at least
+    /// half of the window). A VM whose vCPUs are all light (a lightly used
+    /// VM, an interactive one) waits little and gains nothing from a
+    /// phase, whose off part would hold its wake-ups behind the host's
+    /// work.
+    pub contended: bool,
 }
 
 /// The auto phase of one VM: its last share and integral correction.
@@ -210,7 +222,7 @@ impl AutoPhase {
             .host_demand
             .partial_cmp(&(OVERCOMMIT * cpus))
             .is_some_and(|o| o != std::cmp::Ordering::Less);
-        if w.latency_sensitive || !overcommitted {
+        if w.latency_sensitive || !w.contended || !overcommitted {
             *self = AutoPhase::default();
             return 0.0;
         }
@@ -314,6 +326,7 @@ mod tests {
             got,
             vcpus: 2,
             latency_sensitive: false,
+            contended: true,
         }
     }
 
@@ -344,6 +357,12 @@ mod tests {
         assert_eq!(a, AutoPhase::default());
         // An idle VM on a busy host.
         assert_eq!(a.update(&window(4.0, 0.01, 0.01), 0.5), 0.0);
+        // A VM whose vCPUs get all they want, however much that is.
+        assert!(a.update(&window(4.0, 0.6, 0.6), 0.5) > 0.0);
+        let mut w = window(4.0, 0.6, 0.6);
+        w.contended = false;
+        assert_eq!(a.update(&w, 0.5), 0.0);
+        assert_eq!(a, AutoPhase::default());
     }
 
     #[test]

@@ -208,3 +208,55 @@ fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alo
     assert_eq!(busy[0].attr().policy, POLICY_NORMAL);
     assert_eq!(busy[0].attr().nice, 0, "baseline back at unregistration");
 }
+
+/// CPU time, ns, thread `tid` of this process has run.
+fn ran_ns(tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
+    if !need_bpf("every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases") {
+        return;
+    }
+    let agent = common::agent();
+    // Two more spinning vCPUs than CPUs, beside two spinning hogs per CPU:
+    // outside its phases a vCPU at nice 19 runs next to nothing, and in
+    // them the vCPUs put at FIFO first keep the CPUs (no time slice at
+    // FIFO). Each period must start with other vCPUs.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let _hogs: Vec<FakeVcpu> = (0..2 * cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    let vcpus: Vec<FakeVcpu> = (0..cpus + 2).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    let tids: Vec<u32> = vcpus.iter().map(|v| v.tid).collect();
+    let vm = common::device_vm(&agent, &tids, &[], caps(10_000));
+    wait_for("the first co-scheduled phase", LIMIT, || {
+        Some(
+            vm.stats()
+                .vcpus
+                .iter()
+                .map(|t| t.phase_changes)
+                .sum::<u64>(),
+        )
+        .filter(|c| *c > 0)
+    });
+    let before: Vec<u64> = tids.iter().map(|t| ran_ns(*t)).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let ran: Vec<u64> = tids
+        .iter()
+        .zip(&before)
+        .map(|(t, b)| ran_ns(*t).saturating_sub(*b))
+        .collect();
+    println!("vCPUs' run time over 1 s, ns: {ran:?}");
+    let (least, most) = (*ran.iter().min().unwrap(), *ran.iter().max().unwrap());
+    // In turn, each runs about half of C / (C + 2) of the time; without
+    // turns the last two would run ~1 % (nice 19 against nice 0).
+    assert!(
+        least * 4 >= most,
+        "every vCPU takes its turn in the phases: {ran:?}"
+    );
+    drop(vm);
+    assert_eq!(vcpus[0].attr().nice, 0, "baseline back at unregistration");
+}
