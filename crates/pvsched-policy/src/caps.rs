@@ -128,7 +128,7 @@ impl Default for CapsLimit {
             max_window_us: 1_000_000,
             max_halt_hold_us: 1_000_000,
             max_ipi_window_us: 100_000,
-            max_cosched_pct: 50,
+            max_cosched_pct: 75,
             max_cosched_host_pct: 80,
         }
     }
@@ -812,10 +812,10 @@ mod tests {
         assert!(on(20_001, 20_000).validate().is_err());
         assert!(on(0, 999).validate().is_err());
         assert!(on(0, 1_000_001).validate().is_err());
-        match on(10_001, 20_000).check_within(&CapsLimit::default()) {
+        match on(15_001, 20_000).check_within(&CapsLimit::default()) {
             Err(CapsError::AboveMax(what, max)) => {
                 assert_eq!(what, "cosched_us");
-                assert!(max.contains("max_cosched_pct = 50"), "{max}");
+                assert!(max.contains("max_cosched_pct = 75"), "{max}");
             }
             other => panic!("{other:?}"),
         }

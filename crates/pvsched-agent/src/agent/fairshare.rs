@@ -40,6 +40,10 @@ pub const OVERCOMMIT: f64 = 1.1;
 /// How far the integral correction may move a phase, of the period.
 const MAX_CORRECTION: f64 = 0.25;
 
+/// How far above the operator's limit a VM's share may be, of the period,
+/// and still be co-scheduled (at the limit) rather than left to the host.
+const OVER_LIMIT_SLACK: f64 = 0.05;
+
 /// A phase below this share of the period is not worth its switches.
 const MIN_PHASE: f64 = 0.02;
 
@@ -227,6 +231,14 @@ impl AutoPhase {
             return 0.0;
         }
         let held = f64::from(w.vcpus.min(w.host_cpus).max(1));
+        let max_share = max_share.clamp(0.0, 1.0);
+        // A phase cut to the operator's limit would give the VM less than
+        // the host's scheduler does without one: leave it to the host.
+        // The slack keeps a VM owed about the limit from flapping.
+        if w.owed / held > max_share + OVER_LIMIT_SLACK {
+            *self = AutoPhase::default();
+            return 0.0;
+        }
         if self.share > 0.0 {
             // Only a window the VM spent co-scheduled says how far its
             // phase misses its share (one without is the host's own
@@ -234,7 +246,7 @@ impl AutoPhase {
             self.correction = (self.correction + 0.5 * (w.owed - w.got) / held)
                 .clamp(-MAX_CORRECTION, MAX_CORRECTION);
         }
-        let share = (w.owed / held + self.correction).clamp(0.0, max_share.clamp(0.0, 1.0));
+        let share = (w.owed / held + self.correction).clamp(0.0, max_share);
         self.share = if share.is_finite() && share >= MIN_PHASE {
             share
         } else {
@@ -339,9 +351,13 @@ mod tests {
         let mut a = AutoPhase::default();
         let s = a.update(&window(6.0, 2.0 / 3.0, 2.0 / 3.0), 1.0);
         assert!((s - 1.0 / 3.0).abs() < 1e-9, "{s}");
-        // The operator's limit holds.
+        // The operator's limit holds, a little above it...
         let mut a = AutoPhase::default();
-        assert!((a.update(&window(3.0, 4.0 / 3.0, 4.0 / 3.0), 0.5) - 0.5).abs() < 1e-9);
+        assert!((a.update(&window(3.0, 1.08, 1.08), 0.5) - 0.5).abs() < 1e-9);
+        // ...and a VM owed more than its limit allows is left to the host
+        // (a 4-vCPU VM owed 4/3 of 2 CPUs: 2/3 of the period).
+        assert_eq!(a.update(&window(3.0, 4.0 / 3.0, 4.0 / 3.0), 0.5), 0.0);
+        assert_eq!(a, AutoPhase::default());
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl Default for AgentConfig {
             guardian: true,
             ledger: None,
             cosched_host_pct: 80,
-            cosched_max_pct: 50,
+            cosched_max_pct: 75,
         }
     }
 }

@@ -191,8 +191,8 @@ fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alo
         Some(vm.stats().cosched_now_us).filter(|us| *us > 0)
     });
     // Its share of the period: what its two vCPUs are owed of a host
-    // with at least 2·CPUs + 4 spinning threads, within the default
-    // max_cosched_pct (50).
+    // with at least 2·CPUs + 4 spinning threads (at most a quarter), plus
+    // at most the correction's quarter.
     assert!(now_us <= 10_000, "phase {now_us} µs of 20 000");
     let (on, off, apart, n) = sample(&busy[0], &busy[1], Duration::from_millis(300));
     println!("auto cosched: {now_us} µs; samples {on} on, {off} off, {apart} apart of {n}");
