@@ -151,8 +151,8 @@ from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
                                  BenchError, CGROUP_CPU, CLK_TCK, Daemon,
                                  Proc, WEIGHT_SHARES, between, driver_counters, first_line,
                                  loadavg, ratio, remove_cgroup, run_main, set_fifo1, spread,
-                                 ctx_switches, stat_cpu_s, status_vm, thread_stats, vm_caps,
-                                 weight_cgroup)
+                                 ctx_switches, parse_cyclictest, stat_cpu_s, status_vm,
+                                 thread_stats, vm_caps, weight_cgroup)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
                                   modprobe_files)
@@ -226,40 +226,6 @@ def run_seconds(doc):
                     - parsedate_to_datetime(doc["start_time"])).total_seconds())
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def parse_cyclictest(doc):
-    """Summary and merged histogram of all threads of a cyclictest --json
-    result (avg weighted by cycles, max over threads)."""
-    threads = list(doc["thread"].values())
-    if not threads:
-        raise KeyError("no thread in the cyclictest result")
-    merged = {}
-    for t in threads:
-        for k, v in t.get("histogram", {}).items():
-            merged[int(k)] = merged.get(int(k), 0) + int(v)
-    hist = sorted(merged.items())
-    cycles = sum(int(t["cycles"]) for t in threads)
-    overflow = max(0, cycles - sum(c for _, c in hist))
-    avg = sum(float(t["avg"]) * int(t["cycles"]) for t in threads) / cycles if cycles else None
-    return {"avg_us": avg, "max_us": max(int(t["max"]) for t in threads),
-            "min_us": min(int(t["min"]) for t in threads), "threads": len(threads),
-            "cycles": cycles, "p50_us": percentile(hist, cycles, 0.50),
-            "p99_us": percentile(hist, cycles, 0.99), "hist": hist, "overflow": overflow}
-
-
-def percentile(hist, total, q):
-    """Smallest bucket (us) whose cumulative count reaches q * total; None
-    if that falls past the histogram (overflow) or there are no samples."""
-    if total <= 0:
-        return None
-    need = q * total
-    acc = 0
-    for us, c in hist:
-        acc += c
-        if acc >= need:
-            return us
-    return None
 
 
 def steal_s():

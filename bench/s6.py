@@ -72,7 +72,12 @@ Usage
       -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd
   python3 bench/s6.py [--quick] [--reps 5] [--duration 20] \\
       [--topology 1x2,2x2,3x2,1x4] [--workloads cpu,tlb,hackbench,dbench] \\
-      [--variants vanilla,pvsched,fifo1,weight] [--hogs 2] [--json s6.json]
+      [--variants vanilla,pvsched,fifo1,weight] [--hogs 2] [--host-probe] [--json s6.json]
+
+--host-probe runs a SCHED_OTHER cyclictest on the host beside every
+workload: what a variant costs an ordinary host thread's wake-ups (FIFO
+vCPUs and co-scheduled phases make it wait), which the hogs' work does not
+show.
 
 A guest that does not report a workload within --duration + 120 s (static
 FIFO under overcommit can starve QEMU's main loop, which raises a TCG
@@ -107,8 +112,8 @@ from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
                                  BenchError, CGROUP_CPU, Daemon, Proc,
                                  WEIGHT_SHARES, between, driver_counters, first_line,
                                  loadavg, qemu_cpu_s, ratio, remove_cgroup, run_main,
-                                 set_fifo1, stat_cpu_s, status_vm, thread_cpu_s, thread_stats, vm_caps,
-                                 weight_cgroup)
+                                 parse_cyclictest, set_fifo1, stat_cpu_s, status_vm, thread_cpu_s,
+                                 thread_stats, vm_caps, weight_cgroup)
 from pvsched_guest.boot import Boot  # noqa: E402
 from pvsched_guest.host import fair_slice, set_fair_slice  # noqa: E402
 from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
@@ -402,6 +407,12 @@ def run_workload(args, tag, guests, w, variant, daemon):
         hogs = Proc("hogs", ["stress-ng", "--cpu", str(args.hogs), "--cpu-method", "int64",
                              "-t", str(dur), "--metrics-brief", "-Y", str(yaml)],
                     hog_dir / f"{tag}-{w}.log")
+    probe = None
+    if args.host_probe:
+        probe_dir = args.out / "probe"
+        probe_dir.mkdir(parents=True, exist_ok=True)
+        probe_json = probe_dir / f"{tag}-{w}.json"
+        probe = Proc("host-probe", host_probe_cmd(dur, probe_json), probe_dir / f"{tag}-{w}.log")
     t0 = time.monotonic()
     for g in guests:
         g.cmd.put(f"run {w} {dur}")
@@ -409,8 +420,10 @@ def run_workload(args, tag, guests, w, variant, daemon):
         for g in guests:
             g.wait_ready(dur + PROGRESS_S)
     finally:
-        if hogs is not None and hogs.p.poll() is None and sys.exc_info()[0] is not None:
-            hogs.stop()
+        if sys.exc_info()[0] is not None:
+            for p in (hogs, probe):
+                if p is not None and p.p.poll() is None:
+                    p.stop()
     wall = time.monotonic() - t0
     cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
     thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
@@ -420,6 +433,15 @@ def run_workload(args, tag, guests, w, variant, daemon):
         hogs.wait(dur + 60)
         hogs.stop()
         hog_ops = stress_ng_ops(yaml.read_text() if yaml.exists() else "", "cpu")
+    probe_fig = None
+    if probe is not None:
+        probe.wait(dur + 30)
+        probe.stop()
+        try:
+            c = parse_cyclictest(json.loads(probe_json.read_text()))
+            probe_fig = {k: c[k] for k in ("p50_us", "p99_us", "max_us", "cycles", "overflow")}
+        except (OSError, ValueError, KeyError) as e:
+            raise BenchError(f"host probe gave no result: {e} (see {probe_dir})")
     vms, failed = [], []
     for g, c0, c1, t0, t1 in zip(guests, cpu0, cpu1, thr0, thr1):
         if not g.results:
@@ -442,7 +464,11 @@ def run_workload(args, tag, guests, w, variant, daemon):
     cpu = sum(v["cpu_s"] for v in vms)
     row = {"workload": w, "variant": variant, "tag": tag, "throughput": round(tp, 2),
            "vm_cpu_s": round(cpu, 2), "per_cpu_s": round(tp / cpu, 4) if cpu else None,
-           "hog_ops": hog_ops, "wall_s": round(wall, 1), "loadavg_start": la, "vms": vms}
+           "hog_ops": hog_ops, "wall_s": round(wall, 1), "loadavg_start": la, "vms": vms,
+           "probe_p99_us": probe_fig and probe_fig["p99_us"],
+           "probe_max_us": probe_fig and probe_fig["max_us"]}
+    if probe_fig is not None:
+        row["host_probe"] = probe_fig
     if st0 is not None:
         st1 = daemon.status()
         pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0}
@@ -467,7 +493,9 @@ def run_workload(args, tag, guests, w, variant, daemon):
                     f"{row['per_cpu_s']}, hogs {hog_ops}"
                     + (f", policy {row['policy']}" if "policy" in row else "")
                     + (f", guest {row['guest_counters']}" if "guest_counters" in row else "")
-                    + f", beside {row['aux_cpu_s']}")
+                    + f", beside {row['aux_cpu_s']}"
+                    + (f", host probe p99/max {probe_fig['p99_us']}/{probe_fig['max_us']} us"
+                       if probe_fig else ""))
     return row
 
 
@@ -502,6 +530,19 @@ def throughput(w, fields, out):
 
 # ---------------------------------------------------------------- report
 
+# A row's figures summarized per variant (the probe's: None without --host-probe).
+FIGURES = ("throughput", "vm_cpu_s", "per_cpu_s", "hog_ops", "probe_p99_us", "probe_max_us")
+
+
+def host_probe_cmd(dur, out):
+    """A SCHED_OTHER nice-0 cyclictest on the host: how long an ordinary
+    host thread that wakes every ms waits for a CPU beside the guests
+    (co-scheduled phases and FIFO vCPUs make it wait; the hogs' bogo ops do
+    not show that)."""
+    return ["cyclictest", "-p", "0", "--policy=other", "-i", "1000", "-t", "1", "-q",
+            "-D", str(dur), "-h", "100000", "--histfile=/dev/null", f"--json={out}"]
+
+
 def summarize(rows, variants):
     """Per (topology, workload): each variant's medians and spread, and
     ratios to vanilla's median."""
@@ -515,8 +556,8 @@ def summarize(rows, variants):
             if not rs:
                 continue
             s = {}
-            for k in ("throughput", "vm_cpu_s", "per_cpu_s", "hog_ops"):
-                vals = [r[k] for r in rs if r[k] is not None]
+            for k in FIGURES:
+                vals = [r[k] for r in rs if r.get(k) is not None]
                 s[k] = stats(vals)
             s["no_result"] = [r["error"] for r in rs if r.get("error")]
             if any("policy" in r for r in rs):
@@ -529,14 +570,13 @@ def summarize(rows, variants):
             for v, s in cell.items():
                 if v == "vanilla":
                     continue
-                s["ratio"] = {k: ratio(s[k]["median"], van[k]["median"])
-                              for k in ("throughput", "per_cpu_s", "vm_cpu_s", "hog_ops")}
+                s["ratio"] = {k: ratio(s[k]["median"], van[k]["median"]) for k in FIGURES}
                 # The same rep's vanilla ran next to it, under the same
                 # outer-host conditions (this host is itself a VM): the
                 # median of the per-rep ratios is the steadier figure.
                 paired = {}
-                for k in ("throughput", "per_cpu_s", "vm_cpu_s", "hog_ops"):
-                    rs = [ratio(r[k], vrows[r["rep"]][k]) for r in rows
+                for k in FIGURES:
+                    rs = [ratio(r.get(k), vrows[r["rep"]].get(k)) for r in rows
                           if r["topology"] == topo and r["workload"] == w and r["variant"] == v
                           and r["rep"] in vrows]
                     paired[k] = stats([x for x in rs if x is not None])
@@ -623,6 +663,10 @@ def main():
                          "whose lock:contention_* tracepoints a KVM guest with "
                          "paravirtual spinlocks also fires, instead of the "
                          "virt_spin_lock() test-and-set loop a TCG guest uses")
+    ap.add_argument("--host-probe", action="store_true",
+                    help="run a SCHED_OTHER cyclictest on the host beside every workload "
+                         "(its p99 and max: what the variant costs an ordinary host "
+                         "thread's wake-ups)")
     add_autogroup_option(ap, "the VMs together against the hogs")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()

@@ -83,14 +83,24 @@ def s6_table(d):
             return "1"
         return f"{x['median']:.2f} ({x['min']:.2f}–{x['max']:.2f})"
 
+    probe = any((s.get("probe_p99_us") or {}).get("median") is not None
+                for c in d["summary"].values() for s in c.values())
+    if probe:
+        # --host-probe: an ordinary host thread's wake-up p99 and max, µs.
+        rows[0] += " host probe p99 / max µs |"
+        rows[1] += " --- |"
     for key, cell_ in d["summary"].items():
         for v, s in cell_.items():
             pol = s.get("policy")
             pol_txt = ", ".join(f"{x['boosts']}/{x['boosted_s']}" for x in pol if x) if pol else "-"
             cpu = s["vm_cpu_s"]
-            rows.append(f"| {key} | {v} | {pr(s, 'throughput')} | {pr(s, 'per_cpu_s')} | "
-                        f"{cpu['median']} ({cpu['min']}–{cpu['max']}) | {pr(s, 'hog_ops')} | "
-                        f"{pol_txt} |")
+            line = (f"| {key} | {v} | {pr(s, 'throughput')} | {pr(s, 'per_cpu_s')} | "
+                    f"{cpu['median']} ({cpu['min']}–{cpu['max']}) | {pr(s, 'hog_ops')} | "
+                    f"{pol_txt} |")
+            if probe:
+                p99, mx = s.get("probe_p99_us") or {}, s.get("probe_max_us") or {}
+                line += f" {p99.get('median')} / {mx.get('median')} ({mx.get('max')}) |"
+            rows.append(line)
     return "\n".join(rows)
 
 

@@ -162,6 +162,40 @@ def ratio(a, b):
     return round(a / b, 3) if a is not None and b not in (None, 0) else None
 
 
+def parse_cyclictest(doc):
+    """Summary and merged histogram of all threads of a cyclictest --json
+    result (avg weighted by cycles, max over threads)."""
+    threads = list(doc["thread"].values())
+    if not threads:
+        raise KeyError("no thread in the cyclictest result")
+    merged = {}
+    for t in threads:
+        for k, v in t.get("histogram", {}).items():
+            merged[int(k)] = merged.get(int(k), 0) + int(v)
+    hist = sorted(merged.items())
+    cycles = sum(int(t["cycles"]) for t in threads)
+    overflow = max(0, cycles - sum(c for _, c in hist))
+    avg = sum(float(t["avg"]) * int(t["cycles"]) for t in threads) / cycles if cycles else None
+    return {"avg_us": avg, "max_us": max(int(t["max"]) for t in threads),
+            "min_us": min(int(t["min"]) for t in threads), "threads": len(threads),
+            "cycles": cycles, "p50_us": percentile(hist, cycles, 0.50),
+            "p99_us": percentile(hist, cycles, 0.99), "hist": hist, "overflow": overflow}
+
+
+def percentile(hist, total, q):
+    """Smallest bucket (us) whose cumulative count reaches q * total; None
+    if that falls past the histogram (overflow) or there are no samples."""
+    if total <= 0:
+        return None
+    need = q * total
+    acc = 0
+    for us, c in hist:
+        acc += c
+        if acc >= need:
+            return us
+    return None
+
+
 def stat_cpu_s(path):
     """CPU seconds (utime + stime) of a /proc .../stat file."""
     fields = Path(path).read_text().rsplit(")", 1)[1].split()

@@ -12,12 +12,15 @@ KERNEL = "7.3-cloud"
 def test_s6_smoke(bench_script, report):
     doc = bench_script("s6.py", "--kernel", KERNEL, "--topology", "1x2", "--workloads", "cpu",
                        "--variants", "vanilla,pvsched", "--reps", "1", "--duration", "5",
-                       "--hogs", "1")
+                       "--hogs", "1", "--host-probe")
     assert doc["scenario"] == "s6"
     runs = {(x["variant"], x["workload"]): x for x in doc["runs"]}
     assert set(runs) == {("vanilla", "cpu"), ("pvsched", "cpu")}
     for x in runs.values():
         assert x["throughput"] > 0 and x["vm_cpu_s"] > 0 and x["hog_ops"] > 0, x
+        # The host probe (an ordinary host thread waking every ms) ran
+        # beside the workload.
+        assert x["host_probe"]["cycles"] > 0 and x["probe_max_us"] is not None, x
     pv = runs[("pvsched", "cpu")]
     assert "policy" in pv, "no pvschedd statistics for the pvsched run"
     # A guest that runs only batch work (stress-ng --cpu, no RT task of its
@@ -29,6 +32,7 @@ def test_s6_smoke(bench_script, report):
     assert pv["policy"]["boosted_s"] <= 0.02 * pv["vm_cpu_s"], pv
     assert doc["caps"]["pvsched"]["source"] == "default"
     cell = doc["summary"]["1x2/cpu"]
-    assert set(cell["pvsched"]["ratio"]) == {"throughput", "per_cpu_s", "vm_cpu_s", "hog_ops"}
+    assert set(cell["pvsched"]["ratio"]) == {"throughput", "per_cpu_s", "vm_cpu_s", "hog_ops",
+                                             "probe_p99_us", "probe_max_us"}
     report(f"s6 smoke: {doc['seconds']} s; pvsched/vanilla {cell['pvsched']['ratio']}, "
            f"policy {pv['policy']}, VM CPU {pv['vm_cpu_s']} s")
