@@ -260,3 +260,49 @@ fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
     drop(vm);
     assert_eq!(vcpus[0].attr().nice, 0, "baseline back at unregistration");
 }
+
+#[test]
+fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
+    if !need_bpf("auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task") {
+        return;
+    }
+    let agent = common::agent();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let _hogs: Vec<FakeVcpu> = (0..2 * cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    // Busy vCPUs (a phase would be owed to them), one of which runs the
+    // guest's own RT task, as the guest driver reports it in its slot:
+    // the policy makes that vCPU latency-sensitive for halt_hold_us.
+    let rt = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let base = rt[0].attr();
+    let vm = common::device_vm(&agent, &[rt[0].tid, rt[1].tid], &[], auto_caps());
+    let region = vm.region().expect("device-region VM");
+    region.write_guest(
+        2,
+        0,
+        &pvsched_abi::SlotGuest {
+            policy: POLICY_FIFO,
+            rt_prio: 50,
+            ..Default::default()
+        },
+    );
+    // A control VM, the same but without the RT task, gets its phase: the
+    // host is overcommitted enough for one.
+    let busy = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let control = common::device_vm(&agent, &[busy[0].tid, busy[1].tid], &[], auto_caps());
+    wait_for("the control VM's measured phase", LIMIT, || {
+        Some(control.stats().cosched_now_us).filter(|us| *us > 0)
+    });
+    // Two more windows for the RT VM.
+    std::thread::sleep(Duration::from_millis(2_200));
+    let s = vm.stats();
+    let changes: u64 = s.vcpus.iter().map(|t| t.phase_changes).sum();
+    assert_eq!(
+        (s.cosched_now_us, changes),
+        (0, 0),
+        "a VM whose guest runs an RT task is never co-scheduled"
+    );
+    assert!(
+        rt[0].attr().policy == POLICY_FIFO || rt[0].attr() == base,
+        "vCPU 0 at its baseline or the policy's RT boost, never nice 19"
+    );
+}
