@@ -8,7 +8,9 @@
  *
  *   sched_switch                 policy, nice and rt_prio of the next task,
  *                                and whether it is a kernel thread or the
- *                                idle task (flags, with PVSCHED_F_TASK_FLAGS)
+ *                                idle task (flags, with PVSCHED_F_TASK_FLAGS);
+ *                                going idle after a user RT task that
+ *                                sleeps, that task (PVSCHED_TASK_F_RT_SLEEPER)
  *   irq_handler_entry/exit       PVSCHED_CS_HARDIRQ
  *   softirq_entry/exit           PVSCHED_CS_SOFTIRQ
  *   csd_queue_cpu                wait_on: this CPU queued a synchronous
@@ -49,6 +51,7 @@
 #include <linux/pci.h>
 #include <linux/percpu.h>
 #include <linux/sched.h>
+#include <linux/sched/clock.h>
 #include <linux/seq_file.h>
 #include <linux/smp.h>
 #include <linux/string.h>
@@ -154,7 +157,18 @@ struct pvsched_cpu {
 	u64 waits;     /* synchronous calls queued to a CPU with a slot */
 	u64 wait_ends; /* waits of other CPUs this CPU ended */
 	u64 lock_waits; /* contended lock spins reported */
+	u64 rt_sleepers; /* idle entries reported with their RT sleeper */
+	/* local_clock() when the RT sleeper reported now last ran. */
+	u64 rt_sleeper_ns;
 };
+
+/*
+ * How long an idle CPU keeps reporting the user RT task it ran last: the
+ * host's default latency hold (halt_hold_us, 1 s). A task that runs again
+ * sooner renews it; one that went elsewhere or changed its policy stops
+ * counting at the first interrupt this CPU takes after that.
+ */
+#define PVSCHED_RT_SLEEPER_NS NSEC_PER_SEC
 
 static DEFINE_PER_CPU(struct pvsched_cpu, pvsched_pcpu);
 
@@ -328,6 +342,35 @@ static void pvsched_task_state(struct pvsched_cpu *pc,
 	}
 }
 
+/*
+ * This CPU goes idle after @prev, which went to sleep: if @prev is a user
+ * RT task, report it instead of the idle task, with
+ * PVSCHED_TASK_F_RT_SLEEPER. A periodic RT task (cyclictest, a control
+ * loop) runs for microseconds between long sleeps; the host reads a slot
+ * when the vCPU's thread is switched, which is nearly always when the
+ * guest is idle, and would otherwise rarely see the task and let the
+ * vCPU's latency hold lapse while the task still waits for its next
+ * wake-up here.
+ */
+static void pvsched_rt_sleeper(struct pvsched_cpu *pc,
+			       const struct task_struct *prev,
+			       unsigned int prev_state)
+{
+	u32 policy = prev->policy;
+
+	if (prev_state == TASK_RUNNING || (prev->flags & (PF_KTHREAD | PF_EXITING)))
+		return;
+	if (policy != SCHED_FIFO && policy != SCHED_RR &&
+	    policy != SCHED_DEADLINE)
+		return;
+	pc->policy = policy;
+	pc->nice = 0;
+	pc->rt_prio = policy == SCHED_DEADLINE ? 0 : prev->rt_priority;
+	pc->task_flags = PVSCHED_TASK_F_IDLE | PVSCHED_TASK_F_RT_SLEEPER;
+	pc->rt_sleeper_ns = local_clock();
+	pc->rt_sleepers++;
+}
+
 static void notrace pvsched_sched_switch(void *data, bool preempt,
 					 struct task_struct *prev,
 					 struct task_struct *next,
@@ -337,6 +380,8 @@ static void notrace pvsched_sched_switch(void *data, bool preempt,
 
 	pc->switches++;
 	pvsched_task_state(pc, next);
+	if (is_idle_task(next) && READ_ONCE(pvsched_task_flags))
+		pvsched_rt_sleeper(pc, prev, prev_state);
 	pvsched_publish(pc);
 }
 
@@ -348,6 +393,10 @@ static void notrace pvsched_irq_entry(void *data, int irq,
 	pc->irqs++;
 	if (pc->hardirq_depth++ == 0) {
 		pc->kern_cs |= PVSCHED_CS_HARDIRQ;
+		/* An RT sleeper that has not run for long no longer counts. */
+		if ((pc->task_flags & PVSCHED_TASK_F_RT_SLEEPER) &&
+		    local_clock() - pc->rt_sleeper_ns > PVSCHED_RT_SLEEPER_NS)
+			pvsched_task_state(pc, current);
 		pvsched_publish(pc);
 	}
 }
@@ -760,17 +809,17 @@ static int pvsched_stats_show(struct seq_file *m, void *v)
 		   pd->device_region ? "device" : "guest", pd->nr_vcpus,
 		   pd->generation, pd->features, READ_ONCE(pd->lost),
 		   pd->wait_on, pd->lock_wait);
-	seq_puts(m, "cpu slot updates switches irqs softirqs waits wait_ends lock_waits\n");
+	seq_puts(m, "cpu slot updates switches irqs softirqs waits wait_ends lock_waits rt_sleepers\n");
 	for_each_possible_cpu(cpu) {
 		const struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
 		bool attached = READ_ONCE(pc->slot);
 
-		seq_printf(m, "%u %d %llu %llu %llu %llu %llu %llu %llu\n", cpu,
+		seq_printf(m, "%u %d %llu %llu %llu %llu %llu %llu %llu %llu\n", cpu,
 			   attached ? (int)pc->slot_index : -1,
 			   READ_ONCE(pc->updates), READ_ONCE(pc->switches),
 			   READ_ONCE(pc->irqs), READ_ONCE(pc->softirqs),
 			   READ_ONCE(pc->waits), READ_ONCE(pc->wait_ends),
-			   READ_ONCE(pc->lock_waits));
+			   READ_ONCE(pc->lock_waits), READ_ONCE(pc->rt_sleepers));
 	}
 	return 0;
 }

@@ -30,7 +30,7 @@
  * Minor additions are announced by feature bits; old drivers ignore them.
  */
 #define PVSCHED_ABI_MAJOR 1
-#define PVSCHED_ABI_MINOR 3
+#define PVSCHED_ABI_MINOR 4
 #define PVSCHED_ABI_VERSION ((PVSCHED_ABI_MAJOR << 16) | PVSCHED_ABI_MINOR)
 #define PVSCHED_VERSION_MAJOR(v) (((v) >> 16) & 0xffff)
 #define PVSCHED_VERSION_MINOR(v) ((v) & 0xffff)
@@ -185,7 +185,11 @@ struct pvsched_region_header {
 /* Guest half: flags bits (with PVSCHED_F_TASK_FLAGS; 0 otherwise). */
 #define PVSCHED_TASK_F_KTHREAD (1U << 0) /* the running task is a kernel thread */
 #define PVSCHED_TASK_F_IDLE (1U << 1)	 /* the CPU runs its idle task (1.2) */
-#define PVSCHED_TASK_F_ALL (PVSCHED_TASK_F_KTHREAD | PVSCHED_TASK_F_IDLE)
+/* With TASK_F_IDLE: policy, nice and rt_prio are those of the user RT task
+ * this CPU ran last, asleep until it runs here again (1.4). */
+#define PVSCHED_TASK_F_RT_SLEEPER (1U << 2)
+#define PVSCHED_TASK_F_ALL \
+	(PVSCHED_TASK_F_KTHREAD | PVSCHED_TASK_F_IDLE | PVSCHED_TASK_F_RT_SLEEPER)
 
 /* wait_on: slot index + 1 of the vCPU this vCPU waits for; 0 = not waiting. */
 #define PVSCHED_WAIT_NONE 0

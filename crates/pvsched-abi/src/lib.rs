@@ -29,7 +29,7 @@ use core::mem::{offset_of, size_of};
 /// ABI major version. A major mismatch is refused at DRIVER_OK.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version. Minor additions are announced by feature bits.
-pub const ABI_MINOR: u32 = 3;
+pub const ABI_MINOR: u32 = 4;
 /// `(major << 16) | minor`, as found in the VERSION register and region header.
 pub const ABI_VERSION: u32 = (ABI_MAJOR << 16) | ABI_MINOR;
 
@@ -226,8 +226,13 @@ pub const TASK_F_KTHREAD: u32 = 1 << 0;
 /// `flags` bit (with [`F_TASK_FLAGS`], ABI 1.2): the CPU runs its idle task
 /// (it is about to halt, or halted).
 pub const TASK_F_IDLE: u32 = 1 << 1;
+/// `flags` bit (with [`F_TASK_FLAGS`] and [`TASK_F_IDLE`], ABI 1.4): the
+/// CPU is idle and `policy`, `nice` and `rt_prio` are those of the user RT
+/// task it ran last, asleep until it runs there again (a periodic RT task
+/// between two runs: its vCPU stays latency-sensitive while it halts).
+pub const TASK_F_RT_SLEEPER: u32 = 1 << 2;
 /// Every defined `flags` bit; others are reserved and ignored.
-pub const TASK_F_ALL: u32 = TASK_F_KTHREAD | TASK_F_IDLE;
+pub const TASK_F_ALL: u32 = TASK_F_KTHREAD | TASK_F_IDLE | TASK_F_RT_SLEEPER;
 
 /// `policy`: SCHED_NORMAL.
 pub const POLICY_NORMAL: u32 = 0;

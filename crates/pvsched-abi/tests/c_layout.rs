@@ -141,6 +141,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         PVSCHED_CS_ALL => abi::CS_ALL,
         PVSCHED_TASK_F_KTHREAD => abi::TASK_F_KTHREAD,
         PVSCHED_TASK_F_IDLE => abi::TASK_F_IDLE,
+        PVSCHED_TASK_F_RT_SLEEPER => abi::TASK_F_RT_SLEEPER,
         PVSCHED_TASK_F_ALL => abi::TASK_F_ALL,
         PVSCHED_POLICY_NORMAL => abi::POLICY_NORMAL,
         PVSCHED_POLICY_FIFO => abi::POLICY_FIFO,

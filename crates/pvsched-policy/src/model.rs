@@ -721,7 +721,7 @@ mod tests {
     use crate::caps::BoostKind;
     use pvsched_abi::{
         CS_HARDIRQ, CS_PREEMPT_OFF, CS_SOFTIRQ, F_DEVICE_REGION, F_KICK, F_LOCK_WAIT, F_TASK_FLAGS,
-        F_WAIT_ON, POLICY_FIFO,
+        F_WAIT_ON, POLICY_FIFO, TASK_F_RT_SLEEPER,
     };
 
     const MS: u64 = 1_000_000;
@@ -950,6 +950,52 @@ mod tests {
             (vm.vcpus[0].boost, vm.vcpus[0].boost_prio),
             (BOOST_NICE, -5)
         );
+    }
+
+    #[test]
+    fn an_idle_cpu_reporting_its_rt_sleeper_renews_the_hold() {
+        // A periodic RT task at FIFO 3 ran once; the host then reads the
+        // slot only when the guest is idle again. With TASK_F_RT_SLEEPER
+        // (ABI 1.4) the idle slot carries the sleeping task: each such
+        // read renews the hold at its priority, as a sighting of the task
+        // would.
+        let mut vm = vm2();
+        write(&mut vm, 0, rt(3));
+        vm.step(MS, Event::SwitchIn { vcpu: 0 });
+        let sleeper = GuestFields {
+            flags: TASK_F_IDLE | TASK_F_RT_SLEEPER,
+            ..rt(3)
+        };
+        write(&mut vm, 0, sleeper);
+        vm.step(2 * MS, out(0, false));
+        let hold = Caps::ns(Caps::default().halt_hold_us);
+        // Each wake-up and halt of the vCPU, 900 ms apart, shows only the
+        // idle guest with its sleeper.
+        for k in 1..5u64 {
+            let t = k * 900 * MS;
+            vm.step(t, Event::Wakeup { vcpu: 0 });
+            vm.step(t + MS, out(0, false));
+            assert_eq!(vm.vcpus[0].ls_until, t + MS + hold);
+            assert_eq!(
+                (vm.vcpus[0].boost, vm.vcpus[0].boost_prio),
+                (BOOST_RT, 3),
+                "held across halts, {k}"
+            );
+        }
+        // The plain idle task (the sleeper gone) renews nothing: the hold
+        // ends with ls_until.
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                flags: TASK_F_IDLE,
+                ..Default::default()
+            },
+        );
+        vm.step(5 * 900 * MS, Event::Wakeup { vcpu: 0 });
+        vm.step(5 * 900 * MS + MS, out(0, false));
+        let d = vm.step(4 * 900 * MS + MS + hold, Event::Tick { vcpu: 0 });
+        assert_eq!((d[0].kind, d[0].reason), (BOOST_NONE, R_NONE));
     }
 
     #[test]
