@@ -460,13 +460,11 @@ impl Cosched {
                     .any(|(g, _)| view.vcpu_ls_until(*g).is_some_and(|until| until > now))
         };
         // A guest that starts an RT task leaves its phase at once, not at
-        // the end of the window: the off part would hold its wake-ups.
+        // the end of the window (the off part would hold its wake-ups),
+        // and an RT task seen at any tick starts the cool-down.
         for (id, threads, always) in &autos {
-            if let Some(a) = self.auto.get_mut(id)
-                && a.share > 0.0
-                && latency_sensitive(threads, *always)
-            {
-                *a = AutoPhase::default();
+            if latency_sensitive(threads, *always) {
+                self.auto.entry(*id).or_default().latency_sensitive();
             }
         }
         let start = match self.host_last.take() {

@@ -207,16 +207,56 @@ pub struct Window {
     pub contended: bool,
 }
 
+/// Windows a VM must spend without a latency-sensitive vCPU before it is
+/// co-scheduled. A guest that has run an RT task lately is an RT guest
+/// between two RT jobs: a phase begun while its RT task sleeps would hold
+/// the task's first wake-ups in the off part (S4's guest, busy writing
+/// one cyclictest's results before the next cyclictest, was co-scheduled
+/// between the two and the next one's first cycles waited up to 14 ms).
+pub const LS_COOLDOWN_WINDOWS: u32 = 10;
+
 /// The auto phase of one VM: its last share and integral correction.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AutoPhase {
     /// Share of the period the VM's phase holds (0: not co-scheduled).
     pub share: f64,
     /// Integral correction, of the period.
     correction: f64,
+    /// Windows since a vCPU of the VM was last latency-sensitive
+    /// (saturating; `u32::MAX`: never seen so).
+    since_ls: u32,
+}
+
+impl Default for AutoPhase {
+    fn default() -> Self {
+        AutoPhase {
+            share: 0.0,
+            correction: 0.0,
+            since_ls: u32::MAX,
+        }
+    }
 }
 
 impl AutoPhase {
+    /// A vCPU of the VM is latency-sensitive now: no phase, and none until
+    /// [`LS_COOLDOWN_WINDOWS`] windows without.
+    pub fn latency_sensitive(&mut self) {
+        *self = AutoPhase {
+            since_ls: 0,
+            ..AutoPhase::default()
+        };
+    }
+
+    /// No phase (the correction starts again), remembering when the VM was
+    /// last latency-sensitive.
+    fn off(&mut self) -> f64 {
+        *self = AutoPhase {
+            since_ls: self.since_ls,
+            ..AutoPhase::default()
+        };
+        0.0
+    }
+
     /// Ends a window, measured as `w`, and gives the share of the next
     /// one, at most `max_share` (the operator's `max_cosched_pct` / 100).
     pub fn update(&mut self, w: &Window, max_share: f64) -> f64 {
@@ -226,9 +266,13 @@ impl AutoPhase {
             .host_demand
             .partial_cmp(&(OVERCOMMIT * cpus))
             .is_some_and(|o| o != std::cmp::Ordering::Less);
-        if w.latency_sensitive || !w.contended || !overcommitted {
-            *self = AutoPhase::default();
+        if w.latency_sensitive {
+            self.latency_sensitive();
             return 0.0;
+        }
+        self.since_ls = self.since_ls.saturating_add(1);
+        if self.since_ls <= LS_COOLDOWN_WINDOWS || !w.contended || !overcommitted {
+            return self.off();
         }
         let held = f64::from(w.vcpus.min(w.host_cpus).max(1));
         let max_share = max_share.clamp(0.0, 1.0);
@@ -236,8 +280,7 @@ impl AutoPhase {
         // the host's scheduler does without one: leave it to the host.
         // The slack keeps a VM owed about the limit from flapping.
         if w.owed / held > max_share + OVER_LIMIT_SLACK {
-            *self = AutoPhase::default();
-            return 0.0;
+            return self.off();
         }
         if self.share > 0.0 {
             // Only a window the VM spent co-scheduled says how far its
@@ -370,7 +413,16 @@ mod tests {
         let mut w = window(4.0, 1.0, 1.0);
         w.latency_sensitive = true;
         assert_eq!(a.update(&w, 0.5), 0.0);
-        assert_eq!(a, AutoPhase::default());
+        // ...nor for LS_COOLDOWN_WINDOWS windows after one.
+        for n in 0..LS_COOLDOWN_WINDOWS {
+            assert_eq!(a.update(&window(4.0, 1.0, 1.0), 0.5), 0.0, "window {n}");
+        }
+        assert!(a.update(&window(4.0, 1.0, 1.0), 0.5) > 0.0);
+        // A tick that sees an RT task starts the cool-down again.
+        a.latency_sensitive();
+        assert_eq!(a.share, 0.0);
+        assert_eq!(a.update(&window(4.0, 1.0, 1.0), 0.5), 0.0);
+        let mut a = AutoPhase::default();
         // An idle VM on a busy host.
         assert_eq!(a.update(&window(4.0, 0.01, 0.01), 0.5), 0.0);
         // A VM whose vCPUs get all they want, however much that is.
