@@ -453,19 +453,21 @@ impl Cosched {
             self.host_last = None;
             return;
         }
-        let latency_sensitive = |threads: &[(u32, u32)], always: bool| {
-            always
-                || threads
-                    .iter()
-                    .any(|(g, _)| view.vcpu_ls_until(*g).is_some_and(|until| until > now))
-        };
+        // Each "auto" VM: some vCPU latency-sensitive now.
+        let ls: Vec<bool> = autos
+            .iter()
+            .map(|(_, threads, always)| {
+                *always
+                    || threads
+                        .iter()
+                        .any(|(g, _)| view.vcpu_ls_until(*g).is_some_and(|until| until > now))
+            })
+            .collect();
         // A guest that starts an RT task leaves its phase at once, not at
         // the end of the window (the off part would hold its wake-ups),
         // and an RT task seen at any tick starts the cool-down.
-        for (id, threads, always) in &autos {
-            if latency_sensitive(threads, *always) {
-                self.auto.entry(*id).or_default().latency_sensitive();
-            }
+        for ((id, _, _), _) in autos.iter().zip(&ls).filter(|(_, ls)| **ls) {
+            self.auto.entry(*id).or_default().latency_sensitive();
         }
         let start = match self.host_last.take() {
             Some((start, host)) if now.saturating_sub(start) >= fairshare::WINDOW_NS => {
@@ -487,7 +489,7 @@ impl Cosched {
         let threads_now = fairshare::host_threads(&start.1, &host, dt_ns);
         let demands = fairshare::Demands::new(&threads_now, cpus);
         let (level, host_demand) = fairshare::fair_level(&demands.demands, cpus);
-        for (id, threads, always) in &autos {
+        for ((id, threads, _), ls) in autos.iter().zip(ls) {
             // Only threads read at both ends of the window count.
             let (mut owed, mut got, mut contended) = (0.0f64, 0.0f64, false);
             for (_, tid) in threads {
@@ -504,7 +506,7 @@ impl Cosched {
                 owed,
                 got,
                 vcpus: u32::try_from(threads.len()).unwrap_or(u32::MAX),
-                latency_sensitive: latency_sensitive(threads, *always),
+                latency_sensitive: ls,
                 contended,
             };
             let share = self.auto.entry(*id).or_default().update(&w, self.max_share);
