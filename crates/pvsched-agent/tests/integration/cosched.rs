@@ -146,6 +146,18 @@ fn vms_beyond_the_host_wide_share_are_not_co_scheduled() {
     assert_eq!(vm2.stats().vcpus[0].phase_changes, 0);
 }
 
+/// This host's CPUs, and two spinning, unregistered hogs per CPU: more
+/// than the 1.1 threads per CPU "auto" needs to co-schedule, however many
+/// CPUs the host has, and beside them a vCPU at nice 19 runs next to
+/// nothing.
+fn overcommit() -> (usize, Vec<FakeVcpu>) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (
+        cpus,
+        (0..2 * cpus).map(|_| FakeVcpu::spawn_busy(0)).collect(),
+    )
+}
+
 fn auto_caps() -> Caps {
     Caps {
         cosched_us: pvsched_policy::CoschedUs::Auto,
@@ -164,8 +176,7 @@ fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alo
     // CPUs: two spinning, unregistered hogs per CPU (more than the 1.1
     // threads per CPU "auto" needs, however many CPUs), beside two
     // spinning vCPUs.
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let _hogs: Vec<FakeVcpu> = (0..2 * cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    let (_, _hogs) = overcommit();
     let busy = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
     // A VM whose vCPUs sleep nearly all the time: owed next to nothing.
     let idle = [
@@ -227,8 +238,7 @@ fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
     // outside its phases a vCPU at nice 19 runs next to nothing, and in
     // them the vCPUs put at FIFO first keep the CPUs (no time slice at
     // FIFO). Each period must start with other vCPUs.
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let _hogs: Vec<FakeVcpu> = (0..2 * cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    let (cpus, _hogs) = overcommit();
     let vcpus: Vec<FakeVcpu> = (0..cpus + 2).map(|_| FakeVcpu::spawn_busy(0)).collect();
     let tids: Vec<u32> = vcpus.iter().map(|v| v.tid).collect();
     let vm = common::device_vm(&agent, &tids, &[], caps(10_000));
@@ -267,8 +277,7 @@ fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
         return;
     }
     let agent = common::agent();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let _hogs: Vec<FakeVcpu> = (0..2 * cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    let (_, _hogs) = overcommit();
     // Busy vCPUs (a phase would be owed to them), one of which runs the
     // guest's own RT task, as the guest driver reports it in its slot:
     // the policy makes that vCPU latency-sensitive for halt_hold_us.
