@@ -166,7 +166,7 @@ struct pvsched_cpu {
  * How long an idle CPU keeps reporting the user RT task it ran last: the
  * host's default latency hold (halt_hold_us, 1 s). A task that runs again
  * sooner renews it; one that went elsewhere or changed its policy stops
- * counting at the first interrupt this CPU takes after that.
+ * counting at the first interrupt this CPU takes once that time is over.
  */
 #define PVSCHED_RT_SLEEPER_NS NSEC_PER_SEC
 
