@@ -207,12 +207,16 @@ pub struct Window {
     pub contended: bool,
 }
 
-/// Windows a VM must spend without a latency-sensitive vCPU before it is
-/// co-scheduled. A guest that has run an RT task lately is an RT guest
-/// between two RT jobs: a phase begun while its RT task sleeps would hold
-/// the task's first wake-ups in the off part (S4's guest, busy writing
-/// one cyclictest's results before the next cyclictest, was co-scheduled
-/// between the two and the next one's first cycles waited up to 14 ms).
+/// At most this many windows a VM must spend without a latency-sensitive
+/// vCPU before it is co-scheduled. A guest that has run an RT task for a
+/// while is an RT guest between two RT jobs: a phase begun while its RT
+/// task sleeps would hold the task's first wake-ups in the off part (S4's
+/// guest, busy writing one cyclictest's results before the next
+/// cyclictest, was co-scheduled between the two and the next one's first
+/// cycles waited up to 14 ms). The cool-down is as many windows as the VM
+/// was latency-sensitive in a row, between 1 and this: one RT moment (the
+/// reference VMM's test guest as it boots) costs a window, not ten, of a
+/// ten-second run.
 pub const LS_COOLDOWN_WINDOWS: u32 = 10;
 
 /// The auto phase of one VM: its last share and integral correction.
@@ -222,9 +226,13 @@ pub struct AutoPhase {
     pub share: f64,
     /// Integral correction, of the period.
     correction: f64,
-    /// Windows since a vCPU of the VM was last latency-sensitive
+    /// Windows ended since a vCPU of the VM was last latency-sensitive
     /// (saturating; `u32::MAX`: never seen so).
     since_ls: u32,
+    /// Windows of the last run of latency-sensitive ones (the cool-down).
+    ls_windows: u32,
+    /// A vCPU was latency-sensitive in the window now open.
+    ls_seen: bool,
 }
 
 impl Default for AutoPhase {
@@ -233,18 +241,33 @@ impl Default for AutoPhase {
             share: 0.0,
             correction: 0.0,
             since_ls: u32::MAX,
+            ls_windows: 0,
+            ls_seen: false,
         }
     }
 }
 
 impl AutoPhase {
     /// A vCPU of the VM is latency-sensitive now: no phase, and none until
-    /// [`LS_COOLDOWN_WINDOWS`] windows without.
+    /// the cool-down ([`LS_COOLDOWN_WINDOWS`]) has passed without.
     pub fn latency_sensitive(&mut self) {
+        // A cool-down that has passed ends the run; one still going goes on.
+        let ls_windows = if self.since_ls > self.cooldown() {
+            0
+        } else {
+            self.ls_windows
+        };
         *self = AutoPhase {
             since_ls: 0,
+            ls_windows,
+            ls_seen: true,
             ..AutoPhase::default()
         };
+    }
+
+    /// Windows without a latency-sensitive vCPU before a phase.
+    fn cooldown(&self) -> u32 {
+        self.ls_windows.clamp(1, LS_COOLDOWN_WINDOWS)
     }
 
     /// No phase (the correction starts again), remembering when the VM was
@@ -252,6 +275,7 @@ impl AutoPhase {
     fn off(&mut self) -> f64 {
         *self = AutoPhase {
             since_ls: self.since_ls,
+            ls_windows: self.ls_windows,
             ..AutoPhase::default()
         };
         0.0
@@ -268,10 +292,15 @@ impl AutoPhase {
             .is_some_and(|o| o != std::cmp::Ordering::Less);
         if w.latency_sensitive {
             self.latency_sensitive();
+        }
+        // A window with a latency-sensitive vCPU, at its end or at any tick
+        // in it, is one more of the run; the cool-down starts after it.
+        if std::mem::take(&mut self.ls_seen) {
+            self.ls_windows = self.ls_windows.saturating_add(1);
             return 0.0;
         }
         self.since_ls = self.since_ls.saturating_add(1);
-        if self.since_ls <= LS_COOLDOWN_WINDOWS || !w.contended || !overcommitted {
+        if self.since_ls <= self.cooldown() || !w.contended || !overcommitted {
             return self.off();
         }
         let held = f64::from(w.vcpus.min(w.host_cpus).max(1));
@@ -412,16 +441,30 @@ mod tests {
         assert!(a.update(&window(4.0, 1.0, 1.0), 0.5) > 0.0);
         let mut w = window(4.0, 1.0, 1.0);
         w.latency_sensitive = true;
-        assert_eq!(a.update(&w, 0.5), 0.0);
-        // ...nor for LS_COOLDOWN_WINDOWS windows after one.
+        // A long run of latency-sensitive windows (an RT guest)...
+        for _ in 0..2 * LS_COOLDOWN_WINDOWS {
+            assert_eq!(a.update(&w, 0.5), 0.0);
+        }
+        // ...is followed by LS_COOLDOWN_WINDOWS windows without a phase.
         for n in 0..LS_COOLDOWN_WINDOWS {
             assert_eq!(a.update(&window(4.0, 1.0, 1.0), 0.5), 0.0, "window {n}");
         }
         assert!(a.update(&window(4.0, 1.0, 1.0), 0.5) > 0.0);
-        // A tick that sees an RT task starts the cool-down again.
+        // One tick that sees an RT task ends the phase and starts a new
+        // run: one window, and a cool-down of one.
         a.latency_sensitive();
         assert_eq!(a.share, 0.0);
         assert_eq!(a.update(&window(4.0, 1.0, 1.0), 0.5), 0.0);
+        assert_eq!(a.update(&window(4.0, 1.0, 1.0), 0.5), 0.0);
+        assert!(a.update(&window(4.0, 1.0, 1.0), 0.5) > 0.0);
+        // Three windows in a row: three without.
+        for _ in 0..3 {
+            assert_eq!(a.update(&w, 0.5), 0.0);
+        }
+        for n in 0..3 {
+            assert_eq!(a.update(&window(4.0, 1.0, 1.0), 0.5), 0.0, "window {n}");
+        }
+        assert!(a.update(&window(4.0, 1.0, 1.0), 0.5) > 0.0);
         let mut a = AutoPhase::default();
         // An idle VM on a busy host.
         assert_eq!(a.update(&window(4.0, 0.01, 0.01), 0.5), 0.0);
