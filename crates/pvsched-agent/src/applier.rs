@@ -9,7 +9,7 @@ use pvsched_abi::{
     BOOST_NICE, BOOST_NONE, BOOST_RT, POLICY_DEADLINE, POLICY_FIFO, POLICY_IDLE, POLICY_NORMAL,
     POLICY_RR,
 };
-use pvsched_policy::Caps;
+use pvsched_policy::{Caps, CoschedUs};
 use std::sync::Arc;
 
 /// What `kind`/`prio` means for a thread whose baseline is `base`, within
@@ -96,7 +96,20 @@ fn rank(a: &SchedAttr) -> i64 {
 /// the phase's FIFO in the co-scheduled phase; outside it, the boost if
 /// there is one, else the baseline lowered to nice [`COSCHED_OFF_NICE`]
 /// (an RT, deadline or idle baseline, or one already at 19, is kept).
+///
+/// A VM co-scheduled at its measured fair share (`cosched_us = "auto"`)
+/// gets no boost outside its phase: the phase is its whole share, and a
+/// boost in the rest of the period would be host CPU on top of it (S2's
+/// confirmed IPI pairs, kept boosted through their off parts, left the
+/// hogs half their vanilla work). Such a VM has no latency-sensitive vCPU
+/// (one leaves the phase within a tick), so what it gives up is the boosts
+/// of its batch work.
 pub fn effective(base: &SchedAttr, kind: u32, prio: i32, phase: Phase, caps: &Caps) -> SchedAttr {
+    let kind = if phase == Phase::Off && caps.cosched_us == CoschedUs::Auto {
+        BOOST_NONE
+    } else {
+        kind
+    };
     let boost = if kind == BOOST_NONE {
         *base
     } else {
@@ -601,6 +614,26 @@ mod tests {
             effective(&normal(0), BOOST_NICE, -5, Phase::Off, &c),
             normal(-5)
         );
+    }
+
+    #[test]
+    fn an_auto_vm_gets_no_boost_outside_its_phase() {
+        let c = Caps {
+            cosched_us: CoschedUs::Auto,
+            ..Caps::default()
+        };
+        for (kind, prio) in [(BOOST_RT, 1), (BOOST_RT, 2), (BOOST_NICE, -5)] {
+            assert_eq!(
+                effective(&normal(0), kind, prio, Phase::Off, &c),
+                normal(19)
+            );
+        }
+        // In its phase a yield boost still outranks the phase's FIFO.
+        let y = effective(&normal(0), BOOST_RT, 2, Phase::On, &c);
+        assert_eq!((y.policy, y.priority), (POLICY_FIFO, 2));
+        // A VM out of co-scheduling (Free) is boosted as any other.
+        let f = effective(&normal(0), BOOST_RT, 1, Phase::Free, &c);
+        assert_eq!((f.policy, f.priority), (POLICY_FIFO, 1));
     }
 
     #[test]
