@@ -349,6 +349,11 @@ last=$((ncpu - 1))
 echo "@@ fifo-start cpu=$last"
 /pvsched-helper spin 3 8 "$last"
 echo "@@ fifo-end cpu=$last"
+# An RT task that sleeps between short runs: its CPU idles in between and
+# reports it (TASK_F_RT_SLEEPER).
+echo "@@ rt-sleeper-start cpu=$last"
+/pvsched-helper periodic 2 9 "$last"
+echo "@@ rt-sleeper-end cpu=$last"
 cat /sys/kernel/debug/pvsched/stats
 
 # CPU hotplug with the module loaded: the CPU's slot is left neutral while

@@ -3,6 +3,12 @@
  * Static guest-side helper for the Linux guest test (busybox has no chrt).
  *
  *   pvsched-helper spin SECONDS PRIO CPU   SCHED_FIFO PRIO busy loop on CPU
+ *   pvsched-helper periodic SECONDS PRIO CPU
+ *                                          SCHED_FIFO PRIO task on CPU that runs
+ *                                          ~0.1 ms every 10 ms and sleeps in
+ *                                          between (the CPU idles after an RT
+ *                                          task that slept: the driver's RT
+ *                                          sleeper report)
  *   pvsched-helper pingpong ROUNDS CPU     two processes on CPU bounce a byte
  *                                          through pipes; prints ns/round trip
  *   pvsched-helper membarrier SECONDS FROM TO
@@ -70,6 +76,41 @@ static int spin(double secs, int prio, int cpu)
 	while (now() < end)
 		n++;
 	printf("spin done cpu=%d prio=%d iterations=%lu\n", cpu, prio, n);
+	return 0;
+}
+
+static int periodic(double secs, int prio, int cpu)
+{
+	struct sched_param sp = { .sched_priority = prio };
+	struct timespec next;
+	volatile unsigned long n = 0;
+	double end, busy;
+	long cycles = 0;
+
+	if (pin(cpu))
+		return 1;
+	if (sched_setscheduler(0, SCHED_FIFO, &sp)) {
+		perror("sched_setscheduler");
+		return 1;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &next);
+	end = now() + secs;
+	while (now() < end) {
+		busy = now() + 1e-4;
+		while (now() < busy)
+			n++;
+		next.tv_nsec += 10 * 1000 * 1000;
+		if (next.tv_nsec >= 1000 * 1000 * 1000) {
+			next.tv_nsec -= 1000 * 1000 * 1000;
+			next.tv_sec++;
+		}
+		if (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL)) {
+			perror("clock_nanosleep");
+			return 1;
+		}
+		cycles++;
+	}
+	printf("periodic done cpu=%d prio=%d cycles=%ld\n", cpu, prio, cycles);
 	return 0;
 }
 
@@ -231,6 +272,8 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IONBF, 0);
 	if (argc == 5 && !strcmp(argv[1], "spin"))
 		return spin(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
+	if (argc == 5 && !strcmp(argv[1], "periodic"))
+		return periodic(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	if (argc == 4 && !strcmp(argv[1], "pingpong"))
 		return pingpong(atol(argv[2]), atoi(argv[3]));
 	if (argc == 5 && !strcmp(argv[1], "membarrier"))
@@ -239,7 +282,7 @@ int main(int argc, char **argv)
 	if (argc == 5 && !strcmp(argv[1], "lock"))
 		return lock_loop(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	fprintf(stderr,
-		"usage: %s spin SECONDS PRIO CPU | pingpong ROUNDS CPU | membarrier SECONDS FROM TO | lock SECONDS CPU CPU\n",
+		"usage: %s spin SECONDS PRIO CPU | periodic SECONDS PRIO CPU | pingpong ROUNDS CPU | membarrier SECONDS FROM TO | lock SECONDS CPU CPU\n",
 		argv[0]);
 	return 2;
 }

@@ -75,8 +75,10 @@ def main(g, report, smp):
     f = assert_main(b, g.cycles)
     off, on = bench(b, "bench-off"), bench(b, "bench-on")
     ratio = f"{on / off:.3f}" if off and on else "n/a"
+    sleeper = sum(s["rt_sleepers"].get(f"{abi.POLICY_FIFO}/9", 0) for s in b.final["slots"])
     report(f"{b.name}: {b.seconds:.1f}s boot-to-poweroff; pipe round trip "
-           f"{off} ns without module, {on} ns with (ratio {ratio})")
+           f"{off} ns without module, {on} ns with (ratio {ratio}); "
+           f"{sleeper} device samples of the sleeping FIFO 9 task's report")
     return f
 
 
@@ -146,6 +148,18 @@ def assert_main(b, cycles):
               f"{b.name}: slot {idx} (cpu {cpu}) never showed FIFO prio 8: {slots[idx]['seen']}", f)
         others = [i for i, s in enumerate(slots) if i != idx and s["seen"].get(key, 0) > 0]
         check(not others, f"{b.name}: FIFO prio 8 showed on other slots {others}", f)
+    # 4b. An RT task that sleeps between short runs (FIFO 9, 0.1 ms every
+    #     10 ms): its CPU, idle in between, reports it as the RT sleeper
+    #     (TASK_F_RT_SLEEPER with its policy and priority), only there.
+    if idx is not None:
+        check(int(b.mark("rt-sleeper-start")["cpu"]) == cpu,
+              f"{b.name}: the RT sleeper ran on cpu {b.mark('rt-sleeper-start')}, expected {cpu}", f)
+        key = f"{abi.POLICY_FIFO}/9"
+        check(slots[idx]["rt_sleepers"].get(key, 0) > 0,
+              f"{b.name}: slot {idx} (cpu {cpu}) never reported the FIFO 9 task sleeping: "
+              f"{slots[idx]['rt_sleepers']}", f)
+        others = [i for i, s in enumerate(slots) if i != idx and s["rt_sleepers"]]
+        check(not others, f"{b.name}: RT sleepers reported on other slots {others}", f)
     # 5. irq bits toggle (set in some samples, clear in others); the guest
     #    makes console interrupts until the host saw both (irq_answer).
     hard = sum(s["cs_set"][1] for s in slots)

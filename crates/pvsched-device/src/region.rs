@@ -25,7 +25,7 @@
 use pvsched_abi::{
     CS_ALL, HEADER_SIZE, NICE_MAX, NICE_MIN, POLICY_BATCH, POLICY_DEADLINE, POLICY_FIFO,
     POLICY_IDLE, POLICY_NORMAL, POLICY_RR, RT_PRIO_MAX, RegionHeader, SLOT_SIZE, SlotGuest,
-    SlotHost, WAIT_ANY, WAIT_NONE,
+    SlotHost, TASK_F_ALL, WAIT_ANY, WAIT_NONE,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
@@ -124,6 +124,9 @@ pub struct GuestSlotState {
     pub wait_on: Option<u32>,
     /// The vCPU spins on a contended lock, holder unknown (`WAIT_ANY`).
     pub lock_wait: bool,
+    /// `TASK_F_*` bits of the running task (0 unless the guest negotiated
+    /// `F_TASK_FLAGS`); unknown bits are masked off.
+    pub task_flags: u32,
     /// Completed updates counter, as written.
     pub updates: u64,
     /// Some field was out of range and was clamped.
@@ -176,6 +179,7 @@ impl GuestSlotState {
             rt_prio,
             wait_on,
             lock_wait,
+            task_flags: raw.flags & TASK_F_ALL,
             updates: raw.updates,
             clamped,
         }

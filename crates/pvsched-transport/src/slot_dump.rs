@@ -85,6 +85,9 @@ pub struct SlotStats {
     /// Samples per `wait_on` seen: the slot index waited for, `"lock"` (a
     /// lock wait, `WAIT_ANY`) or `"none"`.
     pub waits: BTreeMap<String, u64>,
+    /// Samples per `"policy/rt_prio"` reported with `TASK_F_RT_SLEEPER`
+    /// (the CPU idle after an RT task that went to sleep).
+    pub rt_sleepers: BTreeMap<String, u64>,
 }
 
 /// The JSON document written to the dump file.
@@ -243,6 +246,11 @@ pub fn sample(monitor: &TransportMonitor, dump: &mut Dump) {
                         None => "none".to_owned(),
                     };
                     *st.waits.entry(wait).or_default() += 1;
+                    if g.task_flags & pvsched_abi::TASK_F_RT_SLEEPER != 0 {
+                        *st.rt_sleepers
+                            .entry(format!("{}/{}", g.policy, g.rt_prio))
+                            .or_default() += 1;
+                    }
                 }
                 Err(_) => st.failed_samples += 1,
             }

@@ -130,6 +130,7 @@ fn guest_region_handshake_reaches_driver_ok() {
             rt_prio: 42,
             wait_on: Some(2),
             lock_wait: false,
+            task_flags: 0,
             updates: 7,
             clamped: false
         }
