@@ -123,7 +123,7 @@ from pvsched_guest.qmp import qmp  # noqa: E402
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-none",
-            "pvsched-cosched", "pvsched-coauto",
+            "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10",
             "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
@@ -135,7 +135,10 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  "pvsched-auto": "kick_pairs = \"auto\"\n",
                  "pvsched-none": "allow_rt = false\nnice_floor = 0\n",
                  "pvsched-cosched": None,
-                 "pvsched-coauto": "cosched_us = \"auto\"\n"}
+                 "pvsched-coauto": "cosched_us = \"auto\"\n",
+                 # Half the default period: what a shorter phase costs the
+                 # VM's work and saves a host thread's wake-ups.
+                 "pvsched-coauto10": "cosched_us = \"auto\"\ncosched_period_us = 10000\n"}
 # pvsched-cosched: the period of the co-scheduled phase, µs.
 COSCHED_PERIOD_US = 20_000
 
