@@ -77,7 +77,8 @@ Usage
 --host-probe runs a SCHED_OTHER cyclictest on the host beside every
 workload: what a variant costs an ordinary host thread's wake-ups (FIFO
 vCPUs and co-scheduled phases make it wait), which the hogs' work does not
-show.
+show. --host-probe-prio N runs it at SCHED_FIFO N instead: a host service
+an operator raised above the phases' FIFO 1 and the policy's boosts.
 
 A guest that does not report a workload within --duration + 120 s (static
 FIFO under overcommit can starve QEMU's main loop, which raises a TCG
@@ -415,7 +416,8 @@ def run_workload(args, tag, guests, w, variant, daemon):
         probe_dir = args.out / "probe"
         probe_dir.mkdir(parents=True, exist_ok=True)
         probe_json = probe_dir / f"{tag}-{w}.json"
-        probe = Proc("host-probe", host_probe_cmd(dur, probe_json), probe_dir / f"{tag}-{w}.log")
+        probe = Proc("host-probe", host_probe_cmd(dur, probe_json, args.host_probe_prio),
+                     probe_dir / f"{tag}-{w}.log")
     t0 = time.monotonic()
     for g in guests:
         g.cmd.put(f"run {w} {dur}")
@@ -537,12 +539,13 @@ def throughput(w, fields, out):
 FIGURES = ("throughput", "vm_cpu_s", "per_cpu_s", "hog_ops", "probe_p99_us", "probe_max_us")
 
 
-def host_probe_cmd(dur, out):
+def host_probe_cmd(dur, out, prio=0):
     """A SCHED_OTHER nice-0 cyclictest on the host: how long an ordinary
     host thread that wakes every ms waits for a CPU beside the guests
     (co-scheduled phases and FIFO vCPUs make it wait; the hogs' bogo ops do
-    not show that)."""
-    return ["cyclictest", "-p", "0", "--policy=other", "-i", "1000", "-t", "1", "-q",
+    not show that). With `prio` > 0, SCHED_FIFO `prio` instead."""
+    policy = ["-p", str(prio), "--policy=fifo"] if prio > 0 else ["-p", "0", "--policy=other"]
+    return ["cyclictest", *policy, "-i", "1000", "-t", "1", "-q",
             "-D", str(dur), "-h", "100000", "--histfile=/dev/null", f"--json={out}"]
 
 
@@ -670,6 +673,9 @@ def main():
                     help="run a SCHED_OTHER cyclictest on the host beside every workload "
                          "(its p99 and max: what the variant costs an ordinary host "
                          "thread's wake-ups)")
+    ap.add_argument("--host-probe-prio", type=int, default=0, metavar="N",
+                    help="with --host-probe: run the probe at SCHED_FIFO N (1-99) instead "
+                         "of SCHED_OTHER")
     add_autogroup_option(ap, "the VMs together against the hogs")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
@@ -685,6 +691,8 @@ def main():
     for v in variants:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v}")
+    if not 0 <= args.host_probe_prio <= 99 or (args.host_probe_prio and not args.host_probe):
+        ap.error("--host-probe-prio takes 1-99 and needs --host-probe")
     args.out = args.out or args.cache / "bench-s6"
     args.qemu11 = args.qemu11 or args.cache / "qemu11" / "qemu-system-x86_64"
     for p in (args.device_bin, args.pvsched_bin, args.pvschedd_bin, args.qemu11):
