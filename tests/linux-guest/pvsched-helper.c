@@ -60,18 +60,27 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static int spin(double secs, int prio, int cpu)
+/* The caller on CPU `cpu` at SCHED_FIFO `prio`. */
+static int fifo_on(int cpu, int prio)
 {
 	struct sched_param sp = { .sched_priority = prio };
+
+	if (pin(cpu))
+		return -1;
+	if (sched_setscheduler(0, SCHED_FIFO, &sp)) {
+		perror("sched_setscheduler");
+		return -1;
+	}
+	return 0;
+}
+
+static int spin(double secs, int prio, int cpu)
+{
 	volatile unsigned long n = 0;
 	double end;
 
-	if (pin(cpu))
+	if (fifo_on(cpu, prio))
 		return 1;
-	if (sched_setscheduler(0, SCHED_FIFO, &sp)) {
-		perror("sched_setscheduler");
-		return 1;
-	}
 	end = now() + secs;
 	while (now() < end)
 		n++;
@@ -81,18 +90,13 @@ static int spin(double secs, int prio, int cpu)
 
 static int periodic(double secs, int prio, int cpu)
 {
-	struct sched_param sp = { .sched_priority = prio };
 	struct timespec next;
 	volatile unsigned long n = 0;
 	double end, busy;
 	long cycles = 0;
 
-	if (pin(cpu))
+	if (fifo_on(cpu, prio))
 		return 1;
-	if (sched_setscheduler(0, SCHED_FIFO, &sp)) {
-		perror("sched_setscheduler");
-		return 1;
-	}
 	clock_gettime(CLOCK_MONOTONIC, &next);
 	end = now() + secs;
 	while (now() < end) {

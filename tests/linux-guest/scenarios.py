@@ -152,8 +152,8 @@ def assert_main(b, cycles):
     #     10 ms): its CPU, idle in between, reports it as the RT sleeper
     #     (TASK_F_RT_SLEEPER with its policy and priority), only there.
     if idx is not None:
-        check(int(b.mark("rt-sleeper-start")["cpu"]) == cpu,
-              f"{b.name}: the RT sleeper ran on cpu {b.mark('rt-sleeper-start')}, expected {cpu}", f)
+        ran_on = int(b.mark("rt-sleeper-start")["cpu"])
+        check(ran_on == cpu, f"{b.name}: the RT sleeper ran on cpu {ran_on}, expected {cpu}", f)
         key = f"{abi.POLICY_FIFO}/9"
         check(slots[idx]["rt_sleepers"].get(key, 0) > 0,
               f"{b.name}: slot {idx} (cpu {cpu}) never reported the FIFO 9 task sleeping: "
