@@ -10,7 +10,7 @@ and how long that CPU recorded nothing at all (not even a timer tick): a
 CPU taken away by the hypervisor of a host that is itself a VM.
 
     bench/stall_trace.py TRACE [--over-us 1000] [--tids 123=main,124=vcpu0]
-                         [--json]
+                         [--json] [--from S --to S]
     bench/stall_trace.py TRACE --sleeps --tids 123=main,124=vcpu0,125=vcpu1
 
 --sleeps looks at the other half of a thread's time off a CPU: every
@@ -37,7 +37,10 @@ It then lists every interval over --over-us in which no CPU recorded
 anything: the whole host stopped (its own hypervisor took all its CPUs),
 which every thread waits through, runnable or not.
 --json prints {"over_us", "waits": [...], "causes": {cause: count},
-"host_gaps": [{"at", "ms"}, ...]}.
+"host_gaps": [{"at", "ms"}, ...]}. --from/--to (the trace's clock, s:
+CLOCK_MONOTONIC with trace_clock mono) keep only the waits and gaps that
+overlap that window, e.g. a benchmark's measured time (pvsched-bench
+--trace passes it).
 
 Priorities are the kernel's: 0-98 SCHED_FIFO/RR (99 - rt priority), 100-139
 SCHED_OTHER (120 + nice).
@@ -244,6 +247,10 @@ def main():
     ap.add_argument("--tids", type=parse_tids, default=None,
                     help="TID[=LABEL],...: these threads instead of those named 'vcpu N'")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--from", dest="lo", type=float, default=None,
+                    help="only waits and gaps that end at or after this trace time, s")
+    ap.add_argument("--to", dest="hi", type=float, default=None,
+                    help="only waits and gaps that start at or before this trace time, s")
     ap.add_argument("--sleeps", action="store_true",
                     help="instead: every block of the --tids threads over --over-us, the futex "
                     "word it waited on and who woke it, then counts by (thread, waker, word)")
@@ -271,6 +278,11 @@ def main():
             print(f"  {t} woken by {w} on {f}: {n}, longest {longest[(t, w, f)]:.2f} ms")
         return
     waits, gaps = analyze(a.trace, a.over_us, a.tids)
+    if a.lo is not None or a.hi is not None:
+        lo = float("-inf") if a.lo is None else a.lo
+        hi = float("inf") if a.hi is None else a.hi
+        waits = overlapping(waits, lo, hi, "wait_ms")
+        gaps = [(t, ms) for t, ms in gaps if t <= hi and t + ms / 1e3 >= lo]
     if a.json:
         print(json.dumps({"over_us": a.over_us, "waits": waits,
                           "causes": dict(Counter(w["cause"] for w in waits)),

@@ -60,6 +60,27 @@ def test_threads_by_tid_and_json(tmp_path):
     assert doc["host_gaps"] == [], doc  # CPU 1 ticked throughout
 
 
+def test_a_window_keeps_what_overlaps_it(tmp_path):
+    """--from/--to (a benchmark's measured time) drop the waits and host
+    gaps outside the window: the wait of 100.000010-100.003010 and the gap
+    from 100.000020 are in a window that ends at 100.001 and out of one
+    that starts at 100.004."""
+    import json
+    t = tmp_path / "t.trace"
+    t.write_text(TRACE)
+    script = str(REPO / "bench" / "stall_trace.py")
+
+    def window(lo, hi):
+        out = subprocess.run([sys.executable, script, str(t), "--json", "--from", lo, "--to", hi],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+
+    inside = window("99.0", "100.001")
+    assert inside["causes"] == {"stolen": 1} and len(inside["host_gaps"]) == 1, inside
+    after = window("100.004", "101.0")
+    assert after["waits"] == [] and after["causes"] == {} and after["host_gaps"] == [], after
+
+
 def test_trace_run_records_a_command(tmp_path, need_real):
     """bench/trace-run.sh on a real tracefs: the command's output and the
     scheduler's events are captured, nothing is lost, and its tracefs

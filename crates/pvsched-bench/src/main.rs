@@ -23,6 +23,7 @@ pub mod report;
 pub mod runner;
 pub mod s4;
 pub mod scenario;
+pub mod sched_trace;
 pub mod stats;
 pub mod worker;
 
@@ -56,6 +57,9 @@ pub enum BenchError {
         #[source]
         source: runner::ReadError,
     },
+    /// `--trace` could not record or name a run's stalls.
+    #[error("bench: {0}")]
+    Trace(#[from] sched_trace::TraceError),
     /// bench/s4.py printed something else than one JSON object.
     #[error("bench: the output of bench/s4.py is not JSON: {0}")]
     S4Json(#[source] serde_json::Error),
@@ -206,8 +210,25 @@ pub struct BenchArgs {
     /// S3: an S4 result (JSON) to take `guest_hook_ns` from.
     #[arg(long)]
     pub s4_json: Option<PathBuf>,
-    /// S4: the repository (bench/s4.py); default $PVSCHED_ROOT, else the
-    /// current directory or its nearest parent with bench/s4.py.
+    /// S1, S2, S5: record each run's scheduler events in a tracefs
+    /// instance (as root) and name every wait of a vCPU thread over 1 ms
+    /// in its measured time with bench/stall_trace.py (stolen, unboosted,
+    /// behind-rt, behind-fair, other); writes DIR/SCENARIO-repN-VARIANT.trace
+    /// and .stalls.json, and puts the counts in the run's JSON (`trace`).
+    /// The tracer's own cost is in every traced run.
+    #[arg(long, value_name = "DIR")]
+    pub trace: Option<PathBuf>,
+    /// With --trace: the trace buffer per CPU, MiB (a lost event is
+    /// reported in the run's `trace.overrun`).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub trace_buffer_mb: u64,
+    /// With --trace: record only these variants (comma-separated names as
+    /// in the JSON, e.g. vanilla,pvsched); default every one.
+    #[arg(long, value_delimiter = ',')]
+    pub trace_variants: Option<Vec<String>>,
+    /// S4 and --trace: the repository (bench/s4.py, bench/stall_trace.py);
+    /// default $PVSCHED_ROOT, else the current directory or its nearest
+    /// parent with bench/s4.py.
     #[arg(long)]
     pub repo: Option<PathBuf>,
     /// S4: the pvsched-device binary (default: beside this one, else
@@ -307,7 +328,11 @@ fn bench(scenario: ScenarioArg, a: &BenchArgs) -> Result<(), BenchError> {
                 duration,
                 mode: a.device_mode,
                 caps: a.caps.clone(),
+                trace: trace_opts(sc, a)?,
             };
+            if let Some(t) = &opts.trace {
+                head.insert("trace_dir".into(), json!(t.dir.display().to_string()));
+            }
             let runs = scenario::execute(sc, scenario::variants(sc, load), reps, &opts)?;
             let body = scenario::assemble(sc, &runs, guest_hook.as_ref())?;
             let series = scenario::series(&runs);
@@ -370,6 +395,40 @@ fn bench(scenario: ScenarioArg, a: &BenchArgs) -> Result<(), BenchError> {
         None => print_table(&j),
     }
     Ok(())
+}
+
+/// `--trace`: where, with what, checked before any run.
+fn trace_opts(sc: Scenario, a: &BenchArgs) -> Result<Option<sched_trace::TraceOpts>, BenchError> {
+    let Some(dir) = &a.trace else {
+        return Ok(None);
+    };
+    if sc == Scenario::S3 {
+        return Err(BenchError::Setup(
+            "--trace is for s1, s2 and s5 (S3 measures the policy's own cost, which a trace would add to)".into(),
+        ));
+    }
+    let repo = s4::repo_root(a.repo.as_deref()).ok_or_else(|| {
+        BenchError::Setup(
+            "--trace runs the repository's bench/stall_trace.py: run from the repository, or give it with --repo DIR or PVSCHED_ROOT".into(),
+        )
+    })?;
+    let script = repo.join("bench/stall_trace.py");
+    if !script.is_file() {
+        return Err(BenchError::Setup(format!(
+            "--trace: {} is missing",
+            script.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| BenchError::Write {
+        path: dir.clone(),
+        source: e,
+    })?;
+    Ok(Some(sched_trace::TraceOpts {
+        dir: dir.clone(),
+        script,
+        buffer_kb: a.trace_buffer_mb * 1024,
+        variants: a.trace_variants.clone(),
+    }))
 }
 
 fn read_json(p: &std::path::Path) -> Result<Value, BenchError> {

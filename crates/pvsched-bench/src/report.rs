@@ -102,6 +102,9 @@ pub struct RunRow {
     pub hog_iterations_per_s: Option<f64>,
     /// The policy's numbers (pvsched variants).
     pub policy: Option<PolicyRun>,
+    /// `--trace`: the run's vCPU stalls by cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::sched_trace::TraceRow>,
 }
 
 /// One variant over every repetition: medians, spread, per-rep arrays.

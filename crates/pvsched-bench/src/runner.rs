@@ -5,6 +5,7 @@
 
 use super::BenchError;
 use super::hogs::{HogCounter, Hogs, Load};
+use super::sched_trace::{self, Recorder, TraceOpts, TraceRow};
 use super::stats::{self, Latency};
 use super::worker::{BenchDeviceMode, BenchWorkload, VariantPolicy, WorkerMsg, WorkerReport};
 use std::io::{BufRead, BufReader};
@@ -66,6 +67,8 @@ pub struct Outcome {
     pub loadavg_1m_before: Option<f64>,
     /// The hogs' work during the measured time.
     pub hog: HogWork,
+    /// `--trace`: the run's vCPU stalls, named.
+    pub trace: Option<TraceRow>,
 }
 
 impl Outcome {
@@ -91,10 +94,12 @@ pub struct RunOpts {
     pub mode: BenchDeviceMode,
     /// Caps file for the pvsched variants (default caps if `None`).
     pub caps: Option<std::path::PathBuf>,
+    /// `--trace`: record each run and name its vCPU threads' stalls.
+    pub trace: Option<TraceOpts>,
 }
 
-/// Runs `v` once.
-pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
+/// Runs `v` once; `tag` names its trace file (`--trace`).
+pub fn run(v: &Variant, opts: &RunOpts, tag: &str) -> Result<Outcome, BenchError> {
     let (duration, mode) = (opts.duration, opts.mode);
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
     // What else ran: the 1-minute load average before the hogs start.
@@ -123,6 +128,11 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
         cmd.arg(format!("--extra-vms={}", v.extra_vms))
             .arg(format!("--prefilter-ms={}", v.prefilter_ms));
     }
+    let trace = opts.trace.as_ref().filter(|t| t.wants(v.name));
+    let recorder = match trace {
+        Some(t) => Some(Recorder::start(t.buffer_kb)?),
+        None => None,
+    };
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -154,6 +164,14 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
         .map_err(|_| BenchError::Spawn(std::io::Error::other("the reader thread panicked")))?
         .map_err(BenchError::Spawn)?;
     drop(hogs);
+    let traced = match (trace, recorder) {
+        (Some(t), Some(r)) => {
+            let file = t.dir.join(format!("{tag}.trace"));
+            let overrun = r.finish(&file)?;
+            Some((t, file, overrun))
+        }
+        _ => None,
+    };
     let Some(status) = status else {
         return Err(BenchError::Timeout {
             variant: v.name,
@@ -170,9 +188,14 @@ pub fn run(v: &Variant, opts: &RunOpts) -> Result<Outcome, BenchError> {
         variant: v.name,
         source: e,
     })?;
+    let trace = match traced {
+        Some((t, file, overrun)) => Some(sched_trace::analyse(t, &file, overrun, hog.mono)?),
+        None => None,
+    };
     Ok(Outcome {
         loadavg_1m_before: load,
         hog: hog.only_with(v.load.threads()),
+        trace,
         ..Outcome::new(report)
     })
 }
@@ -185,14 +208,22 @@ pub struct HogWork {
     start: Option<(u64, Instant)>,
     /// Iterations and seconds between the two.
     done: Option<(u64, f64)>,
+    /// The two markers' CLOCK_MONOTONIC times, s (a trace's window).
+    pub mono: Option<(f64, f64)>,
+    /// The first marker's.
+    mono_start: Option<f64>,
 }
 
 impl HogWork {
     /// `msg` seen with the counters at `total`.
     fn on_msg(&mut self, msg: &WorkerMsg, total: u64, now: Instant) {
         match msg {
-            WorkerMsg::Measuring => self.start = Some((total, now)),
+            WorkerMsg::Measuring => {
+                self.start = Some((total, now));
+                self.mono_start = Some(sched_trace::mono_s());
+            }
             WorkerMsg::Measured => {
+                self.mono = self.mono_start.map(|s| (s, sched_trace::mono_s()));
                 if let Some((t0, i0)) = self.start {
                     let secs = now.duration_since(i0).as_secs_f64();
                     self.done = Some((total.saturating_sub(t0), secs));
@@ -207,8 +238,8 @@ impl HogWork {
     #[cfg(test)]
     pub(crate) fn measured(iterations: u64, secs: f64) -> Self {
         HogWork {
-            start: None,
             done: Some((iterations, secs)),
+            ..HogWork::default()
         }
     }
 

@@ -151,7 +151,8 @@ pub fn execute(
         .collect();
     for rep in 1..=reps {
         for r in &mut all {
-            let o = runner::run(&r.variant, opts)?;
+            let tag = format!("{}-rep{rep}-{}", scenario.name(), r.variant.name);
+            let o = runner::run(&r.variant, opts, &tag)?;
             let l = &o.latency;
             eprintln!(
                 "[{} rep {rep}/{reps}] {:<14} p50 {:>8} p99 {:>9} max {:>9} µs  ({} samples{}{})",
@@ -164,6 +165,14 @@ pub fn execute(
                 hog_brief(&o),
                 policy_brief(&o)
             );
+            if let Some(t) = &o.trace {
+                eprintln!(
+                    "[{} rep {rep}/{reps}] {:<14} {}",
+                    scenario.name(),
+                    r.variant.name,
+                    t.brief()
+                );
+            }
             r.outcomes.push(o);
         }
     }
@@ -251,6 +260,7 @@ pub fn variant_report(r: &Runs) -> VariantReport {
                 hog_window_s: x.hog.window_s(),
                 hog_iterations_per_s: x.hog.per_s(),
                 policy: policy_run(x.report.policy.as_ref()),
+                trace: x.trace.clone(),
             }
         })
         .collect();

@@ -125,6 +125,68 @@ fn s1_quick_prints_the_bench_json() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--trace`: the chosen variants' runs are recorded on the real tracefs
+/// and each run's JSON names its vCPU threads' waits over 1 ms by cause.
+/// The loaded vanilla run's vCPU threads compete with four busy hogs at
+/// SCHED_OTHER, so it has such waits, unboosted (the test's own load
+/// causes them); the idle variants, not chosen, are not traced; no
+/// tracefs instance is left behind.
+#[test]
+fn s1_quick_trace_names_the_stalls_of_each_run() {
+    let test = "s1_quick_trace_names_the_stalls_of_each_run";
+    if Command::new("python3").arg("--version").output().is_err() {
+        skip_or_fail(test, "no python3 for bench/stall_trace.py");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pvsched-bench-trace-{}", std::process::id()));
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let Some(j) = bench_json(
+        test,
+        pvsched()
+            .args(["s1", "--quick", "--json", "-", "--trace-buffer-mb", "64"])
+            .args(["--trace-variants", "vanilla,pvsched", "--trace"])
+            .arg(&dir)
+            .arg("--repo")
+            .arg(&repo),
+    ) else {
+        return;
+    };
+    for v in ["vanilla", "pvsched"] {
+        let t = &j[v]["runs"][0]["trace"];
+        assert_eq!(t["over_us"], 1000, "{v}: {t}");
+        assert!(t["overrun"].as_u64().is_some(), "{v}: {t}");
+        let waits = t["waits"].as_u64().unwrap();
+        let by_cause: u64 = t["causes"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(waits, by_cause, "{v}: {t}");
+        let file = std::path::PathBuf::from(t["file"].as_str().unwrap());
+        assert_eq!(file, dir.join(format!("s1-rep1-{v}.trace")));
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains("sched_switch:"), "{v}");
+        assert!(file.with_extension("stalls.json").is_file(), "{v}");
+    }
+    let vanilla = &j["vanilla"]["runs"][0]["trace"];
+    assert!(
+        vanilla["causes"]["unboosted"].as_u64().unwrap_or(0) > 0,
+        "the loaded vanilla vCPUs waited behind the hogs: {vanilla}"
+    );
+    for v in ["idle_vanilla", "idle_pvsched"] {
+        assert!(j[v]["runs"][0].get("trace").is_none(), "{v} not chosen");
+    }
+    let left: Vec<String> = std::fs::read_dir("/sys/kernel/tracing/instances")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("pvsched-bench-"))
+        .collect();
+    assert!(left.is_empty(), "instances left: {left:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// S5: the greedy guest beside busy hogs, vanilla and pvsched; the JSON
 /// carries what its two targets need. Skips if this build's test guest
 /// has no `greedy` workload.
