@@ -33,6 +33,26 @@ Each wait gets a cause, the first that fits:
                throttling (sched_rt_runtime_us), or a wake-up queued on
                another CPU than the one it ran on
   other        none of these
+--windows FILE (a JSON list of {"label", "from", "to"}: a thread's comm,
+e.g. "vcpu 0", and a latency sample's start and end on the trace's clock;
+pvsched-bench --trace writes one per run from its samples over 1 ms) says
+instead, per sample, where that thread was meanwhile: on a CPU, queued on
+one, or asleep, for how long each, the longest silence of the CPU it ran
+or was queued on, and a cause, the first that fits:
+  queued-...   queued for at least half of it: the cause of its longest
+               wait, as above (queued-stolen, queued-unboosted, ...;
+               queued-in-short-waits: none of them over --over-us)
+  asleep       blocked for at least half of it: the interrupt had not
+               woken it (the injector, or KVM's delivery)
+  running-silent  on a CPU for at least half of it, and that CPU recorded
+               nothing for at least half of it: with KVM's events in the
+               trace (pvsched-bench --trace records them for S1: exits,
+               emulated instructions), not even KVM working for it, so the
+               host's own hypervisor held the CPU (or the guest ran that
+               long without one exit)
+  running      on a CPU that kept recording: the guest, or the VMM's and
+               KVM's exits, took the time
+  mixed        none of these; untraced: the trace has nothing of it
 It then lists every interval over --over-us in which no CPU recorded
 anything: the whole host stopped (its own hypervisor took all its CPUs),
 which every thread waits through, runnable or not.
@@ -59,6 +79,7 @@ WAKEUP = re.compile(r"comm=(?P<c>.*?) pid=(?P<p>\d+) prio=(?P<pr>\d+) target_cpu
 # A silence this long is a CPU taken away whatever waited on it.
 LONG_SILENCE_S = 0.010
 MIGRATE = re.compile(r"pid=(?P<p>\d+) prio=\d+ orig_cpu=\d+ dest_cpu=(?P<dest>\d+)")
+MIGRATE_COMM = re.compile(r"comm=(?P<c>.*?) pid=\d+ prio=\d+ orig_cpu=\d+ dest_cpu=(?P<dest>\d+)")
 
 
 def parse(path):
@@ -177,6 +198,91 @@ def analyze(path, over_us, tids=None):
     return waits, gaps
 
 
+def timeline(path, labels):
+    """Each thread whose comm is in `labels`: its intervals
+    {comm: [(start, end, state, cpu, prio)]} with state "run", "queued" or
+    "asleep", oldest first (the first begins at its first event), and
+    every CPU's event timestamps {cpu: [ts]} (for its silences)."""
+    spans = defaultdict(list)
+    now = {}  # comm -> (since, state, cpu, prio)
+    seen = defaultdict(list)
+
+    def move(comm, ts, state, cpu, prio):
+        if comm in now:
+            since, st, c, pr = now[comm]
+            spans[comm].append((since, ts, st, c, pr))
+        now[comm] = (ts, state, cpu, prio)
+
+    for cpu, ts, ev, rest in parse(path):
+        seen[cpu].append(ts)
+        if ev == "sched_switch":
+            m = SWITCH.match(rest)
+            if not m:
+                continue
+            if m["pc"] in labels:
+                state = "queued" if m["ps"].startswith("R") else "asleep"
+                move(m["pc"], ts, state, cpu, int(m["ppr"]))
+            if m["nc"] in labels:
+                move(m["nc"], ts, "run", cpu, int(m["npr"]))
+        elif ev == "sched_wakeup":
+            m = WAKEUP.match(rest)
+            if m and m["c"] in labels:
+                move(m["c"], ts, "queued", int(m["cpu"]), int(m["pr"]))
+        elif ev == "sched_migrate_task":
+            m = MIGRATE_COMM.match(rest)
+            if m and m["c"] in labels and now.get(m["c"], (0, ""))[1] == "queued":
+                move(m["c"], ts, "queued", int(m["dest"]), now[m["c"]][3])
+    end = max((t[-1] for t in seen.values() if t), default=0.0)
+    for comm, (since, st, c, pr) in now.items():
+        spans[comm].append((since, end, st, c, pr))
+    return spans, seen
+
+
+def explain_windows(path, windows, over_us):
+    """Where each window's thread was during it (see the module's
+    docstring, --windows): one dict per window, in the order given."""
+    labels = {w["label"] for w in windows}
+    spans, seen = timeline(path, labels)
+    waits, _ = analyze(path, over_us, None)
+    out = []
+    for w in windows:
+        lo, hi, label = float(w["from"]), float(w["to"]), w["label"]
+        span = max(hi - lo, 1e-9)
+        took = defaultdict(float)
+        silent = run_silent = 0.0
+        for a, b, st, cpu, _ in spans.get(label, []):
+            a, b = max(a, lo), min(b, hi)
+            if b <= a:
+                continue
+            took[st] += b - a
+            if st in ("run", "queued"):
+                ev = seen[cpu]
+                there = ev[bisect.bisect_left(ev, a):bisect.bisect_right(ev, b)]
+                edges = [a] + there + [b]
+                gap = max(y - x for x, y in zip(edges, edges[1:]))
+                silent = max(silent, gap)
+                if st == "run":
+                    run_silent = max(run_silent, gap)
+        if not took:
+            cause = "untraced"
+        elif took["queued"] >= span / 2:
+            mine = [x for x in overlapping(waits, lo, hi, "wait_ms") if x["thread"] == label]
+            longest = max(mine, key=lambda x: x["wait_ms"], default=None)
+            cause = "queued-" + (longest["cause"] if longest else "in-short-waits")
+        elif took["asleep"] >= span / 2:
+            cause = "asleep"
+        elif took["run"] >= span / 2:
+            cause = "running-silent" if run_silent >= span / 2 else "running"
+        else:
+            cause = "mixed"
+        out.append({"label": label, "from": lo, "ms": round(span * 1e3, 3),
+                    "run_ms": round(took["run"] * 1e3, 3),
+                    "queued_ms": round(took["queued"] * 1e3, 3),
+                    "asleep_ms": round(took["asleep"] * 1e3, 3),
+                    "silent_ms": round(silent * 1e3, 3), "cause": cause})
+    return out
+
+
 # A futex system call's entry (syscalls/sys_enter_futex, recorded when
 # PVSCHED_TRACE_EXTRA asks for it): who, and on which word.
 FUTEX = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):"
@@ -251,6 +357,8 @@ def main():
                     help="only waits and gaps that end at or after this trace time, s")
     ap.add_argument("--to", dest="hi", type=float, default=None,
                     help="only waits and gaps that start at or before this trace time, s")
+    ap.add_argument("--windows", default=None,
+                    help="a JSON file of samples [{label, from, to}]: where each one's thread was")
     ap.add_argument("--sleeps", action="store_true",
                     help="instead: every block of the --tids threads over --over-us, the futex "
                     "word it waited on and who woke it, then counts by (thread, waker, word)")
@@ -276,6 +384,18 @@ def main():
         print(f"{len(got)} block(s) over {a.over_us:.0f} µs, by (thread, waker, futex word):")
         for (t, w, f), n in by.most_common():
             print(f"  {t} woken by {w} on {f}: {n}, longest {longest[(t, w, f)]:.2f} ms")
+        return
+    if a.windows:
+        got = explain_windows(a.trace, json.load(open(a.windows)), a.over_us)
+        if a.json:
+            print(json.dumps({"windows": got, "causes": dict(Counter(w["cause"] for w in got))}))
+            return
+        for w in got:
+            print(f"{w['from']:.6f} {w['label']} sample {w['ms']:.2f} ms: ran {w['run_ms']:.2f}, "
+                  f"queued {w['queued_ms']:.2f}, asleep {w['asleep_ms']:.2f}, longest silence of "
+                  f"its CPU {w['silent_ms']:.2f} ms; cause {w['cause']}")
+        print(f"{len(got)} sample(s):", ", ".join(f"{c} {n}" for c, n in
+                                                 Counter(w["cause"] for w in got).most_common()))
         return
     waits, gaps = analyze(a.trace, a.over_us, a.tids)
     if a.lo is not None or a.hi is not None:

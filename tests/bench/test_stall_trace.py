@@ -81,6 +81,53 @@ def test_a_window_keeps_what_overlaps_it(tmp_path):
     assert after["waits"] == [] and after["causes"] == {} and after["host_gaps"] == [], after
 
 
+def _windows(tmp_path, trace, windows):
+    import json
+    t = tmp_path / "w.trace"
+    t.write_text(trace)
+    w = tmp_path / "w.json"
+    w.write_text(json.dumps(windows))
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+                          "--windows", str(w), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def _ticks(cpu, start, n, step=0.0005):
+    return "".join(f"  bench-hog busy -21  [00{cpu}] d.h1. {start + i * step:.6f}: "
+                   f"local_timer_entry: vector=236\n" for i in range(n))
+
+
+def _sorted(text):
+    lines = text.splitlines()
+    return "\n".join([lines[0]] + sorted(lines[1:], key=lambda x: float(
+        x.split("]")[1].split()[1].rstrip(":")))) + "\n"
+
+
+def test_windows_say_where_the_sampled_thread_was(tmp_path):
+    """--windows: a sample in which vcpu 0 was queued is its wait's cause
+    (stolen: its CPU recorded nothing, not even the reschedule IPI; with
+    the CPU ticking, behind the fair task that ran there); on a CPU
+    afterwards, running (with ticks) or running-silent (without); a thread
+    the trace never shows is untraced."""
+    ticking = _sorted(TRACE + _ticks(1, 100.0005, 5))
+    after = _sorted(TRACE + _ticks(1, 100.0035, 6))
+    w = {"label": "vcpu 0", "from": 100.0, "to": 100.0031}
+    running = {"label": "vcpu 0", "from": 100.0035, "to": 100.0059}
+    # The other CPU ticks on after it: the trace goes on, CPU 1 is silent.
+    later = TRACE + _ticks(0, 100.006, 1)
+    doc = _windows(tmp_path, later, [w, running, {"label": "vcpu 7", "from": 100.0, "to": 100.1}])
+    causes = [x["cause"] for x in doc["windows"]]
+    assert causes == ["queued-stolen", "running-silent", "untraced"], doc
+    first = doc["windows"][0]
+    assert first["queued_ms"] == 3.01 and first["silent_ms"] == 3.0 and first["ms"] == 3.1, first
+    doc = _windows(tmp_path, ticking, [w])
+    assert doc["windows"][0]["cause"] == "queued-behind-fair", doc
+    doc = _windows(tmp_path, after, [running])
+    assert doc["windows"][0]["cause"] == "running" and doc["windows"][0]["run_ms"] == 2.4, doc
+    assert doc["causes"] == {"running": 1}, doc
+
+
 def test_trace_run_records_a_command(tmp_path, need_real):
     """bench/trace-run.sh on a real tracefs: the command's output and the
     scheduler's events are captured, nothing is lost, and its tracefs

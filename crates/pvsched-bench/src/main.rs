@@ -428,6 +428,7 @@ fn trace_opts(sc: Scenario, a: &BenchArgs) -> Result<Option<sched_trace::TraceOp
         script,
         buffer_kb: a.trace_buffer_mb * 1024,
         variants: a.trace_variants.clone(),
+        kvm: sc == Scenario::S1,
     }))
 }
 

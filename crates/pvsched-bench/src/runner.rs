@@ -130,7 +130,7 @@ pub fn run(v: &Variant, opts: &RunOpts, tag: &str) -> Result<Outcome, BenchError
     }
     let trace = opts.trace.as_ref().filter(|t| t.wants(v.name));
     let recorder = match trace {
-        Some(t) => Some(Recorder::start(t.buffer_kb)?),
+        Some(t) => Some(Recorder::start(t.buffer_kb, t.kvm)?),
         None => None,
     };
     let mut child = cmd
@@ -189,7 +189,13 @@ pub fn run(v: &Variant, opts: &RunOpts, tag: &str) -> Result<Outcome, BenchError
         source: e,
     })?;
     let trace = match traced {
-        Some((t, file, overrun)) => Some(sched_trace::analyse(t, &file, overrun, hog.mono)?),
+        Some((t, file, overrun)) => Some(sched_trace::analyse(
+            t,
+            &file,
+            overrun,
+            hog.mono,
+            &report.stall_windows,
+        )?),
         None => None,
     };
     Ok(Outcome {

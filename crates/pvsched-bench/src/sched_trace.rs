@@ -7,6 +7,7 @@
 //! The trace and its analysis are taken in the same run as the figures
 //! they explain.
 
+use crate::worker::StallWindow;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -28,6 +29,22 @@ const EVENTS: &[&str] = &[
     "irq_vectors/reschedule_entry",
     "irq_vectors/call_function_single_entry",
     "irq_vectors/irq_work_entry",
+];
+
+/// With [`TraceOpts::kvm`]: KVM's work for a vCPU (VM entries and exits
+/// where the CPU has VT-x/AMD-V; on this nested host, whose KVM runs the
+/// test guest's interrupt handler through its instruction emulator, each
+/// emulated instruction, FPU switch and exit to the VMM), so a vCPU thread
+/// on a CPU that recorded nothing at all is told from one running its
+/// guest (a `wakeup` sample's handler is a few dozen such events).
+const KVM_EVENTS: &[&str] = &[
+    "kvm/kvm_entry",
+    "kvm/kvm_exit",
+    "kvm/kvm_emulate_insn",
+    "kvm/kvm_fpu",
+    "kvm/kvm_userspace_exit",
+    "kvm/kvm_msi_set_irq",
+    "kvm/kvm_vcpu_wakeup",
 ];
 
 /// A wait of a vCPU thread longer than this, µs, is a stall (the bench's
@@ -96,6 +113,8 @@ pub struct TraceOpts {
     pub buffer_kb: u64,
     /// Only these variants are recorded (`None`: every one).
     pub variants: Option<Vec<String>>,
+    /// Record [`KVM_EVENTS`] too (S1; S2's guests exit far more often).
+    pub kvm: bool,
 }
 
 impl TraceOpts {
@@ -155,9 +174,9 @@ fn mount_tracefs() -> Result<(), TraceError> {
 
 impl Recorder {
     /// A new instance (`pvsched-bench-PID-N`) with the mono clock (the
-    /// bench's CLOCK_MONOTONIC), `buffer_kb` per CPU and [`EVENTS`] on,
-    /// recording.
-    pub fn start(buffer_kb: u64) -> Result<Recorder, TraceError> {
+    /// bench's CLOCK_MONOTONIC), `buffer_kb` per CPU and [`EVENTS`] (and
+    /// with `kvm` [`KVM_EVENTS`]) on, recording.
+    pub fn start(buffer_kb: u64, kvm: bool) -> Result<Recorder, TraceError> {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
         mount_tracefs()?;
@@ -169,7 +188,8 @@ impl Recorder {
         let r = Recorder { inst };
         put(&r.inst.join("trace_clock"), "mono")?;
         put(&r.inst.join("buffer_size_kb"), &buffer_kb.to_string())?;
-        for e in EVENTS {
+        let extra = if kvm { KVM_EVENTS } else { &[] };
+        for e in EVENTS.iter().chain(extra) {
             let enable = r.inst.join("events").join(e).join("enable");
             // An event this kernel lacks (no irq_vectors off x86) is left out.
             if enable.exists() {
@@ -263,30 +283,91 @@ pub struct TraceRow {
     pub host_stops: u64,
     /// The longest interval in which no CPU recorded anything, ms.
     pub host_silence_max_ms: Option<f64>,
+    /// `wakeup`: the run's samples over 1 ms (its `stalls`), each named by
+    /// where its vCPU thread was meanwhile (`stall_trace.py --windows`:
+    /// stolen, queued-CAUSE, asleep, running, mixed, untraced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples: Option<SampleCauses>,
+}
+
+/// The stalls of a run's samples, named ([`TraceRow::samples`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SampleCauses {
+    /// Samples over 1 ms.
+    pub stalls: u64,
+    /// By cause.
+    pub causes: BTreeMap<String, u64>,
+    /// The longest, ms.
+    pub longest_ms: Option<f64>,
+    /// Its cause.
+    pub longest_cause: Option<String>,
+}
+
+/// The counts of a `{"causes": {cause: n}}` analysis.
+fn causes(j: &Value) -> BTreeMap<String, u64> {
+    j["causes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+        .collect()
+}
+
+/// The largest number under `key` of `items`, and that item's `cause`.
+fn longest(items: &[Value], key: &str) -> (Option<f64>, Option<String>) {
+    let ms = |x: &Value| x[key].as_f64().unwrap_or(0.0);
+    let top = items.iter().max_by(|a, b| ms(a).total_cmp(&ms(b)));
+    (
+        top.and_then(|x| x[key].as_f64()),
+        top.and_then(|x| x["cause"].as_str().map(str::to_owned)),
+    )
+}
+
+/// `"a 1, b 2"`, or `"none"`.
+fn counts(c: &BTreeMap<String, u64>) -> String {
+    if c.is_empty() {
+        return "none".to_owned();
+    }
+    let v: Vec<String> = c.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    v.join(", ")
+}
+
+/// `", longest 4.90 ms stolen"`, or nothing.
+fn longest_brief(ms: Option<f64>, cause: &Option<String>) -> String {
+    match (ms, cause) {
+        (Some(ms), Some(c)) => format!(", longest {ms:.2} ms {c}"),
+        _ => String::new(),
+    }
+}
+
+impl SampleCauses {
+    /// `stall_trace.py --windows --json`'s output.
+    pub fn from_analysis(j: &Value) -> SampleCauses {
+        let w = j["windows"].as_array().map_or(&[][..], Vec::as_slice);
+        let (longest_ms, longest_cause) = longest(w, "ms");
+        SampleCauses {
+            stalls: w.len() as u64,
+            causes: causes(j),
+            longest_ms,
+            longest_cause,
+        }
+    }
 }
 
 impl TraceRow {
     /// `stall_trace.py --json`'s output as a row.
     pub fn from_analysis(file: String, overrun: u64, j: &Value) -> TraceRow {
         let waits = j["waits"].as_array().map_or(&[][..], Vec::as_slice);
-        let longest = waits.iter().max_by(|a, b| {
-            let ms = |w: &Value| w["wait_ms"].as_f64().unwrap_or(0.0);
-            ms(a).total_cmp(&ms(b))
-        });
+        let (longest_ms, longest_cause) = longest(waits, "wait_ms");
         let gaps = j["host_gaps"].as_array().map_or(&[][..], Vec::as_slice);
         TraceRow {
             file,
             overrun,
             over_us: OVER_US,
             waits: waits.len() as u64,
-            causes: j["causes"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
-                .collect(),
-            longest_ms: longest.and_then(|w| w["wait_ms"].as_f64()),
-            longest_cause: longest.and_then(|w| w["cause"].as_str().map(str::to_owned)),
+            causes: causes(j),
+            longest_ms,
+            longest_cause,
             host_stops: gaps
                 .iter()
                 .filter(|g| g["ms"].as_f64().is_some_and(|ms| ms >= HOST_STOP_MS))
@@ -295,34 +376,31 @@ impl TraceRow {
                 .iter()
                 .filter_map(|g| g["ms"].as_f64())
                 .max_by(f64::total_cmp),
+            samples: None,
         }
     }
 
     /// One line for the bench's progress output.
     pub fn brief(&self) -> String {
-        let causes: Vec<String> = self
-            .causes
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        let longest = match (self.longest_ms, &self.longest_cause) {
-            (Some(ms), Some(c)) => format!(", longest {ms:.2} ms {c}"),
-            _ => String::new(),
-        };
         let lost = if self.overrun > 0 {
             format!(", {} events LOST (raise --trace-buffer-mb)", self.overrun)
         } else {
             String::new()
         };
+        let samples = self.samples.as_ref().map_or_else(String::new, |s| {
+            format!(
+                "; samples > 1 ms: {} ({}){}",
+                s.stalls,
+                counts(&s.causes),
+                longest_brief(s.longest_ms, &s.longest_cause)
+            )
+        });
         format!(
-            "trace: {} vCPU wait(s) > {} ms ({}){longest}; host stops >= {HOST_STOP_MS} ms: {}{}{lost}",
+            "trace: {} vCPU wait(s) > {} ms ({}){}; host stops >= {HOST_STOP_MS} ms: {}{}{samples}{lost}",
             self.waits,
             self.over_us / 1000,
-            if causes.is_empty() {
-                "none".to_owned()
-            } else {
-                causes.join(", ")
-            },
+            counts(&self.causes),
+            longest_brief(self.longest_ms, &self.longest_cause),
             self.host_stops,
             self.host_silence_max_ms
                 .map_or_else(String::new, |ms| format!(" (longest silence {ms:.2} ms)")),
@@ -331,27 +409,68 @@ impl TraceRow {
 }
 
 /// Runs `stall_trace.py --json` on `trace` for the waits that overlap
-/// `window` (trace clock, s), keeps its output beside the trace
-/// (`.stalls.json`) and returns the row.
+/// `window` (trace clock, s) and, with `stalls`, `--windows` for where each
+/// stalled sample's vCPU thread was; keeps their outputs beside the trace
+/// (`.stalls.json`, `.samples.json`) and returns the row.
 pub fn analyse(
     opts: &TraceOpts,
     trace: &Path,
     overrun: u64,
     window: Option<(f64, f64)>,
+    stalls: &[StallWindow],
 ) -> Result<TraceRow, TraceError> {
-    let mut cmd = Command::new("python3");
-    cmd.arg(&opts.script)
+    let range = window.map_or_else(Vec::new, |(lo, hi)| {
+        vec![format!("--from={lo:.6}"), format!("--to={hi:.6}")]
+    });
+    let j = run_script(opts, trace, range)?;
+    write(
+        &trace.with_extension("stalls.json"),
+        j.to_string().as_bytes(),
+    )?;
+    let mut row = TraceRow::from_analysis(trace.display().to_string(), overrun, &j);
+    if !stalls.is_empty() {
+        let list: Vec<Value> = stalls
+            .iter()
+            .map(|w| {
+                serde_json::json!({
+                    "label": format!("vcpu {}", w.vcpu),
+                    "from": w.from_ns as f64 / 1e9,
+                    "to": w.to_ns as f64 / 1e9,
+                })
+            })
+            .collect();
+        let file = trace.with_extension("windows.json");
+        write(&file, Value::Array(list).to_string().as_bytes())?;
+        let j = run_script(opts, trace, vec![format!("--windows={}", file.display())])?;
+        write(
+            &trace.with_extension("samples.json"),
+            j.to_string().as_bytes(),
+        )?;
+        row.samples = Some(SampleCauses::from_analysis(&j));
+    }
+    Ok(row)
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), TraceError> {
+    std::fs::write(path, bytes).map_err(|source| TraceError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// `stall_trace.py TRACE --json --over-us OVER_US ARGS`'s JSON.
+fn run_script(opts: &TraceOpts, trace: &Path, args: Vec<String>) -> Result<Value, TraceError> {
+    let out = Command::new("python3")
+        .arg(&opts.script)
         .arg(trace)
         .arg("--json")
-        .arg(format!("--over-us={OVER_US}"));
-    if let Some((lo, hi)) = window {
-        cmd.arg(format!("--from={lo:.6}"))
-            .arg(format!("--to={hi:.6}"));
-    }
-    let out = cmd.output().map_err(|source| TraceError::Spawn {
-        script: opts.script.clone(),
-        source,
-    })?;
+        .arg(format!("--over-us={OVER_US}"))
+        .args(args)
+        .output()
+        .map_err(|source| TraceError::Spawn {
+            script: opts.script.clone(),
+            source,
+        })?;
     if !out.status.success() {
         return Err(TraceError::Analyse {
             script: opts.script.clone(),
@@ -360,20 +479,10 @@ pub fn analyse(
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
         });
     }
-    let j: Value = serde_json::from_slice(&out.stdout).map_err(|source| TraceError::Json {
+    serde_json::from_slice(&out.stdout).map_err(|source| TraceError::Json {
         script: opts.script.clone(),
         source,
-    })?;
-    let detail = trace.with_extension("stalls.json");
-    std::fs::write(&detail, &out.stdout).map_err(|source| TraceError::Write {
-        path: detail,
-        source,
-    })?;
-    Ok(TraceRow::from_analysis(
-        trace.display().to_string(),
-        overrun,
-        &j,
-    ))
+    })
 }
 
 /// CLOCK_MONOTONIC now, s: the trace's clock (`trace_clock` mono).
@@ -435,12 +544,37 @@ mod tests {
     }
 
     #[test]
+    fn stalled_samples_are_counted_by_where_their_vcpu_was() {
+        let j = json!({
+            "windows": [
+                {"label": "vcpu 0", "from": 1.0, "ms": 3.3, "cause": "stolen"},
+                {"label": "vcpu 1", "from": 2.0, "ms": 1.2, "cause": "queued-unboosted"}
+            ],
+            "causes": {"stolen": 1, "queued-unboosted": 1}
+        });
+        let s = SampleCauses::from_analysis(&j);
+        assert_eq!(s.stalls, 2);
+        assert_eq!(
+            (s.longest_ms, s.longest_cause.as_deref()),
+            (Some(3.3), Some("stolen"))
+        );
+        let mut r = TraceRow::from_analysis("t".into(), 0, &json!({}));
+        r.samples = Some(s);
+        let b = r.brief();
+        assert!(
+            b.contains("samples > 1 ms: 2 (queued-unboosted 1, stolen 1), longest 3.30 ms stolen"),
+            "{b}"
+        );
+    }
+
+    #[test]
     fn variants_filter() {
         let mut o = TraceOpts {
             dir: "/tmp".into(),
             script: "s.py".into(),
             buffer_kb: 1024,
             variants: None,
+            kvm: false,
         };
         assert!(o.wants("vanilla"));
         o.variants = Some(vec!["pvsched".into()]);

@@ -246,8 +246,23 @@ pub struct WorkerReport {
     /// one CPU all the time; clock-tick resolution).
     #[serde(default)]
     pub agent_cpu: Option<f64>,
+    /// `wakeup`: each stall (sample over 1 ms): its vCPU and its window on
+    /// CLOCK_MONOTONIC (`--trace` finds where the vCPU thread was then).
+    #[serde(default)]
+    pub stall_windows: Vec<StallWindow>,
     /// Every latency sample, all vCPUs, ns.
     pub samples_ns: Vec<u64>,
+}
+
+/// One stall of a `wakeup` run ([`WorkerReport::stall_windows`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StallWindow {
+    /// The vCPU's index (its thread is named `vcpu N`).
+    pub vcpu: u32,
+    /// The injection, CLOCK_MONOTONIC ns.
+    pub from_ns: u64,
+    /// The guest's acknowledgement, CLOCK_MONOTONIC ns.
+    pub to_ns: u64,
 }
 
 /// Errors of one measured run.
@@ -484,6 +499,19 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     let samples: Vec<u64> = (0..monitor.nr_vcpus())
         .flat_map(|v| monitor.stats(v).samples_ns)
         .collect();
+    let stall_windows: Vec<StallWindow> = (0..monitor.nr_vcpus())
+        .flat_map(|v| {
+            let m = &monitor;
+            m.stats(v)
+                .stall_windows
+                .into_iter()
+                .map(move |(at, len)| StallWindow {
+                    vcpu: v,
+                    from_ns: m.mono_ns(at),
+                    to_ns: m.mono_ns(at).saturating_add(len),
+                })
+        })
+        .collect();
     let ok = report.driver_ok()
         && report.clean_shutdown
         && report.device_lost.is_none()
@@ -511,6 +539,7 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         prefilter_stats,
         extra_vms: a.extra_vms,
         agent_cpu,
+        stall_windows,
         samples_ns: samples,
     })));
     if !ok {

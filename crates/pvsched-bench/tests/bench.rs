@@ -174,6 +174,28 @@ fn s1_quick_trace_names_the_stalls_of_each_run() {
         vanilla["causes"]["unboosted"].as_u64().unwrap_or(0) > 0,
         "the loaded vanilla vCPUs waited behind the hogs: {vanilla}"
     );
+    // Every stalled sample of each traced run is named, one cause each.
+    for v in ["vanilla", "pvsched"] {
+        let run = &j[v]["runs"][0];
+        let s = &run["trace"]["samples"];
+        let stalls = run["stalls"].as_u64().unwrap();
+        if stalls == 0 {
+            assert!(s.is_null(), "{v}: {s}");
+            continue;
+        }
+        assert_eq!(s["stalls"].as_u64().unwrap(), stalls, "{v}: {s}");
+        let named: u64 = s["causes"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(named, stalls, "{v}: {s}");
+    }
+    assert!(
+        j["vanilla"]["runs"][0]["stalls"].as_u64().unwrap() > 0,
+        "the hogs delay vanilla's wake-ups past 1 ms"
+    );
     for v in ["idle_vanilla", "idle_pvsched"] {
         assert!(j[v]["runs"][0].get("trace").is_none(), "{v} not chosen");
     }

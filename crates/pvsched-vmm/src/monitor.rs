@@ -69,7 +69,15 @@ pub struct GuestVcpuReport {
     /// `wakeup`: longest time from the injector's timestamp to the end of
     /// its injection ioctl, ns.
     pub inject_max_ns: u64,
+    /// `wakeup`: each stall's injection time (ns since the monitor was
+    /// created; [`GuestMonitor::mono_ns`] turns it into CLOCK_MONOTONIC, a
+    /// trace's clock) and length, ns; the first [`STALL_WINDOWS_MAX`].
+    pub stall_windows: Vec<(u64, u64)>,
 }
+
+/// Stall windows kept per vCPU ([`GuestVcpuReport::stall_windows`]): a
+/// loaded vanilla run has a few hundred.
+pub const STALL_WINDOWS_MAX: usize = 4096;
 
 /// A `wakeup` sample above this is a stall, and is attributed
 /// ([`GuestVcpuReport::stalls`]).
@@ -101,6 +109,8 @@ struct VcpuRecord {
 /// Shared observation state of one VM.
 pub struct GuestMonitor {
     start: Instant,
+    /// CLOCK_MONOTONIC at `start`, ns.
+    start_mono_ns: u64,
     vcpus: Vec<VcpuRecord>,
     console: Mutex<Vec<u8>>,
     device_messages: OnceLock<Arc<AtomicU64>>,
@@ -116,8 +126,20 @@ use pvsched_util::lock;
 impl GuestMonitor {
     /// A monitor for `nr_vcpus` vCPUs.
     pub fn new(nr_vcpus: u32) -> Self {
+        let start = Instant::now();
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to write into; CLOCK_MONOTONIC (the
+        // clock of `Instant` on Linux) always exists.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let start_mono_ns = (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64);
         Self {
-            start: Instant::now(),
+            start,
+            start_mono_ns,
             vcpus: (0..nr_vcpus)
                 .map(|_| VcpuRecord {
                     stats: Mutex::new(GuestVcpuReport::default()),
@@ -168,6 +190,12 @@ impl GuestMonitor {
         u64::try_from(self.start.elapsed().as_nanos())
             .unwrap_or(u64::MAX)
             .max(1)
+    }
+
+    /// A time of [`Self::now_ns`] as CLOCK_MONOTONIC, ns (the clock of a
+    /// tracefs trace with `trace_clock` mono).
+    pub fn mono_ns(&self, at: u64) -> u64 {
+        self.start_mono_ns.saturating_add(at)
     }
 
     /// Number of vCPUs.
@@ -328,6 +356,9 @@ impl GuestMonitor {
                     s.samples_ns.push(sample);
                     if sample > STALL_NS {
                         s.stalls += 1;
+                        if s.stall_windows.len() < STALL_WINDOWS_MAX {
+                            s.stall_windows.push((t, sample));
+                        }
                         if injector_held(sample, t, done) {
                             s.stalls_injector += 1;
                         }
@@ -415,6 +446,39 @@ mod tests {
         m.on_event(0, code::WAKE_ACK << 24);
         assert_eq!(m.stats(0).samples_ns.len(), 0);
         assert_eq!(m.total_events(), 2);
+    }
+
+    /// A sample over 1 ms is a stall and keeps its window: its injection
+    /// time, which `mono_ns` puts on CLOCK_MONOTONIC, and its length.
+    #[test]
+    fn a_stall_keeps_its_window_on_the_monotonic_clock() {
+        let m = GuestMonitor::new(1);
+        let before = mono_now();
+        assert!(m.note_injection(0));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        m.on_event(0, code::WAKE_ACK << 24);
+        let s = m.stats(0);
+        assert_eq!(s.stalls, 1);
+        let [(at, len)] = s.stall_windows[..] else {
+            panic!("one window: {:?}", s.stall_windows);
+        };
+        assert_eq!(len, s.samples_ns[0]);
+        assert!(len >= 2_000_000, "{len}");
+        let mono = m.mono_ns(at);
+        assert!(
+            mono >= before && mono + len <= mono_now(),
+            "{before} {mono} {len}"
+        );
+    }
+
+    fn mono_now() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to write into.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }
 
     #[test]
