@@ -283,9 +283,9 @@ pub struct TraceRow {
     pub host_stops: u64,
     /// The longest interval in which no CPU recorded anything, ms.
     pub host_silence_max_ms: Option<f64>,
-    /// `wakeup`: the run's samples over 1 ms (its `stalls`), each named by
-    /// where its vCPU thread was meanwhile (`stall_trace.py --windows`:
-    /// stolen, queued-CAUSE, asleep, running, mixed, untraced).
+    /// The run's samples over 1 ms, each named by where the vCPU thread
+    /// that recorded it was meanwhile (`stall_trace.py --windows`:
+    /// queued-CAUSE, asleep, running, running-silent, mixed, untraced).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub samples: Option<SampleCauses>,
 }

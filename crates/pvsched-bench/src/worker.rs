@@ -246,7 +246,8 @@ pub struct WorkerReport {
     /// one CPU all the time; clock-tick resolution).
     #[serde(default)]
     pub agent_cpu: Option<f64>,
-    /// `wakeup`: each stall (sample over 1 ms): its vCPU and its window on
+    /// Each sample over 1 ms (a `wakeup` stall, an IPI, round trip or spin
+    /// that long): the vCPU that recorded it and its window on
     /// CLOCK_MONOTONIC (`--trace` finds where the vCPU thread was then).
     #[serde(default)]
     pub stall_windows: Vec<StallWindow>,
@@ -254,14 +255,16 @@ pub struct WorkerReport {
     pub samples_ns: Vec<u64>,
 }
 
-/// One stall of a `wakeup` run ([`WorkerReport::stall_windows`]).
+/// One sample over 1 ms ([`WorkerReport::stall_windows`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StallWindow {
-    /// The vCPU's index (its thread is named `vcpu N`).
+    /// The vCPU that recorded it (its thread is named `vcpu N`): the one
+    /// woken by the injection or the IPI, the sender waiting for its
+    /// pong, the spinner.
     pub vcpu: u32,
-    /// The injection, CLOCK_MONOTONIC ns.
+    /// The sample's start, CLOCK_MONOTONIC ns.
     pub from_ns: u64,
-    /// The guest's acknowledgement, CLOCK_MONOTONIC ns.
+    /// Its end, CLOCK_MONOTONIC ns.
     pub to_ns: u64,
 }
 

@@ -69,10 +69,22 @@ pub struct GuestVcpuReport {
     /// `wakeup`: longest time from the injector's timestamp to the end of
     /// its injection ioctl, ns.
     pub inject_max_ns: u64,
-    /// `wakeup`: each stall's injection time (ns since the monitor was
-    /// created; [`GuestMonitor::mono_ns`] turns it into CLOCK_MONOTONIC, a
-    /// trace's clock) and length, ns; the first [`STALL_WINDOWS_MAX`].
+    /// Each sample over [`STALL_NS`] this vCPU recorded: its start (the
+    /// injection, the partner's IPI, the spin's start; ns since the monitor
+    /// was created, [`GuestMonitor::mono_ns`] turns it into
+    /// CLOCK_MONOTONIC, a trace's clock) and length, ns; the first
+    /// [`STALL_WINDOWS_MAX`].
     pub stall_windows: Vec<(u64, u64)>,
+}
+
+impl GuestVcpuReport {
+    /// Keeps the window of a sample that started at `at` and took `len`
+    /// ns if it is a stall.
+    fn keep_window(&mut self, at: u64, len: u64) {
+        if len > STALL_NS && self.stall_windows.len() < STALL_WINDOWS_MAX {
+            self.stall_windows.push((at, len));
+        }
+    }
 }
 
 /// Stall windows kept per vCPU ([`GuestVcpuReport::stall_windows`]): a
@@ -356,9 +368,7 @@ impl GuestMonitor {
                     s.samples_ns.push(sample);
                     if sample > STALL_NS {
                         s.stalls += 1;
-                        if s.stall_windows.len() < STALL_WINDOWS_MAX {
-                            s.stall_windows.push((t, sample));
-                        }
+                        s.keep_window(t, sample);
                         if injector_held(sample, t, done) {
                             s.stalls_injector += 1;
                         }
@@ -373,6 +383,7 @@ impl GuestMonitor {
             GuestEvent::IpiReceived(from) => {
                 if let Some(t) = peer_sent(from) {
                     s.samples_ns.push(now.saturating_sub(t));
+                    s.keep_window(t, now.saturating_sub(t));
                 }
                 s.ipi_received += 1;
                 s.events += 1;
@@ -381,6 +392,7 @@ impl GuestMonitor {
                 let t = rec.sent_at.load(Ordering::Acquire);
                 if t != 0 {
                     s.samples_ns.push(now.saturating_sub(t));
+                    s.keep_window(t, now.saturating_sub(t));
                 }
                 s.pongs += 1;
                 s.events += 1;
@@ -390,6 +402,7 @@ impl GuestMonitor {
                 let t = rec.sent_at.load(Ordering::Acquire);
                 if t != 0 {
                     s.samples_ns.push(now.saturating_sub(t));
+                    s.keep_window(t, now.saturating_sub(t));
                 }
                 s.spins += 1;
                 s.pause_iterations += u64::from(n);
@@ -469,6 +482,27 @@ mod tests {
             mono >= before && mono + len <= mono_now(),
             "{before} {mono} {len}"
         );
+    }
+
+    /// An IPI that reaches its receiver 2 ms after it was sent keeps a
+    /// window at the receiver, as its round trip does at the sender; a
+    /// quick one keeps none. None of them is a `wakeup` stall.
+    #[test]
+    fn a_slow_ipi_keeps_its_window_at_the_vcpu_that_measured_it() {
+        let m = GuestMonitor::new(2);
+        m.on_event(0, code::IPI_SENT << 24 | 1);
+        m.on_event(1, code::IPI_RECV << 24);
+        assert!(m.stats(1).stall_windows.is_empty());
+        m.on_event(0, code::IPI_SENT << 24 | 1);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        m.on_event(1, code::IPI_RECV << 24);
+        m.on_event(0, code::PONG_RECV << 24 | 1);
+        for v in [0, 1] {
+            let s = m.stats(v);
+            assert_eq!(s.stall_windows.len(), 1, "vCPU {v}");
+            assert!(s.stall_windows[0].1 >= 2_000_000, "vCPU {v}");
+            assert_eq!(s.stalls, 0, "vCPU {v}");
+        }
     }
 
     fn mono_now() -> u64 {
