@@ -243,14 +243,27 @@ def explain_windows(path, windows, over_us):
     docstring, --windows): one dict per window, in the order given."""
     labels = {w["label"] for w in windows}
     spans, seen = timeline(path, labels)
+    starts = {label: [x[0] for x in seq] for label, seq in spans.items()}
     waits, _ = analyze(path, over_us, None)
+    # A thread waits once at a time: its waits, oldest first, end in order.
+    by_thread = defaultdict(list)
+    for x in waits:
+        by_thread[x["thread"]].append(x)
+    wait_at = {t: [x["at"] for x in seq] for t, seq in by_thread.items()}
     out = []
     for w in windows:
         lo, hi, label = float(w["from"]), float(w["to"]), w["label"]
         span = max(hi - lo, 1e-9)
         took = defaultdict(float)
         silent = run_silent = 0.0
-        for a, b, st, cpu, _ in spans.get(label, []):
+        # A thread's intervals are back to back, oldest first: only those
+        # from the one holding `lo` up to `hi` overlap (a trace of a busy
+        # vCPU has hundreds of thousands).
+        seq = spans.get(label, [])
+        first = max(bisect.bisect_right(starts.get(label, []), lo) - 1, 0)
+        for a, b, st, cpu, _ in seq[first:]:
+            if a >= hi:
+                break
             a, b = max(a, lo), min(b, hi)
             if b <= a:
                 continue
@@ -266,7 +279,12 @@ def explain_windows(path, windows, over_us):
         if not took:
             cause = "untraced"
         elif took["queued"] >= span / 2:
-            mine = [x for x in overlapping(waits, lo, hi, "wait_ms") if x["thread"] == label]
+            k = bisect.bisect_right(wait_at.get(label, []), hi)
+            mine = []
+            for x in reversed(by_thread.get(label, [])[:k]):
+                if x["at"] + x["wait_ms"] / 1e3 < lo:
+                    break
+                mine.append(x)
             longest = max(mine, key=lambda x: x["wait_ms"], default=None)
             cause = "queued-" + (longest["cause"] if longest else "in-short-waits")
         elif took["asleep"] >= span / 2:
