@@ -53,6 +53,12 @@ or was queued on, and a cause, the first that fits:
   running      on a CPU that kept recording: the guest, or the VMM's and
                KVM's exits, took the time
   mixed        none of these; untraced: the trace has nothing of it
+With --decisions FILE (the policy's decision trace, one JSON record per
+line: pvsched-bench --trace writes one per pvsched run) and a "tid" in each
+window, each sample also gets the boost its thread had when it began:
+boosted, throttled (its budget spent: throttled_until ahead) or none
+(between two boosts); the JSON counts them ("boost") and by cause and
+boost ("cause_boost", e.g. "queued-unboosted/throttled").
 It then lists every interval over --over-us in which no CPU recorded
 anything: the whole host stopped (its own hypervisor took all its CPUs),
 which every thread waits through, runnable or not.
@@ -301,6 +307,33 @@ def explain_windows(path, windows, over_us):
     return out
 
 
+def boosts_at(path, windows):
+    """The boost each window's thread ("tid") had when the window began,
+    from the policy's decision trace at `path` (JSON lines with ts ns on
+    CLOCK_MONOTONIC, tid, kind, throttled_until): "boosted" (a boost of
+    any kind), "throttled" (none, its throttle not yet over), "none"."""
+    recs = defaultdict(list)
+    for line in open(path):
+        try:
+            r = json.loads(line)
+            recs[int(r["tid"])].append((int(r["ts"]), int(r["kind"]), int(r["throttled_until"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    for seq in recs.values():
+        seq.sort()
+    times = {t: [x[0] for x in seq] for t, seq in recs.items()}
+    out = []
+    for w in windows:
+        tid, at = int(w.get("tid", 0)), round(float(w["from"]) * 1e9)
+        k = bisect.bisect_right(times.get(tid, []), at) - 1
+        if k < 0:
+            out.append("none")
+            continue
+        _, kind, until = recs[tid][k]
+        out.append("boosted" if kind != 0 else "throttled" if until > at else "none")
+    return out
+
+
 # A futex system call's entry (syscalls/sys_enter_futex, recorded when
 # PVSCHED_TRACE_EXTRA asks for it): who, and on which word.
 FUTEX = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):"
@@ -377,6 +410,8 @@ def main():
                     help="only waits and gaps that start at or before this trace time, s")
     ap.add_argument("--windows", default=None,
                     help="a JSON file of samples [{label, from, to}]: where each one's thread was")
+    ap.add_argument("--decisions", default=None,
+                    help="with --windows: the policy's decision trace (JSON lines)")
     ap.add_argument("--sleeps", action="store_true",
                     help="instead: every block of the --tids threads over --over-us, the futex "
                     "word it waited on and who woke it, then counts by (thread, waker, word)")
@@ -404,9 +439,17 @@ def main():
             print(f"  {t} woken by {w} on {f}: {n}, longest {longest[(t, w, f)]:.2f} ms")
         return
     if a.windows:
-        got = explain_windows(a.trace, json.load(open(a.windows)), a.over_us)
+        windows = json.load(open(a.windows))
+        got = explain_windows(a.trace, windows, a.over_us)
+        doc = {"windows": got, "causes": dict(Counter(w["cause"] for w in got))}
+        if a.decisions:
+            states = boosts_at(a.decisions, windows)
+            for w, st in zip(got, states):
+                w["boost"] = st
+            doc["boost"] = dict(Counter(states))
+            doc["cause_boost"] = dict(Counter(f"{w['cause']}/{w['boost']}" for w in got))
         if a.json:
-            print(json.dumps({"windows": got, "causes": dict(Counter(w["cause"] for w in got))}))
+            print(json.dumps(doc))
             return
         for w in got:
             print(f"{w['from']:.6f} {w['label']} sample {w['ms']:.2f} ms: ran {w['run_ms']:.2f}, "

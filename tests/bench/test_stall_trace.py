@@ -128,6 +128,37 @@ def test_windows_say_where_the_sampled_thread_was(tmp_path):
     assert doc["causes"] == {"running": 1}, doc
 
 
+def test_windows_get_their_threads_boost_from_the_decisions(tmp_path):
+    """--decisions: the boost a window's thread had when it began, from
+    the last decision record of that thread before it: boosted, throttled
+    (none, throttled_until ahead), none (before any record, or after the
+    throttle ended)."""
+    import json
+    t = tmp_path / "w.trace"
+    t.write_text(TRACE)
+    recs = [{"ts": 99_000_000_000, "tid": 11, "kind": 1, "throttled_until": 0},
+            {"ts": 100_000_001_000, "tid": 11, "kind": 0, "throttled_until": 100_002_000_000},
+            {"ts": 99_500_000_000, "tid": 12, "kind": 0, "throttled_until": 0}]
+    d = tmp_path / "d.jsonl"
+    d.write_text("".join(json.dumps(r) + "\n" for r in recs) + "not json\n")
+    windows = [{"label": "vcpu 0", "tid": 11, "from": 99.5, "to": 99.6},
+               {"label": "vcpu 0", "tid": 11, "from": 100.0, "to": 100.0031},
+               {"label": "vcpu 0", "tid": 11, "from": 100.0005, "to": 100.0031},
+               {"label": "vcpu 0", "tid": 11, "from": 100.0025, "to": 100.0031},
+               {"label": "vcpu 1", "tid": 12, "from": 100.0, "to": 100.001},
+               {"label": "vcpu 1", "tid": 13, "from": 100.0, "to": 100.001}]
+    w = tmp_path / "w.json"
+    w.write_text(json.dumps(windows))
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+                          "--windows", str(w), "--decisions", str(d), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    doc = json.loads(out)
+    assert [x["boost"] for x in doc["windows"]] == [
+        "boosted", "boosted", "throttled", "none", "none", "none"], doc
+    assert doc["boost"] == {"boosted": 2, "throttled": 1, "none": 3}, doc
+    assert doc["cause_boost"]["queued-stolen/throttled"] == 1, doc
+
+
 def test_trace_run_records_a_command(tmp_path, need_real):
     """bench/trace-run.sh on a real tracefs: the command's output and the
     scheduler's events are captured, nothing is lost, and its tracefs

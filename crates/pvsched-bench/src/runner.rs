@@ -129,6 +129,13 @@ pub fn run(v: &Variant, opts: &RunOpts, tag: &str) -> Result<Outcome, BenchError
             .arg(format!("--prefilter-ms={}", v.prefilter_ms));
     }
     let trace = opts.trace.as_ref().filter(|t| t.wants(v.name));
+    // The policy's decisions beside the trace: each stalled sample's boost.
+    let decisions = trace
+        .filter(|_| v.policy.enabled())
+        .map(|t| t.dir.join(format!("{tag}.decisions.jsonl")));
+    if let Some(d) = &decisions {
+        cmd.arg("--decisions").arg(d);
+    }
     let recorder = match trace {
         Some(t) => Some(Recorder::start(t.buffer_kb, t.kvm)?),
         None => None,
@@ -195,6 +202,7 @@ pub fn run(v: &Variant, opts: &RunOpts, tag: &str) -> Result<Outcome, BenchError
             overrun,
             hog.mono,
             &report.stall_windows,
+            decisions.as_deref(),
         )?),
         None => None,
     };

@@ -301,12 +301,24 @@ pub struct SampleCauses {
     pub longest_ms: Option<f64>,
     /// Its cause.
     pub longest_cause: Option<String>,
+    /// With the policy's decision trace (pvsched variants): the samples by
+    /// the boost their vCPU had when each began (`boosted`, `throttled`:
+    /// its budget spent, `none`: between two boosts).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub boost: BTreeMap<String, u64>,
+    /// The same, by cause and boost (`queued-unboosted/throttled`, ...).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub cause_boost: BTreeMap<String, u64>,
 }
 
 /// The counts of a `{"causes": {cause: n}}` analysis.
 fn causes(j: &Value) -> BTreeMap<String, u64> {
-    j["causes"]
-        .as_object()
+    counts_of(&j["causes"])
+}
+
+/// A `{name: n}` object's counts.
+fn counts_of(j: &Value) -> BTreeMap<String, u64> {
+    j.as_object()
         .into_iter()
         .flatten()
         .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
@@ -350,6 +362,8 @@ impl SampleCauses {
             causes: causes(j),
             longest_ms,
             longest_cause,
+            boost: counts_of(&j["boost"]),
+            cause_boost: counts_of(&j["cause_boost"]),
         }
     }
 }
@@ -388,8 +402,13 @@ impl TraceRow {
             String::new()
         };
         let samples = self.samples.as_ref().map_or_else(String::new, |s| {
+            let boost = if s.boost.is_empty() {
+                String::new()
+            } else {
+                format!("; their vCPU's boost then: {}", counts(&s.boost))
+            };
             format!(
-                "; samples > 1 ms: {} ({}){}",
+                "; samples > 1 ms: {} ({}){}{boost}",
                 s.stalls,
                 counts(&s.causes),
                 longest_brief(s.longest_ms, &s.longest_cause)
@@ -418,6 +437,7 @@ pub fn analyse(
     overrun: u64,
     window: Option<(f64, f64)>,
     stalls: &[StallWindow],
+    decisions: Option<&Path>,
 ) -> Result<TraceRow, TraceError> {
     let range = window.map_or_else(Vec::new, |(lo, hi)| {
         vec![format!("--from={lo:.6}"), format!("--to={hi:.6}")]
@@ -434,6 +454,7 @@ pub fn analyse(
             .map(|w| {
                 serde_json::json!({
                     "label": format!("vcpu {}", w.vcpu),
+                    "tid": w.tid,
                     "from": w.from_ns as f64 / 1e9,
                     "to": w.to_ns as f64 / 1e9,
                 })
@@ -441,7 +462,11 @@ pub fn analyse(
             .collect();
         let file = trace.with_extension("windows.json");
         write(&file, Value::Array(list).to_string().as_bytes())?;
-        let j = run_script(opts, trace, vec![format!("--windows={}", file.display())])?;
+        let mut args = vec![format!("--windows={}", file.display())];
+        if let Some(d) = decisions.filter(|d| d.is_file()) {
+            args.push(format!("--decisions={}", d.display()));
+        }
+        let j = run_script(opts, trace, args)?;
         write(
             &trace.with_extension("samples.json"),
             j.to_string().as_bytes(),
@@ -550,10 +575,14 @@ mod tests {
                 {"label": "vcpu 0", "from": 1.0, "ms": 3.3, "cause": "stolen"},
                 {"label": "vcpu 1", "from": 2.0, "ms": 1.2, "cause": "queued-unboosted"}
             ],
-            "causes": {"stolen": 1, "queued-unboosted": 1}
+            "causes": {"stolen": 1, "queued-unboosted": 1},
+            "boost": {"throttled": 1, "boosted": 1},
+            "cause_boost": {"stolen/boosted": 1, "queued-unboosted/throttled": 1}
         });
         let s = SampleCauses::from_analysis(&j);
         assert_eq!(s.stalls, 2);
+        assert_eq!(s.boost["throttled"], 1);
+        assert_eq!(s.cause_boost["queued-unboosted/throttled"], 1);
         assert_eq!(
             (s.longest_ms, s.longest_cause.as_deref()),
             (Some(3.3), Some("stolen"))
@@ -562,7 +591,10 @@ mod tests {
         r.samples = Some(s);
         let b = r.brief();
         assert!(
-            b.contains("samples > 1 ms: 2 (queued-unboosted 1, stolen 1), longest 3.30 ms stolen"),
+            b.contains(
+                "samples > 1 ms: 2 (queued-unboosted 1, stolen 1), longest 3.30 ms stolen; \
+                 their vCPU's boost then: boosted 1, throttled 1"
+            ),
             "{b}"
         );
     }

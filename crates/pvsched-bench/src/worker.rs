@@ -262,6 +262,9 @@ pub struct StallWindow {
     /// woken by the injection or the IPI, the sender waiting for its
     /// pong, the spinner.
     pub vcpu: u32,
+    /// Its thread's ID (0: unknown).
+    #[serde(default)]
+    pub tid: i32,
     /// The sample's start, CLOCK_MONOTONIC ns.
     pub from_ns: u64,
     /// Its end, CLOCK_MONOTONIC ns.
@@ -418,6 +421,11 @@ pub struct WorkerArgs {
     /// for this long with only the stand-in VMs registered.
     #[arg(long, default_value_t = 0)]
     pub prefilter_ms: u64,
+    /// With --policy: write every decision record of the policy here, one
+    /// JSON object per line (the agent's decision trace; `--trace` reads
+    /// each stalled sample's boost from it).
+    #[arg(long)]
+    pub decisions: Option<std::path::PathBuf>,
 }
 
 /// Runs and prints the JSON; returns the exit code.
@@ -448,7 +456,13 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     };
     let caps = a.policy.caps(base);
     let mut policy = match &caps {
-        Some(c) => Some(Embedded::load(c.clone(), AgentConfig::default())?),
+        Some(c) => Some(Embedded::load(
+            c.clone(),
+            AgentConfig {
+                trace: a.decisions.clone(),
+                ..AgentConfig::default()
+            },
+        )?),
         None => None,
     };
     let mut extra = match (policy.as_ref().and_then(Embedded::agent), &caps) {
@@ -502,14 +516,25 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     let samples: Vec<u64> = (0..monitor.nr_vcpus())
         .flat_map(|v| monitor.stats(v).samples_ns)
         .collect();
+    let tids: Vec<i32> = (0..monitor.nr_vcpus())
+        .map(|v| {
+            report
+                .per_vcpu
+                .iter()
+                .find(|r| r.index == v)
+                .map_or(0, |r| r.tid)
+        })
+        .collect();
     let stall_windows: Vec<StallWindow> = (0..monitor.nr_vcpus())
         .flat_map(|v| {
             let m = &monitor;
+            let tid = tids.get(v as usize).copied().unwrap_or(0);
             m.stats(v)
                 .stall_windows
                 .into_iter()
                 .map(move |(at, len)| StallWindow {
                     vcpu: v,
+                    tid,
                     from_ns: m.mono_ns(at),
                     to_ns: m.mono_ns(at).saturating_add(len),
                 })
