@@ -180,6 +180,7 @@ impl Recorder {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
         mount_tracefs()?;
+        remove_stale();
         let n = N.fetch_add(1, Ordering::Relaxed);
         let inst = Path::new(TRACEFS)
             .join("instances")
@@ -241,6 +242,32 @@ impl Recorder {
                 .sum::<u64>();
         }
         Ok(overrun)
+    }
+}
+
+/// Removes the instances of benches that are gone (killed before their
+/// recorder's drop ran): `pvsched-bench-PID-N` whose PID does not exist.
+fn remove_stale() {
+    let dir = Path::new(TRACEFS).join("instances");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("pvsched-bench-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::write(e.path().join("tracing_on"), "0");
+            match std::fs::remove_dir(e.path()) {
+                Ok(()) => log::warn!("--trace: removed {name}, left by a bench that is gone"),
+                Err(err) => log::warn!("--trace: removing the stale instance {name}: {err}"),
+            }
+        }
     }
 }
 
