@@ -1,7 +1,8 @@
-"""Which failed boots the Linux-guest harness boots once more: only a
-kernel oops on an INT3 before init printed its first mark (QEMU TCG's
-stale breakpoint, before any pvsched code is in the guest). An oops after
-init started, or any other early oops, fails the boot."""
+"""Which failed boots the Linux-guest harness boots again (up to
+EARLY_OOPS_BOOTS times): only a kernel oops on an INT3 before init printed
+its first mark (QEMU TCG's stale breakpoint, before any pvsched code is in
+the guest). An oops after init started, or any other early oops, fails
+the boot."""
 
 from pvsched_guest.boot import Boot
 
