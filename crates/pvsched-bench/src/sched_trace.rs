@@ -144,6 +144,13 @@ fn tracefs_err<'a>(
     }
 }
 
+fn write_err(path: &Path) -> impl FnOnce(io::Error) -> TraceError + '_ {
+    move |source| TraceError::Write {
+        path: path.to_owned(),
+        source,
+    }
+}
+
 fn put(path: &Path, text: &str) -> Result<(), TraceError> {
     std::fs::write(path, text).map_err(tracefs_err("writing", path))
 }
@@ -207,10 +214,7 @@ impl Recorder {
         put(&self.inst.join("tracing_on"), "0")?;
         let src = self.inst.join("trace");
         let mut from = std::fs::File::open(&src).map_err(tracefs_err("opening", &src))?;
-        let to = std::fs::File::create(out).map_err(|source| TraceError::Write {
-            path: out.to_owned(),
-            source,
-        })?;
+        let to = std::fs::File::create(out).map_err(write_err(out))?;
         let mut to = io::BufWriter::new(to);
         // A plain read loop: tracefs files report size 0, which copy
         // helpers take for an empty file.
@@ -220,16 +224,9 @@ impl Recorder {
             if n == 0 {
                 break;
             }
-            to.write_all(&buf[..n])
-                .map_err(|source| TraceError::Write {
-                    path: out.to_owned(),
-                    source,
-                })?;
+            to.write_all(&buf[..n]).map_err(write_err(out))?;
         }
-        to.flush().map_err(|source| TraceError::Write {
-            path: out.to_owned(),
-            source,
-        })?;
+        to.flush().map_err(write_err(out))?;
         let mut overrun = 0u64;
         let per_cpu = self.inst.join("per_cpu");
         let cpus = std::fs::read_dir(&per_cpu).map_err(tracefs_err("listing", &per_cpu))?;
@@ -504,10 +501,7 @@ pub fn analyse(
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), TraceError> {
-    std::fs::write(path, bytes).map_err(|source| TraceError::Write {
-        path: path.to_owned(),
-        source,
-    })
+    std::fs::write(path, bytes).map_err(write_err(path))
 }
 
 /// `stall_trace.py TRACE --json --over-us OVER_US ARGS`'s JSON.
@@ -539,13 +533,7 @@ fn run_script(opts: &TraceOpts, trace: &Path, args: Vec<String>) -> Result<Value
 
 /// CLOCK_MONOTONIC now, s: the trace's clock (`trace_clock` mono).
 pub fn mono_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to write into; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+    pvsched_util::mono_ns() as f64 / 1e9
 }
 
 #[cfg(test)]

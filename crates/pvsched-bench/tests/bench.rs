@@ -37,6 +37,16 @@ fn bench_json(test: &str, cmd: &mut Command) -> Option<Value> {
     )
 }
 
+/// The sum of a `{name: count}` object's counts.
+fn total(counts: &Value) -> u64 {
+    counts
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum()
+}
+
 fn is_num(v: &Value) -> bool {
     v.as_f64().is_some()
 }
@@ -159,12 +169,7 @@ fn s1_quick_trace_names_the_stalls_of_each_run() {
         assert_eq!(t["over_us"], 1000, "{v}: {t}");
         assert!(t["overrun"].as_u64().is_some(), "{v}: {t}");
         let waits = t["waits"].as_u64().unwrap();
-        let by_cause: u64 = t["causes"]
-            .as_object()
-            .unwrap()
-            .values()
-            .map(|n| n.as_u64().unwrap())
-            .sum();
+        let by_cause = total(&t["causes"]);
         assert_eq!(waits, by_cause, "{v}: {t}");
         let file = std::path::PathBuf::from(t["file"].as_str().unwrap());
         assert_eq!(file, dir.join(format!("s1-rep1-{v}.trace")));
@@ -187,12 +192,7 @@ fn s1_quick_trace_names_the_stalls_of_each_run() {
             continue;
         }
         assert_eq!(s["stalls"].as_u64().unwrap(), stalls, "{v}: {s}");
-        let named: u64 = s["causes"]
-            .as_object()
-            .unwrap()
-            .values()
-            .map(|n| n.as_u64().unwrap())
-            .sum();
+        let named = total(&s["causes"]);
         assert_eq!(named, stalls, "{v}: {s}");
     }
     assert!(

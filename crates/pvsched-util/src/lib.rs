@@ -7,6 +7,8 @@
 //!   threads, reporting statistics, shutting down.
 //! - [`percentile`]: the nearest-rank percentile every report uses.
 //! - [`pidfd_open`]: a pidfd, to watch a process without pid reuse races;
+//! - [`mono_ns`]: CLOCK_MONOTONIC, the clock of BPF's `bpf_ktime_get_ns`
+//!   and of a tracefs trace with `trace_clock` mono;
 //! - [`exit`]: the exit-code table every pvsched binary shares;
 //! - [`pi::PiMutex`]: a mutex whose waiters lend their priority to its
 //!   holder, for state a SCHED_FIFO thread shares with ordinary ones.
@@ -31,6 +33,21 @@ pub fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 /// Write-locks `l`, ignoring poisoning.
 pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// CLOCK_MONOTONIC now, ns (the clock of `Instant`, BPF's
+/// `bpf_ktime_get_ns` and a tracefs trace with `trace_clock` mono).
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the valid timespec we pass;
+    // CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Nearest-rank percentile `p` (0..=100) of `sorted` (ascending); `None` if

@@ -138,20 +138,9 @@ use pvsched_util::lock;
 impl GuestMonitor {
     /// A monitor for `nr_vcpus` vCPUs.
     pub fn new(nr_vcpus: u32) -> Self {
-        let start = Instant::now();
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec to write into; CLOCK_MONOTONIC (the
-        // clock of `Instant` on Linux) always exists.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        let start_mono_ns = (ts.tv_sec as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(ts.tv_nsec as u64);
         Self {
-            start,
-            start_mono_ns,
+            start: Instant::now(),
+            start_mono_ns: pvsched_util::mono_ns(),
             vcpus: (0..nr_vcpus)
                 .map(|_| VcpuRecord {
                     stats: Mutex::new(GuestVcpuReport::default()),
@@ -466,7 +455,7 @@ mod tests {
     #[test]
     fn a_stall_keeps_its_window_on_the_monotonic_clock() {
         let m = GuestMonitor::new(1);
-        let before = mono_now();
+        let before = pvsched_util::mono_ns();
         assert!(m.note_injection(0));
         std::thread::sleep(std::time::Duration::from_millis(2));
         m.on_event(0, code::WAKE_ACK << 24);
@@ -479,7 +468,7 @@ mod tests {
         assert!(len >= 2_000_000, "{len}");
         let mono = m.mono_ns(at);
         assert!(
-            mono >= before && mono + len <= mono_now(),
+            mono >= before && mono + len <= pvsched_util::mono_ns(),
             "{before} {mono} {len}"
         );
     }
@@ -503,16 +492,6 @@ mod tests {
             assert!(s.stall_windows[0].1 >= 2_000_000, "vCPU {v}");
             assert_eq!(s.stalls, 0, "vCPU {v}");
         }
-    }
-
-    fn mono_now() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec to write into.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }
 
     #[test]

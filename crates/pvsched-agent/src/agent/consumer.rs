@@ -21,15 +21,7 @@ use std::sync::atomic::Ordering;
 /// Decision → applied latency samples kept per VM (a ring).
 pub(super) const LAT_SAMPLES: usize = 8192;
 
-pub(super) fn now_mono() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the valid timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use pvsched_util::mono_ns;
 
 fn handle(inner: &Inner, d: &Decision) {
     let mut guard = inner.reg.lock();
@@ -57,7 +49,7 @@ fn handle(inner: &Inner, d: &Decision) {
     };
     vm.decisions += 1;
     if t.apply(d.kind, d.prio, d.reason, &vm.caps) {
-        let lat = now_mono().saturating_sub(d.ts);
+        let lat = mono_ns().saturating_sub(d.ts);
         if vm.latencies.len() < LAT_SAMPLES {
             vm.latencies.push(lat);
         } else {
@@ -134,10 +126,10 @@ pub(super) fn consumer(
         }
     }
     let tick_ns = cfg.tick.as_nanos().max(1_000_000) as u64;
-    let mut next_tick = now_mono() + tick_ns;
+    let mut next_tick = mono_ns() + tick_ns;
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
     let mut ticks: u64 = 0;
-    let mut last_tick = now_mono();
+    let mut last_tick = mono_ns();
     let mut cosched = Cosched {
         host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
         host_permille: u64::from(cfg.cosched_host_pct.min(100)) * 10,
@@ -145,7 +137,7 @@ pub(super) fn consumer(
         ..Cosched::default()
     };
     while !inner.stop.load(Ordering::SeqCst) {
-        let wait_ms = (next_tick.saturating_sub(now_mono()) / 1_000_000).max(1) as i32;
+        let wait_ms = (next_tick.saturating_sub(mono_ns()) / 1_000_000).max(1) as i32;
         // SAFETY: evs is a valid buffer of 4 events.
         let n = unsafe {
             libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, wait_ms)
@@ -160,10 +152,10 @@ pub(super) fn consumer(
             // non-blocking, so an already-read expiry returns EAGAIN.
             unsafe { libc::read(tfd.as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
         }
-        if cosched.next_edge.is_some_and(|e| now_mono() >= e) {
+        if cosched.next_edge.is_some_and(|e| mono_ns() >= e) {
             cosched.run(&inner, &tfd, false);
         }
-        let now = now_mono();
+        let now = mono_ns();
         if now >= next_tick {
             next_tick = now + tick_ns;
             // Between two ticks nothing ends a boost that ran past a cap
@@ -300,7 +292,7 @@ impl Cosched {
     /// caps, a failed system call) every one of them, else those of the VMs
     /// whose phase changed.
     fn run(&mut self, inner: &Inner, tfd: &OwnedFd, all: bool) {
-        let now = now_mono();
+        let now = mono_ns();
         let mut guard = inner.reg.lock();
         let reg = &mut *guard;
         let mut ids: Vec<u32> = reg
