@@ -47,6 +47,9 @@ def analyse(path):
     runnable = {}       # tid -> preempted-at ts
     in_call = {}        # tid -> (ts, nr, args)
     tids = set()
+    switched_out = {}   # tid -> ts of its last switch out
+    last_at = {}        # cpu -> ts of its last record
+    inferred = 0
     first = last = None
     for line in open(path, errors="replace"):
         m = LINE.match(line)
@@ -55,7 +58,17 @@ def analyse(path):
         ts = round(float(m["ts"]) * 1e9)
         first = ts if first is None else first
         last = ts
-        ev, rest, tid = m["ev"], m["rest"], int(m["tid"])
+        ev, rest, tid, cpu = m["ev"], m["rest"], int(m["tid"]), int(m["cpu"])
+        if m["task"].strip() == APPLIER and tid in switched_out and tid not in on_cpu:
+            # A record the applier made itself, on a CPU, with no switch in
+            # since it last left one: the kernel did not record that switch
+            # (some hosts never record a switch out of an idle task). Put it
+            # at the latest time it can have been: that CPU's last record.
+            on_cpu[tid] = max(last_at.get(cpu, ts), switched_out[tid])
+            inferred += 1
+            if tid in runnable:
+                preempted.append(on_cpu[tid] - runnable.pop(tid))
+        last_at[cpu] = ts
         if ev == "sched_switch":
             f = kv(rest.replace(" ==> ", " "))
             prev, nxt = int(f.get("prev_pid", -1)), int(f.get("next_pid", -1))
@@ -63,6 +76,7 @@ def analyse(path):
                 tids.add(prev)
                 if prev in on_cpu:
                     runs.append(ts - on_cpu.pop(prev))
+                switched_out[prev] = ts
                 if f.get("prev_state", "").startswith("R"):
                     runnable[prev] = ts
             if f.get("next_comm") == APPLIER:
@@ -104,6 +118,7 @@ def analyse(path):
         "lock_waits_over_1ms": len([w for w in waits if w > SLOW_NS]),
         "lock_waits_over_2ms": len([w for w in waits if w > 2 * SLOW_NS]),
         "slow_futex": slow_futex,
+        "idle_switch_ins": inferred,
     }
 
 
@@ -129,6 +144,9 @@ def main():
             print(f"{name:<28}{0:>8}")
     print(f"lock waits over 1 ms: {res['lock_waits_over_1ms']}, "
           f"over 2 ms: {res['lock_waits_over_2ms']}")
+    if res["idle_switch_ins"]:
+        print(f"{res['idle_switch_ins']} switch(es) in the trace lacked, put back from the "
+              f"applier's own records")
 
 
 if __name__ == "__main__":

@@ -88,14 +88,48 @@ MIGRATE = re.compile(r"pid=(?P<p>\d+) prio=\d+ orig_cpu=\d+ dest_cpu=(?P<dest>\d
 MIGRATE_COMM = re.compile(r"comm=(?P<c>.*?) pid=\d+ prio=\d+ orig_cpu=\d+ dest_cpu=(?P<dest>\d+)")
 
 
-def parse(path):
+def parse(path, inferred=None):
+    """(cpu, ts, event, rest) of each record, oldest first, with every
+    switch out of a CPU's idle task the trace lacks put back: on some hosts
+    (this project's CI machines: CPU 1) the kernel never records
+    sched_switch from the idle task, so a thread woken onto that idle CPU
+    would look queued until it next switched out. A record made on a CPU by
+    a thread while that CPU's last switch left it idle proves the switch;
+    it is put at the latest time it can have been (the CPU's last record
+    from idle, or the thread's wake-up if later). `inferred`, a dict, gets
+    the count ("idle_switch_ins")."""
+    current = {}  # cpu -> pid its last sched_switch left running
+    last_at = {}  # cpu -> ts of its last record
+    known = {}    # pid -> (comm, prio, ts of its last wake-up)
     for line in open(path, errors="replace"):
         m = LINE.match(line)
-        if m:
-            yield int(m["cpu"]), float(m["ts"]), m["ev"], m["rest"]
+        if not m:
+            continue
+        cpu, ts, ev, rest, pid = int(m["cpu"]), float(m["ts"]), m["ev"], m["rest"], int(m["tid"])
+        if pid != 0 and current.get(cpu) == 0:
+            comm, prio, woken = known.get(pid, (m["task"].strip(), 120, 0.0))
+            at = max(last_at.get(cpu, ts), woken)
+            if inferred is not None:
+                inferred["idle_switch_ins"] = inferred.get("idle_switch_ins", 0) + 1
+            current[cpu] = pid
+            yield cpu, at, "sched_switch", (
+                f"prev_comm=swapper/{cpu} prev_pid=0 prev_prio=120 prev_state=R ==> "
+                f"next_comm={comm} next_pid={pid} next_prio={prio}")
+        last_at[cpu] = ts
+        if ev == "sched_switch":
+            sw = SWITCH.match(rest)
+            if sw:
+                current[cpu] = int(sw["np"])
+                known[int(sw["np"])] = (sw["nc"], int(sw["npr"]),
+                                        known.get(int(sw["np"]), ("", 0, 0.0))[2])
+        elif ev == "sched_wakeup":
+            w = WAKEUP.match(rest)
+            if w:
+                known[int(w["p"])] = (w["c"], int(w["pr"]), ts)
+        yield cpu, ts, ev, rest
 
 
-def analyze(path, over_us, tids=None):
+def analyze(path, over_us, tids=None, inferred=None):
     """(waits, gaps) of one pass over the trace. waits: every wait over
     `over_us` of the selected threads (`tids`: {tid: label}; None: threads
     whose comm starts with "vcpu "), oldest first, each a dict with its
@@ -113,7 +147,7 @@ def analyze(path, over_us, tids=None):
     resched = defaultdict(list)  # cpu -> timestamps of reschedule IPIs taken
     waiting = {}  # pid -> (since, why, prio, [(from, CPU it is queued on)])
     raw, gaps, last = [], [], None
-    for cpu, ts, ev, rest in parse(path):
+    for cpu, ts, ev, rest in parse(path, inferred):
         seen[cpu].append(ts)
         if last is not None and (ts - last) * 1e6 > over_us:
             gaps.append((last, round((ts - last) * 1e3, 3)))
@@ -204,7 +238,7 @@ def analyze(path, over_us, tids=None):
     return waits, gaps
 
 
-def timeline(path, labels):
+def timeline(path, labels, inferred=None):
     """Each thread whose comm is in `labels`: its intervals
     {comm: [(start, end, state, cpu, prio)]} with state "run", "queued" or
     "asleep", oldest first (the first begins at its first event), and
@@ -219,7 +253,7 @@ def timeline(path, labels):
             spans[comm].append((since, ts, st, c, pr))
         now[comm] = (ts, state, cpu, prio)
 
-    for cpu, ts, ev, rest in parse(path):
+    for cpu, ts, ev, rest in parse(path, inferred):
         seen[cpu].append(ts)
         if ev == "sched_switch":
             m = SWITCH.match(rest)
@@ -244,11 +278,11 @@ def timeline(path, labels):
     return spans, seen
 
 
-def explain_windows(path, windows, over_us):
+def explain_windows(path, windows, over_us, inferred=None):
     """Where each window's thread was during it (see the module's
     docstring, --windows): one dict per window, in the order given."""
     labels = {w["label"] for w in windows}
-    spans, seen = timeline(path, labels)
+    spans, seen = timeline(path, labels, inferred)
     starts = {label: [x[0] for x in seq] for label, seq in spans.items()}
     waits, _ = analyze(path, over_us, None)
     # A thread waits once at a time: its waits, oldest first, end in order.
@@ -416,6 +450,7 @@ def main():
                     help="instead: every block of the --tids threads over --over-us, the futex "
                     "word it waited on and who woke it, then counts by (thread, waker, word)")
     a = ap.parse_args()
+    inferred = {}
     if a.sleeps:
         if a.tids is None:
             ap.error("--sleeps needs --tids")
@@ -440,8 +475,9 @@ def main():
         return
     if a.windows:
         windows = json.load(open(a.windows))
-        got = explain_windows(a.trace, windows, a.over_us)
-        doc = {"windows": got, "causes": dict(Counter(w["cause"] for w in got))}
+        got = explain_windows(a.trace, windows, a.over_us, inferred)
+        doc = {"windows": got, "causes": dict(Counter(w["cause"] for w in got)),
+               "idle_switch_ins": inferred.get("idle_switch_ins", 0)}
         if a.decisions:
             states = boosts_at(a.decisions, windows)
             for w, st in zip(got, states):
@@ -457,8 +493,10 @@ def main():
                   f"its CPU {w['silent_ms']:.2f} ms; cause {w['cause']}")
         print(f"{len(got)} sample(s):", ", ".join(f"{c} {n}" for c, n in
                                                  Counter(w["cause"] for w in got).most_common()))
+        if inferred:
+            print(idle_note(inferred))
         return
-    waits, gaps = analyze(a.trace, a.over_us, a.tids)
+    waits, gaps = analyze(a.trace, a.over_us, a.tids, inferred)
     if a.lo is not None or a.hi is not None:
         lo = float("-inf") if a.lo is None else a.lo
         hi = float("inf") if a.hi is None else a.hi
@@ -467,7 +505,8 @@ def main():
     if a.json:
         print(json.dumps({"over_us": a.over_us, "waits": waits,
                           "causes": dict(Counter(w["cause"] for w in waits)),
-                          "host_gaps": [{"at": t, "ms": ms} for t, ms in gaps]}))
+                          "host_gaps": [{"at": t, "ms": ms} for t, ms in gaps],
+                          "idle_switch_ins": inferred.get("idle_switch_ins", 0)}))
         return
     what = "vCPU" if a.tids is None else "thread"
     print(f"{len(waits)} {what} wait(s) over {a.over_us:.0f} µs")
@@ -484,6 +523,14 @@ def main():
               f"longest silence {w['silent_ms']:.2f} ms, {ipi}; cause {w['cause']}")
     print(f"{len(gaps)} interval(s) over {a.over_us:.0f} µs with no event on any CPU"
           + "".join(f"\n{t:.6f} all CPUs silent {ms:.2f} ms" for t, ms in gaps))
+    if inferred:
+        print(idle_note(inferred))
+
+
+def idle_note(inferred):
+    n = inferred.get("idle_switch_ins", 0)
+    return (f"{n} switch(es) out of an idle task the trace lacked, put back from the "
+            f"threads' own records")
 
 
 if __name__ == "__main__":

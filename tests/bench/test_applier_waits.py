@@ -46,6 +46,21 @@ def test_runs_cpu_waits_and_lock_waits(tmp_path):
     assert (r["lock_waits_over_1ms"], r["lock_waits_over_2ms"]) == (1, 1), r
 
 
+def test_a_switch_in_the_trace_lacks_is_put_back(tmp_path):
+    """Some hosts never record a switch out of an idle task: the applier's
+    own record after it slept proves it ran from that CPU's last record."""
+    lines = TRACE.splitlines()
+    # Drop the switch in after the 4 ms lock wait; idle on CPU 1 took its
+    # timer tick 3 µs before the applier's sys_exit.
+    lines[4] = ("          <idle>-0     [001] d.h1. 50.004017: local_timer_entry: vector=236")
+    t = tmp_path / "a.trace"
+    t.write_text("\n".join(lines) + "\n")
+    r = waits(t)
+    assert r["idle_switch_ins"] == 1, r
+    # 12 µs, then 13 µs (from the tick), then 10 µs.
+    assert r["runs_us"]["n"] == 3 and r["runs_us"]["max"] == 13.0, r
+
+
 CHILD = r"""
 import threading, time
 lock = threading.Lock()

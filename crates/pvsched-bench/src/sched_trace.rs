@@ -307,6 +307,10 @@ pub struct TraceRow {
     pub host_stops: u64,
     /// The longest interval in which no CPU recorded anything, ms.
     pub host_silence_max_ms: Option<f64>,
+    /// Switches out of an idle task the kernel did not record (some hosts
+    /// never record them on some CPUs), put back from the switched-in
+    /// thread's own records by `stall_trace.py`.
+    pub idle_switch_ins: u64,
     /// The run's samples over 1 ms, each named by where the vCPU thread
     /// that recorded it was meanwhile (`stall_trace.py --windows`:
     /// queued-CAUSE, asleep, running, running-silent, mixed, untraced).
@@ -414,6 +418,7 @@ impl TraceRow {
                 .iter()
                 .filter_map(|g| g["ms"].as_f64())
                 .max_by(f64::total_cmp),
+            idle_switch_ins: j["idle_switch_ins"].as_u64().unwrap_or(0),
             samples: None,
         }
     }
@@ -551,10 +556,12 @@ mod tests {
                 {"at": 3.0, "wait_ms": 2.0, "cause": "unboosted"}
             ],
             "causes": {"unboosted": 2, "stolen": 1},
-            "host_gaps": [{"at": 5.0, "ms": 3.2}, {"at": 6.0, "ms": 17.5}]
+            "host_gaps": [{"at": 5.0, "ms": 3.2}, {"at": 6.0, "ms": 17.5}],
+            "idle_switch_ins": 7
         });
         let r = TraceRow::from_analysis("t.trace".into(), 0, &j);
         assert_eq!(r.waits, 3);
+        assert_eq!(r.idle_switch_ins, 7);
         assert_eq!(r.causes["unboosted"], 2);
         assert_eq!(r.causes["stolen"], 1);
         assert_eq!(r.longest_ms, Some(4.9));
