@@ -49,11 +49,18 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 	case PVS_EV_WAKEUP:
 		v->state = PVS_ST_WOKEN;
 		break;
+	/* An IPI or a kick runs in the vCPU's own thread: it is on a CPU
+	 * whatever the last switch said. Some hosts never record a switch out
+	 * of an idle task, so a vCPU woken onto an idle CPU would otherwise
+	 * stay "woken" (reported preempted, its boosted time uncharged) until
+	 * it next switched out. */
 	case PVS_EV_IPI: /* only a vCPU sends IPIs (an emulator thread never runs KVM_RUN) */
+		v->state = PVS_ST_RUNNING;
 		if (v->index < vm->nr_vcpus)
 			ipi_record(v, (__u32)a, (__u32)b, now);
 		break;
 	case PVS_EV_KICK: /* a vCPU woke a sibling; the waker is never an emulator thread */
+		v->state = PVS_ST_RUNNING;
 		if (v->index < vm->nr_vcpus)
 			kick_record(v, vm, (__u32)a, now);
 		break;

@@ -203,7 +203,9 @@ impl VmModel {
                     v.state = ST_RUNNING;
                     v.cont_ns = 0;
                 }
-                EV_SWITCH_IN | EV_USER_EXIT => v.state = ST_RUNNING,
+                // An IPI or a kick runs in the vCPU's own thread: it is on
+                // a CPU even if its switch in was never recorded.
+                EV_SWITCH_IN | EV_USER_EXIT | EV_IPI | EV_KICK => v.state = ST_RUNNING,
                 EV_WAKEUP => v.state = ST_WOKEN,
                 _ => {}
             }
@@ -803,6 +805,42 @@ mod tests {
         assert!(vm.step(50, Event::VcpuWakeup { vcpu: 0 }).is_empty());
         assert_eq!(vm.vcpus[0].boost, BOOST_NONE);
         assert_eq!(vm.ls_until, 0);
+    }
+
+    #[test]
+    fn an_ipi_or_a_kick_says_the_vcpu_runs_without_its_switch_in() {
+        // Some hosts never record a switch out of an idle task: a boosted
+        // vCPU woken onto an idle CPU gets no SwitchIn. Its own IPI or
+        // kick shows it on a CPU, and its boosted time is charged from
+        // there.
+        let mut vm = vm2_cs();
+        write(
+            &mut vm,
+            0,
+            GuestFields {
+                kern_cs: CS_HARDIRQ,
+                ..Default::default()
+            },
+        );
+        vm.step(10, out(0, true));
+        assert_eq!(vm.vcpus[0].boost, BOOST_RT);
+        vm.step(20, Event::Wakeup { vcpu: 0 });
+        assert_eq!(vm.vcpus[0].state, ST_WOKEN);
+        vm.step(
+            30,
+            Event::Ipi {
+                vcpu: 0,
+                dest_id: 1,
+                icr_low: 0xfd,
+            },
+        );
+        assert_eq!(vm.vcpus[0].state, ST_RUNNING);
+        vm.step(40, Event::Tick { vcpu: 0 });
+        assert_eq!(vm.vcpus[0].boosted_ns, 10);
+        vm.step(50, out(0, true));
+        vm.step(60, Event::Wakeup { vcpu: 0 });
+        vm.step(70, Event::Kick { vcpu: 0, target: 1 });
+        assert_eq!(vm.vcpus[0].state, ST_RUNNING);
     }
 
     #[test]
