@@ -540,27 +540,38 @@ fn print_table(j: &Value) {
         if j["quick"] == true { ", quick" } else { "" }
     );
     println!(
-        "{:<16} {:>10} {:>10} {:>10} {:>14}   (medians over reps, µs; hog iterations/s)",
-        "variant", "p50", "p99", "max", "hogs it/s"
+        "{:<16} {:>10} {:>10} {:>10} {:>14} {:>8} {:>8} {:>12}   (medians over reps, µs; hog \
+         iterations/s; CPU-s of the VMM and the hogs; events per VMM CPU-s)",
+        "variant", "p50", "p99", "max", "hogs it/s", "vm cpu", "hog cpu", "ev/vm cpu-s"
     );
+    let sci = |v: &Value| {
+        v.as_f64()
+            .map_or_else(|| "-".into(), |x| format!("{x:.3e}"))
+    };
+    let secs = |v: &Value| v.as_f64().map_or_else(|| "-".into(), |x| format!("{x:.2}"));
     if let Some(o) = j.as_object() {
         for (k, v) in o {
             if v.get("p99_us").is_some() && v.get("p50_us").is_some() {
                 println!(
-                    "{k:<16} {:>10} {:>10} {:>10} {:>14}",
+                    "{k:<16} {:>10} {:>10} {:>10} {:>14} {:>8} {:>8} {:>12}",
                     num(&v["p50_us"]),
                     num(&v["p99_us"]),
                     num(&v["max_us"]),
-                    v.get("hog_iterations_per_s")
-                        .and_then(Value::as_f64)
-                        .map_or_else(|| "-".into(), |x| format!("{x:.3e}"))
+                    sci(&v["hog_iterations_per_s"]),
+                    secs(&v["vm_cpu_s"]),
+                    secs(&v["hog_cpu_s"]),
+                    sci(&v["events_per_vm_cpu_s"]),
                 );
             }
         }
     }
     println!(
-        "pvsched/vanilla: p50 {}  p99 {}  max {}",
-        j["ratio_p50"], j["ratio_p99"], j["ratio_max"]
+        "pvsched/vanilla: p50 {}  p99 {}  max {}  VMM CPU {}  events per VMM CPU-s {}",
+        j["ratio_p50"],
+        j["ratio_p99"],
+        j["ratio_max"],
+        j["ratio_vm_cpu_s"],
+        j["ratio_events_per_vm_cpu_s"]
     );
     if let Some(r) = j.get("vanilla_loaded_vs_idle_p99") {
         println!(

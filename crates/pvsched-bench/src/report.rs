@@ -100,6 +100,13 @@ pub struct RunRow {
     pub hog_window_s: Option<f64>,
     /// Iterations per second of measured time.
     pub hog_iterations_per_s: Option<f64>,
+    /// The VMM process's CPU time over the measured time (every thread:
+    /// vCPUs, injector, an in-process device, the embedded policy), s.
+    pub vm_cpu_s: Option<f64>,
+    /// The hogs' CPU time over the measured time, s.
+    pub hog_cpu_s: Option<f64>,
+    /// Workload events per second of the VMM's CPU time.
+    pub events_per_vm_cpu_s: Option<f64>,
     /// The policy's numbers (pvsched variants).
     pub policy: Option<PolicyRun>,
     /// `--trace`: the run's vCPU stalls by cause.
@@ -148,6 +155,14 @@ pub struct VariantReport {
     pub hog_iterations_per_s: Option<f64>,
     /// The hogs' iterations of each run.
     pub hog_iterations_reps: Vec<Option<f64>>,
+    /// Median of the runs' VMM CPU time, s.
+    pub vm_cpu_s: Option<f64>,
+    /// Median of the runs' hog CPU time, s.
+    pub hog_cpu_s: Option<f64>,
+    /// Median of the runs' workload events per VMM CPU-second.
+    pub events_per_vm_cpu_s: Option<f64>,
+    /// Each run's workload events per VMM CPU-second.
+    pub events_per_vm_cpu_s_reps: Vec<Option<f64>>,
     /// Every repetition.
     pub runs: Vec<RunRow>,
     /// S3: each run's decision→applied p50, µs.
@@ -173,6 +188,11 @@ pub struct Ratios {
     pub ratio_p99: Option<f64>,
     /// max over max.
     pub ratio_max: Option<f64>,
+    /// The VMM's CPU time over the measured time, over the other's.
+    pub ratio_vm_cpu_s: Option<f64>,
+    /// Workload events per second of the VMM's CPU time, over the other's:
+    /// the work done for the host CPU it took.
+    pub ratio_events_per_vm_cpu_s: Option<f64>,
 }
 
 impl Ratios {
@@ -185,6 +205,8 @@ impl Ratios {
             ratio_p50: r(|v| v.p50_us),
             ratio_p99: r(|v| v.p99_us),
             ratio_max: r(|v| v.max_us),
+            ratio_vm_cpu_s: r(|v| v.vm_cpu_s),
+            ratio_events_per_vm_cpu_s: r(|v| v.events_per_vm_cpu_s),
         }
     }
 }

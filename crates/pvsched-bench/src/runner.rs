@@ -152,7 +152,10 @@ pub fn run(v: &Variant, opts: &RunOpts, tag: &str) -> Result<Outcome, BenchError
         .ok_or_else(|| BenchError::Spawn(std::io::Error::other("the child has no stdout pipe")))?;
     // Read while waiting: a full pipe would block the child. The reader
     // also counts the hogs' iterations between the child's markers.
-    let reader = std::thread::spawn(move || read_child(stdout, &counter));
+    // The VMM's CPU time: its process's clock, all threads (vCPUs, the
+    // injector, an in-process device, the embedded policy).
+    let worker_clock = pvsched_util::process_cpu_clock(child.id());
+    let reader = std::thread::spawn(move || read_child(stdout, &counter, worker_clock));
     let deadline = Instant::now() + duration + Duration::from_millis(v.prefilter_ms) + GRACE;
     let status = loop {
         match child.try_wait().map_err(BenchError::Spawn)? {
@@ -214,8 +217,9 @@ pub fn run(v: &Variant, opts: &RunOpts, tag: &str) -> Result<Outcome, BenchError
     })
 }
 
-/// The hogs' work during a run's measured time (between the worker's
-/// [`WorkerMsg::Measuring`] and [`WorkerMsg::Measured`]).
+/// The hogs' work, and the CPU time of the VMM and of the hogs, during a
+/// run's measured time (between the worker's [`WorkerMsg::Measuring`] and
+/// [`WorkerMsg::Measured`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HogWork {
     /// Iterations counted at the start.
@@ -226,18 +230,53 @@ pub struct HogWork {
     pub mono: Option<(f64, f64)>,
     /// The first marker's.
     mono_start: Option<f64>,
+    /// CPU time at the first marker, ns.
+    cpu_start: CpuNow,
+    /// CPU time between the markers, ns.
+    cpu: CpuNow,
+}
+
+/// CPU time so far, ns: the worker process's (every thread of the VMM)
+/// and the hogs'. `None` where a clock could not be read.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuNow {
+    /// The worker process.
+    pub vm_ns: Option<u64>,
+    /// Every hog thread.
+    pub hog_ns: Option<u64>,
+}
+
+impl CpuNow {
+    /// Read now from the worker's clock and the hogs' counter.
+    fn read(worker: Option<libc::clockid_t>, hogs: &HogCounter) -> CpuNow {
+        CpuNow {
+            vm_ns: worker.and_then(pvsched_util::cpu_clock_ns),
+            hog_ns: hogs.cpu_ns(),
+        }
+    }
+
+    /// `self - before`, field by field.
+    fn since(self, before: CpuNow) -> CpuNow {
+        let d = |a: Option<u64>, b: Option<u64>| Some(a?.saturating_sub(b?));
+        CpuNow {
+            vm_ns: d(self.vm_ns, before.vm_ns),
+            hog_ns: d(self.hog_ns, before.hog_ns),
+        }
+    }
 }
 
 impl HogWork {
     /// `msg` seen with the counters at `total`.
-    fn on_msg(&mut self, msg: &WorkerMsg, total: u64, now: Instant) {
+    fn on_msg(&mut self, msg: &WorkerMsg, total: u64, now: Instant, cpu: CpuNow) {
         match msg {
             WorkerMsg::Measuring => {
                 self.start = Some((total, now));
                 self.mono_start = Some(sched_trace::mono_s());
+                self.cpu_start = cpu;
             }
             WorkerMsg::Measured => {
                 self.mono = self.mono_start.map(|s| (s, sched_trace::mono_s()));
+                self.cpu = cpu.since(self.cpu_start);
                 if let Some((t0, i0)) = self.start {
                     let secs = now.duration_since(i0).as_secs_f64();
                     self.done = Some((total.saturating_sub(t0), secs));
@@ -257,9 +296,30 @@ impl HogWork {
         }
     }
 
-    /// Nothing counted when no hogs ran (`threads` 0).
+    /// The hogs' counts only when hogs ran (`threads` > 0); the VMM's CPU
+    /// time either way.
     fn only_with(self, threads: usize) -> Self {
-        if threads > 0 { self } else { Self::default() }
+        if threads > 0 {
+            self
+        } else {
+            HogWork {
+                cpu: CpuNow {
+                    vm_ns: self.cpu.vm_ns,
+                    hog_ns: None,
+                },
+                ..Self::default()
+            }
+        }
+    }
+
+    /// The VMM process's CPU time over the measured time, s.
+    pub fn vm_cpu_s(self) -> Option<f64> {
+        self.cpu.vm_ns.map(|n| (n as f64 / 1e6).round() / 1e3)
+    }
+
+    /// The hogs' CPU time over the measured time, s.
+    pub fn hog_cpu_s(self) -> Option<f64> {
+        self.cpu.hog_ns.map(|n| (n as f64 / 1e6).round() / 1e3)
     }
 
     /// Iterations of every hog over the measured time.
@@ -305,6 +365,7 @@ pub enum ReadError {
 fn read_child(
     out: impl std::io::Read,
     counter: &HogCounter,
+    worker_clock: Option<libc::clockid_t>,
 ) -> std::io::Result<(Result<WorkerReport, ReadError>, HogWork)> {
     let mut report = Err(ReadError::NoReport);
     let mut hog = HogWork::default();
@@ -312,7 +373,12 @@ fn read_child(
         let line = line?;
         match serde_json::from_str::<WorkerMsg>(&line) {
             Ok(WorkerMsg::Report(r)) => report = Ok(*r),
-            Ok(m) => hog.on_msg(&m, counter.total(), Instant::now()),
+            Ok(m) => hog.on_msg(
+                &m,
+                counter.total(),
+                Instant::now(),
+                CpuNow::read(worker_clock, counter),
+            ),
             // Keep reading (a full pipe would block the child); the first
             // bad line is the error.
             Err(source) if report.is_err() => report = Err(ReadError::Json { line, source }),
@@ -344,12 +410,24 @@ mod tests {
     fn hog_work_counts_between_the_markers() {
         let t = Instant::now();
         let mut h = HogWork::default();
-        h.on_msg(&WorkerMsg::Measuring, 100, t);
-        h.on_msg(&WorkerMsg::Measured, 400, t + Duration::from_secs(2));
+        let cpu = |vm, hog| CpuNow {
+            vm_ns: Some(vm),
+            hog_ns: Some(hog),
+        };
+        h.on_msg(&WorkerMsg::Measuring, 100, t, cpu(1_000_000_000, 0));
+        h.on_msg(
+            &WorkerMsg::Measured,
+            400,
+            t + Duration::from_secs(2),
+            cpu(2_500_000_000, 1_234_500_000),
+        );
         assert_eq!(h.iterations(), Some(300));
         assert_eq!(h.window_s(), Some(2.0));
         assert_eq!(h.per_s(), Some(150.0));
+        assert_eq!((h.vm_cpu_s(), h.hog_cpu_s()), (Some(1.5), Some(1.235)));
         assert_eq!(h.only_with(0).iterations(), None);
+        assert_eq!(h.only_with(0).vm_cpu_s(), Some(1.5));
+        assert_eq!(h.only_with(0).hog_cpu_s(), None);
         assert_eq!(HogWork::default().per_s(), None);
     }
 
@@ -367,14 +445,15 @@ mod tests {
         let out = line(&WorkerMsg::Measuring)
             + &line(&WorkerMsg::Measured)
             + &line(&WorkerMsg::Report(Box::new(report.clone())));
-        let (r, hog) = read_child(out.as_bytes(), &HogCounter::default()).unwrap();
+        let (r, hog) = read_child(out.as_bytes(), &HogCounter::default(), None).unwrap();
         assert_eq!(r.unwrap(), report);
         assert_eq!(hog.iterations(), Some(0));
-        let (r, _) = read_child(&b"not json\n"[..], &HogCounter::default()).unwrap();
+        let (r, _) = read_child(&b"not json\n"[..], &HogCounter::default(), None).unwrap();
         assert!(matches!(r, Err(ReadError::Json { .. })), "{r:?}");
         let (r, _) = read_child(
             line(&WorkerMsg::Measuring).as_bytes(),
             &HogCounter::default(),
+            None,
         )
         .unwrap();
         assert!(matches!(r, Err(ReadError::NoReport)), "{r:?}");

@@ -102,10 +102,20 @@ fn s1_quick_prints_the_bench_json() {
         );
         assert!(is_num(&j[v]["runs"][0]["hog_iterations_per_s"]), "{v}");
         assert!(is_num(&j[v]["hog_iterations"]), "{v}");
+        // The busy hogs ran the whole measured time: CPU time counted.
+        assert!(j[v]["runs"][0]["hog_cpu_s"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    for v in ["vanilla", "pvsched", "idle_vanilla", "idle_pvsched"] {
+        // The VM's vCPUs ran the workload: its CPU time, and the events
+        // per CPU-second, are there.
+        let run = &j[v]["runs"][0];
+        assert!(run["vm_cpu_s"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(run["events_per_vm_cpu_s"].as_f64().unwrap() > 0.0, "{v}");
     }
     for v in ["idle_vanilla", "idle_pvsched"] {
         assert_eq!(j[v]["load"]["kind"], "none", "{v}");
         assert!(j[v]["runs"][0]["hog_iterations"].is_null(), "{v}");
+        assert!(j[v]["runs"][0]["hog_cpu_s"].is_null(), "{v}");
     }
     // Whether the load showed the problem is reported, whatever it was.
     assert!(is_num(&j["vanilla_loaded_vs_idle_p99"]));
@@ -122,6 +132,7 @@ fn s1_quick_prints_the_bench_json() {
             "s1_p99_vs_idle",
             "s1_p99_ratio",
             "s1_max_ratio",
+            "s1_max_every_rep",
             "s1_host_cost"
         ]
     );

@@ -50,6 +50,44 @@ pub fn mono_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// The CPU time (user + system) a CPU-time clock has counted so far, ns:
+/// a process's ([`process_cpu_clock`]: all its threads, the exited ones
+/// too) or a thread's ([`thread_cpu_clock`]). `None` once that process or
+/// thread is gone.
+pub fn cpu_clock_ns(clock: libc::clockid_t) -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the valid timespec we pass; an invalid
+    // or stale clock id is an error return, not undefined behaviour.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    Some(
+        (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64),
+    )
+}
+
+/// Process `pid`'s CPU-time clock (any process this one may signal).
+pub fn process_cpu_clock(pid: u32) -> Option<libc::clockid_t> {
+    let mut clock: libc::clockid_t = 0;
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: clock_getcpuclockid writes the clockid_t we pass; no other
+    // memory is touched.
+    (unsafe { libc::clock_getcpuclockid(pid, &mut clock) } == 0).then_some(clock)
+}
+
+/// Thread `t`'s CPU-time clock (a thread of this process).
+pub fn thread_cpu_clock(t: libc::pthread_t) -> Option<libc::clockid_t> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: pthread_getcpuclockid writes the clockid_t we pass; the
+    // caller's `t` is a thread it holds a join handle to, so still valid.
+    (unsafe { libc::pthread_getcpuclockid(t, &mut clock) } == 0).then_some(clock)
+}
+
 /// Nearest-rank percentile `p` (0..=100) of `sorted` (ascending); `None` if
 /// empty.
 pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
@@ -156,6 +194,34 @@ mod tests {
         assert_eq!(percentile(&v, 100.0), Some(1000));
         assert_eq!(percentile(&v, 0.0), Some(1));
         assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn cpu_clocks_count_a_spinning_thread_and_its_process() {
+        use std::os::unix::thread::JoinHandleExt;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let t = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let thread = thread_cpu_clock(t.as_pthread_t()).unwrap();
+        let process = process_cpu_clock(std::process::id()).unwrap();
+        let (t0, p0) = (
+            cpu_clock_ns(thread).unwrap(),
+            cpu_clock_ns(process).unwrap(),
+        );
+        // Spin until the thread itself has had 20 ms of CPU: what the
+        // clock counts is caused here, whatever else the machine runs.
+        while cpu_clock_ns(thread).unwrap() - t0 < 20_000_000 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        t.join().unwrap();
+        // The process's clock includes the exited thread's time.
+        assert!(cpu_clock_ns(process).unwrap() - p0 >= 20_000_000);
+        assert_eq!(process_cpu_clock(u32::MAX), None);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 use clap::ValueEnum;
 use serde::Serialize;
+use std::os::unix::thread::JoinHandleExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -112,17 +113,33 @@ pub struct LoadReport {
 #[derive(Default)]
 struct Counter(AtomicU64);
 
-/// The hogs' iteration counters, readable while they run.
+/// The hogs' iteration counters and CPU-time clocks, readable while they
+/// run.
 #[derive(Clone, Default)]
-pub struct HogCounter(Arc<Vec<Counter>>);
+pub struct HogCounter {
+    counters: Arc<Vec<Counter>>,
+    clocks: Arc<Vec<libc::clockid_t>>,
+}
 
 impl HogCounter {
     /// Iterations of every hog so far.
     pub fn total(&self) -> u64 {
-        self.0
+        self.counters
             .iter()
             .map(|c| c.0.load(Ordering::Relaxed))
             .fold(0, u64::saturating_add)
+    }
+
+    /// CPU time every hog has had so far, ns; `None` without hogs, or once
+    /// they stopped.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        if self.clocks.is_empty() {
+            return None;
+        }
+        self.clocks
+            .iter()
+            .map(|&c| pvsched_util::cpu_clock_ns(c))
+            .sum()
     }
 }
 
@@ -210,7 +227,10 @@ impl Hogs {
     pub fn start(load: Load) -> std::io::Result<Hogs> {
         let stop = Arc::new(AtomicBool::new(false));
         let n = load.threads();
-        let counter = HogCounter(Arc::new((0..n).map(|_| Counter::default()).collect()));
+        let counter = HogCounter {
+            counters: Arc::new((0..n).map(|_| Counter::default()).collect()),
+            clocks: Arc::default(),
+        };
         let mut hogs = Hogs {
             stop: stop.clone(),
             counter: counter.clone(),
@@ -231,7 +251,7 @@ impl Hogs {
                 ))
                 .spawn(move || {
                     normal_nice0();
-                    let count = &counter.0[i].0;
+                    let count = &counter.counters[i].0;
                     if is_busy {
                         busy(&stop, count);
                     } else {
@@ -240,6 +260,14 @@ impl Hogs {
                 })?;
             hogs.threads.push(t);
         }
+        // Every hog has a clock, or none is counted (a partial sum would
+        // look like less work).
+        let clocks: Option<Vec<_>> = hogs
+            .threads
+            .iter()
+            .map(|t| pvsched_util::thread_cpu_clock(t.as_pthread_t()))
+            .collect();
+        hogs.counter.clocks = Arc::new(clocks.unwrap_or_default());
         Ok(hogs)
     }
 
