@@ -28,15 +28,28 @@ def cell(v, key):
 
 
 def latency_table(d, variants):
-    rows = ["| variant | workload | p50 µs | p99 µs | max µs | samples | hog it/s |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    # Results recorded since the bench measures CPU time also say what each
+    # variant cost the host: the VMM's and the hogs' CPU-seconds and the
+    # workload's events per VMM CPU-second.
+    cpu = any(isinstance(d.get(n), dict) and d[n].get("vm_cpu_s") is not None for n in variants)
+    head = "| variant | workload | p50 µs | p99 µs | max µs | samples | hog it/s |"
+    rule = "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    if cpu:
+        head += " VMM CPU-s | hogs' CPU-s | events per VMM CPU-s |"
+        rule += " ---: | ---: | ---: |"
+    rows = [head, rule]
     for name in variants:
         v = d.get(name)
         if not isinstance(v, dict) or "p99_us" not in v:
             continue
         hog = v.get("hog_iterations_per_s")
-        rows.append(f"| {name} | {v.get('workload', '')} | {cell(v, 'p50_us')} | {cell(v, 'p99_us')} | "
-                    f"{cell(v, 'max_us')} | {v.get('samples', '-')} | {fmt(hog, 0) if hog else '-'} |")
+        row = (f"| {name} | {v.get('workload', '')} | {cell(v, 'p50_us')} | {cell(v, 'p99_us')} | "
+               f"{cell(v, 'max_us')} | {v.get('samples', '-')} | {fmt(hog, 0) if hog else '-'} |")
+        if cpu:
+            per = v.get("events_per_vm_cpu_s")
+            row += (f" {fmt(v.get('vm_cpu_s'), 2)} | {fmt(v.get('hog_cpu_s'), 2)} | "
+                    f"{fmt(per, 0) if per else '-'} |")
+        rows.append(row)
     return "\n".join(rows)
 
 
