@@ -19,6 +19,9 @@ struct Side {
     #[serde(flatten)]
     report: RunReport,
     hogs: Option<HogWork>,
+    /// The VM's CPU time over the workload's time, s (the process's less
+    /// the hogs'; a sandboxed device's own process is not in it).
+    vm_cpu_s: Option<f64>,
     policy: Option<PolicySummary>,
 }
 
@@ -28,7 +31,16 @@ impl Side {
             policy: m.stats.as_ref().map(|s| PolicySummary::new(name, s)),
             report: m.report,
             hogs: m.hogs,
+            vm_cpu_s: m.vm_cpu_s,
         }
+    }
+
+    /// Latency samples per second of the VM's CPU time: the work done for
+    /// the host CPU it took.
+    fn samples_per_cpu_s(&self) -> Option<f64> {
+        self.vm_cpu_s
+            .filter(|&c| c > 0.0)
+            .map(|c| self.report.samples as f64 / c)
     }
 }
 
@@ -47,6 +59,8 @@ struct Ratios {
     p99: Option<f64>,
     max: Option<f64>,
     hogs_work: Option<f64>,
+    vm_cpu: Option<f64>,
+    samples_per_vm_cpu_s: Option<f64>,
 }
 
 fn ratios(without: &Side, with: &Side) -> Ratios {
@@ -56,6 +70,8 @@ fn ratios(without: &Side, with: &Side) -> Ratios {
         p99: ratio(with.report.p99_us, without.report.p99_us),
         max: ratio(with.report.max_us, without.report.max_us),
         hogs_work: ratio(hogs(with), hogs(without)),
+        vm_cpu: ratio(with.vm_cpu_s, without.vm_cpu_s),
+        samples_per_vm_cpu_s: ratio(with.samples_per_cpu_s(), without.samples_per_cpu_s()),
     }
 }
 
@@ -187,6 +203,20 @@ fn print_table(
         work(with),
         r.hogs_work,
     )?;
+    row(
+        out,
+        "VM CPU time, s",
+        num(without.vm_cpu_s, 2),
+        num(with.vm_cpu_s, 2),
+        r.vm_cpu,
+    )?;
+    row(
+        out,
+        "samples per VM CPU-second",
+        num(without.samples_per_cpu_s(), 0),
+        num(with.samples_per_cpu_s(), 0),
+        r.samples_per_vm_cpu_s,
+    )?;
     writeln!(
         out,
         "{}; host monotonic clock on both ends",
@@ -195,7 +225,9 @@ fn print_table(
     writeln!(
         out,
         "host threads' work: units of integer work per second of the {hogs} busy threads \
-         beside the VM (ratio: the share of it they kept)"
+         beside the VM (ratio: the share of it they kept); VM CPU time: this process's less \
+         the busy threads' (the VMM and the embedded policy; a sandboxed device's own process \
+         is not in it); samples per VM CPU-second: the work done for the CPU it took"
     )?;
     writeln!(
         out,
@@ -220,6 +252,7 @@ mod tests {
                 threads: 4,
                 units_per_s: work,
             }),
+            vm_cpu_s: Some(if policy.is_some() { 0.6 } else { 0.5 }),
             policy,
         }
     }
@@ -266,6 +299,9 @@ mod tests {
         assert_eq!(line("throttles"), ["-", "1", "-"]);
         assert_eq!(line("vCPU time boosted"), ["-", "20.0", "-"]);
         assert_eq!(line("host threads' work"), ["0.950", "1.900", "2.000"]);
+        assert_eq!(line("VM CPU time"), ["1.200", "0.60", "0.50"]);
+        // The same samples (report(0xf)) for 1.2x the CPU.
+        assert_eq!(line("samples per VM CPU-second")[0], "0.833");
         assert!(t.contains("4 busy threads"), "{t}");
     }
 

@@ -374,6 +374,11 @@ pub(crate) struct Measured {
     pub report: RunReport,
     pub stats: Option<VmStats>,
     pub hogs: Option<HogWork>,
+    /// CPU time the VM took over the workload's time, s: this process's
+    /// (the VMM's threads, an in-process device, an embedded policy) less
+    /// the hogs'. A sandboxed device's own process is not in it. `None`
+    /// if a CPU-time clock could not be read.
+    pub vm_cpu_s: Option<f64>,
 }
 
 /// Boots the VM with `policy` wired to it, loads the host with `hogs` busy
@@ -399,10 +404,19 @@ pub(crate) fn measure(
         }
     };
     let counter = running.counter();
-    let (t0, c0) = (Instant::now(), counter.total());
+    let me = pvsched_util::process_cpu_clock(std::process::id());
+    // Everything this process ran but the hogs (none: 0).
+    let vm_ns = || {
+        let all = pvsched_util::cpu_clock_ns(me?)?;
+        Some(all.saturating_sub(if hogs > 0 { counter.cpu_ns()? } else { 0 }))
+    };
+    let (t0, c0, cpu0) = (Instant::now(), counter.total(), vm_ns());
     wait_with_progress(&run, args.duration);
     let work = counter.total().saturating_sub(c0);
     let secs = t0.elapsed().as_secs_f64();
+    let vm_cpu_s = vm_ns()
+        .zip(cpu0)
+        .map(|(b, a)| b.saturating_sub(a) as f64 / 1e9);
     drop(running);
     let report = run.finish();
     Ok(Measured {
@@ -412,6 +426,7 @@ pub(crate) fn measure(
             threads: hogs,
             units_per_s: work as f64 / secs,
         }),
+        vm_cpu_s,
     })
 }
 

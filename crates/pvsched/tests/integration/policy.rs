@@ -869,11 +869,21 @@ fn cli_compare_runs_without_then_with_the_policy() {
             c[side]["hogs"]["units_per_s"].as_f64().unwrap() > 0.0,
             "{side}"
         );
+        // The VM ran its workload: its CPU time (the process's less the
+        // hogs') is counted.
+        assert!(c[side]["vm_cpu_s"].as_f64().unwrap() > 0.0, "{side}");
     }
     for v in with["per_vcpu"].as_array().unwrap() {
         assert_eq!(v["errors"], 0, "{with}");
     }
-    for key in ["p50", "p99", "max", "hogs_work"] {
+    for key in [
+        "p50",
+        "p99",
+        "max",
+        "hogs_work",
+        "vm_cpu",
+        "samples_per_vm_cpu_s",
+    ] {
         assert!(c["ratios"][key].is_number(), "{key}: {c}");
     }
 }
