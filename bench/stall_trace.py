@@ -89,7 +89,9 @@ MIGRATE_COMM = re.compile(r"comm=(?P<c>.*?) pid=\d+ prio=\d+ orig_cpu=\d+ dest_c
 
 
 def parse(path, inferred=None):
-    """(cpu, ts, event, rest) of each record, oldest first, with every
+    """(cpu, ts, event, rest, fields) of each record, oldest first
+    (`fields`: the SWITCH match of a sched_switch, the WAKEUP match of a
+    sched_wakeup, else None; matched once here for every reader), with every
     switch out of a CPU's idle task the trace lacks put back: on some hosts
     (this project's CI machines: CPU 1) the kernel never records
     sched_switch from the idle task, so a thread woken onto that idle CPU
@@ -112,21 +114,22 @@ def parse(path, inferred=None):
             if inferred is not None:
                 inferred["idle_switch_ins"] = inferred.get("idle_switch_ins", 0) + 1
             current[cpu] = pid
-            yield cpu, at, "sched_switch", (
-                f"prev_comm=swapper/{cpu} prev_pid=0 prev_prio=120 prev_state=R ==> "
-                f"next_comm={comm} next_pid={pid} next_prio={prio}")
+            put_back = (f"prev_comm=swapper/{cpu} prev_pid=0 prev_prio=120 prev_state=R ==> "
+                        f"next_comm={comm} next_pid={pid} next_prio={prio}")
+            yield cpu, at, "sched_switch", put_back, SWITCH.match(put_back)
         last_at[cpu] = ts
+        fields = None
         if ev == "sched_switch":
-            sw = SWITCH.match(rest)
+            fields = sw = SWITCH.match(rest)
             if sw:
                 current[cpu] = int(sw["np"])
                 known[int(sw["np"])] = (sw["nc"], int(sw["npr"]),
                                         known.get(int(sw["np"]), ("", 0, 0.0))[2])
         elif ev == "sched_wakeup":
-            w = WAKEUP.match(rest)
+            fields = w = WAKEUP.match(rest)
             if w:
                 known[int(w["p"])] = (w["c"], int(w["pr"]), ts)
-        yield cpu, ts, ev, rest
+        yield cpu, ts, ev, rest, fields
 
 
 def analyze(path, over_us, tids=None, inferred=None):
@@ -147,7 +150,7 @@ def analyze(path, over_us, tids=None, inferred=None):
     resched = defaultdict(list)  # cpu -> timestamps of reschedule IPIs taken
     waiting = {}  # pid -> (since, why, prio, [(from, CPU it is queued on)])
     raw, gaps, last = [], [], None
-    for cpu, ts, ev, rest in parse(path, inferred):
+    for cpu, ts, ev, rest, m in parse(path, inferred):
         seen[cpu].append(ts)
         if last is not None and (ts - last) * 1e6 > over_us:
             gaps.append((last, round((ts - last) * 1e3, 3)))
@@ -155,7 +158,6 @@ def analyze(path, over_us, tids=None, inferred=None):
         if ev == "reschedule_entry":
             resched[cpu].append(ts)
         if ev == "sched_switch":
-            m = SWITCH.match(rest)
             if not m:
                 continue
             if not runs[cpu]:
@@ -170,7 +172,6 @@ def analyze(path, over_us, tids=None, inferred=None):
                 if (ts - since) * 1e6 > over_us:
                     raw.append((since, ts, m["nc"], np_, why, prio, queued, cpu))
         elif ev == "sched_wakeup":
-            m = WAKEUP.match(rest)
             if m and chosen(m["c"], int(m["p"])):
                 waiting[int(m["p"])] = (ts, "woken", int(m["pr"]), [(ts, int(m["cpu"]))])
         elif ev == "sched_migrate_task":
@@ -253,10 +254,9 @@ def timeline(path, labels, inferred=None):
             spans[comm].append((since, ts, st, c, pr))
         now[comm] = (ts, state, cpu, prio)
 
-    for cpu, ts, ev, rest in parse(path, inferred):
+    for cpu, ts, ev, rest, m in parse(path, inferred):
         seen[cpu].append(ts)
         if ev == "sched_switch":
-            m = SWITCH.match(rest)
             if not m:
                 continue
             if m["pc"] in labels:
@@ -265,7 +265,6 @@ def timeline(path, labels, inferred=None):
             if m["nc"] in labels:
                 move(m["nc"], ts, "run", cpu, int(m["npr"]))
         elif ev == "sched_wakeup":
-            m = WAKEUP.match(rest)
             if m and m["c"] in labels:
                 move(m["c"], ts, "queued", int(m["cpu"]), int(m["pr"]))
         elif ev == "sched_migrate_task":
