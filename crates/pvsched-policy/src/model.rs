@@ -761,6 +761,14 @@ mod tests {
         }
     }
 
+    /// The guest is in the kernel critical sections `bits`.
+    fn cs(bits: u32) -> GuestFields {
+        GuestFields {
+            kern_cs: bits,
+            ..Default::default()
+        }
+    }
+
     /// The guest waits on slot `on - 1` (`wait_on` is slot + 1).
     fn waits(on: u32) -> GuestFields {
         GuestFields {
@@ -776,14 +784,7 @@ mod tests {
     #[test]
     fn cs_boost_lasts_while_the_slot_shows_it_and_holds_nothing() {
         let mut vm = vm2_cs();
-        write(
-            &mut vm,
-            0,
-            GuestFields {
-                kern_cs: CS_HARDIRQ,
-                ..Default::default()
-            },
-        );
+        write(&mut vm, 0, cs(CS_HARDIRQ));
         let d = vm.step(10, out(0, true));
         assert_eq!(d.len(), 1);
         assert_eq!(
@@ -814,14 +815,7 @@ mod tests {
         // kick shows it on a CPU, and its boosted time is charged from
         // there.
         let mut vm = vm2_cs();
-        write(
-            &mut vm,
-            0,
-            GuestFields {
-                kern_cs: CS_HARDIRQ,
-                ..Default::default()
-            },
-        );
+        write(&mut vm, 0, cs(CS_HARDIRQ));
         vm.step(10, out(0, true));
         assert_eq!(vm.vcpus[0].boost, BOOST_RT);
         vm.step(20, Event::Wakeup { vcpu: 0 });
