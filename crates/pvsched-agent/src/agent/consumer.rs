@@ -284,10 +284,11 @@ type ThreadFigures = (u32, u64, u64);
 impl Cosched {
     /// Moves every vCPU thread of every co-scheduling VM to its phase now
     /// and arms the timer fd for the next edge. The VMs that co-schedule
-    /// take their phases one after another in VM-id order (each VM's phase
-    /// starts where the one before it ended, modulo its period), so VMs
+    /// take their phases one after another in VM-id order, each followed by
+    /// an equal part of the time the phases leave free ([`Spread`]), so VMs
     /// with the same period and shares adding up to at most 100 % never
-    /// hold the host's CPUs at the same time. Only the co-scheduling VMs'
+    /// hold the host's CPUs at the same time, nor for longer than one phase
+    /// in a row. Only the co-scheduling VMs'
     /// threads are visited: with `all` (every tick: new threads, changed
     /// caps, a failed system call) every one of them, else those of the VMs
     /// whose phase changed.
@@ -307,13 +308,14 @@ impl Cosched {
         }
         ids.sort_unstable();
         let now_us = now / 1000;
-        let mut offset_us: u64 = 0;
-        let mut next: Option<u64> = None;
-        let mut on_vms = Vec::with_capacity(ids.len());
+        // Each VM's phase and whether it fits in the host-wide limit, in
+        // VM-id order (the first VMs get in), before any phase is placed:
+        // the gaps between the phases need their sum.
+        let mut plan: Vec<(u32, u64, bool)> = Vec::with_capacity(ids.len());
         let mut left_out = Vec::new();
         let mut host_used: u64 = 0;
         for id in ids {
-            let Some(vm) = reg.vms.get_mut(&id) else {
+            let Some(vm) = reg.vms.get(&id) else {
                 continue;
             };
             let period = vm.caps.cosched_period_us;
@@ -332,13 +334,29 @@ impl Cosched {
             if on > 0 && !fits {
                 left_out.push(id);
             }
-            vm.cosched_now_us = if on > 0 && fits { on } else { 0 };
-            let phase = if on == 0 || !fits {
+            if on > 0 && fits {
+                host_used += share;
+            }
+            plan.push((id, on, on > 0 && fits));
+        }
+        let placed: Vec<u64> = plan.iter().filter(|p| p.2).map(|p| p.1).collect();
+        let spread = Spread::new(&placed);
+        let mut offset_us: u64 = 0;
+        let mut next: Option<u64> = None;
+        let mut on_vms = Vec::with_capacity(plan.len());
+        for (id, on, placed) in plan {
+            let Some(vm) = reg.vms.get_mut(&id) else {
+                continue;
+            };
+            let period = vm.caps.cosched_period_us;
+            vm.cosched_now_us = if placed { on } else { 0 };
+            let phase = if !placed {
                 Phase::Free
             } else {
-                host_used += share;
                 let (phase, edge_in_us) = phase_at(now_us, offset_us, on, period);
-                offset_us = offset_us.saturating_add(on);
+                offset_us = offset_us
+                    .saturating_add(on)
+                    .saturating_add(spread.gap_us(period));
                 let edge = now.saturating_add(edge_in_us.saturating_mul(1000));
                 next = Some(next.map_or(edge, |n| n.min(edge)));
                 on_vms.push((id, phase));
@@ -508,6 +526,35 @@ impl Cosched {
     }
 }
 
+/// How the co-scheduled phases of several VMs are laid out in their
+/// period: one after another, each followed by an equal part of what the
+/// phases leave free. Back to back, two VMs' phases would hold the host's
+/// CPUs for both their lengths in a row, and an ordinary host thread that
+/// wakes at the start of the first would wait for the end of the second;
+/// spread out, it waits at most one phase, for the same phase changes.
+struct Spread {
+    /// The placed VMs' phases, µs, summed.
+    total_us: u64,
+    /// How many VMs have a phase.
+    count: u64,
+}
+
+impl Spread {
+    fn new(on_us: &[u64]) -> Self {
+        Spread {
+            total_us: on_us.iter().fold(0u64, |a, b| a.saturating_add(*b)),
+            count: on_us.len() as u64,
+        }
+    }
+
+    /// The free time after each phase of a VM with this period: an equal
+    /// part of what the phases leave of it (VMs with the same period fill
+    /// it exactly; with mixed periods the layout is each VM's own).
+    fn gap_us(&self, period_us: u64) -> u64 {
+        period_us.saturating_sub(self.total_us) / self.count.max(1)
+    }
+}
+
 /// The phase at `now_us` of a VM whose co-scheduled phase is `on_us` of
 /// every `period_us`, starting `offset_us` into the period, and how many µs
 /// until its next edge (at least 1).
@@ -544,5 +591,29 @@ mod tests {
         );
         // The whole period: always on.
         assert_eq!(phase_at(123, 0, 20_000, 20_000).0, Phase::On);
+    }
+
+    #[test]
+    fn several_vms_phases_are_spread_over_the_period() {
+        // Two VMs owed a third of the period each: each phase is followed
+        // by half of the third left free, so the host's threads get a CPU
+        // after at most one phase (6.7 ms), not after both (13.3 ms).
+        let spread = Spread::new(&[6_666, 6_666]);
+        assert_eq!(spread.gap_us(20_000), 3_334);
+        let second = 6_666 + spread.gap_us(20_000);
+        assert_eq!(phase_at(0, 0, 6_666, 20_000), (Phase::On, 6_666));
+        assert_eq!(phase_at(6_666, 0, 6_666, 20_000), (Phase::Off, 13_334));
+        assert_eq!(phase_at(6_666, second, 6_666, 20_000), (Phase::Off, 3_334));
+        assert_eq!(phase_at(10_000, second, 6_666, 20_000), (Phase::On, 6_666));
+        assert_eq!(
+            phase_at(16_666, second, 6_666, 20_000),
+            (Phase::Off, 13_334)
+        );
+        // One VM: nothing to spread. Phases that fill the period: no gap.
+        assert_eq!(Spread::new(&[10_000]).gap_us(20_000), 10_000);
+        assert_eq!(Spread::new(&[10_000, 10_000]).gap_us(20_000), 0);
+        // Phases adding up to more than a period (mixed periods): no gap.
+        assert_eq!(Spread::new(&[15_000, 10_000]).gap_us(20_000), 0);
+        assert_eq!(Spread::new(&[]).gap_us(20_000), 20_000);
     }
 }

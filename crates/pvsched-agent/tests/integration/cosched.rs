@@ -146,6 +146,77 @@ fn vms_beyond_the_host_wide_share_are_not_co_scheduled() {
     assert_eq!(vm2.stats().vcpus[0].phase_changes, 0);
 }
 
+/// The longest stretch, ms, in which some VM of `vms` was in its phase
+/// (both its vCPU threads at FIFO 1), sampled for `d` by a thread above
+/// the phases (FIFO 2), and whether every VM was seen in one.
+fn longest_held(vms: [[u32; 2]; 2], d: Duration) -> (f64, [bool; 2]) {
+    std::thread::spawn(move || {
+        let me = sched::gettid();
+        let mut attr = sched::get(me).expect("own attributes");
+        attr.policy = POLICY_FIFO;
+        attr.priority = 2;
+        attr.nice = 0;
+        sched::set(me, &attr).expect("the sampler at FIFO 2 (root)");
+        let fifo =
+            |tid: u32| sched::get(tid).is_ok_and(|s| s.policy == POLICY_FIFO && s.priority == 1);
+        let (mut longest, mut seen, mut since) = (0f64, [false; 2], None::<Instant>);
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            let now = Instant::now();
+            let on = vms.map(|[a, b]| fifo(a) && fifo(b));
+            seen = [seen[0] || on[0], seen[1] || on[1]];
+            if on[0] || on[1] {
+                let start = *since.get_or_insert(now);
+                longest = longest.max(now.duration_since(start).as_secs_f64() * 1e3);
+            } else {
+                since = None;
+            }
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        (longest, seen)
+    })
+    .join()
+    .expect("sampler")
+}
+
+#[test]
+fn two_vms_phases_are_spread_over_the_period() {
+    if !need_bpf("two_vms_phases_are_spread_over_the_period") {
+        return;
+    }
+    let agent = common::agent();
+    // Two VMs, each a quarter of a 40 ms period: back to back they would
+    // hold the host's CPUs for 20 ms in a row; spread, each phase is
+    // followed by 10 ms for the host's own threads.
+    let spread = Caps {
+        cosched_period_us: 40_000,
+        ..caps(10_000)
+    };
+    let first = [
+        FakeVcpu::spawn(0, Duration::from_micros(500)),
+        FakeVcpu::spawn(0, Duration::from_micros(500)),
+    ];
+    let second = [
+        FakeVcpu::spawn(0, Duration::from_micros(500)),
+        FakeVcpu::spawn(0, Duration::from_micros(500)),
+    ];
+    let _vm1 = common::device_vm(&agent, &[first[0].tid, first[1].tid], &[], spread.clone());
+    let _vm2 = common::device_vm(&agent, &[second[0].tid, second[1].tid], &[], spread);
+    wait_for("both VMs' phases", LIMIT, || {
+        Some(()).filter(|_| first[0].attr().policy == POLICY_FIFO)
+    });
+    let (longest, seen) = longest_held(
+        [[first[0].tid, first[1].tid], [second[0].tid, second[1].tid]],
+        Duration::from_millis(400),
+    );
+    println!("spread phases: longest held {longest:.1} ms, seen {seen:?}");
+    assert_eq!(seen, [true, true], "both VMs had phases");
+    assert!(
+        longest < 15.0,
+        "the host's CPUs held {longest:.1} ms in a row: one phase is 10 ms, two 20"
+    );
+}
+
 /// This host's CPUs, and two spinning, unregistered hogs per CPU: more
 /// than the 1.1 threads per CPU "auto" needs to co-schedule, however many
 /// CPUs the host has, and beside them a vCPU at nice 19 runs next to
