@@ -53,6 +53,10 @@ Variants (--variants, each booted fresh, repetitions interleaved):
   pvsched-none
             the control: registered the same way, every boost clamped to
             nothing (allow_rt = false, nice_floor = 0)
+  pvsched-cosched, pvsched-coauto, pvsched-coauto10, pvsched-coauto5
+            co-scheduling: a fixed phase at the VM's fair share (cosched_us
+            computed from the topology, 20 ms period), or cosched_us =
+            "auto" at the default 20 ms period, at 10 ms or at 5 ms
   fifo1     every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
             libvirt's <vcpusched scheduler='fifo' priority='1'/>)
   weight    QEMU in its own cpu cgroup with cpu.shares 4096 (cgroup v1;
@@ -124,7 +128,7 @@ from pvsched_guest.qmp import qmp  # noqa: E402
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-none",
-            "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10",
+            "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
             "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
@@ -139,7 +143,8 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  "pvsched-coauto": "cosched_us = \"auto\"\n",
                  # Half the default period: what a shorter phase costs the
                  # VM's work and saves a host thread's wake-ups.
-                 "pvsched-coauto10": "cosched_us = \"auto\"\ncosched_period_us = 10000\n"}
+                 "pvsched-coauto10": "cosched_us = \"auto\"\ncosched_period_us = 10000\n",
+                 "pvsched-coauto5": "cosched_us = \"auto\"\ncosched_period_us = 5000\n"}
 # pvsched-cosched: the period of the co-scheduled phase, µs.
 COSCHED_PERIOD_US = 20_000
 

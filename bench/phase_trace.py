@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Where a co-scheduled phase's time goes, from a host trace.
+
+    bench/trace-run.sh OUT -- python3 bench/s6.py --variants pvsched-coauto ... --json -
+    python3 bench/phase_trace.py OUT.trace [--json]
+
+Co-scheduling (caps `cosched_us`) moves every vCPU thread of a VM to
+SCHED_FIFO 1 for its phase and to nice 19 for the rest of the period. Its
+gain is the time the VM's vCPUs run at the same time; this tool measures
+how much of each phase they did. It finds the phases from the trace alone:
+the agent's sched_setattr calls (syscalls/sys_enter_sched_setattr, one
+"edge" is the calls within EDGE_GAP_S of each other) and the priority the
+threads it set then show in their next sched_switch (98 = FIFO 1: the
+phase). For each phase (from the edge that put a VM's vCPU threads at
+FIFO 1 to the edge that took them off) it splits the time by how many of
+those threads were on a CPU (all, some, none) and, for the time a thread
+was runnable but not on a CPU, what ran instead (by command name: CPU
+time summed over the CPUs, as a share of the phases' time), and reports
+how long after the edge every thread of the phase first ran. Outside the
+phases it counts the VM's vCPU time (a vCPU at nice 19 still runs now and
+then, without its siblings): in-phase and off-phase seconds, and the
+off-phase runs per second and their length.
+
+vCPU threads are told by their command name (QEMU's debug-threads names,
+"CPU n/TCG" or "CPU n/KVM"); a VM's threads are those set to FIFO 1 in the
+same edge (at least two of them: one thread back at FIFO 1 alone is a boost
+ending).
+"""
+
+import argparse
+import bisect
+import json
+import math
+import re
+import statistics
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stall_trace import parse  # noqa: E402
+
+# sched_setattr calls this close together are one phase change.
+EDGE_GAP_S = 0.0005
+# The kernel priority of SCHED_FIFO 1 (99 - rt_priority).
+PHASE_PRIO = 98
+VCPU = re.compile(r"^CPU \d+/(TCG|KVM)$")
+SETATTR = re.compile(r"^\s*.+?-\d+\s+\[\d+\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
+                     r"sys_sched_setattr\(pid: (?:0x)?(?P<pid>[0-9a-f]+),")
+
+
+def load(path):
+    """(switches, setattrs, comm, vcpus): switches as (ts, cpu, prev,
+    prev_prio, prev_state, next, next_prio) in time order (a wake-up as
+    (ts, cpu, tid, -1, "W", None, prio)), setattr calls as (ts, tid), every
+    thread's comm by tid and the vCPU threads' by tid."""
+    switches, setattrs, comm = [], [], {}
+    for cpu, ts, ev, rest, f in parse(path):
+        if ev == "sched_switch" and f:
+            prev, nxt = int(f["pp"]), int(f["np"])
+            comm[prev], comm[nxt] = f["pc"], f["nc"]
+            switches.append((ts, cpu, prev, int(f["ppr"]), f["ps"], nxt, int(f["npr"])))
+        elif ev == "sched_wakeup" and f:
+            # A wake-up: (ts, cpu, tid, -1, "W", None, prio); split() marks
+            # the thread runnable.
+            switches.append((ts, cpu, int(f["p"]), -1, "W", None, int(f["pr"])))
+    # stall_trace's parser skips system-call records ("name(args)").
+    for line in open(path, errors="replace"):
+        m = SETATTR.match(line)
+        if m:
+            setattrs.append((float(m["ts"]), int(m["pid"], 16)))
+    vcpus = {t: c for t, c in comm.items() if VCPU.match(c)}
+    return switches, setattrs, comm, vcpus
+
+
+def edges(setattrs):
+    """[(ts of the first call, [tid, ...])], the calls grouped by EDGE_GAP_S."""
+    out = []
+    for ts, tid in sorted(setattrs):
+        if out and ts - out[-1][2] <= EDGE_GAP_S:
+            out[-1][1].append(tid)
+            out[-1][2] = ts
+        else:
+            out.append([ts, [tid], ts])
+    return [(a, tids) for a, tids, _ in out]
+
+
+def phases(switches, edge_list, vcpus):
+    """[(start, end, tids)]: each VM's phase, from the edge that set its
+    vCPU threads to FIFO 1 to the next edge that set any of them to
+    something else."""
+    # Index each thread's switches once: prio_after over every edge
+    # would scan the whole trace.
+    by_tid = defaultdict(list)
+    for s in switches:
+        if s[2] in vcpus:
+            by_tid[s[2]].append((s[0], s[3] if s[5] is not None else s[6]))
+        if s[5] in vcpus:
+            by_tid[s[5]].append((s[0], s[6]))
+
+    def prio(tid, ts):
+        for t, p in by_tid.get(tid, ()):
+            if t >= ts:
+                return p
+        return None
+
+    out, open_ = [], {}
+    for ts, tids in edge_list:
+        got = {t: prio(t, ts) for t in tids if t in vcpus}
+        ons = [t for t, p in got.items() if p == PHASE_PRIO]
+        # A boost above the phase's FIFO (a lower kernel priority) keeps
+        # the thread in it; a fair-class priority (>= 100) ends it.
+        offs = [t for t, p in got.items() if p is not None and p >= 100]
+        for key in list(open_):
+            if any(t in key for t in offs):
+                out.append((open_.pop(key), ts, key))
+        # One thread set to FIFO 1 alone is a boost ending at the phase's
+        # priority, not a phase: a VM's phase moves all its vCPUs.
+        if len(ons) >= 2:
+            key = tuple(sorted(ons))
+            open_.setdefault(key, ts)
+    return sorted(out)
+
+
+# A run that begins this soon after a phase end, of a thread the edge left
+# runnable, is that thread coming back off its phase.
+AFTER_END_S = 0.0002
+
+
+def outside(switches, plist):
+    """How much of a VM's vCPU threads' time on a CPU fell outside its
+    phases (from its first phase's start to its last one's end): the
+    in-phase and off-phase seconds, the off-phase runs' lengths (ms), and
+    the off-phase seconds by how the run began. Off the phase a vCPU runs
+    without its siblings. How a run began: "past_phase_end" (it began in
+    the phase and went on after its end), "back_after_phase_end" (the
+    thread was taken off a CPU at a phase end, runnable, and picked again
+    later in the off part), "preempted_off_phase" (taken off a CPU,
+    runnable, elsewhere in the off part) or "woken" (it had slept)."""
+    tids = plist[0][2]
+    lo, hi = plist[0][0], plist[-1][1]
+    starts = [p[0] for p in plist]
+    ends = [p[1] for p in plist]
+
+    def phase_of(t):
+        i = bisect.bisect_right(starts, t) - 1
+        return i if i >= 0 and t < plist[i][1] else None
+
+    def near_end(t):
+        i = bisect.bisect_left(ends, t - AFTER_END_S)
+        return i < len(ends) and abs(ends[i] - t) <= AFTER_END_S
+
+    runs, on_since, last = [], {}, {}
+    for ts, _, prev, _, pstate, nxt, _ in sorted(switches, key=lambda s: s[0]):
+        if nxt is None:
+            if prev in tids:
+                last[prev] = ("woken", ts)
+            continue
+        if prev in on_since:
+            a, how = on_since.pop(prev)
+            runs.append((a, ts, how))
+        if prev in tids:
+            last[prev] = ("preempted" if pstate.startswith("R") else "slept", ts)
+        if nxt in tids:
+            what, at = last.get(nxt, ("woken", ts))
+            if what == "preempted":
+                how = "back_after_phase_end" if near_end(at) else "preempted_off_phase"
+            else:
+                how = "woken"
+            on_since[nxt] = (ts, how)
+    in_s = off_s = 0.0
+    off_runs = []
+    by_start = Counter()
+    for a, b, how in runs:
+        a, b = max(a, lo), min(b, hi)
+        if b <= a:
+            continue
+        inside = 0.0
+        i = max(bisect.bisect_right(starts, a) - 1, 0)
+        while i < len(plist) and plist[i][0] < b:
+            inside += max(0.0, min(b, plist[i][1]) - max(a, plist[i][0]))
+            i += 1
+        in_s += inside
+        off = (b - a) - inside
+        off_s += off
+        if off > 1e-5:
+            off_runs.append(off * 1e3)
+            by_start["past_phase_end" if phase_of(a) is not None else how] += off
+    return in_s, off_s, sorted(off_runs), hi - lo, by_start
+
+
+def split(switches, phase_list, comm):
+    """Per phase: its length, the time all / some / none of its threads
+    ran, each thread's first run after the start, and what ran while one
+    of them was runnable and off a CPU."""
+    running = {}   # cpu -> tid on it
+    state = {}     # tid -> "run", "queued" (runnable, off a CPU) or "sleep"
+    results = []
+    i = 0
+    order = sorted(switches, key=lambda s: s[0])
+
+    def step(s):
+        _, cpu, prev, _, pstate, nxt, _ = s
+        if nxt is None:  # a wake-up
+            if state.get(prev) != "run":
+                state[prev] = "queued"
+            return
+        running[cpu] = nxt
+        state[prev] = "queued" if pstate.startswith("R") else "sleep"
+        state[nxt] = "run"
+    for start, end, tids in phase_list:
+        while i < len(order) and order[i][0] < start:
+            step(order[i])
+            i += 1
+        t, all_s, some_s, none_s = start, 0.0, 0.0, 0.0
+        instead = Counter()
+        first = {tid: (0.0 if state.get(tid) == "run" else None) for tid in tids}
+
+        def account(upto):
+            nonlocal all_s, some_s, none_s
+            d = upto - t
+            if d <= 0:
+                return
+            on = sum(1 for tid in tids if state.get(tid) == "run")
+            if on == len(tids):
+                all_s += d
+            elif on:
+                some_s += d
+            else:
+                none_s += d
+            if any(state.get(tid) == "queued" for tid in tids):
+                for cpu, r in running.items():
+                    if r not in tids:
+                        instead[comm.get(r, str(r)) if r else "idle"] += d
+        while i < len(order) and order[i][0] < end:
+            ts, nxt = order[i][0], order[i][5]
+            account(ts)
+            t = ts
+            step(order[i])
+            if nxt in first and first[nxt] is None:
+                first[nxt] = ts - start
+            i += 1
+        account(end)
+        results.append({"start": start, "len_ms": (end - start) * 1e3,
+                        "all_ms": all_s * 1e3, "some_ms": some_s * 1e3, "none_ms": none_s * 1e3,
+                        "first_run_ms": [None if v is None else v * 1e3 for v in first.values()],
+                        "instead_ms": {k: v * 1e3 for k, v in instead.items()}})
+    return results
+
+
+def p90(xs):
+    """The 90th percentile of `xs` by nearest rank."""
+    xs = sorted(xs)
+    return xs[max(math.ceil(0.9 * len(xs)) - 1, 0)]
+
+
+def summary(rows, off):
+    """One VM's figures from its phases (split()) and outside()."""
+    if not rows:
+        return {"phases": 0}
+    in_s, off_s, off_runs, span, by_start = off
+    tot = sum(r["len_ms"] for r in rows)
+    instead = Counter()
+    for r in rows:
+        instead.update(r["instead_ms"])
+    firsts = [max(v for v in r["first_run_ms"] if v is not None)
+              for r in rows if all(v is not None for v in r["first_run_ms"])]
+    return {
+        "phases": len(rows),
+        "phase_ms_median": round(statistics.median(r["len_ms"] for r in rows), 3),
+        "all_running": round(sum(r["all_ms"] for r in rows) / tot, 4),
+        "some_running": round(sum(r["some_ms"] for r in rows) / tot, 4),
+        "none_running": round(sum(r["none_ms"] for r in rows) / tot, 4),
+        "last_first_run_ms_median": round(statistics.median(firsts), 3) if firsts else None,
+        "last_first_run_ms_p90": round(p90(firsts), 3) if firsts else None,
+        "phases_with_a_thread_never_run": len(rows) - len(firsts),
+        "instead_share": {k: round(v / tot, 4) for k, v in instead.most_common(8)},
+        "vcpu_s_in_phase": round(in_s, 3),
+        "vcpu_s_off_phase": round(off_s, 3),
+        "off_phase_share": round(off_s / (in_s + off_s), 4) if in_s + off_s else None,
+        "off_phase_runs_per_s": round(len(off_runs) / span, 1) if span else None,
+        "off_phase_run_ms_p50": round(off_runs[len(off_runs) // 2], 3) if off_runs else None,
+        "off_phase_run_ms_p90": round(p90(off_runs), 3) if off_runs else None,
+        "off_phase_ms_per_s_by_start": ({k: round(v * 1e3 / span, 1)
+                                         for k, v in sorted(by_start.items())} if span else {}),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--json", action="store_true", help="one JSON object")
+    a = ap.parse_args()
+    switches, setattrs, comm, vcpus = load(a.trace)
+    rows = phases(switches, edges(setattrs), vcpus)
+    by_vm = defaultdict(list)
+    for start, end, tids in rows:
+        by_vm[tids].append((start, end, tids))
+    # A key that shares a thread with a more frequent one is an edge that
+    # mixed one VM's phase change with another's boost: not a VM.
+    kept = []
+    for tids in sorted(by_vm, key=lambda k: -len(by_vm[k])):
+        if not any(set(tids) & set(k) for k in kept):
+            kept.append(tids)
+    out = {}
+    for tids, plist in sorted((k, by_vm[k]) for k in kept):
+        out[",".join(f"{vcpus[t]}({t})" for t in tids)] = summary(split(switches, plist, comm),
+                                                                   outside(switches, plist))
+    if a.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for k, v in out.items():
+            print(k)
+            for f, x in v.items():
+                print(f"  {f}: {x}")
+
+
+if __name__ == "__main__":
+    main()
