@@ -42,8 +42,6 @@ from stall_trace import parse  # noqa: E402
 
 # sched_setattr calls this close together are one phase change.
 EDGE_GAP_S = 0.0005
-# The kernel priority of SCHED_FIFO 1 (99 - rt_priority).
-PHASE_PRIO = 98
 VCPU = re.compile(r"^CPU \d+/(TCG|KVM)$")
 SETATTR = re.compile(r"^\s*.+?-\d+\s+\[\d+\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
                      r"sys_sched_setattr\(pid: (?:0x)?(?P<pid>[0-9a-f]+),")
@@ -74,51 +72,72 @@ def load(path):
 
 
 def edges(setattrs):
-    """[(ts of the first call, [tid, ...])], the calls grouped by EDGE_GAP_S."""
+    """[(ts of the first call, [(tid, ts of its call), ...])], the calls
+    grouped by EDGE_GAP_S."""
     out = []
     for ts, tid in sorted(setattrs):
         if out and ts - out[-1][2] <= EDGE_GAP_S:
-            out[-1][1].append(tid)
+            out[-1][1].append((tid, ts))
             out[-1][2] = ts
         else:
-            out.append([ts, [tid], ts])
-    return [(a, tids) for a, tids, _ in out]
+            out.append([ts, [(tid, ts)], ts])
+    return [(a, calls) for a, calls, _ in out]
 
 
 def phases(switches, edge_list, vcpus):
-    """[(start, end, tids)]: each VM's phase, from the edge that set its
-    vCPU threads to FIFO 1 to the next edge that set any of them to
-    something else."""
-    # Index each thread's switches once: prio_after over every edge
-    # would scan the whole trace.
+    """[(start, end, tids)]: each VM's phase, from the edge that put its
+    vCPU threads in it to the next edge that took any of them out.
+
+    An edge that sets two or more vCPU threads is a phase change (one
+    thread alone is a boost). Each thread's new side is read from the
+    priority it shows in its first record after its call and before its
+    next call (RT: in the phase; a fair-class priority, >= 100: out); a
+    thread with no such record (it stayed on its CPU until a later call
+    changed it again) is taken to have changed sides, as a phase edge
+    does."""
     by_tid = defaultdict(list)
     for s in switches:
         if s[2] in vcpus:
             by_tid[s[2]].append((s[0], s[3] if s[5] is not None else s[6]))
         if s[5] in vcpus:
             by_tid[s[5]].append((s[0], s[6]))
+    calls = defaultdict(list)
+    for _, cs in edge_list:
+        for tid, ts in cs:
+            calls[tid].append(ts)
+    times = {t: [r[0] for r in recs] for t, recs in by_tid.items()}
 
     def prio(tid, ts):
-        for t, p in by_tid.get(tid, ()):
-            if t >= ts:
-                return p
+        """tid's priority in its first record at or after its call at
+        `ts` and before its next call, or None."""
+        c = calls[tid]
+        nxt = c[bisect.bisect_right(c, ts)] if bisect.bisect_right(c, ts) < len(c) else None
+        i = bisect.bisect_left(times.get(tid, []), ts)
+        recs = by_tid.get(tid, [])
+        if i < len(recs) and (nxt is None or recs[i][0] < nxt):
+            return recs[i][1]
         return None
 
-    out, open_ = [], {}
-    for ts, tids in edge_list:
-        got = {t: prio(t, ts) for t in tids if t in vcpus}
-        ons = [t for t, p in got.items() if p == PHASE_PRIO]
-        # A boost above the phase's FIFO (a lower kernel priority) keeps
-        # the thread in it; a fair-class priority (>= 100) ends it.
-        offs = [t for t, p in got.items() if p is not None and p >= 100]
+    out, open_, inside = [], {}, {}
+    for ts, cs in edge_list:
+        vt = {}
+        for tid, at in cs:
+            if tid in vcpus:
+                vt[tid] = at
+        if len(vt) < 2:
+            continue
+        on, off = [], []
+        for tid, at in sorted(vt.items()):
+            p = prio(tid, at)
+            now = p < 100 if p is not None else not inside.get(tid, False)
+            if now != inside.get(tid, False):
+                (on if now else off).append(tid)
+            inside[tid] = now
         for key in list(open_):
-            if any(t in key for t in offs):
+            if any(t in key for t in off):
                 out.append((open_.pop(key), ts, key))
-        # One thread set to FIFO 1 alone is a boost ending at the phase's
-        # priority, not a phase: a VM's phase moves all its vCPUs.
-        if len(ons) >= 2:
-            key = tuple(sorted(ons))
-            open_.setdefault(key, ts)
+        if len(on) >= 2:
+            open_.setdefault(tuple(on), ts)
     return sorted(out)
 
 
