@@ -25,20 +25,25 @@ fn caps(on_us: u64) -> Caps {
     }
 }
 
+/// Puts the calling thread at SCHED_FIFO 2, above a phase's FIFO 1:
+/// spinning vCPU threads in their phase would otherwise keep a sampler off
+/// every CPU and hide the phase.
+fn above_the_phases() {
+    let me = sched::gettid();
+    let mut attr = sched::get(me).expect("own attributes");
+    attr.policy = POLICY_FIFO;
+    attr.priority = 2;
+    attr.nice = 0;
+    sched::set(me, &attr).expect("the sampler at FIFO 2 (root)");
+}
+
 /// Samples both threads for `d`: (samples with both at FIFO 1, samples
-/// with both at nice 19, samples with the two apart, samples in total).
-/// The sampler runs at SCHED_FIFO 2, above a phase's FIFO 1: spinning
-/// vCPU threads in their phase would otherwise keep it off every CPU and
-/// hide the phase.
+/// with both at nice 19, samples with the two apart, samples in total),
+/// from above the phases.
 fn sample(a: &FakeVcpu, b: &FakeVcpu, d: Duration) -> (u32, u32, u32, u32) {
     let (ta, tb) = (a.tid, b.tid);
     std::thread::spawn(move || {
-        let me = sched::gettid();
-        let mut attr = sched::get(me).expect("own attributes");
-        attr.policy = POLICY_FIFO;
-        attr.priority = 2;
-        attr.nice = 0;
-        sched::set(me, &attr).expect("the sampler at FIFO 2 (root)");
+        above_the_phases();
         let (mut on, mut off, mut apart, mut n) = (0, 0, 0, 0);
         let end = Instant::now() + d;
         while Instant::now() < end {
@@ -151,12 +156,7 @@ fn vms_beyond_the_host_wide_share_are_not_co_scheduled() {
 /// the phases (FIFO 2), and whether every VM was seen in one.
 fn longest_held(vms: [[u32; 2]; 2], d: Duration) -> (f64, [bool; 2]) {
     std::thread::spawn(move || {
-        let me = sched::gettid();
-        let mut attr = sched::get(me).expect("own attributes");
-        attr.policy = POLICY_FIFO;
-        attr.priority = 2;
-        attr.nice = 0;
-        sched::set(me, &attr).expect("the sampler at FIFO 2 (root)");
+        above_the_phases();
         let fifo =
             |tid: u32| sched::get(tid).is_ok_and(|s| s.policy == POLICY_FIFO && s.priority == 1);
         let (mut longest, mut seen, mut since) = (0f64, [false; 2], None::<Instant>);
