@@ -288,10 +288,9 @@ impl Cosched {
     /// an equal part of the time the phases leave free ([`Spread`]), so VMs
     /// with the same period and shares adding up to at most 100 % never
     /// hold the host's CPUs at the same time, nor for longer than one phase
-    /// in a row. Only the co-scheduling VMs'
-    /// threads are visited: with `all` (every tick: new threads, changed
-    /// caps, a failed system call) every one of them, else those of the VMs
-    /// whose phase changed.
+    /// in a row. Only the co-scheduling VMs' threads are visited: with
+    /// `all` (every tick: new threads, changed caps, a failed system call)
+    /// every one of them, else those of the VMs whose phase changed.
     fn run(&mut self, inner: &Inner, tfd: &OwnedFd, all: bool) {
         let now = mono_ns();
         let mut guard = inner.reg.lock();
