@@ -68,6 +68,9 @@ def load(path):
         if m:
             setattrs.append((float(m["ts"]), int(m["pid"], 16)))
     vcpus = {t: c for t, c in comm.items() if VCPU.match(c)}
+    # In time order once, for every reader (a switch parse() puts back can
+    # come after later records of other CPUs).
+    switches.sort(key=lambda s: s[0])
     return switches, setattrs, comm, vcpus
 
 
@@ -170,7 +173,7 @@ def outside(switches, plist):
         return i < len(ends) and abs(ends[i] - t) <= AFTER_END_S
 
     runs, on_since, last = [], {}, {}
-    for ts, _, prev, _, pstate, nxt, _ in sorted(switches, key=lambda s: s[0]):
+    for ts, _, prev, _, pstate, nxt, _ in switches:
         if nxt is None:
             if prev in tids:
                 last[prev] = ("woken", ts)
@@ -216,7 +219,6 @@ def split(switches, phase_list, comm):
     state = {}     # tid -> "run", "queued" (runnable, off a CPU) or "sleep"
     results = []
     i = 0
-    order = sorted(switches, key=lambda s: s[0])
 
     def step(s):
         _, cpu, prev, _, pstate, nxt, _ = s
@@ -228,8 +230,8 @@ def split(switches, phase_list, comm):
         state[prev] = "queued" if pstate.startswith("R") else "sleep"
         state[nxt] = "run"
     for start, end, tids in phase_list:
-        while i < len(order) and order[i][0] < start:
-            step(order[i])
+        while i < len(switches) and switches[i][0] < start:
+            step(switches[i])
             i += 1
         t, all_s, some_s, none_s = start, 0.0, 0.0, 0.0
         instead = Counter()
@@ -251,11 +253,11 @@ def split(switches, phase_list, comm):
                 for cpu, r in running.items():
                     if r not in tids:
                         instead[comm.get(r, str(r)) if r else "idle"] += d
-        while i < len(order) and order[i][0] < end:
-            ts, nxt = order[i][0], order[i][5]
+        while i < len(switches) and switches[i][0] < end:
+            ts, nxt = switches[i][0], switches[i][5]
             account(ts)
             t = ts
-            step(order[i])
+            step(switches[i])
             if nxt in first and first[nxt] is None:
                 first[nxt] = ts - start
             i += 1
