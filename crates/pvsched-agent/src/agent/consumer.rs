@@ -78,6 +78,7 @@ pub(super) fn consumer(
     cfg: AgentConfig,
     mut trace: TraceOut,
 ) {
+    inner.applier_tid.store(sched::gettid(), Ordering::Relaxed);
     if cfg.consumer_rt_prio > 0 {
         let attr = SchedAttr {
             policy: pvsched_abi::POLICY_FIFO,
@@ -136,8 +137,23 @@ pub(super) fn consumer(
         max_share: f64::from(cfg.cosched_max_pct.min(100)) / 100.0,
         ..Cosched::default()
     };
+    // Whether the last tick found a VM to tick; while none was there and
+    // none is registered now, nothing is due until one registers (which
+    // writes `wake`): a daemon that serves no VM takes no CPU.
+    let mut ticked_vms = false;
     while !inner.stop.load(Ordering::SeqCst) {
-        let wait_ms = (next_tick.saturating_sub(mono_ns()) / 1_000_000).max(1) as i32;
+        let idle = !ticked_vms && cosched.next_edge.is_none() && inner.reg.lock().vms.is_empty();
+        // Rounded up, so the wait ends at or after the tick: rounded down
+        // it ended once just before each tick and again just after it,
+        // two wake-ups per tick.
+        let wait_ms = if idle {
+            -1
+        } else {
+            next_tick
+                .saturating_sub(mono_ns())
+                .div_ceil(1_000_000)
+                .min(i32::MAX as u64) as i32
+        };
         // SAFETY: evs is a valid buffer of 4 events.
         let n = unsafe {
             libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, wait_ms)
@@ -146,16 +162,24 @@ pub(super) fn consumer(
             break;
         }
         drain(&inner, &mut ring, &mut trace);
-        if evs[..n.max(0) as usize].iter().any(|e| e.u64 == 3) {
-            let mut expirations = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into the buffer; the fd is
-            // non-blocking, so an already-read expiry returns EAGAIN.
-            unsafe { libc::read(tfd.as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
+        for (tag, fd) in [(2, &wake), (3, &tfd)] {
+            if evs[..n.max(0) as usize].iter().any(|e| e.u64 == tag) {
+                let mut count = [0u8; 8];
+                // SAFETY: reads at most 8 bytes into the buffer; both fds
+                // are non-blocking, so one already read returns EAGAIN.
+                unsafe { libc::read(fd.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+            }
         }
         if cosched.next_edge.is_some_and(|e| mono_ns() >= e) {
             cosched.run(&inner, &tfd, false);
         }
         let now = mono_ns();
+        if idle {
+            // Woken from a wait with no end: the time spent there is not
+            // lateness, and the first tick is due now.
+            last_tick = now;
+            next_tick = now;
+        }
         if now >= next_tick {
             next_tick = now + tick_ns;
             // Between two ticks nothing ends a boost that ran past a cap
@@ -168,6 +192,7 @@ pub(super) fn consumer(
             // Every thread of every active VM in one run of the policy,
             // which scans the VM ids up to the highest one in use.
             let scan = inner.reg.lock().vms.keys().max().map(|m| u64::from(*m) + 1);
+            ticked_vms = scan.is_some();
             if let Some(scan) = scan
                 && let Err(e) = reevaluate(
                     &reeval_fd,

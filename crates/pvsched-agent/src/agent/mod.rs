@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -212,6 +212,8 @@ struct Inner {
     restore_errors: AtomicU64,
     /// The longest time between two of the applier's ticks, ns.
     tick_gap_max_ns: AtomicU64,
+    /// The applier thread's TID, 0 until it runs.
+    applier_tid: AtomicU32,
 }
 
 impl Inner {
@@ -344,6 +346,7 @@ impl Agent {
             dropped_seen: AtomicU64::new(0),
             restore_errors: AtomicU64::new(0),
             tick_gap_max_ns: AtomicU64::new(0),
+            applier_tid: AtomicU32::new(0),
         });
         let wake = eventfd().map_err(|source| AgentError::Sys {
             what: "eventfd",
@@ -549,6 +552,9 @@ impl Agent {
             reg.vms.remove(&vm_id);
             return Err(e.into());
         }
+        // The applier sleeps while no VM is registered: its ticks (budgets,
+        // throttles, reconciliation) start now.
+        self.wake_applier();
         Ok(VmHandle {
             inner: self.inner.clone(),
             vm_id,
@@ -573,6 +579,22 @@ impl Agent {
         Ok(self.inner.obj.lock().stats()?)
     }
 
+    /// The TID of the applier thread ("pvsched-apply", the one that applies
+    /// every decision): what to watch to see what the agent costs the host.
+    /// 0 if it has not started yet.
+    pub fn applier_tid(&self) -> u32 {
+        self.inner.applier_tid.load(Ordering::Relaxed)
+    }
+
+    /// Ends the applier thread's wait now (a registration, or the stop).
+    fn wake_applier(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd (which
+        // only fails when its counter is near overflow: it is still
+        // readable then, so the applier wakes either way).
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
     /// Restores every boosted thread now (all VMs).
     pub fn restore_all(&self) {
         let mut r = self.inner.reg.lock();
@@ -585,9 +607,7 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::SeqCst);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.wake_applier();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -6,6 +6,7 @@
 
 mod common;
 
+mod applier_wakeups;
 mod attach_cli;
 mod cosched;
 mod differential;
