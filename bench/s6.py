@@ -165,6 +165,8 @@ def cosched_caps(nvm, vcpus, hogs):
 
 # The guest driver's debugfs counters kept per workload (summed over CPUs).
 GUEST_COUNTERS = ("updates", "waits", "lock_waits")
+# The guest's IPIs per run: rescheduling, function call, TLB shootdown.
+GUEST_IPIS = ("res", "cal", "tlb")
 # The slice variant: every vCPU thread SCHED_OTHER nice 0 with this custom
 # slice (sched_attr.sched_runtime; the host kernel gives 1.4 ms by default).
 SLICE_NS = 24_000_000
@@ -466,6 +468,9 @@ def run_workload(args, tag, guests, w, variant, daemon):
         vms.append({"vm": g.name, "throughput": throughput(w, fields, out),
                     "guest_secs": float(fields["secs"]), "cpu_s": round(c1 - c0, 2),
                     "threads_cpu_s": {k: round(t1[k] - t0[k], 2) for k in t0}})
+        ipis = guest_ipis(fields)
+        if ipis is not None:
+            vms[-1]["guest_ipis"] = ipis
         if counters is not None:
             vms[-1]["guest_counters"] = counters
     if failed:
@@ -498,11 +503,20 @@ def run_workload(args, tag, guests, w, variant, daemon):
     gc = [v["guest_counters"] for v in vms if v.get("guest_counters")]
     if gc:
         row["guest_counters"] = {k: sum(c[k] for c in gc) for k in GUEST_COUNTERS}
+    gi = [v["guest_ipis"] for v in vms if v.get("guest_ipis")]
+    if vms and len(gi) == len(vms):
+        row["guest_ipis"] = {k: sum(c[k] for c in gi) for k in GUEST_IPIS}
+        # IPIs per second of a guest's run, the mean over the VMs: how much
+        # the workload signals other vCPUs (a wake-up, a function call, a
+        # TLB flush), which is what running them together can speed up.
+        rates = [sum(c.values()) / v["guest_secs"] for c, v in zip(gi, vms) if v["guest_secs"] > 0]
+        row["ipis_per_s"] = round(statistics.mean(rates), 1) if rates else None
     split = {k: round(sum(v["threads_cpu_s"][k] for v in vms), 1) for k in ("vcpus", "main", "other")}
     row["brief"] = (f"throughput {tp:.1f}, VM CPU {cpu:.1f}s {split}, per CPU-s "
                     f"{row['per_cpu_s']}, hogs {hog_ops}"
                     + (f", policy {row['policy']}" if "policy" in row else "")
                     + (f", guest {row['guest_counters']}" if "guest_counters" in row else "")
+                    + (f", guest IPIs {row['guest_ipis']}" if "guest_ipis" in row else "")
                     + f", beside {row['aux_cpu_s']}"
                     + (f", host probe p99/max {probe_fig['p99_us']}/{probe_fig['max_us']} us"
                        if probe_fig else ""))
@@ -517,6 +531,16 @@ def host_aux_cpu_s(guests, daemon, variant):
     if variant.startswith("pvsched"):
         out["pvschedd"] = tree_cpu_s(daemon.proc.p.pid, children)
     return out
+
+
+def guest_ipis(fields):
+    """The IPIs the guest's CPUs received during the run ("@@ result"'s
+    ipi_res, ipi_cal and ipi_tlb: /proc/interrupts' RES, CAL and TLB lines),
+    or None from a guest image that does not count them."""
+    try:
+        return {k: int(fields[f"ipi_{k}"]) for k in GUEST_IPIS}
+    except (KeyError, ValueError):
+        return None
 
 
 def throughput(w, fields, out):
@@ -541,7 +565,8 @@ def throughput(w, fields, out):
 # ---------------------------------------------------------------- report
 
 # A row's figures summarized per variant (the probe's: None without --host-probe).
-FIGURES = ("throughput", "vm_cpu_s", "per_cpu_s", "hog_ops", "probe_p99_us", "probe_max_us")
+FIGURES = ("throughput", "vm_cpu_s", "per_cpu_s", "hog_ops", "probe_p99_us", "probe_max_us",
+           "ipis_per_s")
 
 
 def host_probe_cmd(dur, out, prio=0):

@@ -6,9 +6,11 @@
 
 Prints, per file: the command and machine line, the latency table (median
 over repetitions with min-max), the ratios, and every target with its value
-and verdict. Nothing is computed that the JSON does not hold.
+and verdict. Nothing is measured here: every figure is the JSON's, but for
+S6's p, which is computed from the runs the JSON holds.
 """
 import json
+import math
 import sys
 
 
@@ -82,6 +84,34 @@ def targets(d):
     return "\n".join(rows)
 
 
+def sign_flip_p(logs):
+    """Two-sided p of a paired comparison: the share of the 2^n ways of
+    flipping the signs of the per-repetition log ratios whose sum is at
+    least as far from 0 as the one measured (exact, no distribution
+    assumed). With n repetitions it is never below 2 / 2^n (0.25 for 3, 0.06
+    for 5); None for no repetitions or more than 16."""
+    n = len(logs)
+    if n == 0 or n > 16:
+        return None
+    obs = abs(sum(logs)) - 1e-12
+    hits = sum(abs(sum(-x if mask >> i & 1 else x for i, x in enumerate(logs))) >= obs
+               for mask in range(1 << n))
+    return hits / (1 << n)
+
+
+def paired_p(d, key, variant, figure="per_cpu_s"):
+    """sign_flip_p of `variant` against the vanilla run of the same
+    repetition, for S6 cell `key` ("TOPOLOGY/WORKLOAD")."""
+    topo, w = key.split("/", 1)
+    by = {}
+    for r in d.get("runs", []):
+        if r.get("topology") == topo and r.get("workload") == w and r.get(figure):
+            by.setdefault(r["variant"], {})[r["rep"]] = r[figure]
+    van, mine = by.get("vanilla", {}), by.get(variant, {})
+    logs = [math.log(mine[k] / van[k]) for k in mine if k in van and van[k] > 0 and mine[k] > 0]
+    return sign_flip_p(logs)
+
+
 def s6_table(d):
     """S6: per topology and workload, each variant's paired ratios to
     vanilla (median, min-max over reps), the VMs' CPU time and pvschedd's
@@ -102,6 +132,18 @@ def s6_table(d):
         # --host-probe: an ordinary host thread's wake-up p99 and max, µs.
         rows[0] += " host probe p99 / max µs |"
         rows[1] += " --- |"
+    ipis = any((s.get("ipis_per_s") or {}).get("median") is not None
+               for c in d["summary"].values() for s in c.values())
+    if ipis:
+        # The IPIs (rescheduling, function call, TLB) a guest's CPUs
+        # received per second of its run, the mean over the VMs: how much
+        # the workload signals other vCPUs.
+        rows[0] += " guest IPIs per s |"
+        rows[1] += " ---: |"
+    # How likely a per-CPU-second ratio this far from 1 is by chance, from
+    # the repetitions' own spread.
+    rows[0] += " p per CPU-s |"
+    rows[1] += " ---: |"
     for key, cell_ in d["summary"].items():
         for v, s in cell_.items():
             pol = s.get("policy")
@@ -113,6 +155,11 @@ def s6_table(d):
             if probe:
                 p99, mx = s.get("probe_p99_us") or {}, s.get("probe_max_us") or {}
                 line += f" {p99.get('median')} / {mx.get('median')} ({mx.get('max')}) |"
+            if ipis:
+                ip = s.get("ipis_per_s") or {}
+                line += f" {fmt(ip.get('median'), 0)} |"
+            p = None if v == "vanilla" else paired_p(d, key, v)
+            line += f" {'-' if p is None else f'{p:.2f}'} |"
             rows.append(line)
     return "\n".join(rows)
 

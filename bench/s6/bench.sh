@@ -6,7 +6,8 @@
 # commands the host writes on the console, one per "@@ bench-wait":
 #   run WORKLOAD DURATION_S
 #       runs WORKLOAD (below) on every CPU for about DURATION_S seconds and
-#       prints "@@ result w=WORKLOAD rc=RC secs=ELAPSED iters=N", with the
+#       prints "@@ result w=WORKLOAD rc=RC secs=ELAPSED iters=N
+#       ipi_res=N ipi_cal=N ipi_tlb=N" (the IPIs below, received), with the
 #       tool's own output between "@@ out-begin" and "@@ out-end"
 #   stats   the driver's debugfs counters between "@@ stats-begin" and
 #           "@@ stats-end"
@@ -32,6 +33,32 @@ echo "@@ probe bound=$(bound)"
 uptime_s() {
 	read -r up _ </proc/uptime
 	echo "$up"
+}
+
+# The guest's interprocessor interrupts so far, summed over its CPUs, as
+# "res=N cal=N tlb=N": rescheduling (a wake-up on another CPU), function
+# call (smp_call_function*, which TLB flushes use) and TLB shootdowns
+# received. What a workload asks of IPIs is what co-scheduling can speed up.
+ipis() {
+	awk '$1 == "RES:" || $1 == "CAL:" || $1 == "TLB:" {
+		s = 0
+		for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++)
+			s += $i
+		printf "%s=%d ", tolower(substr($1, 1, 3)), s
+	}' /proc/interrupts
+}
+
+# The difference of two ipis() readings, in the same form.
+ipis_delta() {
+	echo "$1 $2" | awk '{
+		for (i = 1; i <= NF; i++) {
+			split($i, kv, "=")
+			if (kv[1] in a)
+				printf "ipi_%s=%d ", kv[1], kv[2] - a[kv[1]]
+			else
+				a[kv[1]] = kv[2]
+		}
+	}'
 }
 
 # Elapsed seconds between two /proc/uptime readings (two decimals).
@@ -95,10 +122,13 @@ while :; do
 	case "$cmd" in
 	run)
 		t0=$(uptime_s)
+		i0=$(ipis)
 		echo "@@ out-begin w=$arg1"
 		run_workload "$arg1" "$arg2"
 		echo "@@ out-end w=$arg1"
-		echo "@@ result w=$arg1 rc=$rc secs=$(elapsed "$t0" "$(uptime_s)") iters=$iters"
+		t1=$(uptime_s)
+		i1=$(ipis)
+		echo "@@ result w=$arg1 rc=$rc secs=$(elapsed "$t0" "$t1") iters=$iters $(ipis_delta "$i0" "$i1")"
 		;;
 	stats)
 		echo "@@ stats-begin"

@@ -29,3 +29,41 @@ def test_cpu_columns_only_with_cpu_time(tmp_path):
     assert "| 13.81 | 6.06 | 28611 |" in out, out
     out = table(tmp_path, False)
     assert "VMM CPU-s" not in out and "| hog it/s |" in out, out
+
+
+def test_sign_flip_p_is_exact():
+    """The paired test of S6's tables: all n ratios on one side of 1 is the
+    most extreme of the 2^n sign flips (and its mirror), so p = 2 / 2^n;
+    ratios either side of 1 that cancel are as likely as any."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import tables
+
+    assert tables.sign_flip_p([0.1] * 5) == 2 / 32
+    assert tables.sign_flip_p([0.1, 0.1, 0.1]) == 0.25
+    assert tables.sign_flip_p([0.1, -0.1]) == 1.0
+    assert tables.sign_flip_p([]) is None
+
+
+def test_s6_table_p_pairs_each_repetition_with_its_vanilla(tmp_path):
+    """S6's p column pairs each repetition with the vanilla run of the
+    same repetition: 5 repetitions each 10 % below their own vanilla give
+    the smallest p 5 can (0.06), though the vanillas spread twice as
+    wide."""
+    runs = []
+    for rep, base in enumerate([80.0, 120.0, 100.0, 90.0, 110.0]):
+        runs.append({"topology": "2x2", "workload": "cpu", "variant": "vanilla", "rep": rep,
+                     "per_cpu_s": base})
+        runs.append({"topology": "2x2", "workload": "cpu", "variant": "pvsched", "rep": rep,
+                     "per_cpu_s": base * 0.9})
+    s = {"median": 1.0, "min": 1.0, "max": 1.0}
+    cell = {"vm_cpu_s": s, "paired_ratio": {}}
+    d = {"scenario": "s6", "command": "bench/s6.py", "machine": {"cpus": 2}, "reps": 5,
+         "duration_s": 10, "hogs": 2, "runs": runs,
+         "summary": {"2x2/cpu": {"vanilla": dict(cell), "pvsched": dict(cell)}}}
+    p = tmp_path / "s6.json"
+    p.write_text(json.dumps(d))
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "tables.py"), str(p)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "p per CPU-s |" in out, out
+    line = next(x for x in out.splitlines() if x.startswith("| 2x2/cpu | pvsched |"))
+    assert line.endswith(" 0.06 |"), line

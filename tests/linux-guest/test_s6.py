@@ -21,6 +21,12 @@ def test_s6_smoke(bench_script, report):
         # The host probe (an ordinary host thread waking every ms) ran
         # beside the workload.
         assert x["host_probe"]["cycles"] > 0 and x["probe_max_us"] is not None, x
+        # Each guest counted the IPIs its CPUs received during the run
+        # (how many a batch guest gets is not the test's: none is fine).
+        for vm in x["vms"]:
+            ipis = vm["guest_ipis"]
+            assert set(ipis) == {"res", "cal", "tlb"}, vm
+            assert all(isinstance(n, int) and n >= 0 for n in ipis.values()), vm
     pv = runs[("pvsched", "cpu")]
     assert "policy" in pv, "no pvschedd statistics for the pvsched run"
     # A guest that runs only batch work (stress-ng --cpu, no RT task of its
@@ -33,6 +39,6 @@ def test_s6_smoke(bench_script, report):
     assert doc["caps"]["pvsched"]["source"] == "default"
     cell = doc["summary"]["1x2/cpu"]
     assert set(cell["pvsched"]["ratio"]) == {"throughput", "per_cpu_s", "vm_cpu_s", "hog_ops",
-                                             "probe_p99_us", "probe_max_us"}
+                                             "probe_p99_us", "probe_max_us", "ipis_per_s"}
     report(f"s6 smoke: {doc['seconds']} s; pvsched/vanilla {cell['pvsched']['ratio']}, "
            f"policy {pv['policy']}, VM CPU {pv['vm_cpu_s']} s")
