@@ -332,37 +332,48 @@ impl Cosched {
         }
         ids.sort_unstable();
         let now_us = now / 1000;
-        // Each VM's phase and whether it fits in the host-wide limit, in
-        // VM-id order (the first VMs get in), before any phase is placed:
-        // the gaps between the phases need their sum.
-        let mut plan: Vec<(u32, u64, bool)> = Vec::with_capacity(ids.len());
-        let mut left_out = Vec::new();
-        let mut host_used: u64 = 0;
+        // Each VM's phase as asked, then what fits in the host-wide limit
+        // (fit_phases), before any phase is placed: the gaps between the
+        // phases need their sum.
+        let mut asks: Vec<Ask> = Vec::with_capacity(ids.len());
         for id in ids {
             let Some(vm) = reg.vms.get(&id) else {
                 continue;
             };
             let period = vm.caps.cosched_period_us;
-            let on = match vm.caps.cosched_us {
-                CoschedUs::Us(us) => us,
-                CoschedUs::Auto => self.auto.get(&id).map_or(0, |a| {
-                    (a.share * period as f64).round().clamp(0.0, period as f64) as u64
-                }),
+            let (on_us, auto) = match vm.caps.cosched_us {
+                CoschedUs::Us(us) => (us, false),
+                CoschedUs::Auto => (
+                    self.auto.get(&id).map_or(0, |a| {
+                        (a.share * period as f64).round().clamp(0.0, period as f64) as u64
+                    }),
+                    true,
+                ),
             };
             // What the VM's phase holds of the host: its vCPUs (at most one
             // per CPU run at once) for on / period of the time.
             let cpus = u64::from(vm.vcpus).min(self.host_cpus).max(1);
-            let share = on.saturating_mul(1000).saturating_mul(cpus)
+            let permille = on_us.saturating_mul(1000).saturating_mul(cpus)
                 / period.max(1).saturating_mul(self.host_cpus.max(1));
-            let fits = host_used.saturating_add(share) <= self.host_permille;
-            if on > 0 && !fits {
-                left_out.push(id);
-            }
-            if on > 0 && fits {
-                host_used += share;
-            }
-            plan.push((id, on, on > 0 && fits));
+            asks.push(Ask {
+                id,
+                on_us,
+                permille,
+                auto,
+            });
         }
+        let fitted = fit_phases(&asks, self.host_permille);
+        let left_out: Vec<u32> = asks
+            .iter()
+            .zip(&fitted)
+            .filter(|(a, on)| a.on_us > 0 && **on == 0)
+            .map(|(a, _)| a.id)
+            .collect();
+        let plan: Vec<(u32, u64, bool)> = asks
+            .iter()
+            .zip(&fitted)
+            .map(|(a, on)| (a.id, *on, *on > 0))
+            .collect();
         let placed: Vec<u64> = plan.iter().filter(|p| p.2).map(|p| p.1).collect();
         let spread = Spread::new(&placed);
         let mut offset_us: u64 = 0;
@@ -550,6 +561,62 @@ impl Cosched {
     }
 }
 
+/// One co-scheduling VM's phase as its caps ask for it.
+struct Ask {
+    id: u32,
+    /// The phase, µs of its period (0: none now).
+    on_us: u64,
+    /// What the phase holds of the host's CPUs, per mille.
+    permille: u64,
+    /// Set by "auto" (the measured fair share), not by a number.
+    auto: bool,
+}
+
+/// The shortest phase worth its two changes a period, µs: an "auto" phase
+/// cut below it is not placed.
+const MIN_FITTED_US: u64 = 1000;
+
+/// The phase each VM gets (µs; 0: not co-scheduled), in the asks' order,
+/// so that together they hold at most `limit_permille` of the host: a
+/// phase set as a number is the operator's and runs whole or not at all,
+/// in VM-id order while it fits; the "auto" phases share what those leave,
+/// each cut in the same proportion when together they do not fit. Cutting
+/// keeps every "auto" VM running its vCPUs together for part of its share
+/// and leaves the free part to the host, where leaving the last VMs out
+/// whole (as fixed phases are) gave the first VMs the gain and the others
+/// none: two 2-vCPU "auto" VMs on 2 CPUs with nothing else to run are
+/// owed half the host each, 100 % together against the default 80 % limit.
+fn fit_phases(asks: &[Ask], limit_permille: u64) -> Vec<u64> {
+    let mut out = vec![0u64; asks.len()];
+    let mut used: u64 = 0;
+    for (i, a) in asks.iter().enumerate() {
+        if !a.auto && a.on_us > 0 && used.saturating_add(a.permille) <= limit_permille {
+            used += a.permille;
+            out[i] = a.on_us;
+        }
+    }
+    let room = limit_permille.saturating_sub(used);
+    let want = asks
+        .iter()
+        .filter(|a| a.auto && a.on_us > 0)
+        .fold(0u64, |n, a| n.saturating_add(a.permille));
+    for (i, a) in asks.iter().enumerate() {
+        if !a.auto || a.on_us == 0 {
+            continue;
+        }
+        let on = if want <= room {
+            a.on_us
+        } else {
+            // Rounded down, so the cut phases' sum stays within the room.
+            (u128::from(a.on_us) * u128::from(room) / u128::from(want.max(1))) as u64
+        };
+        if on >= MIN_FITTED_US.min(a.on_us) {
+            out[i] = on;
+        }
+    }
+    out
+}
+
 /// How the co-scheduled phases of several VMs are laid out in their
 /// period: one after another, each followed by an equal part of what the
 /// phases leave free. Back to back, two VMs' phases would hold the host's
@@ -615,6 +682,44 @@ mod tests {
         );
         // The whole period: always on.
         assert_eq!(phase_at(123, 0, 20_000, 20_000).0, Phase::On);
+    }
+
+    fn ask(id: u32, on_us: u64, permille: u64, auto: bool) -> Ask {
+        Ask {
+            id,
+            on_us,
+            permille,
+            auto,
+        }
+    }
+
+    #[test]
+    fn auto_phases_share_the_host_limit_fixed_ones_fit_whole() {
+        // Two 2-vCPU "auto" VMs owed half the host each (10 ms of 20 on 2
+        // CPUs: 500 per mille each) under the 80 % limit: both cut to 8 ms,
+        // where the second used to be left out.
+        let two = [ask(0, 10_000, 500, true), ask(1, 10_000, 500, true)];
+        assert_eq!(fit_phases(&two, 800), vec![8_000, 8_000]);
+        // Within the limit: as asked.
+        assert_eq!(fit_phases(&two, 1000), vec![10_000, 10_000]);
+        // Fixed phases in id order, whole or not at all; "auto" ones share
+        // the rest in proportion to what they ask.
+        let mixed = [
+            ask(0, 8_000, 400, false),
+            ask(1, 10_000, 500, false),
+            ask(2, 6_000, 300, true),
+            ask(3, 2_000, 100, true),
+        ];
+        assert_eq!(fit_phases(&mixed, 800), vec![8_000, 0, 6_000, 2_000]);
+        assert_eq!(fit_phases(&mixed, 600), vec![8_000, 0, 3_000, 1_000]);
+        // An "auto" phase cut below 1 ms is not placed; one that asked for
+        // less than that and fits keeps it.
+        assert_eq!(fit_phases(&mixed, 420), vec![8_000, 0, 0, 0]);
+        let small = [ask(0, 500, 25, true)];
+        assert_eq!(fit_phases(&small, 800), vec![500]);
+        // No room at all; nothing asked.
+        assert_eq!(fit_phases(&two, 0), vec![0, 0]);
+        assert_eq!(fit_phases(&[ask(0, 0, 0, true)], 800), vec![0]);
     }
 
     #[test]

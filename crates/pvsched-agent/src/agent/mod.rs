@@ -107,8 +107,9 @@ pub struct AgentConfig {
     pub ledger: Option<std::path::PathBuf>,
     /// Largest share of the host's CPUs, percent, that all co-scheduling
     /// VMs together may hold in their co-scheduled phases (caps
-    /// `cosched_us`); VMs beyond it, in VM-id order, are not co-scheduled.
-    /// pvschedd: `[max] max_cosched_host_pct`.
+    /// `cosched_us`): phases set as a number fit whole in VM-id order or
+    /// are not placed; "auto" phases share the rest, cut in proportion
+    /// when they do not fit. pvschedd: `[max] max_cosched_host_pct`.
     pub cosched_host_pct: u32,
     /// Largest share of its period, percent, that one VM's phase may
     /// hold when its `cosched_us` is `"auto"` (a number is checked when

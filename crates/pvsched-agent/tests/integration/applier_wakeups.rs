@@ -5,7 +5,7 @@
 //! wait that blocks is one).
 
 use crate::common::{self, FakeVcpu};
-use pvsched_agent::{AgentConfig, RegionSpec, VmSpec};
+use pvsched_agent::AgentConfig;
 use pvsched_policy::Caps;
 use std::time::{Duration, Instant};
 
@@ -56,16 +56,7 @@ fn applier_sleeps_without_vms_and_wakes_once_per_tick() {
     // A VM whose vCPU asks for nothing: a switch and a wake-up every
     // 200 ms, no boost, so every wake-up of the applier is a tick's.
     let vcpu = FakeVcpu::spawn(0, Duration::from_millis(200));
-    let vm = agent
-        .register_vm(VmSpec {
-            owner: None,
-            emulator_tids: vec![],
-            vcpu_tids: vec![vcpu.tid],
-            apic_ids: vec![0],
-            caps: Caps::default(),
-            region: RegionSpec::None,
-        })
-        .expect("the VM registers");
+    let vm = common::device_vm(&agent, &[vcpu.tid], &[], Caps::default());
     let (busy, took) = count(tid);
     let tick = AgentConfig::default().tick;
     // A tick is due `tick` after the last one began, so there are at most
