@@ -236,6 +236,11 @@ class NoProgress(BenchError):
     """A guest did not report its workload in time: the variant starved it."""
 
 
+class GuestEnded(BenchError):
+    """A guest's boot ended while it had a command to answer (a soft lockup
+    the boot stopped at, QEMU gone)."""
+
+
 # ---------------------------------------------------------------- one guest
 
 class Guest:
@@ -295,7 +300,7 @@ class Guest:
             raise NoProgress(f"{self.name}: no '@@ bench-wait' within {timeout:.0f}s "
                              f"(see {self.boot.dir}/serial.log)")
         if not ok:
-            raise BenchError(f"{self.name}: the boot ended: {self.error or 'no error'} "
+            raise GuestEnded(f"{self.name}: the boot ended: {self.error or 'no error'} "
                              f"(see {self.boot.dir}/serial.log)")
 
     def guest_counters(self):
@@ -365,9 +370,10 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
                 rows.append(run_workload(args, tag, guests, w, variant, daemon))
             except WorkloadFailed as e:
                 rows.append(no_progress_row(w, variant, tag, str(e)))
-            except NoProgress as e:
-                # Recorded, not fatal: the variant starved its guests. They
-                # cannot take another command; QEMU is stopped below.
+            except (NoProgress, GuestEnded) as e:
+                # Recorded, not fatal: the variant starved its guests or
+                # locked them up (FIFO 1 vCPUs that outnumber the CPUs can).
+                # They cannot take another command; QEMU is stopped below.
                 stuck = str(e)
                 rows.append(no_progress_row(w, variant, tag, stuck))
             log(f"{tag} {w}: {rows[-1]['brief']}")
@@ -389,7 +395,14 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
                 daemon.pvsched("vm", "unregister", g.name, check=False)
     for g in guests:
         if g.error is not None and stuck is None:
-            raise BenchError(f"{g.name}: {g.error}")
+            if not rows:
+                raise BenchError(f"{g.name}: {g.error}")
+            # The guest ended after its last workload under the variant
+            # (a soft lockup found as it finished): the variant's result,
+            # kept with the round's rows.
+            log(f"{tag}: {g.name} ended after its workloads: {g.error}")
+            for r in rows:
+                r.setdefault("guest_errors", []).append(f"{g.name}: {g.error}")
     return rows
 
 
@@ -762,18 +775,18 @@ def main():
                             r["topology"] = f"{topo[0]}x{topo[1]}"
                             r["rep"] = rep
                             rows.append(r)
+                        if args.json and args.json != "-":
+                            # What is done so far, so that a run cut short
+                            # (a failed boot, ^C) keeps its rounds.
+                            doc = result_doc(args, daemon, release, la0, ag_state, t_all,
+                                             rows, variants)
+                            doc["partial"] = True
+                            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         finally:
             if daemon is not None:
                 daemon.stop()
             remove_cgroup(cgroup)
-    result = {"scenario": "s6", "quick": args.quick,
-              "caps": daemon.caps if daemon is not None else None, "reps": args.reps,
-              "duration_s": args.duration, "hogs": args.hogs, "kernel": args.kernel,
-              "cpu": args.cpu,
-              "machine": machine(args, release, la0, ag_state),
-              "command": " ".join(sys.argv),
-              "seconds": round(time.monotonic() - t_all, 1),
-              "summary": summarize(rows, variants), "runs": rows}
+    result = result_doc(args, daemon, release, la0, ag_state, t_all, rows, variants)
     text = json.dumps(result, indent=1)
     if args.json == "-":
         print(text)
@@ -781,6 +794,18 @@ def main():
         Path(args.json).write_text(text + "\n")
     print_table(result["summary"], variants)
     return 0
+
+
+def result_doc(args, daemon, release, la0, ag_state, t_all, rows, variants):
+    """The JSON result of the rows run so far."""
+    return {"scenario": "s6", "quick": args.quick,
+            "caps": daemon.caps if daemon is not None else None, "reps": args.reps,
+            "duration_s": args.duration, "hogs": args.hogs, "kernel": args.kernel,
+            "cpu": args.cpu,
+            "machine": machine(args, release, la0, ag_state),
+            "command": " ".join(sys.argv),
+            "seconds": round(time.monotonic() - t_all, 1),
+            "summary": summarize(rows, variants), "runs": rows}
 
 
 def print_table(summary, variants):
