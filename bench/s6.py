@@ -103,6 +103,7 @@ import platform
 import queue
 import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -421,6 +422,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
     # The host processes beside the guests: each guest's device process
     # (every variant has one) and, for pvsched, the daemon.
     aux0 = host_aux_cpu_s(guests, daemon, variant)
+    bpf0 = policy_bpf() if args.bpf_stats else None
     st0 = daemon.status() if variant.startswith("pvsched") else None
     la = loadavg()
     hogs = None
@@ -453,6 +455,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
     cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
     thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
     aux1 = host_aux_cpu_s(guests, daemon, variant)
+    bpf1 = policy_bpf() if bpf0 is not None else None
     hog_ops = None
     if hogs is not None:
         hogs.wait(dur + 60)
@@ -513,6 +516,10 @@ def run_workload(args, tag, guests, w, variant, daemon):
         if any(phases):
             row["cosched_now_us"] = phases
     row["aux_cpu_s"] = {k: round(aux1[k] - aux0[k], 3) for k in aux0}
+    if bpf0 is not None and bpf1 is not None:
+        # Host-wide: every thread's events, the hogs' and the VMs' alike.
+        row["policy_bpf"] = {"ms": round((bpf1["ns"] - bpf0["ns"]) / 1e6, 1),
+                             "runs": bpf1["runs"] - bpf0["runs"]}
     gc = [v["guest_counters"] for v in vms if v.get("guest_counters")]
     if gc:
         row["guest_counters"] = {k: sum(c[k] for c in gc) for k in GUEST_COUNTERS}
@@ -531,9 +538,56 @@ def run_workload(args, tag, guests, w, variant, daemon):
                     + (f", guest {row['guest_counters']}" if "guest_counters" in row else "")
                     + (f", guest IPIs {row['guest_ipis']}" if "guest_ipis" in row else "")
                     + f", beside {row['aux_cpu_s']}"
+                    + (f", policy BPF {row['policy_bpf']}" if "policy_bpf" in row else "")
                     + (f", host probe p99/max {probe_fig['p99_us']}/{probe_fig['max_us']} us"
                        if probe_fig else ""))
     return row
+
+
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+class BpfStats:
+    """With --bpf-stats, the kernel's BPF run-time statistics on for the run
+    (kernel.bpf_stats_enabled, put back afterwards), so that each row can
+    say how long pvschedd's policy programs ran on the host's tracepoints
+    during it (bpftool's run_time_ns; the programs run in the context of
+    every switching or waking thread, a vCPU thread's too, and count in
+    its CPU time). Usable as a context manager."""
+
+    def __init__(self, on):
+        self.on, self.saved = on, None
+
+    def __enter__(self):
+        if self.on:
+            self.saved = BPF_STATS.read_text().strip()
+            BPF_STATS.write_text("1")
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            BPF_STATS.write_text(self.saved)
+            self.saved = None
+        return False
+
+
+def policy_bpf():
+    """The pvsched policy's tracepoint programs (name pvs_*, all but the
+    agent's own pvs_reeval) so far, summed over every loaded copy: {"ns":
+    run time, "runs": run count}, or None if bpftool shows no statistics
+    (kernel.bpf_stats_enabled off, no bpftool)."""
+    try:
+        out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        progs = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    mine = [p for p in progs if str(p.get("name", "")).startswith("pvs_")
+            and p.get("name") != "pvs_reeval" and "run_time_ns" in p]
+    if not mine:
+        return None
+    return {"ns": sum(int(p["run_time_ns"]) for p in mine),
+            "runs": sum(int(p.get("run_cnt", 0)) for p in mine)}
 
 
 def host_aux_cpu_s(guests, daemon, variant):
@@ -720,6 +774,10 @@ def main():
                     help="with --host-probe: run the probe at SCHED_FIFO N (1-99) instead "
                          "of SCHED_OTHER")
     add_autogroup_option(ap, "the VMs together against the hogs")
+    ap.add_argument("--bpf-stats", action="store_true",
+                    help="turn the kernel's BPF run-time statistics on for the run "
+                         "(kernel.bpf_stats_enabled) and record per run how long the "
+                         "policy's programs ran (policy_bpf: host-wide; needs bpftool)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -758,7 +816,7 @@ def main():
     daemon = cgroup = None
     rows = []
     t_all = time.monotonic()
-    with Autogroup(args.autogroup) as autogroup:
+    with Autogroup(args.autogroup) as autogroup, BpfStats(args.bpf_stats):
         ag_state = autogroup.state
         log(f"autogroup {ag_state}")
         try:
