@@ -12,7 +12,7 @@ KERNEL = "7.3-cloud"
 def test_s6_smoke(bench_script, report):
     doc = bench_script("s6.py", "--kernel", KERNEL, "--topology", "1x2", "--workloads", "cpu",
                        "--variants", "vanilla,pvsched", "--reps", "1", "--duration", "5",
-                       "--hogs", "1", "--host-probe")
+                       "--hogs", "1", "--host-probe", "--bpf-stats")
     assert doc["scenario"] == "s6"
     runs = {(x["variant"], x["workload"]): x for x in doc["runs"]}
     assert set(runs) == {("vanilla", "cpu"), ("pvsched", "cpu")}
@@ -21,6 +21,10 @@ def test_s6_smoke(bench_script, report):
         # The host probe (an ordinary host thread waking every ms) ran
         # beside the workload.
         assert x["host_probe"]["cycles"] > 0 and x["probe_max_us"] is not None, x
+        # The policy's programs (loaded by pvschedd for the whole run, so
+        # in vanilla's rounds too) ran on the host's switches and wake-ups
+        # during the workload, and their run time was read back.
+        assert x["policy_bpf"]["runs"] > 0 and x["policy_bpf"]["ms"] >= 0, x
         # Each guest counted the IPIs its CPUs received during the run
         # (how many a batch guest gets is not the test's: none is fine).
         for vm in x["vms"]:
