@@ -369,22 +369,20 @@ impl Cosched {
             .filter(|(a, on)| a.on_us > 0 && **on == 0)
             .map(|(a, _)| a.id)
             .collect();
-        let plan: Vec<(u32, u64, bool)> = asks
-            .iter()
-            .zip(&fitted)
-            .map(|(a, on)| (a.id, *on, *on > 0))
-            .collect();
-        let placed: Vec<u64> = plan.iter().filter(|p| p.2).map(|p| p.1).collect();
+        // (VM id, its phase as placed: 0 for none.)
+        let plan: Vec<(u32, u64)> = asks.iter().map(|a| a.id).zip(fitted).collect();
+        let placed: Vec<u64> = plan.iter().map(|p| p.1).filter(|on| *on > 0).collect();
         let spread = Spread::new(&placed);
         let mut offset_us: u64 = 0;
         let mut next: Option<u64> = None;
         let mut on_vms = Vec::with_capacity(plan.len());
-        for (id, on, placed) in plan {
+        for (id, on) in plan {
+            let placed = on > 0;
             let Some(vm) = reg.vms.get_mut(&id) else {
                 continue;
             };
             let period = vm.caps.cosched_period_us;
-            vm.cosched_now_us = if placed { on } else { 0 };
+            vm.cosched_now_us = on;
             let phase = if !placed {
                 Phase::Free
             } else {
