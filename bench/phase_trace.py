@@ -21,6 +21,15 @@ phases it counts the VM's vCPU time (a vCPU at nice 19 still runs now and
 then, without its siblings): in-phase and off-phase seconds, and the
 off-phase runs per second and their length.
 
+For every VM, phased or not (a vanilla one too), it also reports how much
+of its vCPU time ran with all its vCPUs on a CPU at once ("together"), in
+each workload run bench/s6.py marked in the trace: what co-scheduling
+raises, so a vanilla run's figure says how much there was to gain. The
+VMs are the ones s6.py names in the trace (a mark with each VM's vCPU
+thread ids); in a trace without them, by names and thread ids: "CPU 0/..."
+and, for each k, the next "CPU k/..." thread after it (right for one VM
+at a time; VMs started together can interleave their threads).
+
 vCPU threads are told by their command name (QEMU's debug-threads names,
 "CPU n/TCG" or "CPU n/KVM"); a VM's threads are those set to FIFO 1 in the
 same edge (at least two of them: one thread back at FIFO 1 alone is a boost
@@ -42,17 +51,22 @@ from stall_trace import parse  # noqa: E402
 
 # sched_setattr calls this close together are one phase change.
 EDGE_GAP_S = 0.0005
+MARK = re.compile(r"^\s*.+?-\d+\s+\[\d+\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
+                  r"tracing_mark_write: s6 (?P<what>start|end|vm) (?P<run>.+?)\s*$")
 VCPU = re.compile(r"^CPU \d+/(TCG|KVM)$")
 SETATTR = re.compile(r"^\s*.+?-\d+\s+\[\d+\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
                      r"sys_sched_setattr\(pid: (?:0x)?(?P<pid>[0-9a-f]+),")
 
 
 def load(path):
-    """(switches, setattrs, comm, vcpus): switches as (ts, cpu, prev,
+    """(switches, setattrs, comm, vcpus, runs): switches as (ts, cpu, prev,
     prev_prio, prev_state, next, next_prio) in time order (a wake-up as
     (ts, cpu, tid, -1, "W", None, prio)), setattr calls as (ts, tid), every
-    thread's comm by tid and the vCPU threads' by tid."""
+    thread's comm by tid, the vCPU threads' by tid, bench/s6.py's
+    workload runs its trace marks name, as (start, end, "TAG WORKLOAD"), and
+    the VMs they name ({name: vCPU tids in vCPU order})."""
     switches, setattrs, comm = [], [], {}
+    runs, started, named = [], {}, {}
     for cpu, ts, ev, rest, f in parse(path):
         if ev == "sched_switch" and f:
             prev, nxt = int(f["pp"]), int(f["np"])
@@ -67,11 +81,20 @@ def load(path):
         m = SETATTR.match(line)
         if m:
             setattrs.append((float(m["ts"]), int(m["pid"], 16)))
+            continue
+        m = MARK.match(line)
+        if m and m["what"] == "vm":
+            name, _, tids = m["run"].partition(" ")
+            named[name] = tuple(int(t) for t in tids.split(",") if t.isdigit())
+        elif m and m["what"] == "start":
+            started[m["run"]] = float(m["ts"])
+        elif m and m["run"] in started:
+            runs.append((started.pop(m["run"]), float(m["ts"]), m["run"]))
     vcpus = {t: c for t, c in comm.items() if VCPU.match(c)}
     # In time order once, for every reader (a switch parse() puts back can
     # come after later records of other CPUs).
     switches.sort(key=lambda s: s[0])
-    return switches, setattrs, comm, vcpus
+    return switches, setattrs, comm, vcpus, sorted(runs), named
 
 
 def edges(setattrs):
@@ -269,6 +292,70 @@ def split(switches, phase_list, comm):
     return results
 
 
+def vms(vcpus):
+    """[(tid of CPU 0, ..., tid of CPU n-1)]: each VM's vCPU threads, by
+    name and thread id (see the module's docstring)."""
+    idx = {}
+    for tid, c in vcpus.items():
+        idx[tid] = int(c.split()[1].split("/")[0])
+    firsts = sorted(t for t, k in idx.items() if k == 0)
+    out = []
+    for n, t0 in enumerate(firsts):
+        limit = firsts[n + 1] if n + 1 < len(firsts) else math.inf
+        group, k = [t0], 1
+        for t in sorted(t for t in idx if t0 < t < limit):
+            if idx[t] == k:
+                group.append(t)
+                k += 1
+        if len(group) >= 2:
+            out.append(tuple(group))
+    return out
+
+
+def together(switches, tids, lo=-math.inf, hi=math.inf):
+    """One VM's vCPU time on a CPU (s) between `lo` and `hi`, and the share
+    of it with all its vCPUs on a CPU at once (None with no vCPU time)."""
+    on = set()
+    t = None
+    vcpu_s = all_s = 0.0
+
+    def add(upto):
+        nonlocal vcpu_s, all_s
+        d = min(upto, hi) - max(t, lo)
+        if d > 0:
+            vcpu_s += len(on) * d
+            if len(on) == len(tids):
+                all_s += len(tids) * d
+    for ts, _, prev, _, _, nxt, _ in switches:
+        if nxt is None or (prev not in tids and nxt not in tids):
+            continue
+        if ts >= hi:
+            break
+        if t is not None:
+            add(ts)
+        t = ts
+        on.discard(prev)
+        if nxt in tids:
+            on.add(nxt)
+    if t is not None and hi < math.inf:
+        add(hi)
+    return round(vcpu_s, 3), (round(all_s / vcpu_s, 4) if vcpu_s else None)
+
+
+def together_by_run(switches, tids, runs):
+    """together() for each workload run (bench/s6.py's trace marks) in
+    which this VM's vCPUs ran, or for the whole trace without marks."""
+    if not runs:
+        vcpu_s, share = together(switches, tids)
+        return [{"run": "whole trace", "vcpu_s": vcpu_s, "together_share": share}]
+    out = []
+    for a, b, name in runs:
+        vcpu_s, share = together(switches, tids, a, b)
+        if vcpu_s:
+            out.append({"run": name, "vcpu_s": vcpu_s, "together_share": share})
+    return out
+
+
 def p90(xs):
     """The 90th percentile of `xs` by nearest rank."""
     xs = sorted(xs)
@@ -312,21 +399,28 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--json", action="store_true", help="one JSON object")
     a = ap.parse_args()
-    switches, setattrs, comm, vcpus = load(a.trace)
+    switches, setattrs, comm, vcpus, runs, named = load(a.trace)
     rows = phases(switches, edges(setattrs), vcpus)
     by_vm = defaultdict(list)
     for start, end, tids in rows:
         by_vm[tids].append((start, end, tids))
     # A key that shares a thread with a more frequent one is an edge that
-    # mixed one VM's phase change with another's boost: not a VM.
+    # mixed one VM's phase change with another's boost: not a VM. Where
+    # the trace names the VMs, only theirs are.
     kept = []
+    vm_sets = [set(t) for t in named.values()]
     for tids in sorted(by_vm, key=lambda k: -len(by_vm[k])):
+        if vm_sets and set(tids) not in vm_sets:
+            continue
         if not any(set(tids) & set(k) for k in kept):
             kept.append(tids)
     out = {}
     for tids, plist in sorted((k, by_vm[k]) for k in kept):
         out[",".join(f"{vcpus[t]}({t})" for t in tids)] = summary(split(switches, plist, comm),
                                                                    outside(switches, plist))
+    for tids in (named.values() if named else vms(vcpus)):
+        key = ",".join(f"{vcpus.get(t, 'vCPU')}({t})" for t in sorted(tids))
+        out.setdefault(key, {"phases": 0})["together"] = together_by_run(switches, set(tids), runs)
     if a.json:
         print(json.dumps(out, indent=1))
     else:

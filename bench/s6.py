@@ -407,6 +407,22 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
     return rows
 
 
+def trace_mark(text):
+    """Marks a step in the host trace bench/trace-run.sh records around this
+    run (it names its tracefs instance's marker in PVSCHED_TRACE_MARKER), so
+    bench/phase_trace.py can tell the workload runs from boots; nothing
+    without it. A marker that cannot be written costs the trace its marks,
+    not the run."""
+    path = os.environ.get("PVSCHED_TRACE_MARKER")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    except OSError as e:
+        log(f"trace marker {path}: {e}")
+
+
 def no_progress_row(w, variant, tag, why):
     """The row of a workload that gave no result: it counts as a failed
     run of its variant, with no figures."""
@@ -440,7 +456,12 @@ def run_workload(args, tag, guests, w, variant, daemon):
         probe_json = probe_dir / f"{tag}-{w}.json"
         probe = Proc("host-probe", host_probe_cmd(dur, probe_json, args.host_probe_prio),
                      probe_dir / f"{tag}-{w}.log")
+    if os.environ.get("PVSCHED_TRACE_MARKER"):
+        # Which vCPU threads are one VM's: the trace alone cannot say.
+        for g in guests:
+            trace_mark(f"s6 vm {g.name} " + ",".join(str(t) for t in g.vcpu_tids()))
     t0 = time.monotonic()
+    trace_mark(f"s6 start {tag} {w}")
     for g in guests:
         g.cmd.put(f"run {w} {dur}")
     try:
@@ -452,6 +473,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
                 if p is not None and p.p.poll() is None:
                     p.stop()
     wall = time.monotonic() - t0
+    trace_mark(f"s6 end {tag} {w}")
     cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
     thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
     aux1 = host_aux_cpu_s(guests, daemon, variant)

@@ -49,7 +49,9 @@ else
 fi
 for e in $events; do [ -d $i/events/$e ] && echo 1 > $i/events/$e/enable; done
 echo 1 > $i/tracing_on
-"$@" > $out.json
+# A command that marks its own steps in the trace (bench/s6.py: each
+# workload run's start and end) writes them to this instance's marker.
+PVSCHED_TRACE_MARKER=$i/trace_marker "$@" > $out.json
 echo 0 > $i/tracing_on
 cat $i/trace > $out.trace
 cat $i/per_cpu/cpu*/stats | grep -i overrun

@@ -78,3 +78,24 @@ def test_two_phases_of_a_vm(tmp_path):
     # that end, runnable, picked again in the off part.
     assert v["off_phase_ms_per_s_by_start"] == {"back_after_phase_end": 40.0,
                                                  "past_phase_end": 2.0}, v
+
+
+def mark(ts, text):
+    return f"          python3-40  [001] ..... {ts}: tracing_mark_write: {text}"
+
+
+def test_together_in_a_marked_run(tmp_path):
+    """The share of a VM's vCPU time with both its vCPUs on a CPU, inside
+    the workload run bench/s6.py marked, for the VM it named."""
+    t = tmp_path / "t.trace"
+    t.write_text(TRACE.replace("# tracer: nop\n", "# tracer: nop\n" + "\n".join([
+        mark("99.999000", "s6 vm s6-1x2-x-r0-vm0 11,12"),
+        mark("100.000000", "s6 start 1x2-x-r0 hackbench")]) + "\n")
+                 + mark("100.010000", "s6 end 1x2-x-r0 hackbench") + "\n")
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "phase_trace.py"), str(t),
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    v = json.loads(out)["CPU 0/TCG(11),CPU 1/TCG(12)"]
+    # In 100.000-100.010: vCPU 0 on a CPU 5.0 + 1.0 ms, vCPU 1 2.0 + 2.02;
+    # both at once 2.0 + 2.01 ms, i.e. 8.02 of the 10.02 vCPU-ms.
+    assert v["together"] == [{"run": "1x2-x-r0 hackbench", "vcpu_s": 0.01,
+                              "together_share": 0.8004}], v
