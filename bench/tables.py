@@ -120,10 +120,12 @@ def s6_table(d):
             "VM CPU s | hogs kept ×vanilla | boosts, boosted s per run |",
             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
 
-    def pr(s, k):
+    def pr(s, k, variant):
         x = s.get("paired_ratio", {}).get(k)
         if not x or x["median"] is None:
-            return "1"
+            # vanilla is the unit; any other variant without a figure had
+            # no run that gave one (a guest that hung, say), not a ratio of 1.
+            return "1" if variant == "vanilla" else "no result"
         return f"{x['median']:.2f} ({x['min']:.2f}–{x['max']:.2f})"
 
     probe = any((s.get("probe_p99_us") or {}).get("median") is not None
@@ -149,8 +151,8 @@ def s6_table(d):
             pol = s.get("policy")
             pol_txt = ", ".join(f"{x['boosts']}/{x['boosted_s']}" for x in pol if x) if pol else "-"
             cpu = s["vm_cpu_s"]
-            line = (f"| {key} | {v} | {pr(s, 'throughput')} | {pr(s, 'per_cpu_s')} | "
-                    f"{cpu['median']} ({cpu['min']}–{cpu['max']}) | {pr(s, 'hog_ops')} | "
+            line = (f"| {key} | {v} | {pr(s, 'throughput', v)} | {pr(s, 'per_cpu_s', v)} | "
+                    f"{cpu['median']} ({cpu['min']}–{cpu['max']}) | {pr(s, 'hog_ops', v)} | "
                     f"{pol_txt} |")
             if probe:
                 p99, mx = s.get("probe_p99_us") or {}, s.get("probe_max_us") or {}

@@ -67,3 +67,21 @@ def test_s6_table_p_pairs_each_repetition_with_its_vanilla(tmp_path):
     assert "p per CPU-s |" in out, out
     line = next(x for x in out.splitlines() if x.startswith("| 2x2/cpu | pvsched |"))
     assert line.endswith(" 0.06 |"), line
+
+
+def test_s6_variant_without_a_result_is_not_a_ratio_of_one(tmp_path):
+    """A variant none of whose runs gave a figure (its guests hung) reads
+    "no result", not the vanilla's 1."""
+    s = {"median": None, "min": None, "max": None}
+    d = {"scenario": "s6", "command": "bench/s6.py", "machine": {"cpus": 2}, "reps": 1,
+         "duration_s": 10, "hogs": 2, "runs": [],
+         "summary": {"2x2/cpu": {"vanilla": {"vm_cpu_s": s, "paired_ratio": {}},
+                                 "fifo1": {"vm_cpu_s": s, "paired_ratio": {}}}}}
+    p = tmp_path / "s6.json"
+    p.write_text(json.dumps(d))
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "tables.py"), str(p)],
+                         capture_output=True, text=True, check=True).stdout
+    van = next(x for x in out.splitlines() if x.startswith("| 2x2/cpu | vanilla |"))
+    fifo = next(x for x in out.splitlines() if x.startswith("| 2x2/cpu | fifo1 |"))
+    assert van.startswith("| 2x2/cpu | vanilla | 1 | 1 |"), van
+    assert fifo.startswith("| 2x2/cpu | fifo1 | no result | no result |"), fifo
