@@ -148,6 +148,15 @@ impl PolicyView {
         ))
     }
 
+    /// Whether the policy holds the thread throttled now (no boost until
+    /// its throttle ends), read from the mapped array.
+    pub fn vcpu_throttled(&self, gid: u32) -> Option<bool> {
+        let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
+        let words = self.vcpus_map.words();
+        let off = base + std::mem::offset_of!(PvsVcpu, throttled);
+        Some(words.load(off, std::sync::atomic::Ordering::Relaxed) != 0)
+    }
+
     /// Until when (`CLOCK_MONOTONIC` ns) the policy holds the thread
     /// latency-sensitive (its guest last ran an RT task), read from the
     /// mapped array: the two halves again until they agree, so a value the

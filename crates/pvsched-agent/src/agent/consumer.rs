@@ -59,14 +59,43 @@ fn handle(inner: &Inner, d: &Decision) {
     }
 }
 
-/// Handles every record waiting in the ring.
-fn drain(inner: &Inner, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, trace: &mut TraceOut) {
+/// Handles every record waiting in the ring; returns how many there were.
+fn drain(
+    inner: &Inner,
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    trace: &mut TraceOut,
+) -> usize {
+    let mut n = 0;
     while let Some(item) = ring.next() {
         if let Some(d) = Decision::from_bytes(&item) {
             handle(inner, &d);
             trace.record(&d);
+            n += 1;
         }
     }
+    n
+}
+
+/// Whether anything a tick must end on time or measure is under way: a
+/// registered thread boosted (in the policy's state or as last applied),
+/// throttled, held latency-sensitive or co-scheduled, or a VM that
+/// co-schedules. While nothing is, the applier ticks at the quiet period.
+fn watched(inner: &Inner, view: &PolicyView, now: u64) -> bool {
+    let reg = inner.reg.lock();
+    if reg.vms.values().any(|v| v.caps.cosched_us.is_on()) {
+        return true;
+    }
+    reg.threads.iter().any(|(&gid, t)| {
+        !t.exited
+            && (t.applied.is_some()
+                || t.decided.0 != pvsched_abi::BOOST_NONE
+                || t.phase != Phase::Free
+                || view
+                    .vcpu_boost(gid)
+                    .is_some_and(|(_, b, _)| b != pvsched_abi::BOOST_NONE)
+                || view.vcpu_throttled(gid).unwrap_or(false)
+                || view.vcpu_ls_until(gid).is_some_and(|u| u > now))
+    })
 }
 
 pub(super) fn consumer(
@@ -127,6 +156,10 @@ pub(super) fn consumer(
         }
     }
     let tick_ns = cfg.tick.as_nanos().max(1_000_000) as u64;
+    let quiet_ns = (cfg.quiet_tick.as_nanos() as u64).max(tick_ns);
+    // The last tick found nothing to watch (`watched`): the next is
+    // `quiet_ns` after it, unless something starts before then.
+    let mut quiet = false;
     let mut next_tick = mono_ns() + tick_ns;
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
     let mut ticks: u64 = 0;
@@ -161,9 +194,11 @@ pub(super) fn consumer(
         if inner.stop.load(Ordering::SeqCst) {
             break;
         }
-        drain(&inner, &mut ring, &mut trace);
+        let decided = drain(&inner, &mut ring, &mut trace);
+        let mut woken = false;
         for (tag, fd) in [(2, &wake), (3, &tfd)] {
             if evs[..n.max(0) as usize].iter().any(|e| e.u64 == tag) {
+                woken |= tag == 2;
                 let mut count = [0u8; 8];
                 // SAFETY: reads at most 8 bytes into the buffer; both fds
                 // are non-blocking, so one already read returns EAGAIN.
@@ -180,14 +215,29 @@ pub(super) fn consumer(
             last_tick = now;
             next_tick = now;
         }
+        if quiet && (decided > 0 || woken) {
+            // Something started (a decision, a registration, new caps):
+            // ticks come at `tick_ns` again from now, the first one now
+            // for a registration or new caps (which a tick picks up), and
+            // the quiet wait is not lateness.
+            quiet = false;
+            last_tick = now;
+            next_tick = if woken {
+                now
+            } else {
+                next_tick.min(now + tick_ns)
+            };
+        }
         if now >= next_tick {
-            next_tick = now + tick_ns;
             // Between two ticks nothing ends a boost that ran past a cap
             // on a vCPU that produces no events: the longest gap is how
-            // late the agent may have been.
-            inner
-                .tick_gap_max_ns
-                .fetch_max(now.saturating_sub(last_tick), Ordering::Relaxed);
+            // late the agent may have been. After a quiet tick nothing
+            // was boosted to end, so its wait is not lateness.
+            if !quiet {
+                inner
+                    .tick_gap_max_ns
+                    .fetch_max(now.saturating_sub(last_tick), Ordering::Relaxed);
+            }
             last_tick = now;
             // Every thread of every active VM in one run of the policy,
             // which scans the VM ids up to the highest one in use.
@@ -212,6 +262,8 @@ pub(super) fn consumer(
             // A VM registered, unregistered or given new caps since the
             // last edge: its phases follow within a tick.
             cosched.run(&inner, &tfd, true);
+            quiet = ticked_vms && !watched(&inner, &view, now);
+            next_tick = now + if quiet { quiet_ns } else { tick_ns };
         }
     }
     // What is left of the trace (unregistration sends no records).

@@ -82,8 +82,17 @@ pub type Result<T> = std::result::Result<T, AgentError>;
 pub struct AgentConfig {
     /// SCHED_FIFO priority of the consumer thread (0 = leave it SCHED_OTHER).
     pub consumer_rt_prio: u32,
-    /// Policy timer period (throttling and windows of vCPUs with no events).
+    /// Policy timer period (throttling and windows of vCPUs with no events)
+    /// while any registered thread is boosted, throttled, held
+    /// latency-sensitive or co-scheduled.
     pub tick: Duration,
+    /// Policy timer period while none is (at least `tick`): the applier
+    /// then wakes this seldom, since each of its wake-ups at its RT
+    /// priority preempts a vCPU, and nothing needs ending on time. A
+    /// decision, a registration or a caps change brings `tick` back at
+    /// once; a running vCPU's new guest request that no host event shows
+    /// is seen at its next switch or wake-up, or this late.
+    pub quiet_tick: Duration,
     /// Install the SIGINT/SIGTERM restore thread.
     pub handle_signals: bool,
     /// Install the restore-on-panic hook.
@@ -122,6 +131,7 @@ impl Default for AgentConfig {
         AgentConfig {
             consumer_rt_prio: crate::guardian::RESTORER_RT_PRIO,
             tick: Duration::from_millis(5),
+            quiet_tick: Duration::from_millis(50),
             handle_signals: true,
             handle_panics: true,
             ring_bytes: crate::object::DEFAULT_RING_BYTES,
@@ -215,9 +225,21 @@ struct Inner {
     tick_gap_max_ns: AtomicU64,
     /// The applier thread's TID, 0 until it runs.
     applier_tid: AtomicU32,
+    /// Written to end the applier's wait now (an eventfd it polls).
+    wake: OwnedFd,
 }
 
 impl Inner {
+    /// Ends the applier thread's wait now (a registration, a caps change,
+    /// or the stop).
+    fn wake_applier(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd (which
+        // only fails when its counter is near overflow: it is still
+        // readable then, so the applier wakes either way).
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
     /// The applier's state of a newly registered thread, guarded by the
     /// guardian's ledger entry of its (vm_id, index) if there is a guardian.
     fn thread_state(&self, tid: u32, vm_id: u32, index: u32) -> ThreadState {
@@ -257,7 +279,6 @@ pub struct Agent {
     thread: Option<JoinHandle<()>>,
     /// Joined after the consumer: the trace is whole once it returns.
     trace_writer: Option<trace_out::TraceWriter>,
-    wake: OwnedFd,
 }
 
 fn eventfd() -> io::Result<OwnedFd> {
@@ -339,6 +360,14 @@ impl Agent {
             Some(l) => Some(Arc::new(crate::guardian::Guardian::spawn(l)?)),
             None => None,
         };
+        let wake = eventfd().map_err(|source| AgentError::Sys {
+            what: "eventfd",
+            source,
+        })?;
+        let wake2 = wake.try_clone().map_err(|source| AgentError::Sys {
+            what: "dup eventfd",
+            source,
+        })?;
         let inner = Arc::new(Inner {
             guardian,
             obj: PiMutex::new(obj),
@@ -348,15 +377,8 @@ impl Agent {
             restore_errors: AtomicU64::new(0),
             tick_gap_max_ns: AtomicU64::new(0),
             applier_tid: AtomicU32::new(0),
+            wake,
         });
-        let wake = eventfd().map_err(|source| AgentError::Sys {
-            what: "eventfd",
-            source,
-        })?;
-        let wake2 = wake.try_clone().map_err(|source| AgentError::Sys {
-            what: "dup eventfd",
-            source,
-        })?;
         let inner2 = inner.clone();
         let cfg2 = cfg.clone();
         let thread = std::thread::Builder::new()
@@ -382,7 +404,6 @@ impl Agent {
             inner,
             thread: Some(thread),
             trace_writer,
-            wake,
         })
     }
 
@@ -555,7 +576,7 @@ impl Agent {
         }
         // The applier sleeps while no VM is registered: its ticks (budgets,
         // throttles, reconciliation) start now.
-        self.wake_applier();
+        self.inner.wake_applier();
         Ok(VmHandle {
             inner: self.inner.clone(),
             vm_id,
@@ -587,15 +608,6 @@ impl Agent {
         self.inner.applier_tid.load(Ordering::Relaxed)
     }
 
-    /// Ends the applier thread's wait now (a registration, or the stop).
-    fn wake_applier(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd (which
-        // only fails when its counter is near overflow: it is still
-        // readable then, so the applier wakes either way).
-        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    }
-
     /// Restores every boosted thread now (all VMs).
     pub fn restore_all(&self) {
         let mut r = self.inner.reg.lock();
@@ -608,7 +620,7 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::SeqCst);
-        self.wake_applier();
+        self.inner.wake_applier();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -730,6 +742,9 @@ impl VmHandle {
         if let Some(v) = self.inner.reg.lock().vms.get_mut(&self.vm_id) {
             v.caps = caps;
         }
+        // A quiet applier ticks seldom: new caps (co-scheduling, say) are
+        // picked up at a tick, so one is due now.
+        self.inner.wake_applier();
         for i in 0..self.threads().count() as u32 {
             if let Err(e) = obj.reevaluate(
                 pvsched_policy::event::EV_TICK,

@@ -1,12 +1,13 @@
 //! What the agent's applier thread costs a host when there is nothing to
-//! do: while no VM is registered it does not wake at all, and with a VM
-//! whose threads ask for nothing it wakes once per tick. Read back from
-//! the kernel's count of the thread's voluntary context switches (each
-//! wait that blocks is one).
+//! do: while no VM is registered it does not wake at all, with a VM whose
+//! threads ask for nothing it wakes once per quiet tick, and once a thread
+//! is boosted once per tick. Read back from the kernel's count of the
+//! thread's voluntary context switches (each wait that blocks is one).
 
 use crate::common::{self, FakeVcpu};
+use pvsched_abi::{CS_HARDIRQ, POLICY_FIFO, SlotGuest};
 use pvsched_agent::AgentConfig;
-use pvsched_policy::Caps;
+use pvsched_policy::{BoostKind, Caps};
 use std::time::{Duration, Instant};
 
 /// How long each count runs.
@@ -28,6 +29,13 @@ fn count(tid: u32) -> (u64, Duration) {
     let (w0, t0) = (waits(tid), Instant::now());
     std::thread::sleep(SPAN);
     (waits(tid) - w0, t0.elapsed())
+}
+
+/// At most how many ticks of `period` fit in `took`: a tick is due
+/// `period` after the last one began (a loaded host makes fewer, never
+/// more).
+fn at_most(took: Duration, period: Duration) -> u64 {
+    (took.as_nanos() / period.as_nanos()) as u64 + 1
 }
 
 #[test]
@@ -54,20 +62,68 @@ fn applier_sleeps_without_vms_and_wakes_once_per_tick() {
     );
 
     // A VM whose vCPU asks for nothing: a switch and a wake-up every
-    // 200 ms, no boost, so every wake-up of the applier is a tick's.
+    // 200 ms, no boost, so every wake-up of the applier is a tick's, and
+    // with nothing boosted a quiet one.
     let vcpu = FakeVcpu::spawn(0, Duration::from_millis(200));
     let vm = common::device_vm(&agent, &[vcpu.tid], &[], Caps::default());
-    let (busy, took) = count(tid);
-    let tick = AgentConfig::default().tick;
-    // A tick is due `tick` after the last one began, so there are at most
-    // this many (a loaded host makes fewer, never more); ending each wait
-    // before its tick as well made twice as many wake-ups.
-    let ticks = (took.as_nanos() / tick.as_nanos()) as u64 + 1;
+    std::thread::sleep(Duration::from_millis(100));
+    let (quiet, took) = count(tid);
+    let cfg = AgentConfig::default();
+    let quiet_ticks = at_most(took, cfg.quiet_tick);
     println!(
-        "applier wake-ups in {SPAN:?}: {idle} with no VM, {busy} with one ({took:?}, at most \
-         {ticks} ticks of {tick:?})"
+        "applier wake-ups in {SPAN:?}: {idle} with no VM, {quiet} with one asking for nothing \
+         ({took:?}, at most {quiet_ticks} quiet ticks of {:?})",
+        cfg.quiet_tick
     );
-    assert!(busy >= 1, "the applier did not tick with a VM registered");
+    assert!(quiet >= 1, "the applier did not tick with a VM registered");
+    // Ticking every `tick` with nothing to do woke it ten times as often.
+    assert!(
+        quiet <= quiet_ticks + 3,
+        "the applier woke {quiet} times in {took:?} with nothing boosted: more than once per \
+         quiet tick ({quiet_ticks} at most)"
+    );
+    drop(vm);
+    drop(vcpu);
+
+    // A vCPU that stays on its CPU in a hard-irq section: boosted (no
+    // boost length or budget cap), so every tick is due on time: the
+    // applier wakes at the short period again.
+    let caps = Caps {
+        halt_boost: BoostKind::None,
+        yield_boost: BoostKind::None,
+        max_rt_prio: 7,
+        cs_rt_prio: 2,
+        max_boost_us: 0,
+        budget_us: 0,
+        ..Caps::default()
+    };
+    let vcpu = FakeVcpu::spawn_busy(0);
+    let vm = common::device_vm(&agent, &[vcpu.tid], &[], caps);
+    vm.region().unwrap().write_guest(
+        1,
+        0,
+        &SlotGuest {
+            kern_cs: CS_HARDIRQ,
+            ..Default::default()
+        },
+    );
+    common::wait_for("RT boost", Duration::from_secs(10), || {
+        Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    let (busy, took) = count(tid);
+    let ticks = at_most(took, cfg.tick);
+    println!(
+        "applier wake-ups in {took:?} with a boosted vCPU: {busy} (at most {ticks} ticks of {:?})",
+        cfg.tick
+    );
+    // At its RT priority the applier's ticks are not delayed by load, so
+    // with a thread boosted it wakes far more often than quiet ticks give.
+    assert!(
+        busy > quiet_ticks + 3,
+        "the applier woke {busy} times in {took:?} with a vCPU boosted: no faster than quiet \
+         ticks ({quiet_ticks})"
+    );
+    // Ending each wait before its tick as well made twice as many.
     assert!(
         busy <= ticks + 10,
         "the applier woke {busy} times in {took:?}: more than once per tick ({ticks} at most)"
