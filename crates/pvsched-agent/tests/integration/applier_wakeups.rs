@@ -7,7 +7,7 @@
 use crate::common::{self, FakeVcpu};
 use pvsched_abi::{CS_HARDIRQ, POLICY_FIFO, SlotGuest};
 use pvsched_agent::AgentConfig;
-use pvsched_policy::{BoostKind, Caps};
+use pvsched_policy::Caps;
 use std::time::{Duration, Instant};
 
 /// How long each count runs.
@@ -88,17 +88,8 @@ fn applier_sleeps_without_vms_and_wakes_once_per_tick() {
     // A vCPU that stays on its CPU in a hard-irq section: boosted (no
     // boost length or budget cap), so every tick is due on time: the
     // applier wakes at the short period again.
-    let caps = Caps {
-        halt_boost: BoostKind::None,
-        yield_boost: BoostKind::None,
-        max_rt_prio: 7,
-        cs_rt_prio: 2,
-        max_boost_us: 0,
-        budget_us: 0,
-        ..Caps::default()
-    };
     let vcpu = FakeVcpu::spawn_busy(0);
-    let vm = common::device_vm(&agent, &[vcpu.tid], &[], caps);
+    let vm = common::device_vm(&agent, &[vcpu.tid], &[], common::cs_boost_caps());
     vm.region().unwrap().write_guest(
         1,
         0,

@@ -20,15 +20,7 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(10);
 
 fn caps() -> Caps {
-    Caps {
-        halt_boost: BoostKind::None,
-        yield_boost: BoostKind::None,
-        max_rt_prio: 7,
-        cs_rt_prio: 2,
-        max_boost_us: 0,
-        budget_us: 0,
-        ..Caps::default()
-    }
+    common::cs_boost_caps()
 }
 
 #[test]

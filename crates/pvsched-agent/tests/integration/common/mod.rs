@@ -17,6 +17,21 @@ pub fn agent() -> pvsched_agent::Agent {
     .expect("agent loads")
 }
 
+/// Caps under which a guest's critical section alone boosts a vCPU (RT
+/// priority 2, at most 7), with no halt or yield boost and no boost
+/// length or budget limit: what a test of one boost needs.
+pub fn cs_boost_caps() -> pvsched_policy::Caps {
+    pvsched_policy::Caps {
+        halt_boost: pvsched_policy::BoostKind::None,
+        yield_boost: pvsched_policy::BoostKind::None,
+        max_rt_prio: 7,
+        cs_rt_prio: 2,
+        max_boost_us: 0,
+        budget_us: 0,
+        ..pvsched_policy::Caps::default()
+    }
+}
+
 /// Whether real BPF works here. Missing: panic under PVSCHED_REQUIRE_REAL=1,
 /// else print SKIP and return false.
 pub fn need_bpf(test: &str) -> bool {
