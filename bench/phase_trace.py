@@ -51,11 +51,11 @@ from stall_trace import parse  # noqa: E402
 
 # sched_setattr calls this close together are one phase change.
 EDGE_GAP_S = 0.0005
-MARK = re.compile(r"^\s*.+?-\d+\s+\[\d+\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
-                  r"tracing_mark_write: s6 (?P<what>start|end|vm) (?P<run>.+?)\s*$")
+# A trace line up to its event: "COMM-TID [CPU] FLAGS TS: ".
+RECORD = r"^\s*.+?-\d+\s+\[\d+\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
+MARK = re.compile(RECORD + r"tracing_mark_write: s6 (?P<what>start|end|vm) (?P<run>.+?)\s*$")
 VCPU = re.compile(r"^CPU \d+/(TCG|KVM)$")
-SETATTR = re.compile(r"^\s*.+?-\d+\s+\[\d+\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
-                     r"sys_sched_setattr\(pid: (?:0x)?(?P<pid>[0-9a-f]+),")
+SETATTR = re.compile(RECORD + r"sys_sched_setattr\(pid: (?:0x)?(?P<pid>[0-9a-f]+),")
 
 
 def load(path):
@@ -314,7 +314,9 @@ def vms(vcpus):
 
 def together(switches, tids, lo=-math.inf, hi=math.inf):
     """One VM's vCPU time on a CPU (s) between `lo` and `hi`, and the share
-    of it with all its vCPUs on a CPU at once (None with no vCPU time)."""
+    of it with all its vCPUs on a CPU at once (None with no vCPU time).
+    `switches` may be only those of the VM's threads (see
+    together_by_run)."""
     on = set()
     t = None
     vcpu_s = all_s = 0.0
@@ -345,6 +347,8 @@ def together(switches, tids, lo=-math.inf, hi=math.inf):
 def together_by_run(switches, tids, runs):
     """together() for each workload run (bench/s6.py's trace marks) in
     which this VM's vCPUs ran, or for the whole trace without marks."""
+    # The VM's own switches, picked once for all its runs.
+    switches = [s for s in switches if s[5] is not None and (s[2] in tids or s[5] in tids)]
     if not runs:
         vcpu_s, share = together(switches, tids)
         return [{"run": "whole trace", "vcpu_s": vcpu_s, "together_share": share}]

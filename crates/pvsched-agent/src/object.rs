@@ -138,23 +138,28 @@ impl PolicyView {
     /// read from the mapped array with no system call (each word atomic;
     /// a boost changing meanwhile is seen at the next read).
     pub fn vcpu_boost(&self, gid: u32) -> Option<(u32, u32, i32)> {
-        let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
-        let words = self.vcpus_map.words();
-        let word = |off: usize| words.load(base + off, std::sync::atomic::Ordering::Relaxed);
         Some((
-            word(std::mem::offset_of!(PvsVcpu, tid)),
-            word(std::mem::offset_of!(PvsVcpu, boost)),
-            word(std::mem::offset_of!(PvsVcpu, boost_prio)) as i32,
+            self.vcpu_word(gid, std::mem::offset_of!(PvsVcpu, tid))?,
+            self.vcpu_word(gid, std::mem::offset_of!(PvsVcpu, boost))?,
+            self.vcpu_word(gid, std::mem::offset_of!(PvsVcpu, boost_prio))? as i32,
         ))
     }
 
     /// Whether the policy holds the thread throttled now (no boost until
     /// its throttle ends), read from the mapped array.
     pub fn vcpu_throttled(&self, gid: u32) -> Option<bool> {
+        Some(self.vcpu_word(gid, std::mem::offset_of!(PvsVcpu, throttled))? != 0)
+    }
+
+    /// The 32-bit word at byte offset `off` of thread `gid`'s element of
+    /// the mapped `vcpus` array (an atomic read), None for a gid outside it.
+    fn vcpu_word(&self, gid: u32, off: usize) -> Option<u32> {
         let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
-        let words = self.vcpus_map.words();
-        let off = base + std::mem::offset_of!(PvsVcpu, throttled);
-        Some(words.load(off, std::sync::atomic::Ordering::Relaxed) != 0)
+        Some(
+            self.vcpus_map
+                .words()
+                .load(base + off, std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Until when (`CLOCK_MONOTONIC` ns) the policy holds the thread
