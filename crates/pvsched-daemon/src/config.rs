@@ -8,7 +8,7 @@
 //! runtime_dir = ""              # ledger and detached VMs: "" = the socket's directory
 //! socket_group = "kvm"          # may connect and register its own VMs
 //! vm_dir = "/etc/pvsched/vms"
-//! require_vm_file = false       # true: only VMs with a file are served
+//! require_vm_file = false       # true: clients other than root need a VM file
 //! metrics_listen = "127.0.0.1:9848"
 //! metrics_token_file = ""       # bearer token for scrapes; VM names need it
 //! client_timeout_ms = 5000
@@ -86,7 +86,9 @@ pub struct Config {
     pub socket_group: String,
     /// Directory of per-VM caps files (`<name>.toml`).
     pub vm_dir: PathBuf,
-    /// Serve only VMs that have a caps file (per-VM opt-in).
+    /// Serve clients other than root only for VMs that have a caps file
+    /// (per-VM opt-in; root's registrations opt in by domain metadata or
+    /// Nova flavor).
     pub require_vm_file: bool,
     /// `host:port` for Prometheus scrapes over HTTP (`""`: off).
     pub metrics_listen: String,

@@ -228,7 +228,7 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
     let mut gone = Family::new(
         "pvsched_unregistrations_total",
         "counter",
-        "Registrations ended, by reason: vmm_exited (the VMM process ended while registered), connection_closed, request, failed, shutdown.",
+        "Registrations ended, by reason: vmm_exited (the VMM process ended while registered), connection_closed, request, failed, shutdown, superseded (root took the name of an unprivileged VMM's VM that no VM file bound to it).",
     );
     for (reason, n) in d.0.unregistrations.by_reason() {
         gone.add(format!("reason=\"{reason}\""), n as f64);

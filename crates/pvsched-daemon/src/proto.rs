@@ -303,6 +303,12 @@ pub struct Unregistrations {
     pub failed: u64,
     /// pvschedd stopped (detached VMs are registered again by the next).
     pub shutdown: u64,
+    /// Root registered the name (or reserved its device region) while an
+    /// unprivileged VMM held it without a VM file binding the name to
+    /// that VMM: names are the operator's, so the squatter's
+    /// registration ended.
+    #[serde(default)]
+    pub superseded: u64,
 }
 
 /// Why a registration ended.
@@ -318,6 +324,8 @@ pub enum UnregisterReason {
     Failed,
     /// See [`Unregistrations::shutdown`].
     Shutdown,
+    /// See [`Unregistrations::superseded`].
+    Superseded,
 }
 
 impl Unregistrations {
@@ -329,18 +337,20 @@ impl Unregistrations {
             UnregisterReason::Request => &mut self.request,
             UnregisterReason::Failed => &mut self.failed,
             UnregisterReason::Shutdown => &mut self.shutdown,
+            UnregisterReason::Superseded => &mut self.superseded,
         };
         *c = c.saturating_add(1);
     }
 
     /// `(reason label, count)` for each reason, in a fixed order.
-    pub fn by_reason(&self) -> [(&'static str, u64); 5] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 6] {
         [
             ("vmm_exited", self.vmm_exited),
             ("connection_closed", self.connection_closed),
             ("request", self.request),
             ("failed", self.failed),
             ("shutdown", self.shutdown),
+            ("superseded", self.superseded),
         ]
     }
 }

@@ -82,16 +82,31 @@ impl Registry {
         }
     }
 
-    /// VM `name`'s device region for its device process: the registered VM's
-    /// own region, the one reserved earlier, or a new one.
+    /// VM `name`'s device region for its device process (root's request):
+    /// the region of the VM root registered (its device process started
+    /// again, or a detached VM registered again after a restart), the one
+    /// reserved earlier, or a new one. A region an unprivileged VMM got
+    /// with its own registration is that VMM's: it is never handed to
+    /// another process (the server first ends a squatter's registration,
+    /// [`Registry::squatter`]).
     pub(crate) fn reserve(&mut self, name: &str) -> Result<(Reply, OwnedFd), Reply> {
         let region = match (self.vms.get(name), self.reserved.get(name)) {
-            (Some(vm), _) => vm.handle.region().ok_or_else(|| {
+            (Some(vm), _) if vm.uid == 0 => vm.handle.region().ok_or_else(|| {
                 Reply::error(
                     ErrorKind::Exists,
                     format!("VM {name} is registered without a device region"),
                 )
             })?,
+            (Some(vm), _) => {
+                return Err(Reply::error(
+                    ErrorKind::Exists,
+                    format!(
+                        "VM {name} is registered by the VMM process {} (uid {}), which its VM \
+                         file admits: its region is that VMM's own",
+                        vm.pid, vm.uid
+                    ),
+                ));
+            }
             (None, Some(r)) => r.clone(),
             (None, None) => {
                 if self.reserved.len() >= MAX_RESERVED {
@@ -122,6 +137,16 @@ impl Registry {
         ))
     }
 
+    /// The VMM (pid, uid) of VM `name` if an unprivileged client holds the
+    /// name without a VM file binding it: such a name is anyone's first
+    /// come, and root (the libvirt hook, `qemu-attach`, a device process
+    /// asking for its region) takes it over. A name with a file is bound
+    /// to the VMMs the file admits and is never taken over.
+    pub(crate) fn squatter(&self, name: &str) -> Option<(u32, u32)> {
+        let vm = self.vms.get(name).filter(|vm| vm.uid != 0)?;
+        matches!(self.cfg.vm_file_of(name), Ok(None)).then_some((vm.pid, vm.uid))
+    }
+
     /// Checks and registers VM `r` of process `pid` (held by `pidfd`), owned by
     /// connection `conn` unless detached; on success the reply, the region fd
     /// to pass and the name.
@@ -137,6 +162,19 @@ impl Registry {
             return Err(Reply::error(
                 ErrorKind::Exists,
                 format!("a VM named {} is registered already", r.name),
+            ));
+        }
+        // A reservation is root's: the region is served by a device process
+        // root started for this name, and only root's registration may
+        // consume (or replace) it.
+        if uid != 0 && self.reserved.contains_key(&r.name) {
+            return Err(Reply::error(
+                ErrorKind::Denied,
+                format!(
+                    "a device region is reserved for VM {} by root (`pvsched device \
+                     --daemon-region {}`): only root may register that name",
+                    r.name, r.name
+                ),
             ));
         }
         let file = self
@@ -180,7 +218,9 @@ impl Registry {
             }
         }
         let file_caps = file.map(|f| f.caps);
-        if file_caps.is_none() && self.cfg.require_vm_file {
+        // Root's registrations (the libvirt hook's, qemu-attach's) are the
+        // operator's own opt-in, by domain metadata or Nova flavor.
+        if file_caps.is_none() && self.cfg.require_vm_file && uid != 0 {
             return Err(Reply::error(
                 ErrorKind::Denied,
                 format!(
@@ -254,6 +294,8 @@ impl Registry {
             }
             e => Reply::error(ErrorKind::Internal, e.to_string()),
         })?;
+        // Consumed, or replaced by root's registration (the reservation is
+        // root's: a non-root registration never gets this far with one).
         self.reserved.remove(&r.name);
         let (fd, region_len) = match handle.region().filter(|_| send_fd) {
             Some(reg) => match reg.fd() {

@@ -408,6 +408,22 @@ impl Server {
         self.watches.retain(|_, n| n != name);
     }
 
+    /// Root asks for name `name` (a registration, a device region): an
+    /// unprivileged VMM that holds it without a VM file binding it loses
+    /// it. Names are the operator's; without this, any local VMM could
+    /// register a predictable name (a Nova instance's) first and lock its
+    /// real VM out, or be handed the real guest's device region.
+    fn take_over(&mut self, reg: &mut Registry, name: &str) {
+        if let Some((pid, uid)) = reg.squatter(name) {
+            tracing::warn!(
+                vm = %name, pid, uid,
+                "root takes over the name from an unprivileged VMM that no VM file binds to it: \
+                 its registration ends"
+            );
+            self.unregister(reg, name, UnregisterReason::Superseded);
+        }
+    }
+
     /// Watches the VMM of VM `name` (its `pidfd`) for its exit.
     fn watch(&mut self, pidfd: &OwnedFd, name: &str) -> nix::Result<()> {
         let watch = self.next_id;
@@ -577,6 +593,9 @@ impl Server {
                 if !root && let Err(r) = reg.within_quota(peer_uid) {
                     return (r, None);
                 }
+                if root {
+                    self.take_over(&mut reg, &req.name);
+                }
                 let watched = pidfd.clone();
                 match reg.register(req, target, peer_uid, pidfd, conn) {
                     Ok((reply, fd, name)) => {
@@ -635,7 +654,10 @@ impl Server {
                         None,
                     );
                 }
-                match lock(&self.registry).reserve(&name) {
+                let registry = self.registry.clone();
+                let mut reg = lock(&registry);
+                self.take_over(&mut reg, &name);
+                match reg.reserve(&name) {
                     Ok((reply, fd)) => (reply, Some(fd)),
                     Err(r) => (r, None),
                 }

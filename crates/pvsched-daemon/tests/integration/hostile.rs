@@ -12,7 +12,7 @@ use common::{FakeVcpu, need_bpf, wait_for};
 use pvsched_abi::{POLICY_FIFO, POLICY_IDLE, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::sched::{self, SchedAttr};
 use pvsched_daemon::proto::{Region, Vcpu};
-use pvsched_daemon::{Client, ClientError, ErrorKind, RegisterVm};
+use pvsched_daemon::{Client, ClientError, ErrorKind, RegionMap, RegisterVm};
 use pvsched_policy::Caps;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -183,9 +183,10 @@ fn caps_text(spec: &str) -> String {
 
 /// The child side of [`HostileVmm`]; does nothing in a normal test run.
 /// Commands (one per line): `threads N`, `register NAME IDX,IDX.. CAPS|-`
-/// (caps as `k = v; k = v`), `boost NAME`, `hold` (fork a process that
-/// keeps this one's connection open), `exec IDX` (that thread calls
-/// execve), `foreign NAME TID` (register another process's thread).
+/// (caps as `k = v; k = v`), `boost NAME`, `peek NAME` (vCPU 0's guest
+/// half in its region), `hold` (fork a process that keeps this one's
+/// connection open), `exec IDX` (that thread calls execve), `foreign NAME
+/// TID` (register another process's thread).
 #[test]
 fn hostile_vmm_child() {
     if std::env::var("PVSCHED_HOSTILE_VMM").as_deref() != Ok("1") {
@@ -315,6 +316,15 @@ fn hostile_vmm_child() {
                 Ok(text) => println!("HOSTILE METRICS bytes={}", text.len()),
                 Err(e) => println!("HOSTILE ERROR {e}"),
             },
+            "peek" => {
+                // What this VMM's region shows in vCPU 0's guest half.
+                let (region, nr) = &regions[rest];
+                let words = region.as_ref().unwrap().words();
+                match pvsched_abi::seq::read_guest(&words, *nr, 0) {
+                    Some(g) => println!("HOSTILE PEEK policy={} rt_prio={}", g.policy, g.rt_prio),
+                    None => println!("HOSTILE PEEK none"),
+                }
+            }
             "exec" => {
                 threads[rest.parse::<usize>().unwrap()]
                     .exec
@@ -653,5 +663,158 @@ fn vm_names_are_bound_to_their_vmms() {
     })
     .expect("the victim's owner registers it");
     root.unregister("victim").unwrap();
+    by.check("after the name squatting");
+}
+
+/// The registration root makes for a thread of its own, as the libvirt
+/// hook does for a QEMU it found (root, with the process named).
+fn root_registration(name: &str, tid: u32, region: Region, detach: bool) -> RegisterVm {
+    RegisterVm {
+        name: name.into(),
+        vcpus: vec![Vcpu { tid, apic_id: 0 }],
+        emulator_tids: vec![],
+        region,
+        caps: None,
+        pid: detach.then(std::process::id),
+        detach,
+    }
+}
+
+/// A VM's device region belongs to one owner. An unprivileged VMM that
+/// registers the name of a VM with no file (region "device") before root
+/// starts that VM's device process (`pvsched device --daemon-region`) is
+/// never handed to it: root's reservation ends the squatter's
+/// registration and gets a fresh region, whose bytes (the real guest's)
+/// the squatter never sees; the squatter cannot register the reserved
+/// name, nor drop root's reservation by trying; root's registration then
+/// consumes it, and the name stays root's.
+#[test]
+fn a_squatter_never_gets_or_holds_a_vms_device_region() {
+    let test = "a_squatter_never_gets_or_holds_a_vms_device_region";
+    if !need_root_and_nobody(test) {
+        return;
+    }
+    let by = Bystanders::new();
+    let d = Daemon::start_for("hostile-region", NOGROUP, MAX);
+    let mut vmm = HostileVmm::start(&d.socket);
+    vmm.threads(1);
+    assert_eq!(vmm.ask("register guest-a 0 -"), "OK");
+    // The squatter's own guest half says FIFO 99 (what it would feed the
+    // real guest, or read back from it).
+    assert_eq!(vmm.ask("boost guest-a"), "BOOSTING");
+    let mut root = d.client();
+    let (fd, len) = root.reserve("guest-a").expect("root reserves the name");
+    let region = RegionMap::new(fd, len).unwrap();
+    // SAFETY: `len` bytes mapped, live for this scope.
+    let fresh = unsafe { std::slice::from_raw_parts(region.as_ptr(), len as usize) }
+        .iter()
+        .all(|&b| b == 0);
+    assert!(
+        fresh,
+        "root's device process was handed the squatter's region"
+    );
+    let (daemon, vms) = root.status().unwrap();
+    assert!(vms.is_empty(), "the squatter's registration did not end");
+    assert_eq!(daemon.unregistrations.superseded, 1);
+    // The real guest writes its slot: the squatter's map does not show it.
+    assert!(region.write_guest(
+        1,
+        0,
+        &SlotGuest {
+            policy: POLICY_FIFO,
+            rt_prio: 7,
+            ..Default::default()
+        },
+    ));
+    assert_eq!(
+        vmm.ask("peek guest-a"),
+        format!("PEEK policy={POLICY_FIFO} rt_prio=99")
+    );
+    // The reservation is root's: the squatter cannot register the name,
+    // and trying does not drop it.
+    let a = vmm.ask("register guest-a 0 -");
+    assert!(
+        a.starts_with("REFUSED denied:") && a.contains("reserved"),
+        "{a}"
+    );
+    let (fd2, len2) = root.reserve("guest-a").unwrap();
+    let again = RegionMap::new(fd2, len2).unwrap();
+    let seen = pvsched_abi::seq::read_guest(&again.words(), 1, 0).unwrap();
+    assert_eq!(
+        (seen.policy, seen.rt_prio),
+        (POLICY_FIFO, 7),
+        "reservation lost"
+    );
+    // Root's registration consumes it; the name is root's from then on.
+    root.register(root_registration(
+        "guest-a",
+        by.threads[0].tid,
+        Region::Reserved,
+        false,
+    ))
+    .expect("root registers the VM with its reserved region");
+    let a = vmm.ask("register guest-a 0 -");
+    assert!(a.starts_with("REFUSED exists:"), "{a}");
+    root.unregister("guest-a").unwrap();
+    by.check("after the region squatting");
+}
+
+/// Predictable names (Nova's `instance-0000002a`) cannot be squatted:
+/// an unprivileged VMM that registers one first loses it, threads
+/// restored, when root's hook registers the domain, even with
+/// `require_vm_file = true` and no file for the name (root's
+/// registrations are the operator's own opt-in: a Nova flavor's caps);
+/// the unprivileged VMM still cannot register without a file.
+#[test]
+fn root_takes_a_squatted_name_back() {
+    let test = "root_takes_a_squatted_name_back";
+    if !need_root_and_nobody(test) {
+        return;
+    }
+    let by = Bystanders::new();
+    let d = Daemon::start_for("hostile-squat", NOGROUP, "");
+    let mut vmm = HostileVmm::start(&d.socket);
+    let tids = vmm.threads(1);
+    let name = "instance-0000002a";
+    assert_eq!(vmm.ask(&format!("register {name} 0 max_rt_prio = 4")), "OK");
+    assert_eq!(vmm.ask(&format!("boost {name}")), "BOOSTING");
+    wait_for("the squatter's thread boosted", LIMIT, || {
+        Some(attr(tids[0])).filter(|a| a.policy == POLICY_FIFO)
+    });
+    let mut root = d.client();
+    root.register(root_registration(
+        name,
+        by.threads[0].tid,
+        Region::None,
+        true,
+    ))
+    .expect("the hook's registration takes the name back");
+    wait_for("the squatter's thread restored", LIMIT, || {
+        Some(attr(tids[0])).filter(|a| a.policy == POLICY_NORMAL)
+    });
+    let (daemon, vms) = root.status().unwrap();
+    assert_eq!(vms.len(), 1);
+    assert_eq!(vms[0].pid, std::process::id(), "the name is root's VM's");
+    assert_eq!(daemon.unregistrations.superseded, 1);
+    let a = vmm.ask(&format!("register {name} 0 -"));
+    assert!(a.starts_with("REFUSED exists:"), "{a}");
+    root.unregister(name).unwrap();
+    drop(d);
+
+    // The same with the operator requiring a file for every VM.
+    let d = Daemon::start_for("hostile-squat-file", NOGROUP, "require_vm_file = true\n");
+    let mut vmm = HostileVmm::start(&d.socket);
+    vmm.threads(1);
+    let a = vmm.ask(&format!("register {name} 0 -"));
+    assert!(a.starts_with("REFUSED denied:"), "{a}");
+    let mut root = d.client();
+    root.register(root_registration(
+        name,
+        by.threads[0].tid,
+        Region::None,
+        true,
+    ))
+    .expect("root's registration needs no file (its caps came from the flavor)");
+    root.unregister(name).unwrap();
     by.check("after the name squatting");
 }
