@@ -116,14 +116,20 @@ pub struct AgentConfig {
     pub ledger: Option<std::path::PathBuf>,
     /// Largest share of the host's CPUs, percent, that all co-scheduling
     /// VMs together may hold in their co-scheduled phases (caps
-    /// `cosched_us`): phases set as a number fit whole in VM-id order or
-    /// are not placed; "auto" phases share the rest, cut in proportion
-    /// when they do not fit. pvschedd: `[max] max_cosched_host_pct`.
+    /// `cosched_us`): phases set as a number come first, each cut in the
+    /// same proportion when together they do not fit; "auto" phases share
+    /// the rest, cut the same way. pvschedd: `[max] max_cosched_host_pct`.
     pub cosched_host_pct: u32,
     /// Largest share of its period, percent, that one VM's phase may
     /// hold when its `cosched_us` is `"auto"` (a number is checked when
     /// it is set). pvschedd: `[max] max_cosched_pct`.
     pub cosched_max_pct: u32,
+    /// Longest co-scheduled phase, µs, any VM holds: an `"auto"` phase
+    /// never grows beyond it nor beyond its VM's `max_boost_us` (unless
+    /// that is 0), and a number above either is cut to it (pvschedd
+    /// refuses such a number when it is set). pvschedd: `[max]
+    /// max_cosched_phase_us`.
+    pub cosched_max_phase_us: u64,
 }
 
 impl Default for AgentConfig {
@@ -140,6 +146,7 @@ impl Default for AgentConfig {
             ledger: None,
             cosched_host_pct: 80,
             cosched_max_pct: 75,
+            cosched_max_phase_us: pvsched_policy::CapsLimit::default().max_cosched_phase_us,
         }
     }
 }

@@ -120,14 +120,16 @@ fn vcpus_move_together_between_the_phases_and_get_their_baselines_back() {
     assert_eq!((a.attr(), b.attr(), emu.attr()), base);
 }
 
+/// Fixed phases that together exceed the host-wide limit are cut in the
+/// same proportion: the VM registered first no longer takes the room of
+/// the one registered after it.
 #[test]
-fn vms_beyond_the_host_wide_share_are_not_co_scheduled() {
-    if !need_bpf("vms_beyond_the_host_wide_share_are_not_co_scheduled") {
+fn fixed_phases_beyond_the_host_wide_share_are_cut_alike() {
+    if !need_bpf("fixed_phases_beyond_the_host_wide_share_are_cut_alike") {
         return;
     }
-    // The host-wide limit set to exactly what one 2-vCPU VM's phase (half
-    // of each period) holds of this host's CPUs: the first VM fits, the
-    // second would go above it.
+    // The host-wide limit set to what one 2-vCPU VM's phase (half of each
+    // period) holds of this host's CPUs: two such VMs ask for twice that.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let one_vm_pct = 50 * 2.min(cpus) / cpus;
     let agent = Agent::load(AgentConfig {
@@ -138,20 +140,19 @@ fn vms_beyond_the_host_wide_share_are_not_co_scheduled() {
     .expect("agent loads");
     let first = idle_pair();
     let second = idle_pair();
-    let base = second[0].attr();
-    let _vm1 = common::device_vm(&agent, &[first[0].tid, first[1].tid], &[], caps(10_000));
+    let vm1 = common::device_vm(&agent, &[first[0].tid, first[1].tid], &[], caps(10_000));
     let vm2 = common::device_vm(&agent, &[second[0].tid, second[1].tid], &[], caps(10_000));
-    wait_for("the first VM's co-scheduled phase", LIMIT, || {
-        Some(first[0].attr()).filter(|s| s.policy == POLICY_FIFO)
+    let phases = wait_for("both VMs' phases", LIMIT, || {
+        Some((vm1.stats().cosched_now_us, vm2.stats().cosched_now_us))
+            .filter(|(a, b)| *a > 0 && *b > 0)
     });
+    assert_eq!(phases.0, phases.1, "cut alike: {phases:?}");
+    assert!(phases.0 <= 5_000, "each at most half its ask: {phases:?}");
     let (on, off, _, n) = sample(&second[0], &second[1], Duration::from_millis(200));
-    assert_eq!(
-        (on, off),
-        (0, 0),
-        "the second VM is left alone ({n} samples)"
+    assert!(
+        on > 0 && off > 0,
+        "the second VM is co-scheduled too: {on} on, {off} off of {n}"
     );
-    assert_eq!(second[0].attr(), base);
-    assert_eq!(vm2.stats().vcpus[0].phase_changes, 0);
 }
 
 /// The longest stretch, ms, in which some VM of `vms` was in its phase
@@ -384,4 +385,50 @@ fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
         rt[0].attr().policy == POLICY_FIFO || rt[0].attr() == base,
         "vCPU 0 at its baseline or the policy's RT boost, never nice 19"
     );
+}
+
+/// An "auto" VM's phase never exceeds the agent's phase limit (pvschedd:
+/// `[max] max_cosched_phase_us`), set here a little below the share this
+/// VM is owed, so that the limit is what holds the phase: the phase the
+/// agent reports, sampled every few ms over several windows, is never
+/// above it, and the VM is co-scheduled (cut to the limit, not left out).
+#[test]
+fn an_auto_phase_never_exceeds_the_phase_limit() {
+    if !need_bpf("an_auto_phase_never_exceeds_the_phase_limit") {
+        return;
+    }
+    let (cpus, _hogs) = overcommit();
+    // Two spinning vCPUs beside 2·C spinning hogs on C CPUs: owed
+    // 2·C / (2·C + 2) CPUs on min(2, C), at most this share of the period
+    // (less if this host runs more).
+    let owed = 2.0 * cpus as f64 / (2 * cpus + 2) as f64 / 2.min(cpus) as f64;
+    let period_us = 20_000u64;
+    // 2 % of the period below it: within the 5 % above its limit at
+    // which a VM is still co-scheduled at the limit.
+    let limit_us = ((owed - 0.02) * period_us as f64) as u64;
+    let agent = Agent::load(AgentConfig {
+        handle_signals: false,
+        cosched_max_phase_us: limit_us,
+        ..AgentConfig::default()
+    })
+    .expect("agent loads");
+    let busy = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let vm = common::device_vm(&agent, &[busy[0].tid, busy[1].tid], &[], auto_caps());
+    let first = wait_for("the VM's measured phase", LIMIT, || {
+        Some(vm.stats().cosched_now_us).filter(|us| *us > 0)
+    });
+    let (mut most, mut seen) = (first, 0u32);
+    let end = Instant::now() + Duration::from_millis(3_000);
+    while Instant::now() < end {
+        let now_us = vm.stats().cosched_now_us;
+        assert!(
+            now_us <= limit_us,
+            "phase {now_us} µs above the limit {limit_us} µs"
+        );
+        most = most.max(now_us);
+        seen += u32::from(now_us > 0);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!("auto phase under a {limit_us} µs limit: at most {most} µs, {seen} samples with one");
+    assert!(seen > 0, "co-scheduled at the limit, not left to the host");
 }
