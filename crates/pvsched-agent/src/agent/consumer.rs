@@ -5,6 +5,7 @@
 //! VMs between their phases at each phase's edge.
 
 use super::fairshare::{self, AutoPhase, Window};
+use super::scan::ScanHandle;
 use super::trace_out::TraceOut;
 use super::{AgentConfig, Inner, owned_fd};
 use crate::applier::Phase;
@@ -98,15 +99,31 @@ fn watched(inner: &Inner, view: &PolicyView, now: u64) -> bool {
     })
 }
 
-pub(super) fn consumer(
-    inner: Arc<Inner>,
-    view: PolicyView,
-    mut ring: aya::maps::RingBuf<aya::maps::MapData>,
-    reeval_fd: OwnedFd,
-    wake: OwnedFd,
-    cfg: AgentConfig,
-    mut trace: TraceOut,
-) {
+/// What the applier thread reads from and writes to, its own.
+pub(super) struct Ends {
+    /// The policy's maps, read-only.
+    pub view: PolicyView,
+    /// The decision ring.
+    pub ring: aya::maps::RingBuf<aya::maps::MapData>,
+    /// The policy program run on each tick.
+    pub reeval_fd: OwnedFd,
+    /// Written to end the applier's wait ([`Inner::wake_applier`]).
+    pub wake: OwnedFd,
+    /// The decision trace.
+    pub trace: TraceOut,
+    /// The host-thread scan's windows ([`super::scan`]).
+    pub scan: ScanHandle,
+}
+
+pub(super) fn consumer(inner: Arc<Inner>, ends: Ends, cfg: AgentConfig) {
+    let Ends {
+        view,
+        mut ring,
+        reeval_fd,
+        wake,
+        mut trace,
+        scan,
+    } = ends;
     inner.applier_tid.store(sched::gettid(), Ordering::Relaxed);
     if cfg.consumer_rt_prio > 0 {
         let attr = SchedAttr {
@@ -169,6 +186,7 @@ pub(super) fn consumer(
         host_permille: u64::from(cfg.cosched_host_pct.min(100)) * 10,
         max_share: f64::from(cfg.cosched_max_pct.min(100)) / 100.0,
         max_phase_us: cfg.cosched_max_phase_us,
+        scan: Some(scan),
         ..Cosched::default()
     };
     // Whether the last tick found a VM to tick; while none was there and
@@ -351,19 +369,15 @@ struct Cosched {
     /// The longest phase any VM holds, µs (`[max] max_cosched_phase_us`;
     /// each VM's `max_boost_us` bounds its own too).
     max_phase_us: u64,
+    /// The "auto" VMs' phases.
+    auto: HashMap<u32, AutoPhase>,
+    /// The host-thread scan's windows ([`super::scan`]): taken, never
+    /// waited for.
+    scan: Option<ScanHandle>,
     /// VMs whose phase set as a number is cut to fit the host-wide limit,
     /// as last logged.
     cut: Vec<u32>,
-    /// The "auto" VMs' phases.
-    auto: HashMap<u32, AutoPhase>,
-    /// When the measuring window under way started and every host
-    /// thread's figures then ([`fairshare::all_threads`]); None while no
-    /// VM is "auto".
-    host_last: Option<(u64, Vec<ThreadFigures>)>,
 }
-
-/// A thread's (tid, run + wait ns, run ns) ([`fairshare::all_threads`]).
-type ThreadFigures = (u32, u64, u64);
 
 impl Cosched {
     /// Moves every vCPU thread of every co-scheduling VM to its phase now
@@ -555,12 +569,13 @@ impl Cosched {
     }
 
     /// Every tick: ends the phase of an "auto" VM that has become
-    /// latency-sensitive and, once a measuring window is over, sets every
-    /// "auto" VM's share from it ([`fairshare`]).
+    /// latency-sensitive and, once the scan thread has a measuring window
+    /// ([`super::scan`]), sets every "auto" VM's share from it
+    /// ([`fairshare`]). Reads no file and never waits for the scan: its
+    /// work is a binary search per "auto" vCPU thread.
     fn measure(&mut self, inner: &Inner, view: &PolicyView, now: u64) {
         // (VM id, its live vCPU threads' (gid, tid), halt_always, the
-        // largest share of its period its phase may hold), copied so that
-        // no file is read under the registry's lock.
+        // largest share of its period its phase may hold).
         type AutoSpec = (u32, Vec<(u32, u32)>, bool, f64);
         let autos: Vec<AutoSpec> = {
             let reg = inner.reg.lock();
@@ -586,8 +601,11 @@ impl Cosched {
                 .collect()
         };
         self.auto.retain(|id, _| autos.iter().any(|a| a.0 == *id));
+        let Some(scan) = &self.scan else {
+            return;
+        };
+        scan.want(!autos.is_empty());
         if autos.is_empty() {
-            self.host_last = None;
             return;
         }
         // Each "auto" VM: some vCPU latency-sensitive now.
@@ -606,39 +624,29 @@ impl Cosched {
         for ((id, ..), _) in autos.iter().zip(&ls).filter(|(_, ls)| **ls) {
             self.auto.entry(*id).or_default().latency_sensitive();
         }
-        let start = match self.host_last.take() {
-            Some((start, host)) if now.saturating_sub(start) >= fairshare::WINDOW_NS => {
-                (start, host)
-            }
-            Some(last) => {
-                self.host_last = Some(last);
-                return;
-            }
-            None => {
-                self.host_last = Some((now, fairshare::all_threads()));
-                return;
-            }
+        let Some(host) = scan.take() else {
+            return;
         };
-        let host = fairshare::all_threads();
-        let dt_ns = now.saturating_sub(start.0);
-        let cpus = self.host_cpus.max(1) as f64;
-        // The VMs' vCPU threads are among the host's: one read serves both.
-        let threads_now = fairshare::host_threads(&start.1, &host, dt_ns);
-        let demands = fairshare::Demands::new(&threads_now, cpus);
-        let (level, host_demand) = fairshare::fair_level(&demands.demands, cpus);
         for ((id, threads, _, max_share), ls) in autos.iter().zip(ls) {
+            let phase = self.auto.entry(*id).or_default();
+            if !host.complete {
+                // Figures of part of the host: the share stays as it was.
+                let share = phase.incomplete();
+                log::debug!("pvsched cosched auto: VM {id}: incomplete window: share {share:.3}");
+                continue;
+            }
             // Only threads read at both ends of the window count.
             let (mut owed, mut got, mut contended) = (0.0f64, 0.0f64, false);
             for (_, tid) in threads {
-                if let Ok(i) = threads_now.binary_search_by_key(tid, |t| t.0) {
-                    let (_, ran, runnable) = threads_now[i];
-                    owed += fairshare::demand(ran, runnable, demands.heavy_ran).min(level);
+                if let Ok(i) = host.threads.binary_search_by_key(tid, |t| t.0) {
+                    let (_, ran, runnable) = host.threads[i];
+                    owed += fairshare::demand(ran, runnable, host.heavy_ran).min(host.level);
                     got += ran;
-                    contended |= fairshare::is_heavy(ran, runnable, demands.heavy_ran);
+                    contended |= fairshare::is_heavy(ran, runnable, host.heavy_ran);
                 }
             }
             let w = Window {
-                host_demand,
+                host_demand: host.host_demand,
                 host_cpus: u32::try_from(self.host_cpus).unwrap_or(u32::MAX),
                 owed,
                 got,
@@ -646,10 +654,12 @@ impl Cosched {
                 latency_sensitive: ls,
                 contended,
             };
-            let share = self.auto.entry(*id).or_default().update(&w, *max_share);
-            log::debug!("pvsched cosched auto: VM {id}: level {level:.3}, {w:?}: share {share:.3}");
+            let share = phase.update(&w, *max_share);
+            log::debug!(
+                "pvsched cosched auto: VM {id}: level {:.3}, {w:?}: share {share:.3}",
+                host.level
+            );
         }
-        self.host_last = Some((now, host));
     }
 }
 

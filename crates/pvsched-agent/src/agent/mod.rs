@@ -9,10 +9,13 @@
 //!
 //! By concern: this file holds the public types, the registry and
 //! registration; `stats` the statistics a VM handle reports; `consumer`
-//! the thread that applies decisions and reconciles every tick.
+//! the thread that applies decisions and reconciles every tick; `scan`
+//! the thread that reads the host's threads for `cosched_us = "auto"`
+//! (`fairshare`), off the applier.
 
 mod consumer;
 mod fairshare;
+mod scan;
 mod stats;
 mod trace_out;
 
@@ -284,6 +287,9 @@ impl Restore for Inner {
 pub struct Agent {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
+    /// The host-thread scan of "auto" co-scheduling; stopped and joined
+    /// after the consumer.
+    scanner: Option<scan::Scanner>,
     /// Joined after the consumer: the trace is whole once it returns.
     trace_writer: Option<trace_out::TraceWriter>,
 }
@@ -386,11 +392,29 @@ impl Agent {
             applier_tid: AtomicU32::new(0),
             wake,
         });
+        // Spawned from the caller's thread, not the applier's (whose
+        // FIFO 99 it would inherit); it lowers itself to nice 10 anyway.
+        let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (scanner, scan) = scan::Scanner::spawn(host_cpus as f64, scan::SCAN_CPU_BUDGET_NS)
+            .map_err(|source| AgentError::Sys {
+                what: "spawn host-thread scan thread",
+                source,
+            })?;
         let inner2 = inner.clone();
         let cfg2 = cfg.clone();
         let thread = std::thread::Builder::new()
             .name("pvsched-apply".into())
-            .spawn(move || consumer(inner2, view, ring, reeval_fd, wake2, cfg2, trace))
+            .spawn(move || {
+                let ends = consumer::Ends {
+                    view,
+                    ring,
+                    reeval_fd,
+                    wake: wake2,
+                    trace,
+                    scan,
+                };
+                consumer(inner2, ends, cfg2)
+            })
             .map_err(|source| AgentError::Sys {
                 what: "spawn consumer thread",
                 source,
@@ -410,6 +434,7 @@ impl Agent {
         Ok(Agent {
             inner,
             thread: Some(thread),
+            scanner: Some(scanner),
             trace_writer,
         })
     }
@@ -615,6 +640,13 @@ impl Agent {
         self.inner.applier_tid.load(Ordering::Relaxed)
     }
 
+    /// The TID of the host-thread scan ("pvsched-scan", SCHED_OTHER nice
+    /// 10), which reads every host thread's figures for `cosched_us =
+    /// "auto"` off the applier. 0 until it runs.
+    pub fn scan_tid(&self) -> u32 {
+        self.scanner.as_ref().map_or(0, |s| s.tid())
+    }
+
     /// Restores every boosted thread now (all VMs).
     pub fn restore_all(&self) {
         let mut r = self.inner.reg.lock();
@@ -631,6 +663,7 @@ impl Drop for Agent {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        drop(self.scanner.take());
         self.restore_all();
         if let Some(w) = self.trace_writer.take() {
             w.join();
