@@ -432,3 +432,112 @@ fn an_auto_phase_never_exceeds_the_phase_limit() {
     println!("auto phase under a {limit_us} µs limit: at most {most} µs, {seen} samples with one");
     assert!(seen > 0, "co-scheduled at the limit, not left to the host");
 }
+
+/// `n` threads of this process that sleep until dropped: a host with
+/// many threads, each of which the "auto" scan reads.
+struct Sleepers {
+    stop: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Sleepers {
+    fn spawn(n: usize) -> Sleepers {
+        let stop = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .stack_size(64 * 1024)
+                    .spawn(move || {
+                        let (lock, cv) = &*stop;
+                        let mut done = lock.lock().unwrap();
+                        while !*done {
+                            done = cv.wait(done).unwrap();
+                        }
+                    })
+                    .expect("sleeper thread")
+            })
+            .collect();
+        Sleepers { stop, threads }
+    }
+}
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        *self.stop.0.lock().unwrap() = true;
+        self.stop.1.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The host-thread scan of "auto" runs off the applier: on its own
+/// thread at SCHED_OTHER nice 10 (read back), and with 5 000 more threads
+/// on the host the applier's own CPU time over two windows is a small
+/// part of what the scan thread spends reading them (before, the applier
+/// did that read itself at FIFO 99), while a throttle of another VM is
+/// still applied meanwhile.
+#[test]
+fn the_host_thread_scan_runs_off_the_applier() {
+    if !need_bpf("the_host_thread_scan_runs_off_the_applier") {
+        return;
+    }
+    let agent = common::agent();
+    let scan = wait_for("the scan thread", LIMIT, || {
+        Some(agent.scan_tid()).filter(|t| *t != 0)
+    });
+    let attr = sched::get(scan).expect("the scan thread's attributes");
+    assert_eq!(
+        (attr.policy, attr.nice),
+        (POLICY_NORMAL, 10),
+        "the scan thread runs at SCHED_OTHER nice 10, never RT"
+    );
+    let applier = wait_for("the applier thread", LIMIT, || {
+        Some(agent.applier_tid()).filter(|t| *t != 0)
+    });
+    let _sleepers = Sleepers::spawn(5_000);
+    // An "auto" VM (the scan reads only while one exists) and a VM whose
+    // guest asks for a boost forever on a spinning vCPU: throttled again
+    // and again, each time by the applier.
+    let auto = idle_pair();
+    let _auto_vm = common::device_vm(&agent, &[auto[0].tid, auto[1].tid], &[], auto_caps());
+    let spinner = FakeVcpu::spawn_busy(2);
+    let greedy = Caps {
+        max_boost_us: 20_000,
+        throttle_us: 100_000,
+        ..common::cs_boost_caps()
+    };
+    let vm = common::one_vcpu_vm(&agent, spinner.tid, greedy);
+    vm.region().unwrap().write_guest(
+        1,
+        0,
+        &pvsched_abi::SlotGuest {
+            kern_cs: pvsched_abi::CS_HARDIRQ,
+            ..Default::default()
+        },
+    );
+    // The scan has read the host once.
+    wait_for("the scan's first read", LIMIT, || {
+        Some(ran_ns(scan)).filter(|ns| *ns > 1_000_000)
+    });
+    let (scan0, applier0) = (ran_ns(scan), ran_ns(applier));
+    let throttles0 = vm.stats().vcpus[0].throttles;
+    std::thread::sleep(Duration::from_millis(2_500));
+    let scan_ns = ran_ns(scan) - scan0;
+    let applier_ns = ran_ns(applier) - applier0;
+    let throttles = vm.stats().vcpus[0].throttles - throttles0;
+    println!(
+        "over 2.5 s with 5 000 more threads: scan {} µs of CPU, applier {} µs, \
+         {throttles} throttles",
+        scan_ns / 1000,
+        applier_ns / 1000
+    );
+    assert!(
+        applier_ns * 3 < scan_ns,
+        "the applier ({applier_ns} ns) does not read the host's threads (the scan: {scan_ns} ns)"
+    );
+    assert!(throttles > 0, "the spinning VM was throttled meanwhile");
+    // The scan stays a SCHED_OTHER thread throughout.
+    assert_eq!(sched::get(scan).unwrap().policy, POLICY_NORMAL);
+}
