@@ -511,9 +511,9 @@ impl Cosched {
         if left_out != self.left_out {
             if !left_out.is_empty() {
                 log::warn!(
-                    "pvsched: VM id(s) {left_out:?} not co-scheduled: their phases would take \
-                     the co-scheduling VMs above {} % of the host's CPUs \
-                     ([max] max_cosched_host_pct)",
+                    "pvsched: VM id(s) {left_out:?} not co-scheduled: their phases, cut to \
+                     fit {} % of the host's CPUs ([max] max_cosched_host_pct), would be \
+                     shorter than {MIN_FITTED_US} µs",
                     self.host_permille / 10
                 );
             }
