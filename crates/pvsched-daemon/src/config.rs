@@ -407,6 +407,49 @@ mod tests {
         assert!(e.to_string().contains("unknown field"), "{e}");
     }
 
+    /// The co-scheduling time limits of `[max]` are read, range-checked
+    /// naming the key, and bound the default caps like every other key.
+    #[test]
+    fn the_cosched_time_limits_bound_the_defaults() {
+        let p = Path::new("x.toml");
+        let c = Config::parse(
+            "[max]\nmax_cosched_period_us = 50000\nmax_cosched_phase_us = 10000\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.max.max_cosched_period_us, c.max.max_cosched_phase_us),
+            (50_000, 10_000)
+        );
+        for (bad, key) in [
+            (
+                "[max]\nmax_cosched_period_us = 999\n",
+                "max_cosched_period_us",
+            ),
+            (
+                "[max]\nmax_cosched_period_us = 10000\nmax_cosched_phase_us = 20000\n",
+                "max_cosched_phase_us",
+            ),
+            // Default caps above the limits.
+            (
+                "[defaults]\ncosched_period_us = 1000000\n",
+                "cosched_period_us",
+            ),
+            (
+                "[max]\nmax_cosched_phase_us = 5000\n[defaults]\ncosched_us = 10000\n",
+                "cosched_us",
+            ),
+            // A phase is bounded by the defaults' own max_boost_us too.
+            (
+                "[defaults]\nmax_boost_us = 5000\ncosched_us = 10000\n",
+                "cosched_us",
+            ),
+        ] {
+            let e = Config::parse(bad, p).unwrap_err().to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn the_applier_outranks_every_boost_it_undoes() {
         let p = Path::new("x.toml");

@@ -190,6 +190,7 @@ impl Server {
             consumer_rt_prio: cfg.applier_rt_prio,
             cosched_host_pct: cfg.max.max_cosched_host_pct,
             cosched_max_pct: cfg.max.max_cosched_pct,
+            cosched_max_phase_us: cfg.max.max_cosched_phase_us,
             handle_signals: false,
             ledger: Some(crate::persist::ledger_path(&runtime_dir)),
             ..AgentConfig::default()

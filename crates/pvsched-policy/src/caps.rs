@@ -112,6 +112,16 @@ pub struct CapsLimit {
     /// take the sum above it is not co-scheduled (the agent logs it), so
     /// many VMs, each within `max_cosched_pct`, cannot starve the host.
     pub max_cosched_host_pct: u32,
+    /// Longest co-scheduling period (`cosched_period_us`) a VM may set,
+    /// µs, 1 000..=1 000 000: the off part of a period holds every vCPU
+    /// of the VM at nice 19, so a long period is a long wait for a guest.
+    pub max_cosched_period_us: u64,
+    /// Longest co-scheduled phase a VM may hold, µs, 0..=
+    /// `max_cosched_period_us` (0: no VM may co-schedule): a number in
+    /// `cosched_us`, and what the agent lets an `"auto"` phase grow to.
+    /// A phase is one continuous SCHED_FIFO run of every vCPU, like a
+    /// boost, so it is also bounded by the VM's own `max_boost_us`.
+    pub max_cosched_phase_us: u64,
 }
 
 impl Default for CapsLimit {
@@ -130,6 +140,12 @@ impl Default for CapsLimit {
             max_ipi_window_us: 100_000,
             max_cosched_pct: 75,
             max_cosched_host_pct: 80,
+            // Five times the default period: room for a longer period
+            // without the off part (nice 19) growing past 0.1 s.
+            max_cosched_period_us: 100_000,
+            // The default caps' max_boost_us: a phase holds the CPUs at
+            // FIFO no longer than a default boost may.
+            max_cosched_phase_us: 20_000,
         }
     }
 }
@@ -161,6 +177,16 @@ impl CapsLimit {
                 "[max] max_cosched_pct and max_cosched_host_pct must be 0..=100",
             ));
         }
+        if !(1_000..=1_000_000).contains(&self.max_cosched_period_us) {
+            return Err(CapsError::Range(
+                "[max] max_cosched_period_us must be 1000..=1000000",
+            ));
+        }
+        if self.max_cosched_phase_us > self.max_cosched_period_us {
+            return Err(CapsError::Range(
+                "[max] max_cosched_phase_us must be 0..=max_cosched_period_us",
+            ));
+        }
         for t in [
             self.max_boost_us,
             self.min_throttle_us,
@@ -175,6 +201,18 @@ impl CapsLimit {
             }
         }
         Ok(())
+    }
+}
+
+/// The longest co-scheduled phase of a VM whose `max_boost_us` is
+/// `max_boost_us`, under a phase limit of `limit_us` (`[max]
+/// max_cosched_phase_us`), µs: the smaller of the two, where a
+/// `max_boost_us` of 0 (unlimited) bounds nothing. The agent holds an
+/// `"auto"` phase to it; [`Caps::check_within`] refuses a number above it.
+pub fn cosched_phase_max_us(limit_us: u64, max_boost_us: u64) -> u64 {
+    match max_boost_us {
+        0 => limit_us,
+        b => limit_us.min(b),
     }
 }
 
@@ -272,7 +310,8 @@ pub enum CoschedUs {
     /// co-schedule).
     Us(u64),
     /// The agent measures the VM's fair share of the host and co-schedules
-    /// it for that share, within `[max] max_cosched_pct`, while the host is
+    /// it for that share, within `[max] max_cosched_pct` of the period and
+    /// the phase bound ([`cosched_phase_max_us`]), while the host is
     /// overcommitted and none of the VM's vCPUs is latency-sensitive
     /// (docs/operating.md, "Co-scheduling").
     Auto,
@@ -400,9 +439,13 @@ pub struct Caps {
     /// what a vCPU waits for (an IPI's answer, a lock holder, a TLB
     /// shootdown) is then running (docs/operating.md, "Co-scheduling").
     /// `"auto"`: the VM's measured fair share (see [`CoschedUs::Auto`]).
+    /// A phase is one continuous FIFO run, like a boost: at most
+    /// `[max] max_cosched_phase_us` and this VM's `max_boost_us` (unless
+    /// 0), and at most `[max] max_cosched_pct` of the period.
     pub cosched_us: CoschedUs,
-    /// The co-scheduling period, µs (1 000..=1 000 000). VMs that
-    /// co-schedule take their phases one after another in VM-id order.
+    /// The co-scheduling period, µs (1 000..=1 000 000, and at most
+    /// `[max] max_cosched_period_us`). VMs that co-schedule take their
+    /// phases one after another in VM-id order.
     pub cosched_period_us: u64,
 }
 
@@ -613,6 +656,31 @@ impl Caps {
                 ),
             );
         }
+        if self.cosched_period_us > lim.max_cosched_period_us {
+            return above(
+                "cosched_period_us",
+                format!("max_cosched_period_us = {}", lim.max_cosched_period_us),
+            );
+        }
+        // A phase is one continuous FIFO run of every vCPU: bounded like a
+        // boost, by the operator's phase limit and by the VM's own
+        // max_boost_us. "auto" is held to both when the agent sets its
+        // phase; a limit of 0 refuses it.
+        let phase_max = self.cosched_phase_max_us(lim);
+        let phase_above = match self.cosched_us {
+            CoschedUs::Us(us) => us > phase_max,
+            CoschedUs::Auto => phase_max == 0,
+        };
+        if phase_above {
+            return above(
+                "cosched_us",
+                format!(
+                    "max_cosched_phase_us = {}, and at most the VM's max_boost_us = {} \
+                     (0: no bound): a phase is one continuous FIFO run, like a boost",
+                    lim.max_cosched_phase_us, self.max_boost_us
+                ),
+            );
+        }
         if self.halt_always && !lim.halt_always {
             return above("halt_always = true", "halt_always = false".into());
         }
@@ -647,6 +715,13 @@ impl Caps {
             }
         }
         Ok(())
+    }
+
+    /// The longest co-scheduled phase these caps may hold under `lim`, µs:
+    /// `[max] max_cosched_phase_us`, and the VM's own `max_boost_us`
+    /// unless that is 0 (a phase is one continuous FIFO run, like a boost).
+    pub fn cosched_phase_max_us(&self, lim: &CapsLimit) -> u64 {
+        cosched_phase_max_us(lim.max_cosched_phase_us, self.max_boost_us)
     }
 
     /// These caps with `key=value` settings applied (`pvsched vm set`):
@@ -917,6 +992,13 @@ mod tests {
                 },
                 "ipi_window_us",
             ),
+            (
+                Caps {
+                    cosched_period_us: 1_000_000,
+                    ..Caps::default()
+                },
+                "cosched_period_us",
+            ),
         ] {
             bad.validate().unwrap();
             let e = bad.check_within(&lim).unwrap_err();
@@ -931,9 +1013,121 @@ mod tests {
             budget_us: lim.max_window_us / 2,
             halt_hold_us: lim.max_halt_hold_us,
             ipi_window_us: lim.max_ipi_window_us,
+            cosched_period_us: lim.max_cosched_period_us,
+            cosched_us: CoschedUs::Us(lim.max_cosched_phase_us),
             ..Caps::default()
         };
         at_limit.check_within(&lim).unwrap();
+    }
+
+    /// A co-scheduled phase is one continuous FIFO run of every vCPU: the
+    /// review's `cosched_us = 750000` of `cosched_period_us = 1000000`
+    /// (FIFO 75 % of the time in 750 ms stretches) is refused, naming the
+    /// key, and so is any phase above `[max] max_cosched_phase_us` or the
+    /// VM's own `max_boost_us`.
+    #[test]
+    fn a_cosched_phase_is_bounded_like_a_boost() {
+        let lim = CapsLimit::default();
+        let on = |us, period| Caps {
+            cosched_us: CoschedUs::Us(us),
+            cosched_period_us: period,
+            ..Caps::default()
+        };
+        let refused = |c: &Caps, l: &CapsLimit| match c.check_within(l) {
+            Err(CapsError::AboveMax(key, max)) => (key, max),
+            other => panic!("{c:?}: {other:?}"),
+        };
+        // The review's caps: valid in themselves, above the limit.
+        let review = Caps::default()
+            .with_settings([("cosched_us", "750000"), ("cosched_period_us", "1000000")])
+            .unwrap();
+        let (key, max) = refused(&review, &lim);
+        assert_eq!(key, "cosched_period_us");
+        assert!(max.contains("max_cosched_period_us = 100000"), "{max}");
+        // Within the period limit and max_cosched_pct, longer than a phase
+        // may be.
+        for (caps, why) in [
+            (on(75_000, 100_000), "max_cosched_phase_us = 20000"),
+            (on(20_001, 100_000), "max_cosched_phase_us = 20000"),
+            (
+                Caps {
+                    max_boost_us: 5_000,
+                    ..on(5_001, 20_000)
+                },
+                "max_boost_us = 5000",
+            ),
+        ] {
+            caps.validate().unwrap();
+            let (key, max) = refused(&caps, &lim);
+            assert_eq!(key, "cosched_us", "{caps:?}");
+            assert!(max.contains(why), "{max}");
+        }
+        on(20_000, 100_000).check_within(&lim).unwrap();
+        Caps {
+            max_boost_us: 5_000,
+            ..on(5_000, 20_000)
+        }
+        .check_within(&lim)
+        .unwrap();
+        // An unlimited max_boost_us (where [max] allows it) leaves the
+        // phase limit alone to bound it.
+        let no_boost_limit = CapsLimit {
+            max_boost_us: 0,
+            ..CapsLimit::default()
+        };
+        let unlimited = |us| Caps {
+            max_boost_us: 0,
+            ..on(us, 100_000)
+        };
+        unlimited(20_000).check_within(&no_boost_limit).unwrap();
+        assert_eq!(refused(&unlimited(20_001), &no_boost_limit).0, "cosched_us");
+        // "auto" is held to the bound by the agent; a bound of 0 refuses it.
+        let auto = Caps {
+            cosched_us: CoschedUs::Auto,
+            max_boost_us: 1_000,
+            ..Caps::default()
+        };
+        auto.check_within(&lim).unwrap();
+        let none = CapsLimit {
+            max_cosched_phase_us: 0,
+            ..CapsLimit::default()
+        };
+        none.validate().unwrap();
+        assert_eq!(refused(&auto, &none).0, "cosched_us");
+        assert_eq!(refused(&on(1, 20_000), &none).0, "cosched_us");
+        on(0, 20_000).check_within(&none).unwrap();
+        assert_eq!(auto.cosched_phase_max_us(&lim), 1_000);
+        assert_eq!(Caps::default().cosched_phase_max_us(&lim), 20_000);
+        assert_eq!(cosched_phase_max_us(20_000, 0), 20_000);
+        // The limit's own ranges.
+        for (bad, key) in [
+            (
+                CapsLimit {
+                    max_cosched_period_us: 999,
+                    ..CapsLimit::default()
+                },
+                "max_cosched_period_us",
+            ),
+            (
+                CapsLimit {
+                    max_cosched_period_us: 1_000_001,
+                    max_cosched_phase_us: 0,
+                    ..CapsLimit::default()
+                },
+                "max_cosched_period_us",
+            ),
+            (
+                CapsLimit {
+                    max_cosched_period_us: 10_000,
+                    max_cosched_phase_us: 10_001,
+                    ..CapsLimit::default()
+                },
+                "max_cosched_phase_us",
+            ),
+        ] {
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        }
     }
 
     /// A priority out of its range is refused naming its key, never

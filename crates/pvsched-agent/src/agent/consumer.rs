@@ -5,13 +5,14 @@
 //! VMs between their phases at each phase's edge.
 
 use super::fairshare::{self, AutoPhase, Window};
+use super::scan::ScanHandle;
 use super::trace_out::TraceOut;
 use super::{AgentConfig, Inner, owned_fd};
 use crate::applier::Phase;
 use crate::intf::{Decision, gid_vm};
 use crate::object::{PolicyView, reevaluate};
 use crate::sched::{self, SchedAttr};
-use pvsched_policy::CoschedUs;
+use pvsched_policy::{Caps, CoschedUs};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -98,15 +99,31 @@ fn watched(inner: &Inner, view: &PolicyView, now: u64) -> bool {
     })
 }
 
-pub(super) fn consumer(
-    inner: Arc<Inner>,
-    view: PolicyView,
-    mut ring: aya::maps::RingBuf<aya::maps::MapData>,
-    reeval_fd: OwnedFd,
-    wake: OwnedFd,
-    cfg: AgentConfig,
-    mut trace: TraceOut,
-) {
+/// What the applier thread reads from and writes to, its own.
+pub(super) struct Ends {
+    /// The policy's maps, read-only.
+    pub view: PolicyView,
+    /// The decision ring.
+    pub ring: aya::maps::RingBuf<aya::maps::MapData>,
+    /// The policy program run on each tick.
+    pub reeval_fd: OwnedFd,
+    /// Written to end the applier's wait ([`Inner::wake_applier`]).
+    pub wake: OwnedFd,
+    /// The decision trace.
+    pub trace: TraceOut,
+    /// The host-thread scan's windows ([`super::scan`]).
+    pub scan: ScanHandle,
+}
+
+pub(super) fn consumer(inner: Arc<Inner>, ends: Ends, cfg: AgentConfig) {
+    let Ends {
+        view,
+        mut ring,
+        reeval_fd,
+        wake,
+        mut trace,
+        scan,
+    } = ends;
     inner.applier_tid.store(sched::gettid(), Ordering::Relaxed);
     if cfg.consumer_rt_prio > 0 {
         let attr = SchedAttr {
@@ -168,6 +185,8 @@ pub(super) fn consumer(
         host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
         host_permille: u64::from(cfg.cosched_host_pct.min(100)) * 10,
         max_share: f64::from(cfg.cosched_max_pct.min(100)) / 100.0,
+        max_phase_us: cfg.cosched_max_phase_us,
+        scan: Some(scan),
         ..Cosched::default()
     };
     // Whether the last tick found a VM to tick; while none was there and
@@ -347,16 +366,18 @@ struct Cosched {
     host_permille: u64,
     /// The largest share of its period an "auto" VM's phase may hold.
     max_share: f64,
+    /// The longest phase any VM holds, µs (`[max] max_cosched_phase_us`;
+    /// each VM's `max_boost_us` bounds its own too).
+    max_phase_us: u64,
     /// The "auto" VMs' phases.
     auto: HashMap<u32, AutoPhase>,
-    /// When the measuring window under way started and every host
-    /// thread's figures then ([`fairshare::all_threads`]); None while no
-    /// VM is "auto".
-    host_last: Option<(u64, Vec<ThreadFigures>)>,
+    /// The host-thread scan's windows ([`super::scan`]): taken, never
+    /// waited for.
+    scan: Option<ScanHandle>,
+    /// VMs whose phase set as a number is cut to fit the host-wide limit,
+    /// as last logged.
+    cut: Vec<u32>,
 }
-
-/// A thread's (tid, run + wait ns, run ns) ([`fairshare::all_threads`]).
-type ThreadFigures = (u32, u64, u64);
 
 impl Cosched {
     /// Moves every vCPU thread of every co-scheduling VM to its phase now
@@ -393,20 +414,29 @@ impl Cosched {
                 continue;
             };
             let period = vm.caps.cosched_period_us;
+            // A phase is one continuous FIFO run: never longer than the
+            // operator's limit and the VM's max_boost_us. pvschedd refuses
+            // a number above them; "auto" is held to them here, and so is a
+            // number from a caller that did not check it.
+            let longest = self.phase_max_us(&vm.caps);
             let (on_us, auto) = match vm.caps.cosched_us {
-                CoschedUs::Us(us) => (us, false),
+                CoschedUs::Us(us) => (us.min(longest), false),
                 CoschedUs::Auto => (
                     self.auto.get(&id).map_or(0, |a| {
-                        (a.share * period as f64).round().clamp(0.0, period as f64) as u64
+                        ((a.share * period as f64).round().clamp(0.0, period as f64) as u64)
+                            .min(longest)
                     }),
                     true,
                 ),
             };
             // What the VM's phase holds of the host: its vCPUs (at most one
-            // per CPU run at once) for on / period of the time.
+            // per CPU run at once) for on / period of the time, rounded up
+            // so that phases fitted by these figures never hold more.
             let cpus = u64::from(vm.vcpus).min(self.host_cpus).max(1);
-            let permille = on_us.saturating_mul(1000).saturating_mul(cpus)
-                / period.max(1).saturating_mul(self.host_cpus.max(1));
+            let permille = on_us
+                .saturating_mul(1000)
+                .saturating_mul(cpus)
+                .div_ceil(period.max(1).saturating_mul(self.host_cpus.max(1)));
             asks.push(Ask {
                 id,
                 on_us,
@@ -419,6 +449,12 @@ impl Cosched {
             .iter()
             .zip(&fitted)
             .filter(|(a, on)| a.on_us > 0 && **on == 0)
+            .map(|(a, _)| a.id)
+            .collect();
+        let cut: Vec<u32> = asks
+            .iter()
+            .zip(&fitted)
+            .filter(|(a, on)| !a.auto && **on > 0 && **on < a.on_us)
             .map(|(a, _)| a.id)
             .collect();
         // (VM id, its phase as placed: 0 for none.)
@@ -475,13 +511,23 @@ impl Cosched {
         if left_out != self.left_out {
             if !left_out.is_empty() {
                 log::warn!(
-                    "pvsched: VM id(s) {left_out:?} not co-scheduled: their phases would take \
-                     the co-scheduling VMs above {} % of the host's CPUs \
-                     ([max] max_cosched_host_pct)",
+                    "pvsched: VM id(s) {left_out:?} not co-scheduled: their phases, cut to \
+                     fit {} % of the host's CPUs ([max] max_cosched_host_pct), would be \
+                     shorter than {MIN_FITTED_US} µs",
                     self.host_permille / 10
                 );
             }
             self.left_out = left_out;
+        }
+        if cut != self.cut {
+            if !cut.is_empty() {
+                log::warn!(
+                    "pvsched: VM id(s) {cut:?}: co-scheduled phases cut, each in the same \
+                     proportion, to fit {} % of the host's CPUs ([max] max_cosched_host_pct)",
+                    self.host_permille / 10
+                );
+            }
+            self.cut = cut;
         }
         self.on_vms = on_vms;
         self.next_edge = next;
@@ -517,13 +563,20 @@ impl Cosched {
 }
 
 impl Cosched {
+    /// The longest phase a VM with `caps` holds, µs ([`Caps::cosched_phase_max_us`]).
+    fn phase_max_us(&self, caps: &Caps) -> u64 {
+        pvsched_policy::caps::cosched_phase_max_us(self.max_phase_us, caps.max_boost_us)
+    }
+
     /// Every tick: ends the phase of an "auto" VM that has become
-    /// latency-sensitive and, once a measuring window is over, sets every
-    /// "auto" VM's share from it ([`fairshare`]).
+    /// latency-sensitive and, once the scan thread has a measuring window
+    /// ([`super::scan`]), sets every "auto" VM's share from it
+    /// ([`fairshare`]). Reads no file and never waits for the scan: its
+    /// work is a binary search per "auto" vCPU thread.
     fn measure(&mut self, inner: &Inner, view: &PolicyView, now: u64) {
-        // (VM id, its live vCPU threads' (gid, tid), halt_always), copied
-        // so that no file is read under the registry's lock.
-        type AutoSpec = (u32, Vec<(u32, u32)>, bool);
+        // (VM id, its live vCPU threads' (gid, tid), halt_always, the
+        // largest share of its period its phase may hold).
+        type AutoSpec = (u32, Vec<(u32, u32)>, bool, f64);
         let autos: Vec<AutoSpec> = {
             let reg = inner.reg.lock();
             reg.vms
@@ -539,19 +592,26 @@ impl Cosched {
                                 .map(|t| (g, t.tid))
                         })
                         .collect();
-                    (*id, threads, v.caps.halt_always)
+                    let period = v.caps.cosched_period_us.max(1) as f64;
+                    let max_share = self
+                        .max_share
+                        .min(self.phase_max_us(&v.caps) as f64 / period);
+                    (*id, threads, v.caps.halt_always, max_share)
                 })
                 .collect()
         };
         self.auto.retain(|id, _| autos.iter().any(|a| a.0 == *id));
+        let Some(scan) = &self.scan else {
+            return;
+        };
+        scan.want(!autos.is_empty());
         if autos.is_empty() {
-            self.host_last = None;
             return;
         }
         // Each "auto" VM: some vCPU latency-sensitive now.
         let ls: Vec<bool> = autos
             .iter()
-            .map(|(_, threads, always)| {
+            .map(|(_, threads, always, _)| {
                 *always
                     || threads
                         .iter()
@@ -561,42 +621,32 @@ impl Cosched {
         // A guest that starts an RT task leaves its phase at once, not at
         // the end of the window (the off part would hold its wake-ups),
         // and an RT task seen at any tick starts the cool-down.
-        for ((id, _, _), _) in autos.iter().zip(&ls).filter(|(_, ls)| **ls) {
+        for ((id, ..), _) in autos.iter().zip(&ls).filter(|(_, ls)| **ls) {
             self.auto.entry(*id).or_default().latency_sensitive();
         }
-        let start = match self.host_last.take() {
-            Some((start, host)) if now.saturating_sub(start) >= fairshare::WINDOW_NS => {
-                (start, host)
-            }
-            Some(last) => {
-                self.host_last = Some(last);
-                return;
-            }
-            None => {
-                self.host_last = Some((now, fairshare::all_threads()));
-                return;
-            }
+        let Some(host) = scan.take() else {
+            return;
         };
-        let host = fairshare::all_threads();
-        let dt_ns = now.saturating_sub(start.0);
-        let cpus = self.host_cpus.max(1) as f64;
-        // The VMs' vCPU threads are among the host's: one read serves both.
-        let threads_now = fairshare::host_threads(&start.1, &host, dt_ns);
-        let demands = fairshare::Demands::new(&threads_now, cpus);
-        let (level, host_demand) = fairshare::fair_level(&demands.demands, cpus);
-        for ((id, threads, _), ls) in autos.iter().zip(ls) {
+        for ((id, threads, _, max_share), ls) in autos.iter().zip(ls) {
+            let phase = self.auto.entry(*id).or_default();
+            if !host.complete {
+                // Figures of part of the host: the share stays as it was.
+                let share = phase.incomplete();
+                log::debug!("pvsched cosched auto: VM {id}: incomplete window: share {share:.3}");
+                continue;
+            }
             // Only threads read at both ends of the window count.
             let (mut owed, mut got, mut contended) = (0.0f64, 0.0f64, false);
             for (_, tid) in threads {
-                if let Ok(i) = threads_now.binary_search_by_key(tid, |t| t.0) {
-                    let (_, ran, runnable) = threads_now[i];
-                    owed += fairshare::demand(ran, runnable, demands.heavy_ran).min(level);
+                if let Ok(i) = host.threads.binary_search_by_key(tid, |t| t.0) {
+                    let (_, ran, runnable) = host.threads[i];
+                    owed += fairshare::demand(ran, runnable, host.heavy_ran).min(host.level);
                     got += ran;
-                    contended |= fairshare::is_heavy(ran, runnable, demands.heavy_ran);
+                    contended |= fairshare::is_heavy(ran, runnable, host.heavy_ran);
                 }
             }
             let w = Window {
-                host_demand,
+                host_demand: host.host_demand,
                 host_cpus: u32::try_from(self.host_cpus).unwrap_or(u32::MAX),
                 owed,
                 got,
@@ -604,67 +654,77 @@ impl Cosched {
                 latency_sensitive: ls,
                 contended,
             };
-            let share = self.auto.entry(*id).or_default().update(&w, self.max_share);
-            log::debug!("pvsched cosched auto: VM {id}: level {level:.3}, {w:?}: share {share:.3}");
+            let share = phase.update(&w, *max_share);
+            log::debug!(
+                "pvsched cosched auto: VM {id}: level {:.3}, {w:?}: share {share:.3}",
+                host.level
+            );
         }
-        self.host_last = Some((now, host));
     }
 }
 
 /// One co-scheduling VM's phase as its caps ask for it.
+#[derive(Clone, Debug)]
 struct Ask {
     id: u32,
     /// The phase, µs of its period (0: none now).
     on_us: u64,
-    /// What the phase holds of the host's CPUs, per mille.
+    /// What the phase holds of the host's CPUs, per mille, rounded up
+    /// (at least 1 for a phase): a part of the phase holds that part of it.
     permille: u64,
     /// Set by "auto" (the measured fair share), not by a number.
     auto: bool,
 }
 
-/// The shortest phase worth its two changes a period, µs: an "auto" phase
-/// cut below it is not placed.
+/// The shortest phase worth its two changes a period, µs: a phase cut
+/// below it (or below what it asked, if that is less) is not placed.
 const MIN_FITTED_US: u64 = 1000;
 
 /// The phase each VM gets (µs; 0: not co-scheduled), in the asks' order,
-/// so that together they hold at most `limit_permille` of the host: a
-/// phase set as a number is the operator's and runs whole or not at all,
-/// in VM-id order while it fits; the "auto" phases share what those leave,
-/// each cut in the same proportion when together they do not fit. Cutting
-/// keeps every "auto" VM running its vCPUs together for part of its share
-/// and leaves the free part to the host, where leaving the last VMs out
-/// whole (as fixed phases are) gave the first VMs the gain and the others
-/// none: two 2-vCPU "auto" VMs on 2 CPUs with nothing else to run are
-/// owed half the host each, 100 % together against the default 80 % limit.
+/// so that together they hold at most `limit_permille` of the host. The
+/// phases set as numbers (the operator's) come first: when together they
+/// do not fit, each is cut in the same proportion; the "auto" phases
+/// share what those leave, cut the same way. What a VM gets depends on
+/// what all the VMs ask, never on its id or on when it registered: fitted
+/// whole in VM-id order, the first VMs to register took the host-wide
+/// room and left the later ones none. Cutting keeps every VM running its
+/// vCPUs together for part of its phase and leaves the rest to the host:
+/// two 2-vCPU "auto" VMs on 2 CPUs with nothing else to run are owed half
+/// the host each, 100 % together against the default 80 % limit, and get
+/// 8 ms of every 20 each.
 fn fit_phases(asks: &[Ask], limit_permille: u64) -> Vec<u64> {
     let mut out = vec![0u64; asks.len()];
-    let mut used: u64 = 0;
-    for (i, a) in asks.iter().enumerate() {
-        if !a.auto && a.on_us > 0 && used.saturating_add(a.permille) <= limit_permille {
-            used += a.permille;
-            out[i] = a.on_us;
-        }
-    }
-    let room = limit_permille.saturating_sub(used);
+    let fixed = cut_to_fit(asks, false, limit_permille, &mut out);
+    cut_to_fit(asks, true, limit_permille.saturating_sub(fixed), &mut out);
+    out
+}
+
+/// Fits the phases of the asks whose `auto` is `auto` in `room` per mille
+/// (into `out`): whole if they all fit, else each cut in proportion,
+/// rounded down. Returns what the placed ones hold, per mille, rounded up.
+fn cut_to_fit(asks: &[Ask], auto: bool, room: u64, out: &mut [u64]) -> u64 {
+    let mine = |a: &&Ask| a.auto == auto && a.on_us > 0;
     let want = asks
         .iter()
-        .filter(|a| a.auto && a.on_us > 0)
+        .filter(mine)
         .fold(0u64, |n, a| n.saturating_add(a.permille));
+    let mut held = 0u64;
     for (i, a) in asks.iter().enumerate() {
-        if !a.auto || a.on_us == 0 {
+        if !mine(&a) {
             continue;
         }
         let on = if want <= room {
             a.on_us
         } else {
-            // Rounded down, so the cut phases' sum stays within the room.
             (u128::from(a.on_us) * u128::from(room) / u128::from(want.max(1))) as u64
         };
-        if on >= MIN_FITTED_US.min(a.on_us) {
+        if on > 0 && on >= MIN_FITTED_US.min(a.on_us) {
             out[i] = on;
+            let part = (u128::from(a.permille) * u128::from(on)).div_ceil(u128::from(a.on_us));
+            held = held.saturating_add(u64::try_from(part).unwrap_or(u64::MAX));
         }
     }
-    out
+    held
 }
 
 /// How the co-scheduled phases of several VMs are laid out in their
@@ -744,7 +804,7 @@ mod tests {
     }
 
     #[test]
-    fn auto_phases_share_the_host_limit_fixed_ones_fit_whole() {
+    fn phases_are_cut_in_proportion_to_fit_the_host_limit() {
         // Two 2-vCPU "auto" VMs owed half the host each (10 ms of 20 on 2
         // CPUs: 500 per mille each) under the 80 % limit: both cut to 8 ms,
         // where the second used to be left out.
@@ -752,24 +812,89 @@ mod tests {
         assert_eq!(fit_phases(&two, 800), vec![8_000, 8_000]);
         // Within the limit: as asked.
         assert_eq!(fit_phases(&two, 1000), vec![10_000, 10_000]);
-        // Fixed phases in id order, whole or not at all; "auto" ones share
-        // the rest in proportion to what they ask.
+        // The same with numbers: the second VM is no longer left out
+        // because the first registered first.
+        let fixed = [ask(0, 10_000, 500, false), ask(1, 10_000, 500, false)];
+        assert_eq!(fit_phases(&fixed, 800), vec![8_000, 8_000]);
+        // Numbers come first, cut in proportion; "auto" ones share the
+        // rest in proportion to what they ask.
         let mixed = [
             ask(0, 8_000, 400, false),
-            ask(1, 10_000, 500, false),
+            ask(1, 2_000, 100, false),
             ask(2, 6_000, 300, true),
             ask(3, 2_000, 100, true),
         ];
-        assert_eq!(fit_phases(&mixed, 800), vec![8_000, 0, 6_000, 2_000]);
-        assert_eq!(fit_phases(&mixed, 600), vec![8_000, 0, 3_000, 1_000]);
-        // An "auto" phase cut below 1 ms is not placed; one that asked for
-        // less than that and fits keeps it.
-        assert_eq!(fit_phases(&mixed, 420), vec![8_000, 0, 0, 0]);
-        let small = [ask(0, 500, 25, true)];
-        assert_eq!(fit_phases(&small, 800), vec![500]);
+        assert_eq!(fit_phases(&mixed, 900), vec![8_000, 2_000, 6_000, 2_000]);
+        assert_eq!(fit_phases(&mixed, 700), vec![8_000, 2_000, 3_000, 1_000]);
+        assert_eq!(fit_phases(&mixed, 400), vec![6_400, 1_600, 0, 0]);
+        // A phase cut below 1 ms is not placed; one that asked for less
+        // than that and fits keeps it.
+        assert_eq!(fit_phases(&mixed, 520), vec![8_000, 2_000, 0, 0]);
+        assert_eq!(fit_phases(&mixed, 100), vec![1_600, 0, 0, 0]);
+        let small = [ask(0, 500, 25, true), ask(1, 500, 25, false)];
+        assert_eq!(fit_phases(&small, 800), vec![500, 500]);
         // No room at all; nothing asked.
         assert_eq!(fit_phases(&two, 0), vec![0, 0]);
+        assert_eq!(fit_phases(&fixed, 0), vec![0, 0]);
         assert_eq!(fit_phases(&[ask(0, 0, 0, true)], 800), vec![0]);
+    }
+
+    /// What the fitted phases hold of the host, per mille, exactly: each
+    /// placed part of a phase holds that part of its ask.
+    fn held(asks: &[Ask], fitted: &[u64]) -> f64 {
+        asks.iter()
+            .zip(fitted)
+            .filter(|(a, _)| a.on_us > 0)
+            .map(|(a, on)| a.permille as f64 * *on as f64 / a.on_us as f64)
+            .sum()
+    }
+
+    proptest::proptest! {
+        /// Whatever VMs ask (fixed or "auto", any period and width on up
+        /// to 8 CPUs), the fitted phases hold at most the limit, none is
+        /// longer than asked, a phase that fits with all the others runs
+        /// whole, and what each VM gets does not depend on the order of
+        /// the asks (VM id, registration order).
+        #[test]
+        fn fitted_phases_stay_within_the_limit_whatever_the_order(
+            vms in proptest::collection::vec(
+                (0u64..=20_000, 1_000u64..=100_000, 1u64..=8, proptest::bool::ANY),
+                0..12,
+            ),
+            limit in 0u64..=1000,
+            rotate in 0usize..12,
+        ) {
+            let host = 8u64;
+            let asks: Vec<Ask> = vms
+                .iter()
+                .enumerate()
+                .map(|(i, &(on, period, vcpus, auto))| {
+                    let on = on.min(period);
+                    let cpus = vcpus.min(host);
+                    let permille = (on * 1000 * cpus).div_ceil(period * host);
+                    ask(i as u32, on, permille, auto)
+                })
+                .collect();
+            let fitted = fit_phases(&asks, limit);
+            proptest::prop_assert!(held(&asks, &fitted) <= limit as f64 + 1e-6);
+            for (a, on) in asks.iter().zip(&fitted) {
+                proptest::prop_assert!(*on <= a.on_us);
+            }
+            let want: u64 = asks.iter().map(|a| a.permille).sum();
+            if want <= limit {
+                let asked: Vec<u64> = asks.iter().map(|a| a.on_us).collect();
+                proptest::prop_assert_eq!(&fitted, &asked);
+            }
+            // The same asks in another order: each VM gets the same.
+            let mut other = asks.clone();
+            other.reverse();
+            let n = other.len().max(1);
+            other.rotate_left(rotate % n);
+            let refit = fit_phases(&other, limit);
+            for (a, on) in other.iter().zip(&refit) {
+                proptest::prop_assert_eq!(*on, fitted[a.id as usize], "VM {}", a.id);
+            }
+        }
     }
 
     #[test]

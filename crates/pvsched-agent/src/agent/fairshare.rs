@@ -17,6 +17,12 @@
 //! it are corrected by an integral term on the VM's measured CPU against
 //! what it is owed.
 //!
+//! The reads run on their own thread at nice 10, within a CPU-time
+//! budget per window, never on the applier ([`super::scan`]): their size
+//! is the host's number of threads, which any local user decides. A
+//! window whose read ran out of budget leaves every share as it was
+//! ([`AutoPhase::incomplete`]).
+//!
 //! The sums are the same with and without the VM's phases: they change
 //! who waits, not which threads want to run. (A first version sampled
 //! `/proc/loadavg`'s running count at the agent's ticks and saw about 10 %
@@ -53,16 +59,55 @@ pub fn parse_thread(text: &str) -> Option<(u64, u64)> {
     Some((f.next()??, f.next()??))
 }
 
-/// Every thread on the host now: (tid, run + wait ns, run ns), read from
-/// `/proc`, sorted by tid. Threads that exit while it reads are left out;
-/// a kernel without `CONFIG_SCHED_INFO` has no schedstat files, so the
-/// list is empty and "auto" never co-schedules.
-pub fn all_threads() -> Vec<(u32, u64, u64)> {
+/// A thread's (tid, run + wait ns, run ns), as [`all_threads`] reads it.
+pub type ThreadFigures = (u32, u64, u64);
+
+/// Threads read between two looks at the budget and at whether to go on.
+const CHECK_EVERY: usize = 32;
+
+/// One read of every thread on the host.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reading {
+    /// (tid, run + wait ns, run ns), sorted by tid.
+    pub threads: Vec<ThreadFigures>,
+    /// Every thread was read: false when the CPU-time budget ran out
+    /// first, and the figures are of part of the host only.
+    pub complete: bool,
+}
+
+/// Every thread on the host now, read from `/proc`, within
+/// `cpu_budget_ns` of the calling thread's CPU time: once the read has
+/// cost that much, it stops and says so ([`Reading::complete`]). Threads
+/// that exit while it reads are left out; a kernel without
+/// `CONFIG_SCHED_INFO` has no schedstat files, so the list is empty and
+/// "auto" never co-schedules. None as soon as `go_on` says false (looked
+/// at every few threads): the caller no longer wants the figures.
+pub fn all_threads(cpu_budget_ns: u64, mut go_on: impl FnMut() -> bool) -> Option<Reading> {
     let mut out = Vec::new();
+    let start = thread_cpu_ns();
     let Ok(procs) = fs::read_dir("/proc") else {
-        return out;
+        return Some(Reading {
+            threads: out,
+            complete: false,
+        });
     };
-    for p in procs.flatten() {
+    let mut read: usize = 0;
+    // Looked at every CHECK_EVERY threads and at every process.
+    let mut within = |read: usize| -> Option<bool> {
+        if !go_on() {
+            return None;
+        }
+        Some(
+            !read.is_multiple_of(CHECK_EVERY)
+                || thread_cpu_ns().saturating_sub(start) < cpu_budget_ns,
+        )
+    };
+    let mut complete = true;
+    'procs: for p in procs.flatten() {
+        if !within(0)? {
+            complete = false;
+            break;
+        }
         let name = p.file_name();
         let Some(pid) = name
             .to_str()
@@ -74,6 +119,11 @@ pub fn all_threads() -> Vec<(u32, u64, u64)> {
             continue;
         };
         for t in tasks.flatten() {
+            read += 1;
+            if !within(read)? {
+                complete = false;
+                break 'procs;
+            }
             let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
                 continue;
             };
@@ -85,7 +135,24 @@ pub fn all_threads() -> Vec<(u32, u64, u64)> {
         }
     }
     out.sort_unstable_by_key(|t| t.0);
-    out
+    Some(Reading {
+        threads: out,
+        complete,
+    })
+}
+
+/// CPU time the calling thread has used, ns.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to the valid pointer we
+    // pass; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// A thread runnable for at least this share of a window may want a
@@ -281,8 +348,23 @@ impl AutoPhase {
         0.0
     }
 
+    /// Ends a window whose figures are incomplete (the host-thread read
+    /// ran out of its budget, [`all_threads`]): the share stays what it
+    /// was, never raised, and the correction is not moved (what the VM is
+    /// owed is not known); a window with a latency-sensitive vCPU still
+    /// counts as one and leaves no phase.
+    pub fn incomplete(&mut self) -> f64 {
+        if std::mem::take(&mut self.ls_seen) {
+            self.ls_windows = self.ls_windows.saturating_add(1);
+            return 0.0;
+        }
+        self.since_ls = self.since_ls.saturating_add(1);
+        self.share
+    }
+
     /// Ends a window, measured as `w`, and gives the share of the next
-    /// one, at most `max_share` (the operator's `max_cosched_pct` / 100).
+    /// one, at most `max_share` (the operator's `max_cosched_pct` / 100,
+    /// or less: the phase bound over the period).
     pub fn update(&mut self, w: &Window, max_share: f64) -> f64 {
         let cpus = f64::from(w.host_cpus.max(1));
         // A NaN demand (no window) is no overcommit either.
@@ -340,16 +422,42 @@ mod tests {
         assert_eq!(parse_thread(""), None);
         // This host's own files.
         let t = std::time::Instant::now();
-        let all = all_threads();
+        let cpu = thread_cpu_ns();
+        let all = all_threads(u64::MAX, || true).unwrap();
         // What one window's read of every thread costs here (printed, not
         // asserted: docs/operating.md quotes it).
-        println!("all_threads: {} threads in {:?}", all.len(), t.elapsed());
+        println!(
+            "all_threads: {} threads in {:?}, {} µs of CPU",
+            all.threads.len(),
+            t.elapsed(),
+            thread_cpu_ns().saturating_sub(cpu) / 1000
+        );
+        assert!(all.complete);
+        let all = all.threads;
         assert!(
             all.iter().any(|t| t.0 == std::process::id()),
             "{} threads",
             all.len()
         );
         assert!(all.windows(2).all(|w| w[0].0 < w[1].0), "sorted by tid");
+    }
+
+    /// A read stops once it has cost its budget, saying it is incomplete,
+    /// and at once when its caller no longer wants it.
+    #[test]
+    fn a_read_keeps_to_its_budget_and_stops_when_told() {
+        let none = all_threads(0, || true).unwrap();
+        assert!(!none.complete, "a budget of 0 ends the read at once");
+        assert!(none.threads.len() < CHECK_EVERY, "{}", none.threads.len());
+        assert_eq!(all_threads(u64::MAX, || false), None);
+        let mut looks = 0;
+        assert_eq!(
+            all_threads(u64::MAX, || {
+                looks += 1;
+                looks < 3
+            }),
+            None
+        );
     }
 
     #[test]
@@ -491,5 +599,24 @@ mod tests {
             a.update(&window(4.0, 1.0, 2.0), 1.0);
         }
         assert!(a.share >= 0.5 - MAX_CORRECTION - 1e-9, "{a:?}");
+    }
+
+    #[test]
+    fn an_incomplete_window_keeps_the_share_and_never_raises_it() {
+        let mut a = AutoPhase::default();
+        // No phase yet: an incomplete window gives none.
+        assert_eq!(a.incomplete(), 0.0);
+        let share = a.update(&window(4.0, 1.0, 1.0), 1.0);
+        assert!(share > 0.0);
+        let before = a;
+        for _ in 0..3 {
+            assert_eq!(a.incomplete(), share);
+        }
+        assert_eq!((a.share, a.correction), (before.share, before.correction));
+        // A latency-sensitive vCPU still ends the phase at once, and the
+        // window counts in its run.
+        a.latency_sensitive();
+        assert_eq!(a.incomplete(), 0.0);
+        assert_eq!(a.share, 0.0);
     }
 }

@@ -9,10 +9,13 @@
 //!
 //! By concern: this file holds the public types, the registry and
 //! registration; `stats` the statistics a VM handle reports; `consumer`
-//! the thread that applies decisions and reconciles every tick.
+//! the thread that applies decisions and reconciles every tick; `scan`
+//! the thread that reads the host's threads for `cosched_us = "auto"`
+//! (`fairshare`), off the applier.
 
 mod consumer;
 mod fairshare;
+mod scan;
 mod stats;
 mod trace_out;
 
@@ -116,14 +119,20 @@ pub struct AgentConfig {
     pub ledger: Option<std::path::PathBuf>,
     /// Largest share of the host's CPUs, percent, that all co-scheduling
     /// VMs together may hold in their co-scheduled phases (caps
-    /// `cosched_us`): phases set as a number fit whole in VM-id order or
-    /// are not placed; "auto" phases share the rest, cut in proportion
-    /// when they do not fit. pvschedd: `[max] max_cosched_host_pct`.
+    /// `cosched_us`): phases set as a number come first, each cut in the
+    /// same proportion when together they do not fit; "auto" phases share
+    /// the rest, cut the same way. pvschedd: `[max] max_cosched_host_pct`.
     pub cosched_host_pct: u32,
     /// Largest share of its period, percent, that one VM's phase may
     /// hold when its `cosched_us` is `"auto"` (a number is checked when
     /// it is set). pvschedd: `[max] max_cosched_pct`.
     pub cosched_max_pct: u32,
+    /// Longest co-scheduled phase, µs, any VM holds: an `"auto"` phase
+    /// never grows beyond it nor beyond its VM's `max_boost_us` (unless
+    /// that is 0), and a number above either is cut to it (pvschedd
+    /// refuses such a number when it is set). pvschedd: `[max]
+    /// max_cosched_phase_us`.
+    pub cosched_max_phase_us: u64,
 }
 
 impl Default for AgentConfig {
@@ -140,6 +149,7 @@ impl Default for AgentConfig {
             ledger: None,
             cosched_host_pct: 80,
             cosched_max_pct: 75,
+            cosched_max_phase_us: pvsched_policy::CapsLimit::default().max_cosched_phase_us,
         }
     }
 }
@@ -277,6 +287,9 @@ impl Restore for Inner {
 pub struct Agent {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
+    /// The host-thread scan of "auto" co-scheduling; stopped and joined
+    /// after the consumer.
+    scanner: Option<scan::Scanner>,
     /// Joined after the consumer: the trace is whole once it returns.
     trace_writer: Option<trace_out::TraceWriter>,
 }
@@ -379,11 +392,29 @@ impl Agent {
             applier_tid: AtomicU32::new(0),
             wake,
         });
+        // Spawned from the caller's thread, not the applier's (whose
+        // FIFO 99 it would inherit); it lowers itself to nice 10 anyway.
+        let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (scanner, scan) = scan::Scanner::spawn(host_cpus as f64, scan::SCAN_CPU_BUDGET_NS)
+            .map_err(|source| AgentError::Sys {
+                what: "spawn host-thread scan thread",
+                source,
+            })?;
         let inner2 = inner.clone();
         let cfg2 = cfg.clone();
         let thread = std::thread::Builder::new()
             .name("pvsched-apply".into())
-            .spawn(move || consumer(inner2, view, ring, reeval_fd, wake2, cfg2, trace))
+            .spawn(move || {
+                let ends = consumer::Ends {
+                    view,
+                    ring,
+                    reeval_fd,
+                    wake: wake2,
+                    trace,
+                    scan,
+                };
+                consumer(inner2, ends, cfg2)
+            })
             .map_err(|source| AgentError::Sys {
                 what: "spawn consumer thread",
                 source,
@@ -403,6 +434,7 @@ impl Agent {
         Ok(Agent {
             inner,
             thread: Some(thread),
+            scanner: Some(scanner),
             trace_writer,
         })
     }
@@ -608,6 +640,13 @@ impl Agent {
         self.inner.applier_tid.load(Ordering::Relaxed)
     }
 
+    /// The TID of the host-thread scan ("pvsched-scan", SCHED_OTHER nice
+    /// 10), which reads every host thread's figures for `cosched_us =
+    /// "auto"` off the applier. 0 until it runs.
+    pub fn scan_tid(&self) -> u32 {
+        self.scanner.as_ref().map_or(0, |s| s.tid())
+    }
+
     /// Restores every boosted thread now (all VMs).
     pub fn restore_all(&self) {
         let mut r = self.inner.reg.lock();
@@ -624,6 +663,7 @@ impl Drop for Agent {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        drop(self.scanner.take());
         self.restore_all();
         if let Some(w) = self.trace_writer.take() {
             w.join();

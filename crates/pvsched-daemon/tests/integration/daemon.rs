@@ -349,6 +349,20 @@ fn bad_registrations_are_refused_and_change_nothing() {
         refused(c.register(reg("hot", me, Some(hot)))),
         ErrorKind::Caps
     );
+    // Co-scheduling at FIFO 75 % of the time in 750 ms runs: above the
+    // default [max] max_cosched_period_us, refused naming the key.
+    let long_phases = Caps {
+        cosched_us: pvsched_policy::CoschedUs::Us(750_000),
+        cosched_period_us: 1_000_000,
+        ..Caps::default()
+    };
+    match c.register(reg("long-phases", me, Some(long_phases))) {
+        Err(ClientError::Refused { kind, message }) => {
+            assert_eq!(kind, ErrorKind::Caps, "{message}");
+            assert!(message.contains("cosched_period_us"), "{message}");
+        }
+        other => panic!("long phases accepted: {:?}", other.map(|_| ())),
+    }
     // A thread that is not ours (pid 1's).
     assert_eq!(refused(c.register(reg("init", 1, None))), ErrorKind::Denied);
     // Registered once; the same name or thread again is refused.
@@ -359,6 +373,27 @@ fn bad_registrations_are_refused_and_change_nothing() {
         refused(c2.register(reg("ok2", me, None))),
         ErrorKind::Invalid
     );
+    // Nor can a registered VM be set to them, or to a phase within the
+    // period limit but longer than [max] max_cosched_phase_us (20 ms).
+    for (settings, key) in [
+        (
+            [("cosched_us", "750000"), ("cosched_period_us", "1000000")],
+            "cosched_period_us",
+        ),
+        (
+            [("cosched_us", "50000"), ("cosched_period_us", "100000")],
+            "cosched_us",
+        ),
+    ] {
+        let settings = settings.map(|(k, v)| (k.to_string(), v.to_string()));
+        match c2.set("ok", BTreeMap::from(settings)) {
+            Err(ClientError::Refused { kind, message }) => {
+                assert_eq!(kind, ErrorKind::Caps, "{message}");
+                assert!(message.contains(key), "{key}: {message}");
+            }
+            other => panic!("{key}: accepted: {:?}", other.map(|_| ())),
+        }
+    }
     // Unknown VM names.
     assert!(matches!(
         c2.set("nope", BTreeMap::from([("max_rt_prio".into(), "1".into())])),
