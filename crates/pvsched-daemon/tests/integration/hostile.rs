@@ -30,16 +30,18 @@ const NOGROUP: &str = "nogroup";
 /// The operator maximum of these tests: every `[max]` key set.
 const MAX: &str = "[max]\nallow_rt = true\nmax_rt_prio = 5\nnice_floor = -10\n\
 max_boost_us = 20000\nmax_budget_pct = 50\nhalt_always = false\nmin_throttle_us = 10000\n\
-max_window_us = 1000000\nmax_halt_hold_us = 1000000\nmax_ipi_window_us = 50000\n";
+max_window_us = 1000000\nmax_halt_hold_us = 1000000\nmax_ipi_window_us = 50000\n\
+max_cosched_period_us = 100000\nmax_cosched_phase_us = 20000\n";
 
 /// Caps exactly at every limit of [`MAX`].
 const AT_MAX: &str = "max_rt_prio = 5; cs_rt_prio = 5; halt_prio = 5; yield_prio = 5; \
 nice_floor = -10; max_boost_us = 20000; budget_us = 500000; window_us = 1000000; \
-throttle_us = 10000; halt_hold_us = 1000000; ipi_window_us = 50000";
+throttle_us = 10000; halt_hold_us = 1000000; ipi_window_us = 50000; \
+cosched_period_us = 100000; cosched_us = 20000";
 
 /// One step beyond each limit of [`MAX`] (or out of range), and the key
 /// the refusal must name.
-const BEYOND_MAX: [(&str, &str); 14] = [
+const BEYOND_MAX: [(&str, &str); 17] = [
     ("max_rt_prio = 6", "max_rt_prio"),
     ("cs_rt_prio = 6", "cs_rt_prio"),
     ("halt_prio = 6", "halt_prio"),
@@ -54,6 +56,17 @@ const BEYOND_MAX: [(&str, &str); 14] = [
     ("halt_hold_us = 1000001", "halt_hold_us"),
     ("ipi_window_us = 50001", "ipi_window_us"),
     ("halt_prio = 200", "halt_prio"),
+    // Co-scheduling is a FIFO run like a boost: its period and phase are
+    // bounded too (the review's 750 ms in every second first).
+    (
+        "cosched_period_us = 1000000; cosched_us = 750000",
+        "cosched_period_us",
+    ),
+    ("cosched_period_us = 100001", "cosched_period_us"),
+    (
+        "cosched_period_us = 100000; cosched_us = 20001",
+        "cosched_us",
+    ),
 ];
 
 /// Whether the unprivileged child can run here: root (to switch uid) and
