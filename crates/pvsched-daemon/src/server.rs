@@ -85,23 +85,15 @@ struct Client {
     /// Reply messages not sent yet (the client reads slower than it asks),
     /// each with the fd it carries; sent when the socket is writable.
     out: VecDeque<(Vec<u8>, Option<OwnedFd>)>,
-    /// Their bytes.
-    out_bytes: usize,
     /// What epoll waits for on this client now.
     interest: EpollFlags,
 }
 
 impl Client {
     fn queue(&mut self, bytes: Vec<u8>, pass: Option<OwnedFd>) {
-        self.out_bytes += bytes.len();
         self.out.push_back((bytes, pass));
     }
 }
-
-/// Reply bytes queued for one client at most: past this its requests
-/// are not read until it has read its replies (memory stays bounded, and
-/// a VMM that reads slowly keeps its VM).
-const MAX_QUEUED: usize = 16 << 20;
 
 /// What an epoll event is about.
 #[derive(Clone, Copy)]
@@ -353,7 +345,6 @@ impl Server {
                     pidfd,
                     deadline: Some(Instant::now() + timeout),
                     out: VecDeque::new(),
-                    out_bytes: 0,
                     interest: EpollFlags::EPOLLIN,
                 },
             );
@@ -524,7 +515,6 @@ impl Server {
         while let Some((bytes, pass)) = c.out.front() {
             match reply_bytes(&c.fd, bytes, pass.as_ref()) {
                 Ok(()) => {
-                    c.out_bytes -= bytes.len();
                     c.out.pop_front();
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -535,8 +525,13 @@ impl Server {
                 }
             }
         }
+        // One reply in flight per client: its next request is not read
+        // until it has taken the whole of the last reply. What a client
+        // that never reads can make pvschedd hold is then one reply (its
+        // own VMs' status), not a queue it grows by asking on; a VMM that
+        // reads slowly keeps its VM.
         let mut want = EpollFlags::empty();
-        if c.out_bytes < MAX_QUEUED {
+        if c.out.is_empty() {
             want |= EpollFlags::EPOLLIN;
         }
         if !c.out.is_empty() {

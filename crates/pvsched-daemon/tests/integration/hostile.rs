@@ -16,6 +16,7 @@ use pvsched_daemon::{Client, ClientError, ErrorKind, RegionMap, RegisterVm};
 use pvsched_policy::Caps;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -199,7 +200,8 @@ fn caps_text(spec: &str) -> String {
 /// (caps as `k = v; k = v`), `boost NAME`, `peek NAME` (vCPU 0's guest
 /// half in its region), `hold` (fork a process that keeps this one's
 /// connection open), `exec IDX` (that thread calls execve), `foreign NAME
-/// TID` (register another process's thread).
+/// TID` (register another process's thread), `flood VMS PER_VM REQUESTS`
+/// (VM-holding connections asking status and never reading the replies).
 #[test]
 fn hostile_vmm_child() {
     if std::env::var("PVSCHED_HOSTILE_VMM").as_deref() != Ok("1") {
@@ -210,6 +212,7 @@ fn hostile_vmm_child() {
     let mut threads: Vec<ChildThread> = Vec::new();
     let mut regions = BTreeMap::new();
     let mut extra: Vec<Client> = Vec::new();
+    let mut held_fds: Vec<std::os::fd::OwnedFd> = Vec::new();
     println!("HOSTILE READY");
     for line in std::io::stdin().lock().lines() {
         let line = line.unwrap();
@@ -337,6 +340,46 @@ fn hostile_vmm_child() {
                     Some(g) => println!("HOSTILE PEEK policy={} rt_prio={}", g.policy, g.rt_prio),
                     None => println!("HOSTILE PEEK none"),
                 }
+            }
+            "flood" => {
+                // `flood VMS PER_VM REQUESTS`: VMS more connections, each
+                // holding a VM of PER_VM threads (from the pool), then
+                // REQUESTS status requests on each, none of whose replies
+                // is ever read.
+                let a: Vec<usize> = rest.split(' ').map(|n| n.parse().unwrap()).collect();
+                let (vms, per_vm, requests) = (a[0], a[1], a[2]);
+                let mut buf = vec![0u8; 1 << 16];
+                let mut sent = 0;
+                for vm in 0..vms {
+                    let fd = pvsched_daemon::wire::connect_to(&socket).unwrap();
+                    let tids = threads[vm * per_vm..(vm + 1) * per_vm]
+                        .iter()
+                        .map(|t| t.tid);
+                    let req = pvsched_daemon::proto::Request::Register(RegisterVm {
+                        name: format!("flood-{vm}"),
+                        vcpus: support::vcpus(tids),
+                        emulator_tids: vec![],
+                        region: Region::None,
+                        caps: None,
+                        pid: None,
+                        detach: false,
+                    });
+                    let bytes = serde_json::to_vec(&req).unwrap();
+                    pvsched_daemon::wire::send(fd.as_fd(), &bytes, None).unwrap();
+                    let got = pvsched_daemon::wire::recv(fd.as_fd(), &mut buf).unwrap();
+                    let reply = String::from_utf8_lossy(&buf[..got.len]);
+                    assert!(reply.contains("registered"), "{reply}");
+                    use nix::sys::socket::MsgFlags;
+                    for _ in 0..requests {
+                        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+                        match nix::sys::socket::send(fd.as_raw_fd(), br#"{"op":"status"}"#, flags) {
+                            Ok(_) => sent += 1,
+                            Err(_) => break,
+                        }
+                    }
+                    held_fds.push(fd);
+                }
+                println!("HOSTILE FLOODED sent={sent}");
             }
             "exec" => {
                 threads[rest.parse::<usize>().unwrap()]
@@ -830,4 +873,80 @@ fn root_takes_a_squatted_name_back() {
     .expect("root's registration needs no file (its caps came from the flavor)");
     root.unregister(name).unwrap();
     by.check("after the name squatting");
+}
+
+/// CPU time of the main thread of process `pid` (pvschedd's socket
+/// loop), clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).unwrap();
+    // After the command's closing parenthesis: utime and stime are the
+    // 12th and 13th fields.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    f[0] + f[1]
+}
+
+/// Waits until the main thread of process `pid` has used no CPU over
+/// three 300 ms samples in a row (60 s at most).
+fn wait_idle(pid: u32) {
+    let (t0, mut last, mut still) = (Instant::now(), cpu_ticks(pid), 0);
+    while still < 3 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = cpu_ticks(pid);
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+    }
+}
+
+/// Resident memory of process `pid`, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// A VMM that asks for status on its 16 VM-holding connections and never
+/// reads the replies (each about 1 024 threads' worth) makes pvschedd
+/// hold at most one reply per connection: its memory grows by a few MiB,
+/// not by the hundreds a queue per connection would take; every VM stays
+/// registered and root is still served.
+#[test]
+fn a_client_that_never_reads_cannot_grow_the_daemons_memory() {
+    let test = "a_client_that_never_reads_cannot_grow_the_daemons_memory";
+    if !need_root_and_nobody(test) {
+        return;
+    }
+    let d = Daemon::start_for("hostile-memory", NOGROUP, "");
+    let mut vmm = HostileVmm::start(&d.socket);
+    vmm.threads(16 * 64);
+    let before = rss_kib(d.pid());
+    let a = vmm.ask("flood 16 64 300");
+    let sent: usize = a
+        .strip_prefix("FLOODED sent=")
+        .unwrap_or_else(|| panic!("{a}"))
+        .parse()
+        .unwrap();
+    let (_, vms) = d.client().status().expect("root is still served");
+    assert_eq!(vms.len(), 16, "a VM of the flooding VMM was lost");
+    // pvschedd has read every request it will read once its socket loop
+    // stops using CPU (it answers them in turn, one per connection per
+    // loop).
+    wait_idle(d.pid());
+    let (_, vms) = d.client().status().unwrap();
+    assert_eq!(vms.len(), 16);
+    let grown = rss_kib(d.pid()).saturating_sub(before);
+    println!("{sent} status requests never read: pvschedd grew by {grown} KiB");
+    assert!(sent >= 16 * 50, "only {sent} requests sent");
+    assert!(
+        grown < 48 * 1024,
+        "pvschedd grew by {grown} KiB for replies nobody reads"
+    );
 }
