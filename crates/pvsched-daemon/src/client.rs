@@ -213,7 +213,7 @@ impl Client {
     /// The daemon's and every VM's status.
     pub fn status(&mut self) -> Result<(DaemonStatus, Vec<VmStatus>)> {
         match self.request(&Request::Status)? {
-            (Reply::Status { daemon, vms }, _) => Ok((daemon, vms)),
+            (Reply::Status { daemon, vms }, _) => Ok((*daemon, vms)),
             (r, _) => Err(ClientError::Protocol(format!("{r:?}"))),
         }
     }

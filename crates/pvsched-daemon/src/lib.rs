@@ -31,11 +31,13 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod host;
+pub mod http;
 pub mod metrics;
 pub mod persist;
 pub mod proto;
 mod registry;
 pub mod server;
+pub mod sockdiag;
 pub mod wire;
 
 pub use client::{Client, ClientError, RegionMap, Registered, Session};

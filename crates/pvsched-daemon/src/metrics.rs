@@ -1,7 +1,6 @@
-//! Prometheus text exposition (format 0.0.4) of the daemon's status, and
-//! a minimal HTTP/1.0 endpoint serving it (`GET /metrics`) on a localhost
-//! port for scrapers; the same text is available as `{"op":"metrics"}` on
-//! the UNIX socket. Names follow Prometheus conventions: `_total` for
+//! Prometheus text exposition (format 0.0.4) of the daemon's status,
+//! served to scrapers by [`crate::http`] on a localhost port; the same
+//! text is available as `{"op":"metrics"}` on the UNIX socket. Names follow Prometheus conventions: `_total` for
 //! counters, base units (seconds), one `vm` label (and `thread`) per
 //! series.
 //!
@@ -13,11 +12,6 @@
 
 use crate::proto::{DaemonStatus, ThreadStatus, VmStatus};
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 /// One metric family: name, type, help, and its samples as (labels,
 /// value) in the order they were added.
@@ -252,114 +246,6 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
         f.write(&mut out);
     }
     out
-}
-
-/// Scrapes served at once; more connections are closed unanswered (a
-/// scraper retries at its next interval).
-const MAX_SCRAPES: usize = 4;
-/// Longest a scraper may take to send its request (whole, not per byte:
-/// a client trickling a byte at a time cannot hold a slot longer).
-const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
-
-/// Serves `GET /metrics` on `listener`, each connection on its own thread,
-/// at most [`MAX_SCRAPES`] at once, each within [`REQUEST_DEADLINE`].
-/// Each answered scrape renders what `snapshot` returns then (pvschedd's:
-/// [`crate::Server::snapshots`], every VM). With `token`
-/// (`metrics_token_file`), a request must carry `Authorization: Bearer
-/// <token>` and gets VM names; without, VMs are labelled by id.
-pub fn serve_http<F>(listener: TcpListener, snapshot: F, token: Option<String>)
-where
-    F: Fn() -> (DaemonStatus, Vec<VmStatus>) + Send + Sync + 'static,
-{
-    let busy = Arc::new(AtomicUsize::new(0));
-    let snapshot = Arc::new(snapshot);
-    let token = Arc::new(token);
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
-        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_SCRAPES {
-            busy.fetch_sub(1, Ordering::AcqRel);
-            tracing::debug!("metrics: {MAX_SCRAPES} scrapes in progress; connection closed");
-            continue;
-        }
-        let (snapshot, token, busy2) = (snapshot.clone(), token.clone(), busy.clone());
-        let spawned = std::thread::Builder::new()
-            .name("pvschedd-scrape".into())
-            .spawn(move || {
-                if let Err(e) = answer(conn, &*snapshot, token.as_deref()) {
-                    tracing::debug!("metrics request failed: {e}");
-                }
-                busy2.fetch_sub(1, Ordering::AcqRel);
-            });
-        if spawned.is_err() {
-            busy.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-/// Reads a request head (up to a blank line, 8 KiB at most) within
-/// [`REQUEST_DEADLINE`] of the connection.
-fn read_head(conn: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let start = Instant::now();
-    let mut req = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
-        let left = REQUEST_DEADLINE.saturating_sub(start.elapsed());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "request not complete within 2 s",
-            ));
-        }
-        conn.set_read_timeout(Some(left))?;
-        let n = conn.read(&mut buf)?;
-        if n == 0 || req.len() > 8192 {
-            break;
-        }
-        req.extend_from_slice(&buf[..n]);
-    }
-    Ok(req)
-}
-
-fn answer(
-    mut conn: TcpStream,
-    snapshot: &dyn Fn() -> (DaemonStatus, Vec<VmStatus>),
-    token: Option<&str>,
-) -> std::io::Result<()> {
-    conn.set_write_timeout(Some(REQUEST_DEADLINE))?;
-    let req = read_head(&mut conn)?;
-    let text = String::from_utf8_lossy(&req);
-    let mut lines = text.lines();
-    let line = lines.next().unwrap_or_default();
-    let authorized = token.is_some_and(|t| {
-        lines.any(|h| {
-            h.split_once(':').is_some_and(|(k, v)| {
-                k.trim().eq_ignore_ascii_case("authorization")
-                    && v.trim().strip_prefix("Bearer ").map(str::trim) == Some(t)
-            })
-        })
-    });
-    let (status, body) = if !(line.starts_with("GET /metrics ") || line.starts_with("GET / ")) {
-        ("404 Not Found", "try GET /metrics\n".into())
-    } else if token.is_some() && !authorized {
-        (
-            "401 Unauthorized",
-            "send Authorization: Bearer <the token in metrics_token_file>\n".into(),
-        )
-    } else {
-        let label = if token.is_some() {
-            VmLabel::Name
-        } else {
-            VmLabel::Id
-        };
-        let (daemon, vms) = snapshot();
-        ("200 OK", render(daemon, vms, label))
-    };
-    write!(
-        conn,
-        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    conn.flush()
 }
 
 #[cfg(test)]

@@ -284,6 +284,10 @@ pub struct DaemonStatus {
     /// count stays).
     #[serde(default)]
     pub restore_errors: u64,
+    /// The metrics endpoint: "off", "listening on ADDR", or why it is not
+    /// listening (a port taken: pvschedd binds again with back-off).
+    #[serde(default)]
+    pub metrics: String,
 }
 
 /// Registrations ended since pvschedd started, by why
@@ -385,8 +389,8 @@ pub enum Reply {
     },
     /// Status.
     Status {
-        /// The daemon.
-        daemon: DaemonStatus,
+        /// The daemon (boxed: the other replies are small).
+        daemon: Box<DaemonStatus>,
         /// Every VM, by name.
         vms: Vec<VmStatus>,
     },

@@ -60,6 +60,8 @@ pub(crate) struct Registry {
     registrations: u64,
     refused: u64,
     unregistrations: Unregistrations,
+    /// The metrics endpoint's state, for status.
+    endpoint: crate::http::EndpointState,
 }
 
 /// Most regions reserved at once (each is a 16 KiB BPF map).
@@ -79,7 +81,13 @@ impl Registry {
             registrations: 0,
             refused: 0,
             unregistrations: Unregistrations::default(),
+            endpoint: crate::http::EndpointState::default(),
         }
+    }
+
+    /// The metrics endpoint's state, which its thread keeps up to date.
+    pub(crate) fn endpoint(&self) -> crate::http::EndpointState {
+        self.endpoint.clone()
     }
 
     /// VM `name`'s device region for its device process (root's request):
@@ -487,6 +495,10 @@ impl Registry {
             rss_kib: rss_kib(),
             unregistrations: self.unregistrations,
             restore_errors: self.agent.restore_errors(),
+            metrics: match self.endpoint.get() {
+                s if s.is_empty() => "off".into(),
+                s => s,
+            },
         }
     }
 }

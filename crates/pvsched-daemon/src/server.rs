@@ -220,8 +220,14 @@ impl Server {
         Ok(server)
     }
 
+    /// The metrics endpoint's state, shown in status: its thread
+    /// ([`crate::http::spawn`]) keeps it up to date.
+    pub fn metrics_endpoint(&self) -> crate::http::EndpointState {
+        lock(&self.registry).endpoint()
+    }
+
     /// What the metrics endpoint renders, for its thread
-    /// ([`crate::metrics::serve_http`]): each call takes the registry's
+    /// ([`crate::http::spawn`]): each call takes the registry's
     /// lock only to copy out the daemon's figures and every VM's status.
     pub fn snapshots(&self) -> impl Fn() -> (DaemonStatus, Vec<VmStatus>) + Send + Sync + 'static {
         let registry = self.registry.clone();
@@ -661,7 +667,13 @@ impl Server {
             // Anyone but root sees only the VMs it registered.
             Request::Status => {
                 let (daemon, vms) = lock(&self.registry).snapshot(viewer(root, peer_uid));
-                (Reply::Status { daemon, vms }, None)
+                (
+                    Reply::Status {
+                        daemon: Box::new(daemon),
+                        vms,
+                    },
+                    None,
+                )
             }
             Request::Metrics => {
                 let (daemon, vms) = lock(&self.registry).snapshot(viewer(root, peer_uid));

@@ -147,6 +147,11 @@ fn write_table(
         d.dropped,
         d.rss_kib as f64 / 1024.0
     )?;
+    // Said only when something is wrong with it (a port another process
+    // holds): the header stays as it was while scrapes work.
+    if !d.metrics.is_empty() && d.metrics != "off" && !d.metrics.starts_with("listening") {
+        writeln!(out, "metrics endpoint down: {}", d.metrics)?;
+    }
     writeln!(
         out,
         "{:<16} {:>7} {:<6} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10} {:>6}",

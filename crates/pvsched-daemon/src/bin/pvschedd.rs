@@ -70,23 +70,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // A port another process holds is not fatal: the endpoint's thread
+    // binds it again with back-off, and status says why it is down.
     if !metrics.is_empty() {
-        match std::net::TcpListener::bind(&metrics) {
-            Ok(l) => {
-                let snapshots = server.snapshots();
-                let spawned = std::thread::Builder::new()
-                    .name("pvschedd-metrics".into())
-                    .spawn(move || pvsched_daemon::metrics::serve_http(l, snapshots, token));
-                if let Err(e) = spawned {
-                    tracing::error!("starting the metrics thread: {e}");
-                    return ExitCode::FAILURE;
-                }
-                tracing::info!("metrics on http://{metrics}/metrics");
-            }
-            Err(e) => {
-                tracing::error!("metrics_listen {metrics}: {e} (set another port or \"\")");
-                return ExitCode::FAILURE;
-            }
+        let spawned = pvsched_daemon::http::spawn(
+            metrics,
+            Box::new(server.snapshots()),
+            token,
+            server.metrics_endpoint(),
+        );
+        if let Err(e) = spawned {
+            tracing::error!("starting the metrics thread: {e}");
+            return ExitCode::FAILURE;
         }
     }
     notify_ready();

@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use support::{Daemon, LIMIT};
 
-const NOBODY: u32 = 65534;
-const NOGROUP: &str = "nogroup";
+pub(crate) const NOBODY: u32 = 65534;
+pub(crate) const NOGROUP: &str = "nogroup";
 
 /// The operator maximum of these tests: every `[max]` key set.
 const MAX: &str = "[max]\nallow_rt = true\nmax_rt_prio = 5\nnice_floor = -10\n\
@@ -72,7 +72,7 @@ const BEYOND_MAX: [(&str, &str); 17] = [
 
 /// Whether the unprivileged child can run here: root (to switch uid) and
 /// the `nogroup` group.
-fn need_root_and_nobody(test: &str) -> bool {
+pub(crate) fn need_root_and_nobody(test: &str) -> bool {
     if !need_bpf(test) {
         return false;
     }

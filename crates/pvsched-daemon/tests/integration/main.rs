@@ -10,6 +10,7 @@ mod support;
 
 mod daemon;
 mod hostile;
+mod hostile_metrics;
 mod restart;
 mod systemd;
 mod systemd_unit;

@@ -30,16 +30,21 @@ impl Daemon {
 
     /// A daemon whose socket members of `group` may use (`""`: root only).
     pub fn start_for(tag: &str, group: &str, config: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("pvschedd-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("vms")).unwrap();
-        let socket = dir.join("pvschedd.sock");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let metrics = format!("127.0.0.1:{port}");
+        Self::start_on(tag, group, config, &format!("127.0.0.1:{port}"))
+    }
+
+    /// [`Daemon::start_for`] with its metrics endpoint on `metrics`.
+    pub fn start_on(tag: &str, group: &str, config: &str, metrics: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("pvschedd-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("vms")).unwrap();
+        let socket = dir.join("pvschedd.sock");
+        let metrics = metrics.to_string();
         let cfg = dir.join("pvschedd.toml");
         std::fs::write(
             &cfg,
