@@ -327,7 +327,7 @@ class BenchBoot:
         self.tids = {pid: "main"} | {c["thread-id"]: f"vcpu{c['cpu-index']}" for c in cpus}
         if self.variant in PV_VARIANTS:
             argv = ["qemu-attach", "--qmp", str(boot.qmp_path), "--name", self.name,
-                    "--device-region"]
+                    "--pid", str(pid), "--device-region"]
             if self.args.no_emulator or self.variant == "pvsched-noemu":
                 argv.append("--no-emulator")
             self.daemon.pvsched(*argv)

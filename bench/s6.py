@@ -327,7 +327,7 @@ def apply_variant(g, variant, daemon, cgroup):
     pid = g.boot.qemu.pid
     if variant.startswith("pvsched"):
         daemon.pvsched("qemu-attach", "--qmp", str(g.boot.qmp_path), "--name", g.name,
-                       "--device-region")
+                       "--pid", str(pid), "--device-region")
         if variant not in daemon.caps:
             daemon.caps[variant] = vm_caps(daemon, g.name)
             log(f"{variant} caps: {daemon.caps[variant]}")

@@ -111,7 +111,7 @@ class DaemonLoop(AgentLoop):
             os.setpriority(os.PRIO_PROCESS, t, BASE_NICE)
         self.baseline = {t: attrs(t) for t in tids}
         r = self.pvsched("qemu-attach", "--qmp", str(boot.qmp_path), "--name", VM_NAME,
-                         "--device-region", "--no-emulator")
+                         "--pid", str(pid), "--device-region", "--no-emulator")
         status = json.loads(self.pvsched("status", "--json").stdout)
         vm = next((v for v in status["vms"] if v["name"] == VM_NAME), None)
         if vm is None:

@@ -7,8 +7,8 @@
 //!
 //! ```text
 //! pvsched device --transport vfio-user --socket /run/vm1.sock --vcpus 2 --daemon-region vm1 &
-//! qemu-system-x86_64 ... -device '{"driver":"vfio-user-pci","socket":{"type":"unix","path":"/run/vm1.sock"}}' ...
-//! pvsched qemu-attach --qmp /run/vm1.qmp --name vm1 --device-region
+//! qemu-system-x86_64 ... -device '{"driver":"vfio-user-pci","socket":{"type":"unix","path":"/run/vm1.sock"}}' -pidfile /run/vm1.pid ...
+//! pvsched qemu-attach --qmp /run/vm1.qmp --name vm1 --pid "$(cat /run/vm1.pid)" --device-region
 //! ```
 
 use crate::exit::Exit;

@@ -1,8 +1,9 @@
 //! `pvsched qemu-attach`: registers a running QEMU with pvschedd, from
 //! one of two sources of vCPU threads:
 //!
-//! - `--qmp SOCKET --name NAME`: QMP `query-cpus-fast` on a QMP socket of
-//!   QEMU's own; the QEMU process is the socket's peer (SO_PEERCRED).
+//! - `--qmp SOCKET --name NAME --pid PID`: QMP `query-cpus-fast` on a QMP
+//!   socket of QEMU's own; the socket's peer (SO_PEERCRED) must be QEMU
+//!   process PID (whoever can bind the path cannot choose the process).
 //! - `--libvirt DOMAIN`: a libvirt domain, through the monitor libvirt
 //!   itself holds (`virsh qemu-monitor-command DOMAIN
 //!   '{"execute":"query-cpus-fast"}'`), with the QEMU process libvirt
@@ -104,12 +105,13 @@ pub struct QemuAttachArgs {
     /// Do not register QEMU's main-loop thread as the emulator thread.
     #[arg(long)]
     no_emulator: bool,
-    /// The QEMU process the VM runs as. With --qmp: the QMP socket's peer
-    /// must be it, so a socket another process put in a shared directory
-    /// is refused. With --libvirt: the process libvirt started (default:
-    /// the pid in /run/libvirt/qemu/DOMAIN.pid), whose threads the vCPU
-    /// threads must be.
-    #[arg(long)]
+    /// The QEMU process the VM runs as. With --qmp (required): the QMP
+    /// socket's peer must be it, so a socket another process bound at that
+    /// path (a shared directory, a stale path) is refused instead of its
+    /// process registered under NAME. With --libvirt: the process libvirt
+    /// started (default: the pid in /run/libvirt/qemu/DOMAIN.pid), whose
+    /// threads the vCPU threads must be.
+    #[arg(long, required_unless_present = "libvirt")]
     pid: Option<u32>,
     /// QEMU's pvsched device serves pvschedd's region for NAME as BAR2
     /// (`pvsched device --daemon-region NAME`): register the VM with it.
@@ -876,6 +878,62 @@ mod tests {
             );
             t.join().unwrap();
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `--qmp` needs `--pid`, and a QMP socket whose peer is not that
+    /// process (a socket someone else bound at the path) is refused before
+    /// anything is asked of it.
+    #[test]
+    fn a_qmp_socket_is_trusted_only_for_the_process_named() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: QemuAttachArgs,
+        }
+        use clap::Parser;
+        let e = Cli::try_parse_from(["qemu-attach", "--qmp", "/x.sock", "--name", "vm"])
+            .err()
+            .expect("--qmp without --pid refused");
+        assert!(e.to_string().contains("--pid"), "{e}");
+        Cli::try_parse_from([
+            "qemu-attach",
+            "--qmp",
+            "/x.sock",
+            "--name",
+            "vm",
+            "--pid",
+            "7",
+        ])
+        .expect("--qmp with --pid");
+        Cli::try_parse_from(["qemu-attach", "--libvirt", "web-1"]).expect("--libvirt alone");
+
+        let dir = std::env::temp_dir().join(format!("pvsched-qmp-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("qmp.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        // A QMP server of this (test) process: greeting, then an answer
+        // to every command.
+        let t = std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let _ = s.write_all(b"{\"QMP\":{}}\n");
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    let _ = s.write_all(b"{\"return\":[]}\n");
+                    line.clear();
+                }
+            }
+        });
+        let other = std::process::id() + 1;
+        let e = from_qmp(&path, Some(other), "vm").err().expect("refused");
+        assert!(
+            e.contains(&format!("served by process {}", std::process::id()))
+                && e.contains(&format!("not QEMU {other}")),
+            "{e}"
+        );
+        drop(t);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -112,6 +112,8 @@ fn qemu_attach_registers_a_running_qemu_until_it_exits() {
             qmp.to_str().unwrap(),
             "--name",
             "tcg-1",
+            "--pid",
+            &pid.to_string(),
         ],
         &d.socket,
     );
