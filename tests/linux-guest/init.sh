@@ -15,6 +15,10 @@
 #   pvtest=hostile   the device corrupts the region header (--fault
 #                    hostile-header): four probes refused, the fifth binds and
 #                    has its header overwritten after validation
+#   pvtest=foreign   BAR2 is pvschedd's region (vfio-user, --daemon-region);
+#                    another host process maps the same region and writes
+#                    garbage over its header and the host halves, once
+#                    bound and then without pause through three reloads
 # and: pvregion=guest loads the module with use_device_region=0; pvchurn=N
 # runs N pipe round trips (2N context switches, so about 2N slot updates)
 # between "@@ churn-start" and "@@ churn-end" right after the first probe;
@@ -240,6 +244,31 @@ if [ "$mode" = loss ]; then
 	dmesg | grep -E 'pvsched' | tail -n 5
 	rmmod pvsched
 	echo "@@ loss-rmmod rc=$? bound=$(bound)"
+	finish
+fi
+
+if [ "$mode" = foreign ]; then
+	load
+	host_sync foreign-bound rc=$? bound=$(bound)
+	# The host has rewritten the header and keeps rewriting it: the
+	# driver writes its slots where it validated them, through a hotplug.
+	switch_each_cpu
+	last=$((ncpu - 1))
+	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
+	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
+	switch_each_cpu
+	host_sync foreign-after bound=$(bound) slot=$(slot_of "$last")
+	# Probes under the rewrites: each binds (the header read whole
+	# between two rewrites) or is refused naming the check; nothing else.
+	for i in 1 2 3; do
+		rmmod pvsched
+		load
+		echo "@@ foreign-reload-$i rc=$? bound=$(bound)"
+		switch_each_cpu
+	done
+	host_sync foreign-stop
+	rmmod pvsched
+	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
 fi
 

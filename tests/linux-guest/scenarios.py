@@ -26,7 +26,8 @@ from pvsched_guest import abi
 from pvsched_guest.boot import Boot
 from pvsched_guest.qmp import qmp
 from agent_loop import AgentLoop
-from daemon_loop import DaemonLoop
+from daemon_loop import VM_NAME as DAEMON_VM, DaemonLoop
+from foreign_writer import ForeignWriter
 from wait_loop import WaitLoop
 
 
@@ -414,6 +415,67 @@ def daemon(g, report):
           f"expected device", f)
     report(f"{b.name}: {b.seconds:.1f}s; {summary}")
     report(f"{b.name}: attach {loop.info}")
+    return f
+
+
+def foreign(g, report):
+    """BAR2 is pvschedd's region (device-region mode over vfio-user, as
+    `daemon`); once the driver is bound, another host process (this one,
+    holding the region as root's device process does) writes garbage over
+    the region header and every slot's host half, and rewrites it every
+    millisecond through a CPU hotplug and three reloads. The driver keeps
+    writing its slots where it validated them, each probe under the
+    rewrites binds or is refused naming a header check, and nothing oopses:
+    the driver reads the header once per probe and the host halves never."""
+    name = "foreign-smp2"
+    loop = DaemonLoop(g, g.out / name)
+    loop.start_daemon()
+    writer = {}
+
+    def bound(b):
+        writer["w"] = ForeignWriter(loop.socket, DAEMON_VM)
+        writer["w"].corrupt()
+        b.answer("go")
+
+    def stop(b):
+        if "w" in writer:
+            writer["w"].stop()
+        b.answer("go")
+
+    try:
+        b = Boot(g, name, 2, "foreign", transport="vfio-user", device_cmd=loop.device_cmd(),
+                 hooks={"foreign-bound": bound, "foreign-after": answer_go,
+                        "foreign-stop": stop}).run()
+    finally:
+        if "w" in writer:
+            writer["w"].stop()
+        loop.stop_daemon()
+    f = []
+    w = writer.get("w")
+    check(w is not None and w.header["magic"] != 0xFFFFFFFF,
+          f"{b.name}: no valid header to corrupt at foreign-bound", f)
+    check(b.mark("foreign-bound").get("bound") == "1", f"{b.name}: driver did not bind", f)
+    check(region_modes(b) == {"device"}, f"{b.name}: not in device-region mode", f)
+    after = b.mark("foreign-after")
+    check(after.get("bound") == "1" and after.get("slot") == "1",
+          f"{b.name}: after the rewrites and a CPU hotplug: {after}", f)
+    s0, s1 = b.snapshots.get("foreign-bound"), b.snapshots.get("foreign-after")
+    if check(s0 and s1, f"{b.name}: no device view at foreign-bound/foreign-after", f):
+        for i in range(2):
+            u0, u1 = s0["slots"][i]["updates"], s1["slots"][i]["updates"]
+            check(u1 > u0, f"{b.name}: slot {i} not written after the rewrites ({u0} -> {u1})", f)
+    outcomes = [b.mark(f"foreign-reload-{i}").get("bound") for i in (1, 2, 3)]
+    check(all(o in ("0", "1") for o in outcomes), f"{b.name}: reloads {outcomes}", f)
+    refused = len({l for l in b.serial if "device wrote an invalid region header" in l})
+    check(refused == outcomes.count("0"),
+          f"{b.name}: {outcomes.count('0')} reloads unbound, {refused} refused for the header", f)
+    rm = b.mark("rmmod")
+    check(rm.get("rc") == "0" and rm.get("bound") == "0", f"{b.name}: rmmod {rm}", f)
+    dmesg_clean(b, f)
+    report(f"{b.name}: {b.seconds:.1f}s; another process rewrote the header and host halves "
+           f"{w.writes if w else 0} times; slots written at their validated offsets through a "
+           f"CPU hotplug; reloads under the rewrites: {outcomes.count('1')} bound, "
+           f"{refused} refused naming the header; rmmod rc={rm.get('rc')}, no oops")
     return f
 
 

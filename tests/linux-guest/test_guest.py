@@ -13,6 +13,8 @@ device's view of the region (scenarios.py says what each boot checks).
 - agent: pvsched-agent-attach on QEMU's vCPU threads boosts the one running
   the guest's FIFO 8 loop, and restores it;
 - vfio-daemon: the same with pvschedd's region map as BAR2;
+- foreign: that region's header and host halves rewritten with garbage by
+  another host process while the driver is bound and reloaded;
 - vfio-kill, vfio-unplug: the device SIGKILLed, or device_del'd over QMP,
   while the driver is bound;
 - negative: wrong MAGIC, wrong version, a region the device refuses.
@@ -48,6 +50,12 @@ def test_agent(guest, report):
 @pytest.mark.usefixtures("root", "qemu11")
 def test_vfio_daemon(guest, report):
     failures = scenarios.daemon(guest, report)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.usefixtures("root", "qemu11")
+def test_foreign_header(guest, report):
+    failures = scenarios.foreign(guest, report)
     assert not failures, "\n".join(failures)
 
 
