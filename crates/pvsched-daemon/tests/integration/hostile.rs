@@ -86,6 +86,22 @@ pub(crate) fn need_root_and_nobody(test: &str) -> bool {
     true
 }
 
+/// Test `name` of `module` in a child of this test binary running as
+/// nobody (group nogroup), its stdin and stdout piped to this test.
+pub(crate) fn nobody_child(module: &str, name: &str) -> Command {
+    let gid = nix::unistd::Group::from_name(NOGROUP)
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw();
+    let mut cmd = pvsched_testkit::test_child(module, name);
+    cmd.uid(NOBODY)
+        .gid(gid)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    cmd
+}
+
 /// The hostile VMM, a child process running as nobody.
 struct HostileVmm {
     child: Child,
@@ -95,18 +111,9 @@ struct HostileVmm {
 
 impl HostileVmm {
     fn start(socket: &Path) -> HostileVmm {
-        let gid = nix::unistd::Group::from_name(NOGROUP)
-            .unwrap()
-            .unwrap()
-            .gid
-            .as_raw();
-        let mut child = pvsched_testkit::test_child(module_path!(), "hostile_vmm_child")
+        let mut child = nobody_child(module_path!(), "hostile_vmm_child")
             .env("PVSCHED_HOSTILE_VMM", "1")
             .env("HOSTILE_SOCKET", socket)
-            .uid(NOBODY)
-            .gid(gid)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
             .spawn()
             .unwrap();
         let stdin = child.stdin.take().unwrap();
@@ -553,16 +560,8 @@ fn an_exec_frees_a_tid_that_is_never_touched_again() {
     }
     // Its owner (root here) registers it; the hostile VM's end leaves it be.
     let mut root = d.client();
-    root.register(RegisterVm {
-        name: "owner".into(),
-        vcpus: vec![Vcpu { tid, apic_id: 0 }],
-        emulator_tids: vec![],
-        region: Region::None,
-        caps: None,
-        pid: None,
-        detach: false,
-    })
-    .expect("the TID's new owner registers it");
+    root.register(root_registration("owner", tid, Region::None, false))
+        .expect("the TID's new owner registers it");
     // SAFETY: kills the holder process the child forked (its pid came back
     // from the child; it is ours to end).
     unsafe { libc::kill(holder, libc::SIGKILL) };
@@ -705,18 +704,12 @@ fn vm_names_are_bound_to_their_vmms() {
     });
     // The victim's own (root) VMM is not locked out.
     let mut root = d.client();
-    root.register(RegisterVm {
-        name: "victim".into(),
-        vcpus: vec![Vcpu {
-            tid: by.threads[0].tid,
-            apic_id: 0,
-        }],
-        emulator_tids: vec![],
-        region: Region::None,
-        caps: None,
-        pid: None,
-        detach: false,
-    })
+    root.register(root_registration(
+        "victim",
+        by.threads[0].tid,
+        Region::None,
+        false,
+    ))
     .expect("the victim's owner registers it");
     root.unregister("victim").unwrap();
     by.check("after the name squatting");

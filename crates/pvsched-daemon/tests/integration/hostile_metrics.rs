@@ -4,13 +4,12 @@
 //! root scraper (another uid, as Prometheus is) must still be answered,
 //! and pvschedd must stay up.
 
-use crate::hostile::{NOBODY, NOGROUP, need_root_and_nobody};
+use crate::hostile::{NOGROUP, need_root_and_nobody, nobody_child};
 use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use support::{Daemon, LIMIT, http_get};
 
@@ -21,18 +20,9 @@ impl Nuisance {
     /// `mode` "bind": holds a listener on `addr`; "idle N": keeps N idle
     /// connections to `addr` open, opening a new one for each closed.
     fn start(mode: &str, addr: &str) -> Nuisance {
-        let gid = nix::unistd::Group::from_name(NOGROUP)
-            .unwrap()
-            .unwrap()
-            .gid
-            .as_raw();
-        let mut child = pvsched_testkit::test_child(module_path!(), "nuisance_child")
+        let mut child = nobody_child(module_path!(), "nuisance_child")
             .env("PVSCHED_NUISANCE", mode)
             .env("NUISANCE_ADDR", addr)
-            .uid(NOBODY)
-            .gid(gid)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
             .spawn()
             .unwrap();
         let mut out = BufReader::new(child.stdout.take().unwrap());
