@@ -47,7 +47,7 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML of this format.
-    #[error("{path}: {source} (see docs/operating.md, \"Configuring pvschedd\")")]
+    #[error("{path}: {source} (see docs/operating.md, \"Configure\")")]
     Toml {
         path: PathBuf,
         /// The TOML parser's error, with line and column.
