@@ -26,7 +26,7 @@ use crate::metrics::{VmLabel, render};
 use crate::proto::{DaemonStatus, VmStatus};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -133,7 +133,6 @@ struct Conn {
 
 /// Serves until the listener fails.
 fn serve(l: &TcpListener, snapshot: &Snapshot, token: Option<&str>) -> io::Result<()> {
-    let ours = l.local_addr()?;
     let mut conns: Vec<Conn> = Vec::new();
     loop {
         let now = Instant::now();
@@ -179,13 +178,13 @@ fn serve(l: &TcpListener, snapshot: &Snapshot, token: Option<&str>) -> io::Resul
             !done[i - 1]
         });
         if ready[0] {
-            accept_all(l, ours, &mut conns)?;
+            accept_all(l, &mut conns)?;
         }
     }
 }
 
 /// Takes every pending connection that the limits let in.
-fn accept_all(l: &TcpListener, ours: SocketAddr, conns: &mut Vec<Conn>) -> io::Result<()> {
+fn accept_all(l: &TcpListener, conns: &mut Vec<Conn>) -> io::Result<()> {
     loop {
         let (stream, from) = match l.accept() {
             Ok(a) => a,
@@ -198,7 +197,12 @@ fn accept_all(l: &TcpListener, ours: SocketAddr, conns: &mut Vec<Conn>) -> io::R
                 return Ok(());
             }
         };
-        let peer = crate::sockdiag::local_peer_uid(from, ours)
+        // This connection's own local address: a listener on 0.0.0.0 or
+        // [::] has none of its own.
+        let peer = stream
+            .local_addr()
+            .ok()
+            .and_then(|ours| crate::sockdiag::local_peer_uid(from, ours))
             .map(Peer::Uid)
             .unwrap_or(Peer::Addr(from.ip()));
         let held = conns.iter().filter(|c| c.peer == peer).count();
@@ -344,21 +348,20 @@ mod tests {
         assert!(other.starts_with(b"HTTP/1.0 404"));
     }
 
-    /// One local uid gets [`PER_PEER`] connections; more are closed at
-    /// once, and its held ones do not keep another uid's scrape out (here
-    /// the same uid after its idle ones expire would be the only peer, so
-    /// the count is what is checked).
+    /// One local uid gets [`PER_PEER`] connections and more are closed
+    /// at once, counted by its uid also through a listener on 0.0.0.0
+    /// (whose own address names no connection's local end).
     #[test]
     fn a_local_uid_holds_at_most_its_slots() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let l = TcpListener::bind("0.0.0.0:0").unwrap();
         l.set_nonblocking(true).unwrap();
-        let ours = l.local_addr().unwrap();
+        let port = l.local_addr().unwrap().port();
         let held: Vec<TcpStream> = (0..PER_PEER + 3)
-            .map(|_| TcpStream::connect(ours).unwrap())
+            .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
             .collect();
         let mut conns = Vec::new();
         // The connections reach the backlog at once on loopback.
-        accept_all(&l, ours, &mut conns).unwrap();
+        accept_all(&l, &mut conns).unwrap();
         let counts = per_peer(&conns);
         let me = Peer::Uid(nix::unistd::getuid().as_raw());
         assert_eq!(counts.get(&me), Some(&PER_PEER), "{counts:?}");

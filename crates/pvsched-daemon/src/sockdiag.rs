@@ -34,7 +34,13 @@ const MSG_UID: usize = 64;
 
 /// The uid owning the local socket connected from `peer` to `ours`.
 pub fn local_peer_uid(peer: SocketAddr, ours: SocketAddr) -> Option<u32> {
-    let (family, src, dst) = match (peer.ip(), ours.ip()) {
+    // A v4 client of a listener on [::] shows as ::ffff:a.b.c.d, but its
+    // own socket is an AF_INET one.
+    let v4 = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    let (family, src, dst) = match (v4(peer.ip()), v4(ours.ip())) {
         (IpAddr::V4(p), IpAddr::V4(o)) => {
             (libc::AF_INET as u8, pad16(&p.octets()), pad16(&o.octets()))
         }
@@ -115,6 +121,15 @@ mod tests {
         assert_eq!(peer, c.local_addr().unwrap());
         let uid = local_peer_uid(peer, l.local_addr().unwrap());
         assert_eq!(uid, Some(nix::unistd::getuid().as_raw()));
+        // The same through a listener on [::] (where the host has IPv6).
+        if let Ok(l6) = std::net::TcpListener::bind("[::]:0") {
+            let port = l6.local_addr().unwrap().port();
+            let c6 = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let (_s6, peer6) = l6.accept().unwrap();
+            let ours6 = SocketAddr::new("::ffff:127.0.0.1".parse().unwrap(), port);
+            assert!(matches!(peer6.ip(), IpAddr::V6(_)), "{peer6}");
+            assert_eq!(local_peer_uid(peer6, ours6), uid, "{peer6} from {c6:?}");
+        }
         // Nobody connects from this port.
         let nobody: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(local_peer_uid(nobody, l.local_addr().unwrap()), None);
