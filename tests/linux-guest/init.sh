@@ -200,6 +200,17 @@ switch_each_cpu() {
 	done
 }
 
+# hotplug_last: every CPU switches, the last CPU ($last) goes offline and
+# online again, and every CPU switches once more (the driver must find its
+# slot for a CPU that came back).
+hotplug_last() {
+	switch_each_cpu
+	last=$((ncpu - 1))
+	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
+	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
+	switch_each_cpu
+}
+
 finish() {
 	bad=$(dmesg | grep -cE 'BUG|Oops|WARNING|KASAN|Call Trace')
 	echo "@@ dmesg-bad count=$bad"
@@ -252,11 +263,7 @@ if [ "$mode" = foreign ]; then
 	host_sync foreign-bound rc=$? bound=$(bound)
 	# The host has rewritten the header and keeps rewriting it: the
 	# driver writes its slots where it validated them, through a hotplug.
-	switch_each_cpu
-	last=$((ncpu - 1))
-	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
-	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
-	switch_each_cpu
+	hotplug_last
 	host_sync foreign-after bound=$(bound) slot=$(slot_of "$last")
 	# Probes under the rewrites: each binds (the header read whole
 	# between two rewrites) or is refused naming the check; nothing else.
@@ -285,11 +292,7 @@ if [ "$mode" = hostile ]; then
 	# right after: the driver must go on with what it validated.
 	load
 	host_sync hostile-rewrite rc=$? bound=$(bound)
-	switch_each_cpu
-	last=$((ncpu - 1))
-	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
-	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
-	switch_each_cpu
+	hotplug_last
 	echo "@@ hostile-after bound=$(bound) slot=$(slot_of "$last")"
 	cat /sys/kernel/debug/pvsched/stats
 	rmmod pvsched
