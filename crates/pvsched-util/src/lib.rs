@@ -38,13 +38,24 @@ pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// CLOCK_MONOTONIC now, ns (the clock of `Instant`, BPF's
 /// `bpf_ktime_get_ns` and a tracefs trace with `trace_clock` mono).
 pub fn mono_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CPU time the calling thread has used, ns.
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// `clock_gettime(clock)`, ns; only for clocks every Linux has.
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: clock_gettime writes the valid timespec we pass;
-    // CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: clock_gettime writes one timespec to the valid pointer we
+    // pass; the callers name CLOCK_MONOTONIC or CLOCK_THREAD_CPUTIME_ID,
+    // which always exist.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)

@@ -32,6 +32,7 @@
 //! little and get all of it pull down: the VMs got 5–20 % less than
 //! without co-scheduling.)
 
+use pvsched_util::thread_cpu_ns;
 use std::fs;
 
 /// How long a measuring window lasts: long enough for thousands of the
@@ -139,20 +140,6 @@ pub fn all_threads(cpu_budget_ns: u64, mut go_on: impl FnMut() -> bool) -> Optio
         threads: out,
         complete,
     })
-}
-
-/// CPU time the calling thread has used, ns.
-pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec to the valid pointer we
-    // pass; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// A thread runnable for at least this share of a window may want a
