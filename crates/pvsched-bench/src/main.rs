@@ -16,7 +16,7 @@
 
 pub mod costs;
 pub mod font;
-pub use pvsched::hogs;
+pub use pvsched_host::hogs;
 pub mod machine;
 pub mod plot;
 pub mod report;

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-pub use pvsched::hogs::LoadReport;
+pub use pvsched_host::hogs::LoadReport;
 
 /// The smallest and largest value over repetitions.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

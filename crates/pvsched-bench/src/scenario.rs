@@ -13,8 +13,8 @@ use super::report::{
 use super::runner::{self, Outcome, RunOpts, Variant};
 use super::stats::{self, median, ratio};
 use super::worker::{BenchWorkload, VariantPolicy};
-use pvsched::summary::PolicySummary;
 use pvsched_agent::object::REEVAL_PROG;
+use pvsched_host::summary::PolicySummary;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 
@@ -934,7 +934,7 @@ mod tests {
 
     use crate::runner::HogWork;
     use crate::worker::{ProgStat, WorkerReport};
-    use pvsched::summary::VcpuSummary;
+    use pvsched_host::summary::VcpuSummary;
     use pvsched_policy::Caps;
 
     /// An outcome of `report` with the hogs at `hog_per_s` over 2 s.

@@ -10,13 +10,13 @@
 
 use super::hogs;
 use clap::{Args, ValueEnum};
-use pvsched::embedded::{Embedded, EmbeddedError};
-use pvsched::launch::{self, LaunchError, Launched};
-use pvsched::summary::PolicySummary;
 use pvsched_agent::intf::PROG_NAMES;
 use pvsched_agent::object::REEVAL_PROG;
 use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmHandle, VmSpec};
 use pvsched_device::RegionMode;
+use pvsched_host::embedded::{Embedded, EmbeddedError};
+use pvsched_host::launch::{self, LaunchError, Launched};
+use pvsched_host::summary::PolicySummary;
 use pvsched_policy::event::EV_TICK;
 use pvsched_policy::{BoostKind, Caps, CapsError};
 use pvsched_util::exit::Exit;
