@@ -15,9 +15,11 @@
 //!   [`machine`]: what it ran on.
 
 pub mod costs;
+pub mod docgen;
 pub mod font;
 pub use pvsched_host::hogs;
 pub mod machine;
+pub mod paired;
 pub mod plot;
 pub mod report;
 pub mod runner;
@@ -132,6 +134,10 @@ enum Command {
     /// hogs: boosted time per budget window and the hogs' share.
     #[command(after_help = exit::help(&Exit::ALL))]
     S5(BenchArgs),
+    /// Redraw the results page's figures from the JSON reports it cites
+    /// (`--check`: only compare, exit 1 on any difference).
+    #[command(after_help = exit::help(&Exit::ALL))]
+    Doc(DocArgs),
     /// One measured run (internal: the bench starts one per variant and
     /// repetition).
     #[command(hide = true)]
@@ -148,6 +154,7 @@ fn main() -> std::process::ExitCode {
         Command::S3(a) => (ScenarioArg::S3, a),
         Command::S4(a) => (ScenarioArg::S4, a),
         Command::S5(a) => (ScenarioArg::S5, a),
+        Command::Doc(a) => return std::process::ExitCode::from(doc(&a)),
         Command::Run(a) => return std::process::ExitCode::from(worker::main(&a) as u8),
         Command::Device(a) => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
@@ -156,6 +163,60 @@ fn main() -> std::process::ExitCode {
         }
     };
     std::process::ExitCode::from(run(scenario, &args))
+}
+
+/// Arguments of `pvsched-bench doc`.
+#[derive(Args, Debug)]
+pub struct DocArgs {
+    /// Compare only: list every figure that differs from its JSON and exit
+    /// 1, leaving the page as it is.
+    #[arg(long)]
+    pub check: bool,
+    /// The page (its markers name JSON files relative to the repository
+    /// that holds it: the nearest parent with a Cargo.lock).
+    #[arg(default_value = "docs/benchmarks.md")]
+    pub page: PathBuf,
+}
+
+/// `pvsched-bench doc`: 0 when the page matches its JSON (or was
+/// rewritten), 1 on a difference under `--check`, 2 when a marker, a file
+/// or a figure it names is wrong.
+fn doc(a: &DocArgs) -> u8 {
+    let page = std::path::absolute(&a.page).unwrap_or_else(|_| a.page.clone());
+    let Some(root) = page.ancestors().find(|d| d.join("Cargo.lock").is_file()) else {
+        eprintln!(
+            "pvsched-bench doc: no repository (a parent with Cargo.lock) holds {}",
+            page.display()
+        );
+        return Exit::Usage as u8;
+    };
+    match docgen::run(&page, root, a.check) {
+        Ok(diffs) if diffs.is_empty() => 0,
+        Ok(diffs) => {
+            for d in &diffs {
+                eprintln!(
+                    "{}:{}: the page says {:?}, its JSON gives {:?}",
+                    a.page.display(),
+                    d.line,
+                    d.page,
+                    d.json
+                );
+            }
+            if a.check {
+                eprintln!(
+                    "pvsched-bench doc: {} figure(s) differ from their JSON; run `pvsched-bench doc` to redraw them",
+                    diffs.len()
+                );
+                Exit::Failure as u8
+            } else {
+                0
+            }
+        }
+        Err(e) => {
+            eprintln!("pvsched-bench {e}");
+            Exit::Usage as u8
+        }
+    }
 }
 
 /// Scenarios of `pvsched-bench` (what each measures: its subcommand's help).
