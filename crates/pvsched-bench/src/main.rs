@@ -120,7 +120,6 @@ impl BenchError {
             } => *c as u8,
             // A missing capability of this host, as a run without KVM
             // reports it: tests skip on it.
-            BenchError::NoCyclictest => Exit::NoKvm as u8,
             _ => Exit::Bench as u8,
         }
     }

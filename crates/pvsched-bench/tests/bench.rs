@@ -255,10 +255,10 @@ fn s2_quick_pairs_every_variant_and_measures_the_floor() {
     );
 }
 
-/// Without cyclictest the floor cannot be measured: a missing capability
-/// (exit 3, which tests skip on), said before any run.
+/// Without cyclictest the floor cannot be measured: the bench cannot run
+/// (exit 9, like any program it needs), said before any run.
 #[test]
-fn a_missing_cyclictest_is_a_skippable_setup_error() {
+fn a_missing_cyclictest_stops_the_bench_before_any_run() {
     let empty = std::env::temp_dir().join(format!("pvsched-bench-nopath-{}", std::process::id()));
     std::fs::create_dir_all(&empty).unwrap();
     let out = pvsched()
@@ -267,7 +267,7 @@ fn a_missing_cyclictest_is_a_skippable_setup_error() {
         .output()
         .unwrap();
     std::fs::remove_dir_all(&empty).unwrap();
-    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.status.code(), Some(9));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("cyclictest") && stderr.contains("--no-floor"),
