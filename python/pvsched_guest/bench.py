@@ -1,4 +1,4 @@
-"""What the Linux-guest benchmarks (bench/s4.py, bench/s6.py) share on the
+"""What the Linux-guest benchmarks (pvsched_bench s4 and s6) share on the
 host: processes started in their own process group and always stopped,
 pvschedd with its own socket and caps directory, console output between
 two marks, the repetition statistics, and the alternatives a user would

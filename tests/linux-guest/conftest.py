@@ -116,8 +116,8 @@ def guest(guest_base, cache, report, need_real):
     """The Debian 6.1 cloud guest with the module built on the host: built
     against the cloud headers and build-tested against the PREEMPT_RT ones
     (no warning allowed, the ABI's IDs its only alias), in an initramfs
-    with a static helper and /init (init.sh); the guest loads it with
-    insmod."""
+    with a static helper and /init (pvsched_guest/initramfs/init.sh); the
+    guest loads it with insmod."""
     kabi = guest_kabi(cache)
     if not (cache / "linux-guest" / "root" / "boot" / f"vmlinuz-{kabi}-cloud-amd64").exists():
         need_real("Debian guest kernel", f"not in {cache}/linux-guest (run scripts/setup)")
@@ -127,7 +127,7 @@ def guest(guest_base, cache, report, need_real):
     report(f"module built against {kabi}-cloud-amd64 in {secs:.1f}s")
     _, secs = build_module(REPO, trees["rt"], out / "build-rt")
     report(f"module build-tested against {kabi}-rt-amd64 (PREEMPT_RT) in {secs:.1f}s")
-    initrd = build_initramfs(HERE, ko, out)
+    initrd = build_initramfs(ko, out)
     return SimpleNamespace(**{**vars(guest_base), "vmlinuz": vmlinuz, "initrd": initrd})
 
 
@@ -257,7 +257,7 @@ class Matrix:
         self.install(chroot.name.removeprefix("chroot-"))
         out = self.base.out / name
         out.mkdir(parents=True, exist_ok=True)
-        initrd = build_initramfs(HERE, None, out, extra_files=modprobe_files(chroot, release))
+        initrd = build_initramfs(None, out, extra_files=modprobe_files(chroot, release))
         self.report(f"kernel {name}: {release}, the module DKMS installed in {chroot}, "
                     f"loaded with modprobe")
         return SimpleNamespace(**{**vars(self.base), "vmlinuz": vmlinuz, "initrd": initrd,

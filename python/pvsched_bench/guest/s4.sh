@@ -1,6 +1,6 @@
-# Guest side of the S4 benchmark (bench/s4.py): sourced by the test
-# initramfs's /init (tests/linux-guest/init.sh) in `pvtest=bench` mode, which
-# then prints "@@ done" and powers off.
+# Guest side of the S4 benchmark (pvsched_bench/s4.py): sourced by the
+# test initramfs's /init (pvsched_guest/initramfs/init.sh) in `pvtest=bench`
+# mode, which then prints "@@ done" and powers off.
 #
 # Loads the pvsched module (the DKMS-built one, by modprobe), then serves
 # commands the host writes on the console, one per "@@ bench-wait":
@@ -11,7 +11,7 @@
 #       "@@ cyc-end". BREAK_US (0: none) stops it at the first latency
 #       over BREAK_US (cyclictest -b) and prints "@@ cyc-break value=US"
 #       as soon as cyclictest exits: at once after a break in the run, so
-#       the host knows when that stall ended (bench/s4.py --break-us).
+#       the host knows when that stall ended (s4 --break-us).
 #   stats   the driver's debugfs counters between "@@ stats-begin" and
 #           "@@ stats-end".
 #   quit    (or anything else, or no command within 15 minutes): unload.

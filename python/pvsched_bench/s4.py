@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """S4 seed reproduction: cyclictest in a real Linux guest under
 QEMU TCG with the pvsched guest module, vanilla vs pvsched (and what a
 user would pick instead: static SCHED_FIFO 1 vCPUs, a cgroup weight).
@@ -49,7 +48,7 @@ are always stopped, also on error, Ctrl-C or SIGTERM.
 
 --trace records the host's scheduler events (bench/trace-run.sh) during
 each loaded phase and names every wait over 1 ms of the VM's QEMU threads
-(its vCPU threads and main loop) with its cause (bench/stall_trace.py:
+(its vCPU threads and main loop) with its cause (python3 -m pvsched_bench stall-trace:
 stolen, unboosted, behind-rt, behind-fair, other): `stalls` in the run,
 counts per cause in the summary. The trace costs host CPU itself; compare
 traced runs with traced runs.
@@ -59,7 +58,7 @@ Usage
   bash scripts/setup                  # QEMU 11, the kernels' chroots, rt-tests
   cargo build --release -p pvsched-transport --bin pvsched-device \\
       -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd
-  python3 bench/s4.py [--kernels 7.3-cloud,6.1-cloud] [--reps 3] \\
+  python3 -m pvsched_bench s4 [--kernels 7.3-cloud,6.1-cloud] [--reps 3] \\
       [--duration 20] [--no-idle] [--trace] [--json s4.json] \\
       [--samples s4-samples.json] [--quick]
 
@@ -142,22 +141,21 @@ from collections import Counter
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, str(REPO / "python"))
-sys.path.insert(0, str(HERE))
-from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
-                                 BenchError, CGROUP_CPU, CLK_TCK, Daemon,
-                                 Proc, WEIGHT_SHARES, between, driver_counters, first_line,
-                                 loadavg, ratio, remove_cgroup, run_main, set_fifo1, spread,
-                                 ctx_switches, parse_cyclictest, stat_cpu_s, status_vm,
-                                 thread_stats, vm_caps, weight_cgroup)
-from pvsched_guest.boot import Boot  # noqa: E402
-from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
-                                  modprobe_files)
-from pvsched_guest.qmp import qmp  # noqa: E402
-import stall_trace  # noqa: E402
+from pvsched_guest.bench import (Autogroup, add_autogroup_option, BenchError, CGROUP_CPU,
+                                 CLK_TCK, Daemon, Proc, WEIGHT_SHARES, between,
+                                 driver_counters, first_line, loadavg, ratio, remove_cgroup,
+                                 run_main, set_fifo1, spread, ctx_switches, parse_cyclictest,
+                                 stat_cpu_s, status_vm, thread_stats, vm_caps, weight_cgroup)
+from pvsched_guest.boot import Boot
+from pvsched_guest.kernel import build_initramfs, chroot_binary, matrix_kernel, modprobe_files
+from pvsched_guest.qmp import qmp
+
+from . import stall_trace
+
+# The repository (default binaries and cache, bench/trace-run.sh).
+REPO = Path(__file__).resolve().parents[2]
+# The guest side: /bench.sh in the initramfs.
+GUEST_SCRIPT = Path(__file__).resolve().parent / "guest" / "s4.sh"
 
 HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
@@ -244,7 +242,7 @@ class Tracer:
         # stress-ng --fork makes ~100 000 scheduler events per second
         # and CPU: TRACE_KB_PER_S per second of trace keeps them all.
         self.proc = Proc("trace", ["env", f"PVSCHED_TRACE_BUFFER_KB={TRACE_KB_PER_S * seconds}",
-                                   "sh", str(HERE / "trace-run.sh"), str(out), "--", "sleep",
+                                   "sh", str(REPO / "bench" / "trace-run.sh"), str(out), "--", "sleep",
                                    str(seconds)], f"{out}.log")
 
     def stalls(self, tids, timeout, keep=False, window=None):
@@ -758,11 +756,11 @@ def initramfs_extras(chroot, release):
     if not (chroot / ct.lstrip("/")).exists():
         raise FileNotFoundError(f"{chroot}{ct} (scripts/setup.d/46-s6.sh installs rt-tests)")
     files.update(chroot_binary(chroot, ct, ct))
-    files["/bench.sh"] = HERE / "s4" / "bench.sh"
+    files["/bench.sh"] = GUEST_SCRIPT
     return files
 
 
-def main():
+def measure():
     ap = argparse.ArgumentParser(description="S4 seed reproduction: cyclictest in a Linux "
                                  "guest under QEMU TCG, vanilla vs pvsched.", epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -823,7 +821,7 @@ def main():
         ap.error(f"--variants {args.variants}: of {', '.join(VARIANTS)}")
     for b in (args.device_bin, args.pvsched_bin, args.pvschedd_bin, args.qemu11):
         if not b.exists():
-            raise FileNotFoundError(f"{b} (build it: see bench/s4.py's usage)")
+            raise FileNotFoundError(f"{b} (build it: see python3 -m pvsched_bench s4's usage)")
     for tool in ("stress-ng", "cyclictest"):
         if shutil.which(tool) is None:
             raise FileNotFoundError(f"{tool} (run scripts/setup)")
@@ -854,7 +852,7 @@ def main():
         releases[kernel] = release
         kdir = args.out / f"initramfs-{kernel}"
         kdir.mkdir(parents=True, exist_ok=True)
-        images[kernel] = (vmlinuz, build_initramfs(REPO / "tests" / "linux-guest", None, kdir,
+        images[kernel] = (vmlinuz, build_initramfs(None, kdir,
                                                    extra_files=initramfs_extras(chroot, release)))
     runs, counters = [], {}
     caps = cgroup = None
@@ -940,5 +938,6 @@ def main():
     return 0
 
 
-if __name__ == "__main__":
-    run_main("s4", main)
+def main():
+    """`python3 -m pvsched_bench s4`: exits with run_main's code."""
+    run_main("s4", measure)

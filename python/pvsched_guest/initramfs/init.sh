@@ -6,7 +6,8 @@
 #   pvtest=main      attach, schedule, FIFO loop, irqs, 20 load/unload cycles
 #   pvtest=negative  probe must fail (the device misbehaves on purpose)
 #   pvtest=agent     FIFO 8 loop on CPU 1 with the host policy agent attached
-#   pvtest=bench     sources /bench.sh (added by bench/s4.py), then finishes
+#   pvtest=bench     sources /bench.sh (pvsched_bench/guest/s4.sh or s6.sh,
+#                    added by the S4 and S6 benchmarks), then finishes
 #   pvtest=loss      the host takes the device away while the driver is bound
 #                    (kills the device process, or device_del), then reports
 #                    whether the driver noticed, goes on, and rmmod works
