@@ -1,11 +1,13 @@
-# Guest side of the S6 benchmark (bench/s6.py): sourced by the test
-# initramfs's /init (tests/linux-guest/init.sh) in `pvtest=bench` mode, which
-# then prints "@@ done" and powers off.
+# Guest side of the S6 benchmark (pvsched_bench/s6.py): sourced by the
+# test initramfs's /init (pvsched_guest/initramfs/init.sh) in `pvtest=bench`
+# mode, which then prints "@@ done" and powers off.
 #
-# Loads the pvsched module (the DKMS-built one, by modprobe), then serves
+# Loads the pvsched module (the DKMS-built one, by modprobe; not with
+# pvload=none: the `none` variant, which has no device either), then serves
 # commands the host writes on the console, one per "@@ bench-wait":
-#   run WORKLOAD DURATION_S
-#       runs WORKLOAD (below) on every CPU for about DURATION_S seconds and
+#   run WORKLOAD DURATION_S [MIN_ITERS]
+#       runs WORKLOAD (below) on every CPU for about DURATION_S seconds
+#       (hackbench: and at least MIN_ITERS invocations) and
 #       prints "@@ result w=WORKLOAD rc=RC secs=ELAPSED iters=N
 #       ipi_res=N ipi_cal=N ipi_tlb=N" (the IPIs below, received), with the
 #       tool's own output between "@@ out-begin" and "@@ out-end"
@@ -19,15 +21,20 @@
 #   tlb         stress-ng --tlb-shootdown N: mprotect/munmap of memory the
 #               other CPUs' threads touch (TLB-shootdown IPIs)
 #   membarrier  stress-ng --membarrier N: membarrier(2) expedited (IPIs)
-#   hackbench   hackbench -g 2 -f 10 -l 100 (sockets, 2 groups of 20
-#               processes) again and again until the duration has passed
+#   hackbench   hackbench -g 2 -f 10 -l 10 (sockets, 2 groups of 20
+#               processes, 2000 messages) again and again until the
+#               duration has passed and it ran MIN_ITERS times: each
+#               invocation's own `Time:` is printed, so that the host rates
+#               the messages by hackbench's timing, not the loop's
 #   dbench      dbench -t DURATION 2N on tmpfs (VFS and its locks)
 # N is the number of online CPUs.
 
 # stress-ng needs /dev/shm; dbench writes its files under /tmp/dbench.
 mkdir -p /dev/shm /tmp/dbench
 mount -t tmpfs tmpfs /dev/shm
-load
+if [ "$loader" != none ]; then
+	load
+fi
 echo "@@ probe bound=$(bound)"
 
 uptime_s() {
@@ -69,6 +76,7 @@ elapsed() {
 run_workload() {
 	w=$1
 	dur=$2
+	min_iters=${3:-1}
 	iters=1
 	case "$w" in
 	cpu | tlb | membarrier)
@@ -87,8 +95,9 @@ run_workload() {
 		iters=0
 		rc=0
 		: >/tmp/out.log
-		while awk -v now="$(uptime_s)" -v end="$end" 'BEGIN { exit !(now < end) }'; do
-			/usr/bin/hackbench -g 2 -f 10 -l 100 >>/tmp/out.log 2>&1 || {
+		while [ "$iters" -lt "$min_iters" ] ||
+			awk -v now="$(uptime_s)" -v end="$end" 'BEGIN { exit !(now < end) }'; do
+			/usr/bin/hackbench -g 2 -f 10 -l 10 >>/tmp/out.log 2>&1 || {
 				rc=$?
 				break
 			}
@@ -115,7 +124,7 @@ run_workload() {
 
 while :; do
 	echo "@@ bench-wait"
-	if ! read -t 900 -r cmd arg1 arg2; then
+	if ! read -t 900 -r cmd arg1 arg2 arg3; then
 		echo "@@ bench-timeout"
 		break
 	fi
@@ -124,7 +133,7 @@ while :; do
 		t0=$(uptime_s)
 		i0=$(ipis)
 		echo "@@ out-begin w=$arg1"
-		run_workload "$arg1" "$arg2"
+		run_workload "$arg1" "$arg2" "$arg3"
 		echo "@@ out-end w=$arg1"
 		t1=$(uptime_s)
 		i1=$(ipis)
@@ -140,5 +149,7 @@ while :; do
 		;;
 	esac
 done
-rmmod pvsched
-echo "@@ rmmod rc=$? bound=$(bound)"
+if [ "$loader" != none ]; then
+	rmmod pvsched
+	echo "@@ rmmod rc=$? bound=$(bound)"
+fi
