@@ -201,6 +201,8 @@ PROGRESS_S = 120
 # HACKBENCH_LOOPS messages; the guest script holds the same numbers).
 MIN_ITERS = 60
 HACKBENCH_MESSAGES = 2 * 10 * 10 * 10
+# Seconds pvschedd's programs may stay loaded after it exited.
+RESTORE_S = 5.0
 # Seconds the hogs run before the workload command: stress-ng forks its
 # workers first.
 HOG_LEAD_S = 1.0
@@ -397,8 +399,12 @@ def run_round(args, topo, variant, rep, cgroup, caps):
 def check_restored(tag):
     """After pvschedd stopped: none of the policy's programs is left on the
     host's events (the daemon unloads them and restores its threads on
-    exit); a leftover would run in every later round, so it fails the run."""
-    left = policy_bpf()
+    exit); a leftover would run in every later round, so it fails the run.
+    The kernel frees a program once its last reference goes, which can
+    lag the daemon's exit: a few seconds are allowed."""
+    deadline = time.monotonic() + RESTORE_S
+    while (left := policy_bpf()) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
     if left is not None:
         raise BenchError(f"{tag}: pvschedd stopped but the policy's BPF programs are still "
                          f"loaded ({left})")
