@@ -5,6 +5,7 @@
 //! can be read with the spread behind it.
 
 use super::font;
+use super::s4::Spread;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -31,17 +32,6 @@ const GRID: RGBColor = RGBColor(215, 215, 215);
 /// Pixels per panel.
 const PANEL_W: u32 = 1000;
 const PANEL_H: u32 = 260;
-
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
 
 /// Draws `panels` one under the other into `path` (PNG).
 pub fn png(path: &Path, title: &str, panels: &[Panel]) -> Result<(), SpreadPlotError> {
@@ -84,7 +74,7 @@ pub fn png(path: &Path, title: &str, panels: &[Panel]) -> Result<(), SpreadPlotE
                 Circle::new((x, *v), 3, POINT.filled())
             }))
             .map_err(|e| err(&e))?;
-            if let Some(m) = median(reps) {
+            if let Some(m) = Spread::of(reps.iter().copied()).median {
                 ch.draw_series(LineSeries::new(
                     [(i as f64 + 0.1, m), (i as f64 + 0.9, m)],
                     MEDIAN.stroke_width(2),
@@ -125,6 +115,5 @@ mod tests {
         png(&p, "S6", &[panel.clone(), panel]).unwrap();
         assert_eq!(&std::fs::read(&p).unwrap()[1..4], b"PNG");
         std::fs::remove_file(&p).unwrap();
-        assert_eq!(median(&[3.0, 1.0]), Some(2.0));
     }
 }

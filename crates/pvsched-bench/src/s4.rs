@@ -189,6 +189,141 @@ pub fn write_report<R: Serialize + Render>(
     Ok(())
 }
 
+/// The options S4 and S6 share: where the report goes, where the
+/// repository, cache and binaries are, and the host's autogroup.
+#[derive(clap::Args, Debug)]
+pub struct GuestArgs {
+    /// The host's autogroup during the run: off, on or host (as it is).
+    #[arg(long)]
+    pub autogroup: Option<String>,
+    /// The report as JSON here ('-': stdout; the table then goes to stderr).
+    #[arg(long, value_name = "FILE|-")]
+    pub json: Option<String>,
+    /// The raw rows as python wrote them (kept; default: a temporary file).
+    #[arg(long, value_name = "FILE")]
+    pub raw: Option<PathBuf>,
+    /// A PNG of the headline figure per cell: every repetition and the
+    /// median per variant.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// The repository (python/pvsched_bench); default $PVSCHED_ROOT, else
+    /// the current directory or its nearest parent that has it.
+    #[arg(long)]
+    pub repo: Option<PathBuf>,
+    /// The cache of scripts/setup (QEMU 11, kernels, chroots).
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// Work files (default CACHE/bench-s4 or bench-s6).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The pvsched-device binary (default: beside this one, else target/release).
+    #[arg(long)]
+    pub device_bin: Option<PathBuf>,
+    /// The pvsched CLI binary (default: as --device-bin).
+    #[arg(long)]
+    pub pvsched_bin: Option<PathBuf>,
+    /// The pvschedd binary (default: as --device-bin).
+    #[arg(long)]
+    pub pvschedd_bin: Option<PathBuf>,
+    /// QEMU 11 (default CACHE/qemu11/qemu-system-x86_64).
+    #[arg(long)]
+    pub qemu11: Option<PathBuf>,
+    /// Echo the guests' consoles.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+/// The command line of `python3 -m pvsched_bench SCENARIO`, built from
+/// our options.
+#[derive(Default)]
+pub struct PyArgs(Vec<String>);
+
+impl PyArgs {
+    /// `NAME VALUE` when there is a value.
+    pub fn opt(&mut self, name: &str, value: Option<impl ToString>) -> &mut Self {
+        if let Some(v) = value {
+            self.0.push(name.into());
+            self.0.push(v.to_string());
+        }
+        self
+    }
+
+    /// `NAME PATH` when there is a path.
+    pub fn path(&mut self, name: &str, value: Option<&Path>) -> &mut Self {
+        self.opt(name, value.map(|p| p.display()))
+    }
+
+    /// `FLAG` when it is on.
+    pub fn flag(&mut self, name: &str, on: bool) -> &mut Self {
+        if on {
+            self.0.push(name.into());
+        }
+        self
+    }
+}
+
+impl GuestArgs {
+    /// Runs `python3 -m pvsched_bench SCENARIO` with `args` and these
+    /// options, and reads its raw rows.
+    pub fn measure<T: DeserializeOwned>(
+        &self,
+        scenario: &'static str,
+        mut args: PyArgs,
+    ) -> Result<T, BenchError> {
+        let repo = repo_or_err(self.repo.as_deref())?;
+        let bins = Bins::find(
+            &repo,
+            self.device_bin.as_deref(),
+            self.pvsched_bin.as_deref(),
+            self.pvschedd_bin.as_deref(),
+        )?;
+        args.opt("--autogroup", self.autogroup.as_ref())
+            .path("--cache", self.cache.as_deref())
+            .path("--out", self.out.as_deref())
+            .path("--qemu11", self.qemu11.as_deref())
+            .flag("--verbose", self.verbose);
+        args.0.extend(bins.args());
+        python_run(&repo, scenario, &args.0, self.raw.as_deref())
+    }
+
+    /// Draws `panels` (--plot) and writes `report` (--json, the tables).
+    pub fn finish<R: Serialize + Render>(
+        &self,
+        report: &R,
+        title: &str,
+        panels: &[Panel],
+    ) -> Result<(), BenchError> {
+        if let Some(p) = &self.plot {
+            plot_spread::png(p, title, panels)?;
+            eprintln!("pvsched-bench: plot written to {}", p.display());
+        }
+        write_report(report, self.json.as_deref())
+    }
+}
+
+/// The exit code of a guest benchmark's result (its error on stderr).
+pub fn exit_code(r: Result<(), BenchError>) -> u8 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("pvsched-bench: {e}");
+            e.exit()
+        }
+    }
+}
+
+/// The distinct `key`s of `rows`, in their first row's order.
+pub fn distinct<R, K: PartialEq>(rows: &[R], key: impl Fn(&R) -> K) -> Vec<K> {
+    let mut out: Vec<K> = Vec::new();
+    for r in rows {
+        let k = key(r);
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    out
+}
+
 /// A figure over repetitions: how many have it, their median and range.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
@@ -283,47 +418,12 @@ pub struct S4Args {
     /// Keep each phase's trace.
     #[arg(long)]
     pub keep_trace: bool,
-    /// The host's autogroup during the run: off, on or host.
-    #[arg(long)]
-    pub autogroup: Option<String>,
     /// The raw 1 µs histograms here (JSON).
     #[arg(long)]
     pub samples: Option<PathBuf>,
-    /// The report as JSON here ('-': stdout; the table then goes to stderr).
-    #[arg(long, value_name = "FILE|-")]
-    pub json: Option<String>,
-    /// The raw rows as python wrote them (kept; default: a temporary file).
-    #[arg(long, value_name = "FILE")]
-    pub raw: Option<PathBuf>,
-    /// A PNG of each kernel's loaded phases' guest max, every repetition
-    /// and the median per variant.
-    #[arg(long, value_name = "FILE.png")]
-    pub plot: Option<PathBuf>,
-    /// The repository (python/pvsched_bench); default $PVSCHED_ROOT, else
-    /// the current directory or its nearest parent that has it.
-    #[arg(long)]
-    pub repo: Option<PathBuf>,
-    /// The cache of scripts/setup.
-    #[arg(long)]
-    pub cache: Option<PathBuf>,
-    /// Work files (default CACHE/bench-s4).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// The pvsched-device binary (default: beside this one, else target/release).
-    #[arg(long)]
-    pub device_bin: Option<PathBuf>,
-    /// The pvsched CLI binary (default: as --device-bin).
-    #[arg(long)]
-    pub pvsched_bin: Option<PathBuf>,
-    /// The pvschedd binary (default: as --device-bin).
-    #[arg(long)]
-    pub pvschedd_bin: Option<PathBuf>,
-    /// QEMU 11 (default CACHE/qemu11/qemu-system-x86_64).
-    #[arg(long)]
-    pub qemu11: Option<PathBuf>,
-    /// Echo the guest console.
-    #[arg(short, long)]
-    pub verbose: bool,
+    /// What S4 and S6 share.
+    #[command(flatten)]
+    pub common: GuestArgs,
 }
 
 /// One cyclictest's result.
@@ -543,59 +643,51 @@ impl S4Report {
     /// The report of `raw`'s rows.
     pub fn new(raw: S4Raw, command: String) -> S4Report {
         let reps = raw.reps as usize;
-        let mut keys: Vec<(String, String, u32)> = Vec::new();
-        for r in &raw.runs {
-            let k = (r.kernel.clone(), r.load.clone(), r.interval_us);
-            if !keys.contains(&k) {
-                keys.push(k);
+        let cells = distinct(&raw.runs, |r| {
+            (r.kernel.clone(), r.load.clone(), r.interval_us)
+        })
+        .into_iter()
+        .map(|(kernel, load, interval_us)| {
+            let runs: Vec<&S4Run> = raw
+                .runs
+                .iter()
+                .filter(|r| r.kernel == kernel && r.load == load && r.interval_us == interval_us)
+                .collect();
+            let has = |v: &str| runs.iter().any(|r| r.variant == v);
+            let variants = raw
+                .variants
+                .iter()
+                .filter(|v| has(v) || raw.failed.iter().any(|f| &f.variant == *v))
+                .map(|v| {
+                    let mine: Vec<&S4Run> =
+                        runs.iter().copied().filter(|r| &r.variant == v).collect();
+                    let sp =
+                        |f: fn(&S4Run) -> Option<f64>| Spread::of(mine.iter().filter_map(|r| f(r)));
+                    S4VariantStats {
+                        variant: v.clone(),
+                        n: mine.len(),
+                        failed: raw
+                            .failed
+                            .iter()
+                            .filter(|f| &f.variant == v && f.kernel == kernel)
+                            .count(),
+                        guest_p99_us: sp(|r| r.guest.p99_us),
+                        guest_max_us: sp(|r| r.guest.max_us),
+                        host_p99_us: sp(|r| r.host.p99_us),
+                        host_max_us: sp(|r| r.host.max_us),
+                        vs_vanilla: (v != "vanilla" && has("vanilla"))
+                            .then(|| s4_versus(&runs, v, reps)),
+                    }
+                })
+                .collect();
+            S4Cell {
+                kernel,
+                load,
+                interval_us,
+                variants,
             }
-        }
-        let cells = keys
-            .into_iter()
-            .map(|(kernel, load, interval_us)| {
-                let runs: Vec<&S4Run> = raw
-                    .runs
-                    .iter()
-                    .filter(|r| {
-                        r.kernel == kernel && r.load == load && r.interval_us == interval_us
-                    })
-                    .collect();
-                let has = |v: &str| runs.iter().any(|r| r.variant == v);
-                let variants = raw
-                    .variants
-                    .iter()
-                    .filter(|v| has(v) || raw.failed.iter().any(|f| &f.variant == *v))
-                    .map(|v| {
-                        let mine: Vec<&S4Run> =
-                            runs.iter().copied().filter(|r| &r.variant == v).collect();
-                        let sp = |f: fn(&S4Run) -> Option<f64>| {
-                            Spread::of(mine.iter().filter_map(|r| f(r)))
-                        };
-                        S4VariantStats {
-                            variant: v.clone(),
-                            n: mine.len(),
-                            failed: raw
-                                .failed
-                                .iter()
-                                .filter(|f| &f.variant == v && f.kernel == kernel)
-                                .count(),
-                            guest_p99_us: sp(|r| r.guest.p99_us),
-                            guest_max_us: sp(|r| r.guest.max_us),
-                            host_p99_us: sp(|r| r.host.p99_us),
-                            host_max_us: sp(|r| r.host.max_us),
-                            vs_vanilla: (v != "vanilla" && has("vanilla"))
-                                .then(|| s4_versus(&runs, v, reps)),
-                        }
-                    })
-                    .collect();
-                S4Cell {
-                    kernel,
-                    load,
-                    interval_us,
-                    variants,
-                }
-            })
-            .collect();
+        })
+        .collect();
         let floors = raw
             .kernels
             .iter()
@@ -739,75 +831,44 @@ impl Render for S4Report {
 
 /// Runs S4 and writes its report; the exit code.
 pub fn main(a: &S4Args) -> u8 {
-    match run(a) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("pvsched-bench: {e}");
-            e.exit()
-        }
-    }
+    exit_code(run(a))
 }
 
 fn run(a: &S4Args) -> Result<(), BenchError> {
-    let repo = repo_or_err(a.repo.as_deref())?;
-    let bins = Bins::find(
-        &repo,
-        a.device_bin.as_deref(),
-        a.pvsched_bin.as_deref(),
-        a.pvschedd_bin.as_deref(),
-    )?;
-    let mut args: Vec<String> = Vec::new();
-    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-    for (name, v) in [
-        ("--kernels", a.kernels.clone()),
-        ("--variants", a.variants.clone()),
-        ("--reps", a.reps.map(|r| r.to_string())),
-        ("--duration", a.duration.map(|d| d.to_string())),
-        ("--guest-threads", a.guest_threads.map(|t| t.to_string())),
-        ("--caps", path(&a.caps)),
-        ("--daemon-toml", path(&a.daemon_toml)),
-        ("--break-us", a.break_us.map(|b| b.to_string())),
-        ("--autogroup", a.autogroup.clone()),
-        ("--samples", path(&a.samples)),
-        ("--cache", path(&a.cache)),
-        ("--out", path(&a.out)),
-        ("--qemu11", path(&a.qemu11)),
-    ] {
-        if let Some(v) = v {
-            args.push(name.into());
-            args.push(v);
-        }
-    }
-    for (flag, on) in [
-        ("--quick", a.quick),
-        ("--no-idle", a.no_idle),
-        ("--no-emulator", a.no_emulator),
-        ("--trace", a.trace),
-        ("--keep-trace", a.keep_trace),
-        ("--verbose", a.verbose),
-    ] {
-        if on {
-            args.push(flag.into());
-        }
-    }
-    args.extend(bins.args());
-    let raw: S4Raw = python_run(&repo, "s4", &args, a.raw.as_deref())?;
+    let mut args = PyArgs::default();
+    args.opt("--kernels", a.kernels.as_ref())
+        .opt("--variants", a.variants.as_ref())
+        .opt("--reps", a.reps)
+        .opt("--duration", a.duration)
+        .opt("--guest-threads", a.guest_threads)
+        .path("--caps", a.caps.as_deref())
+        .path("--daemon-toml", a.daemon_toml.as_deref())
+        .opt("--break-us", a.break_us)
+        .path("--samples", a.samples.as_deref())
+        .flag("--quick", a.quick)
+        .flag("--no-idle", a.no_idle)
+        .flag("--no-emulator", a.no_emulator)
+        .flag("--trace", a.trace)
+        .flag("--keep-trace", a.keep_trace);
+    let raw: S4Raw = a.common.measure("s4", args)?;
     let report = S4Report::new(raw, command_line("s4"));
-    if let Some(p) = &a.plot {
-        plot_spread::png(
-            p,
-            "S4 CYCLICTEST GUEST MAX, HOST LOADED (TCG)",
-            &report.panels(),
-        )?;
-        eprintln!("pvsched-bench: plot written to {}", p.display());
-    }
-    write_report(&report, a.json.as_deref())
+    a.common.finish(
+        &report,
+        "S4 CYCLICTEST GUEST MAX, HOST LOADED (TCG)",
+        &report.panels(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn options_are_well_formed() {
+        use clap::Args as _;
+        S4Args::augment_args(clap::Command::new("t")).debug_assert();
+    }
 
     fn run(variant: &str, rep: usize, gmax: f64, hmax: f64) -> Value {
         let cyc = |max: f64| {

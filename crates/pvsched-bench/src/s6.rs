@@ -8,12 +8,11 @@
 use super::BenchError;
 use super::docgen::Render;
 use super::paired::{Paired, Verdict, paired};
-use super::plot_spread::{self, Panel};
-use super::s4::{self, Spread, python_run};
+use super::plot_spread::Panel;
+use super::s4::{self, Spread};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 /// A variant at least this many times vanilla's throughput per CPU-second
 /// gains (a ratio of 1: no loss).
@@ -63,44 +62,9 @@ pub struct S6Args {
     /// QEMU's -cpu model for every guest.
     #[arg(long)]
     pub cpu: Option<String>,
-    /// The host's autogroup during the run: off, on or host (as it is).
-    #[arg(long)]
-    pub autogroup: Option<String>,
-    /// The report as JSON here ('-': stdout; the table then goes to stderr).
-    #[arg(long, value_name = "FILE|-")]
-    pub json: Option<String>,
-    /// The raw rows as python wrote them (kept; default: a temporary file).
-    #[arg(long, value_name = "FILE")]
-    pub raw: Option<PathBuf>,
-    /// A PNG of each workload's per-CPU-second figure, every repetition and
-    /// the median per variant.
-    #[arg(long, value_name = "FILE.png")]
-    pub plot: Option<PathBuf>,
-    /// The repository (python/pvsched_bench); default $PVSCHED_ROOT, else
-    /// the current directory or its nearest parent that has it.
-    #[arg(long)]
-    pub repo: Option<PathBuf>,
-    /// The cache of scripts/setup (QEMU 11, kernels, chroots).
-    #[arg(long)]
-    pub cache: Option<PathBuf>,
-    /// Work files (default CACHE/bench-s6).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// The pvsched-device binary (default: beside this one, else target/release).
-    #[arg(long)]
-    pub device_bin: Option<PathBuf>,
-    /// The pvsched CLI binary (default: as --device-bin).
-    #[arg(long)]
-    pub pvsched_bin: Option<PathBuf>,
-    /// The pvschedd binary (default: as --device-bin).
-    #[arg(long)]
-    pub pvschedd_bin: Option<PathBuf>,
-    /// QEMU 11 (default CACHE/qemu11/qemu-system-x86_64).
-    #[arg(long)]
-    pub qemu11: Option<PathBuf>,
-    /// Echo the guests' consoles.
-    #[arg(short, long)]
-    pub verbose: bool,
+    /// What S4 and S6 share.
+    #[command(flatten)]
+    pub common: s4::GuestArgs,
 }
 
 /// The CPU seconds one run's VMs cost over its window, by part.
@@ -371,14 +335,7 @@ impl S6Report {
     /// The report of `raw`'s rows.
     pub fn new(raw: S6Raw, command: String) -> S6Report {
         let reps = raw.rows.iter().map(|r| r.rep + 1).max().unwrap_or(0);
-        let mut keys: Vec<(String, String)> = Vec::new();
-        for r in &raw.rows {
-            let k = (r.topology.clone(), r.workload.clone());
-            if !keys.contains(&k) {
-                keys.push(k);
-            }
-        }
-        let cells = keys
+        let cells = s4::distinct(&raw.rows, |r| (r.topology.clone(), r.workload.clone()))
             .into_iter()
             .map(|(topology, workload)| {
                 let rows: Vec<&S6Row> = raw
@@ -532,77 +489,38 @@ impl Render for S6Report {
 
 /// Runs S6 and writes its report; the exit code.
 pub fn main(a: &S6Args) -> u8 {
-    match run(a) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("pvsched-bench: {e}");
-            e.exit()
-        }
-    }
+    s4::exit_code(run(a))
 }
 
 fn run(a: &S6Args) -> Result<(), BenchError> {
-    let repo = s4::repo_or_err(a.repo.as_deref())?;
-    let bins = s4::Bins::find(
-        &repo,
-        a.device_bin.as_deref(),
-        a.pvsched_bin.as_deref(),
-        a.pvschedd_bin.as_deref(),
-    )?;
-    let mut args: Vec<String> = vec![
-        "--kernel".into(),
-        a.kernel.clone(),
-        "--topology".into(),
-        a.topology.clone(),
-        "--variants".into(),
-        a.variants.clone(),
-        "--reps".into(),
-        a.reps.to_string(),
-        "--duration".into(),
-        a.duration.to_string(),
-    ];
-    let opt = |args: &mut Vec<String>, name: &str, v: Option<String>| {
-        if let Some(v) = v {
-            args.push(name.into());
-            args.push(v);
-        }
-    };
-    opt(&mut args, "--workloads", a.workloads.clone());
-    opt(&mut args, "--hogs", a.hogs.map(|h| h.to_string()));
-    opt(
-        &mut args,
-        "--host-probe-prio",
-        a.host_probe_prio.map(|p| p.to_string()),
-    );
-    opt(&mut args, "--cpu", a.cpu.clone());
-    opt(&mut args, "--autogroup", a.autogroup.clone());
-    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-    opt(&mut args, "--cache", path(&a.cache));
-    opt(&mut args, "--out", path(&a.out));
-    opt(&mut args, "--qemu11", path(&a.qemu11));
-    for (flag, on) in [
-        ("--quick", a.quick),
-        ("--host-probe", a.host_probe),
-        ("--verbose", a.verbose),
-    ] {
-        if on {
-            args.push(flag.into());
-        }
-    }
-    args.extend(bins.args());
-    let raw: S6Raw = python_run(&repo, "s6", &args, a.raw.as_deref())?;
+    let mut args = s4::PyArgs::default();
+    args.opt("--kernel", Some(&a.kernel))
+        .opt("--topology", Some(&a.topology))
+        .opt("--variants", Some(&a.variants))
+        .opt("--reps", Some(a.reps))
+        .opt("--duration", Some(a.duration))
+        .opt("--workloads", a.workloads.as_ref())
+        .opt("--hogs", a.hogs)
+        .opt("--host-probe-prio", a.host_probe_prio)
+        .opt("--cpu", a.cpu.as_ref())
+        .flag("--quick", a.quick)
+        .flag("--host-probe", a.host_probe);
+    let raw: S6Raw = a.common.measure("s6", args)?;
     let report = S6Report::new(raw, s4::command_line("s6"));
-    if let Some(p) = &a.plot {
-        plot_spread::png(p, "S6 THROUGHPUT PER CPU-SECOND", &report.panels())?;
-        eprintln!("pvsched-bench: plot written to {}", p.display());
-    }
-    s4::write_report(&report, a.json.as_deref())
+    a.common
+        .finish(&report, "S6 THROUGHPUT PER CPU-SECOND", &report.panels())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn options_are_well_formed() {
+        use clap::Args as _;
+        S6Args::augment_args(clap::Command::new("t")).debug_assert();
+    }
 
     fn row(variant: &str, rep: usize, tp: Option<f64>, qemu: f64, hog: f64) -> Value {
         json!({"topology": "1x2", "workload": "cpu", "variant": variant, "rep": rep,
