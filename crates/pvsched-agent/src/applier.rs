@@ -74,10 +74,10 @@ pub enum Phase {
 pub const COSCHED_RT_PRIO: i32 = 1;
 
 /// The nice value of a vCPU thread outside its VM's co-scheduled phase.
-/// Nice 19 rather than SCHED_IDLE: on this host's EEVDF a thread moved
-/// between SCHED_FIFO and SCHED_IDLE every few ms kept 0.69 of what its
-/// co-scheduled phase alone gives it, nice 19 0.41 of an expected 0.40
-/// (docs/benchmarks.md, S6 "Co-scheduling").
+/// Nice 19 rather than SCHED_IDLE: on this host's EEVDF threads moved
+/// between SCHED_FIFO and SCHED_IDLE every few ms got 0.69 of the CPU time
+/// where their phases meant 0.40, at nice 19 0.41
+/// (docs/bench/NOTES.md, "Why nice 19 off the phase").
 pub const COSCHED_OFF_NICE: i32 = 19;
 
 /// How much CPU the scheduler gives `a` before other work: RT priority

@@ -4,23 +4,27 @@
 //! top-level shape for every scenario), with optional PNG CDFs. A developer's
 //! and evaluator's tool, kept out of the operator's `pvsched` binary.
 //!
-//! * [`scenario`]: S1–S3 and S5 variants and their JSON; [`runner`] runs
-//!   one variant once in a child [`worker`] (`pvsched-bench run`) beside
-//!   [`hogs`], counting the hogs' work; [`costs`] holds S3's host-only
-//!   measurements.
+//! * [`scenario`]: S1–S3 and S5 variants, the run order of a repetition
+//!   (rotated from one repetition to the next) and their report; [`runner`]
+//!   runs one variant once in a child [`worker`] (`pvsched-bench run`)
+//!   beside [`hogs`], counting the hogs' work; [`floor`] measures the idle
+//!   host's own floor (cyclictest) in every repetition of S1 and S2;
+//!   [`costs`] holds S3's host-only measurements.
 //! * [`s4`], [`s6`]: the Linux-guest scenarios: run `python3 -m
 //!   pvsched_bench s4|s6` (the measurement) and compute the report from
-//!   its raw rows, with [`paired`] ratios; [`plot_spread`] draws their
-//!   spread; the reports render through [`docgen`].
-//! * [`report`]: the typed parts of the JSON (variants, runs, ratios,
-//!   targets, BPF costs).
+//!   its raw rows; [`plot_spread`] draws their spread.
+//! * [`report`]: the typed report of S1–S3 and S5 (variants, runs, paired
+//!   ratios, floor, targets with verdicts, BPF costs), its JSON and its
+//!   markdown tables; [`paired`]: ratios paired per repetition and their
+//!   verdicts; [`docgen`]: the results page drawn from the reports.
 //! * [`plot`] + [`font`]: PNG CDFs; [`stats`]: percentiles and medians;
 //!   [`machine`]: what it ran on.
 
 pub mod costs;
 pub mod docgen;
+pub mod floor;
 pub mod font;
-pub use pvsched::hogs;
+pub use pvsched_host::hogs;
 pub mod machine;
 pub mod paired;
 pub mod plot;
@@ -38,7 +42,7 @@ use clap::{Args, Parser, Subcommand};
 use hogs::{Load, LoadKind};
 use pvsched_util::exit::{self, Exit};
 use scenario::Scenario;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 use worker::BenchDeviceMode;
@@ -86,12 +90,24 @@ pub enum BenchError {
     /// A run overran and was killed.
     #[error("bench: the {variant} run did not finish within {secs} s and was killed")]
     Timeout { variant: &'static str, secs: u64 },
+    /// `cyclictest` (rt-tests), which measures the idle host's floor, is
+    /// not installed.
+    #[error(
+        "bench: cyclictest not found on PATH: it measures the idle host's floor in every repetition (install rt-tests, or pass --no-floor)"
+    )]
+    NoCyclictest,
+    /// Some runs failed; the report counts them (`failed`).
+    #[error("bench: {0} run(s) failed; the report counts them and says why")]
+    RunsFailed(usize),
     /// A run failed (its own message is above on stderr).
     #[error("bench: the {variant} run failed (exit code {code:?}; its message is above)")]
     Worker {
         variant: &'static str,
         code: Option<i32>,
     },
+    /// The report could not be turned into JSON.
+    #[error("bench: the report is not JSON: {0}")]
+    Report(#[source] serde_json::Error),
     /// The JSON or plot file could not be written.
     #[error("bench: writing {path} failed: {source}")]
     Write {
@@ -110,6 +126,9 @@ impl BenchError {
                 code: Some(c @ 3..=8),
                 ..
             } => *c as u8,
+            // A missing capability of this host, as a run without KVM
+            // reports it: tests skip on it.
+            BenchError::NoCyclictest => Exit::NoKvm as u8,
             _ => Exit::Bench as u8,
         }
     }
@@ -147,6 +166,10 @@ enum Command {
     /// whole VM (runs `python3 -m pvsched_bench s6`, reports from its rows).
     #[command(after_help = exit::help(&Exit::ALL))]
     S6(s6::S6Args),
+    /// Redraw the results page's figures from the JSON reports it cites
+    /// (`--check`: only compare, exit 1 on any difference).
+    #[command(after_help = exit::help(&Exit::ALL))]
+    Doc(DocArgs),
     /// One measured run (internal: the bench starts one per variant and
     /// repetition).
     #[command(hide = true)]
@@ -164,6 +187,7 @@ fn main() -> std::process::ExitCode {
         Command::S4(a) => return std::process::ExitCode::from(s4::main(&a)),
         Command::S5(a) => (ScenarioArg::S5, a),
         Command::S6(a) => return std::process::ExitCode::from(s6::main(&a)),
+        Command::Doc(a) => return std::process::ExitCode::from(doc(&a)),
         Command::Run(a) => return std::process::ExitCode::from(worker::main(&a) as u8),
         Command::Device(a) => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
@@ -172,6 +196,60 @@ fn main() -> std::process::ExitCode {
         }
     };
     std::process::ExitCode::from(run(scenario, &args))
+}
+
+/// Arguments of `pvsched-bench doc`.
+#[derive(Args, Debug)]
+pub struct DocArgs {
+    /// Compare only: list every figure that differs from its JSON and exit
+    /// 1, leaving the page as it is.
+    #[arg(long)]
+    pub check: bool,
+    /// The page (its markers name JSON files relative to the repository
+    /// that holds it: the nearest parent with a Cargo.lock).
+    #[arg(default_value = "docs/benchmarks.md")]
+    pub page: PathBuf,
+}
+
+/// `pvsched-bench doc`: 0 when the page matches its JSON (or was
+/// rewritten), 1 on a difference under `--check`, 2 when a marker, a file
+/// or a figure it names is wrong.
+fn doc(a: &DocArgs) -> u8 {
+    let page = std::path::absolute(&a.page).unwrap_or_else(|_| a.page.clone());
+    let Some(root) = page.ancestors().find(|d| d.join("Cargo.lock").is_file()) else {
+        eprintln!(
+            "pvsched-bench doc: no repository (a parent with Cargo.lock) holds {}",
+            page.display()
+        );
+        return Exit::Usage as u8;
+    };
+    match docgen::run(&page, root, a.check) {
+        Ok(diffs) if diffs.is_empty() => 0,
+        Ok(diffs) => {
+            for d in &diffs {
+                eprintln!(
+                    "{}:{}: the page says {:?}, its JSON gives {:?}",
+                    a.page.display(),
+                    d.line,
+                    d.page,
+                    d.json
+                );
+            }
+            if a.check {
+                eprintln!(
+                    "pvsched-bench doc: {} figure(s) differ from their JSON; run `pvsched-bench doc` to redraw them",
+                    diffs.len()
+                );
+                Exit::Failure as u8
+            } else {
+                0
+            }
+        }
+        Err(e) => {
+            eprintln!("pvsched-bench {e}");
+            Exit::Usage as u8
+        }
+    }
 }
 
 /// Scenarios of `pvsched-bench` (what each measures: its subcommand's help).
@@ -193,11 +271,12 @@ pub struct BenchArgs {
     /// Short runs (1 repetition, 2 s each unless given): S1 takes ~15 s.
     #[arg(long)]
     pub quick: bool,
-    /// Repetitions, interleaved vanilla, pvsched, ... (default 3, quick 1).
+    /// Repetitions (default 3, quick 1). Each runs every variant once (S1,
+    /// S2: and the idle host's floor), in an order that rotates from one
+    /// repetition to the next.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub reps: Option<u32>,
-    /// Workload time of each run, e.g. 10s (default 10s, quick 2s; S4:
-    /// whole seconds per phase, passed to s4.py).
+    /// Workload time of each run, e.g. 10s (default 10s, quick 2s).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
     /// Write the JSON result here (`-` = stdout; progress stays on stderr).
@@ -221,6 +300,11 @@ pub struct BenchArgs {
     /// variants; default: the built-in caps.
     #[arg(long)]
     pub caps: Option<PathBuf>,
+    /// S1, S2: do not measure the idle host's floor (cyclictest, no VM, no
+    /// hogs, in every repetition); without it the floor target is
+    /// unresolved.
+    #[arg(long)]
+    pub no_floor: bool,
     /// S3: an S4 result (JSON) to take `guest_hook_ns` from.
     #[arg(long)]
     pub s4_json: Option<PathBuf>,
@@ -273,132 +357,127 @@ fn bench(scenario: ScenarioArg, a: &BenchArgs) -> Result<(), BenchError> {
     let duration = a
         .duration
         .unwrap_or(Duration::from_secs(if a.quick { 2 } else { 10 }));
-    let mut head = Map::new();
-    let name = format!("{:?}", scenario).to_lowercase();
-    head.insert("scenario".into(), json!(name));
-    head.insert("quick".into(), json!(a.quick));
-    head.insert("reps".into(), json!(reps));
-    head.insert("machine".into(), machine::describe());
-    head.insert("command".into(), json!(command_line()));
-    // One arm since S4 left; a match still, so that the block keeps its
-    // indentation until the S1-S5 rework lands.
-    #[allow(clippy::match_single_binding)]
-    let (body, plot_fn): (Map<String, Value>, PlotFn) = match scenario {
-        s => {
-            let sc = match s {
-                ScenarioArg::S1 => Scenario::S1,
-                ScenarioArg::S2 => Scenario::S2,
-                ScenarioArg::S5 => Scenario::S5,
-                _ => Scenario::S3,
-            };
-            if sc == Scenario::S5 {
-                // Fail before any run if this build's guest lacks it.
-                worker::BenchWorkload::Greedy
-                    .workload()
-                    .map_err(|e| BenchError::Setup(format!("s5 needs the greedy workload: {e}")))?;
-            }
-            let load = Load {
-                kind: a.load,
-                n: a.hogs.unwrap_or_else(|| sc.default_hogs(machine::cpus())),
-            };
-            head.insert("duration_s".into(), json!(duration.as_secs_f64()));
-            head.insert("hogs".into(), json!(load.n));
-            head.insert("load".into(), json!(load.kind.name()));
-            head.insert("hog_threads".into(), json!(load.threads()));
-            head.insert(
-                "device_mode".into(),
-                json!(match a.device_mode {
-                    BenchDeviceMode::InProcess => "in-process",
-                    BenchDeviceMode::Sandboxed => "sandboxed",
-                }),
-            );
-            let guest_hook = match &a.s4_json {
-                Some(p) => Some(read_json(p)?),
-                None => None,
-            };
-            // S3 counts BPF run time; on for the whole scenario.
-            let _stats = if sc == Scenario::S3 {
-                Some(costs::BpfStats::enable()?)
-            } else {
-                None
-            };
-            head.insert(
-                "caps".into(),
-                json!(
-                    a.caps
-                        .as_ref()
-                        .map_or_else(|| "default".to_owned(), |p| p.display().to_string())
-                ),
-            );
-            let opts = runner::RunOpts {
-                duration,
-                mode: a.device_mode,
-                caps: a.caps.clone(),
-                trace: trace_opts(sc, a)?,
-            };
-            if let Some(t) = &opts.trace {
-                head.insert("trace_dir".into(), json!(t.dir.display().to_string()));
-            }
-            let runs = scenario::execute(sc, scenario::variants(sc, load), reps, &opts)?;
-            let body = scenario::assemble(sc, &runs, guest_hook.as_ref())?;
-            let series = scenario::series(&runs);
-            let title = match sc {
-                Scenario::S1 => "S1 WAKEUP: MSI INJECTION TO GUEST HANDLER",
-                Scenario::S2 => "S2 IPI/SPIN ROUND TRIP, 4 VCPUS, HOGS",
-                Scenario::S3 => "S3 BPF NS PER EVENT (RUN_TIME_NS/RUN_CNT)",
-                Scenario::S5 => "S5 GREEDY GUEST: BOOSTED MS PER BUDGET WINDOW (WORST REP)",
-            };
-            let plot_fn: PlotFn = match (&a.plot, sc) {
-                (None, _) => Box::new(|_| Ok(())),
-                (Some(p), Scenario::S3) => {
-                    let p = p.clone();
-                    Box::new(move |j| {
-                        plot::bars_png(&p, title, "NS/EVENT", &scenario::s3_bars(j), Some(300.0))
-                            .map_err(BenchError::from)
-                    })
-                }
-                (Some(p), Scenario::S5) => {
-                    let p = p.clone();
-                    Box::new(move |j| {
-                        let (bars, budget) = scenario::s5_bars(j);
-                        plot::bars_png(
-                            &p,
-                            title,
-                            "MS BOOSTED PER WINDOW (TARGET: BUDGET)",
-                            &bars,
-                            budget,
-                        )
-                        .map_err(BenchError::from)
-                    })
-                }
-                (Some(p), _) => {
-                    let p = p.clone();
-                    Box::new(move |_| {
-                        plot::cdf_png(&p, title, "LATENCY (US)", &series).map_err(BenchError::from)
-                    })
-                }
-            };
-            (body, plot_fn)
-        }
+    let sc = match scenario {
+        ScenarioArg::S1 => Scenario::S1,
+        ScenarioArg::S2 => Scenario::S2,
+        ScenarioArg::S3 => Scenario::S3,
+        ScenarioArg::S5 => Scenario::S5,
     };
-    let mut all = head;
-    all.extend(body);
-    let j = Value::Object(all);
-    plot_fn(&j)?;
+    if sc == Scenario::S5 {
+        // Fail before any run if this build's guest lacks it.
+        worker::BenchWorkload::Greedy
+            .workload()
+            .map_err(|e| BenchError::Setup(format!("s5 needs the greedy workload: {e}")))?;
+    }
+    // The idle host's floor, for the scenarios with latency tails; found
+    // before any run.
+    let cyclictest = match sc {
+        Scenario::S1 | Scenario::S2 if !a.no_floor => {
+            Some(floor::find().ok_or(BenchError::NoCyclictest)?)
+        }
+        _ => None,
+    };
+    let load = Load {
+        kind: a.load,
+        n: a.hogs.unwrap_or_else(|| sc.default_hogs(machine::cpus())),
+    };
+    let guest_hook = match &a.s4_json {
+        Some(p) => Some(read_json(p)?),
+        None => None,
+    };
+    // S3 counts BPF run time; on for the whole scenario.
+    let _stats = if sc == Scenario::S3 {
+        Some(costs::BpfStats::enable()?)
+    } else {
+        None
+    };
+    let opts = runner::RunOpts {
+        duration,
+        mode: a.device_mode,
+        caps: a.caps.clone(),
+        trace: trace_opts(sc, a)?,
+    };
+    let options = report::Options {
+        quick: a.quick,
+        reps,
+        duration_s: duration.as_secs_f64(),
+        hogs: load.n,
+        load: load.kind.name().into(),
+        hog_threads: load.threads(),
+        device_mode: match a.device_mode {
+            BenchDeviceMode::InProcess => "in-process",
+            BenchDeviceMode::Sandboxed => "sandboxed",
+        }
+        .into(),
+        caps: a
+            .caps
+            .as_ref()
+            .map_or_else(|| "default".to_owned(), |p| p.display().to_string()),
+        trace_dir: opts.trace.as_ref().map(|t| t.dir.display().to_string()),
+        floor: cyclictest.is_some(),
+    };
+    let ex = scenario::execute(
+        sc,
+        scenario::variants(sc, load),
+        reps,
+        &opts,
+        cyclictest.as_deref(),
+    )?;
+    let report = scenario::assemble(sc, &ex, guest_hook.as_ref(), command_line(), options)?;
     if let Some(p) = &a.plot {
+        let title = match sc {
+            Scenario::S1 => "S1 WAKEUP: MSI INJECTION TO GUEST HANDLER",
+            Scenario::S2 => "S2 IPI/SPIN ROUND TRIP, 4 VCPUS, HOGS",
+            Scenario::S3 => "S3 BPF NS PER EVENT (RUN_TIME_NS/RUN_CNT)",
+            Scenario::S5 => "S5 GREEDY GUEST: BOOSTED MS PER BUDGET WINDOW (WORST REP)",
+        };
+        match sc {
+            Scenario::S3 => plot::bars_png(
+                p,
+                title,
+                "NS/EVENT",
+                &scenario::s3_bars(&report),
+                Some(300.0),
+            )?,
+            Scenario::S5 => {
+                let (bars, budget) = scenario::s5_bars(&report);
+                plot::bars_png(
+                    p,
+                    title,
+                    "MS BOOSTED PER WINDOW (TARGET: BUDGET)",
+                    &bars,
+                    budget,
+                )?
+            }
+            _ => plot::cdf_png(p, title, "LATENCY (US)", &scenario::series(&ex.runs))?,
+        }
         eprintln!("pvsched-bench: plot written to {}", p.display());
     }
+    let j = serde_json::to_value(&report).map_err(BenchError::Report)?;
+    emit(a, &j, || {
+        println!("\n{}", docgen::Render::markdown(&report))
+    })?;
+    // Written first: the report says which runs failed and why.
+    match scenario::failed_runs(&ex) {
+        0 => Ok(()),
+        n => Err(BenchError::RunsFailed(n)),
+    }
+}
+
+/// Writes the JSON where `--json` says (`-`: stdout) and, unless it went
+/// to stdout, the human summary.
+fn emit(a: &BenchArgs, j: &Value, table: impl FnOnce()) -> Result<(), BenchError> {
     match a.json.as_deref() {
         Some("-") => println!("{j}"),
         Some(path) => {
-            let text = serde_json::to_string_pretty(&j).unwrap_or_else(|_| j.to_string());
+            let text = serde_json::to_string_pretty(j).unwrap_or_else(|_| j.to_string());
             std::fs::write(path, text + "\n").map_err(|e| BenchError::Write {
                 path: path.into(),
                 source: e,
             })?;
-            print_table(&j);
+            table();
         }
-        None => print_table(&j),
+        None => table(),
     }
     Ok(())
 }
@@ -439,91 +518,4 @@ fn read_json(p: &std::path::Path) -> Result<Value, BenchError> {
         .map_err(|e| BenchError::Setup(format!("reading {}: {e}", p.display())))?;
     serde_json::from_str(&text)
         .map_err(|e| BenchError::Setup(format!("{} is not JSON: {e}", p.display())))
-}
-
-/// Draws the scenario's plot from its final JSON.
-type PlotFn = Box<dyn Fn(&Value) -> Result<(), BenchError>>;
-
-fn num(v: &Value) -> String {
-    v.as_f64().map_or_else(|| "-".into(), |x| format!("{x:.1}"))
-}
-
-/// The human summary: one row per variant, ratios, targets.
-fn print_table(j: &Value) {
-    println!(
-        "\npvsched-bench {}: {} rep(s){}",
-        j["scenario"].as_str().unwrap_or("?"),
-        j["reps"],
-        if j["quick"] == true { ", quick" } else { "" }
-    );
-    println!(
-        "{:<16} {:>10} {:>10} {:>10} {:>14} {:>8} {:>8} {:>12}   (medians over reps, µs; hog \
-         iterations/s; CPU-s of the VMM and the hogs; events per VMM CPU-s)",
-        "variant", "p50", "p99", "max", "hogs it/s", "vm cpu", "hog cpu", "ev/vm cpu-s"
-    );
-    let sci = |v: &Value| {
-        v.as_f64()
-            .map_or_else(|| "-".into(), |x| format!("{x:.3e}"))
-    };
-    let secs = |v: &Value| v.as_f64().map_or_else(|| "-".into(), |x| format!("{x:.2}"));
-    if let Some(o) = j.as_object() {
-        for (k, v) in o {
-            if v.get("p99_us").is_some() && v.get("p50_us").is_some() {
-                println!(
-                    "{k:<16} {:>10} {:>10} {:>10} {:>14} {:>8} {:>8} {:>12}",
-                    num(&v["p50_us"]),
-                    num(&v["p99_us"]),
-                    num(&v["max_us"]),
-                    sci(&v["hog_iterations_per_s"]),
-                    secs(&v["vm_cpu_s"]),
-                    secs(&v["hog_cpu_s"]),
-                    sci(&v["events_per_vm_cpu_s"]),
-                );
-            }
-        }
-    }
-    println!(
-        "pvsched/vanilla: p50 {}  p99 {}  max {}  VMM CPU {}  events per VMM CPU-s {}",
-        j["ratio_p50"],
-        j["ratio_p99"],
-        j["ratio_max"],
-        j["ratio_vm_cpu_s"],
-        j["ratio_events_per_vm_cpu_s"]
-    );
-    if let Some(r) = j.get("vanilla_loaded_vs_idle_p99") {
-        println!(
-            "vanilla loaded/idle p99 {r}: the load {} the problem (wanted >= {}x)",
-            if j["load_shows_problem"] == true {
-                "shows"
-            } else {
-                "does NOT show"
-            },
-            scenario::LOAD_SHOWS_PROBLEM
-        );
-    }
-    let g = &j["greedy"];
-    for (i, rep) in g["reps"].as_array().into_iter().flatten().enumerate() {
-        for v in rep["per_vcpu"].as_array().into_iter().flatten() {
-            println!(
-                "greedy rep {} vCPU {}: boosted {} µs per {} µs window = {} of budget {} µs (boosts {}, throttles {})",
-                i + 1,
-                v["index"],
-                num(&v["boosted_us_per_window"]),
-                g["window_us"],
-                v["of_budget"],
-                g["budget_us"],
-                v["boosts"],
-                v["throttles"]
-            );
-        }
-    }
-    for t in j["targets"].as_array().into_iter().flatten() {
-        println!(
-            "target {:<20} {:<7} value {}  ({})",
-            t["name"].as_str().unwrap_or("?"),
-            if t["met"] == true { "MET" } else { "NOT MET" },
-            t["value"],
-            t["goal"].as_str().unwrap_or("")
-        );
-    }
 }

@@ -314,12 +314,12 @@ impl HogWork {
 
     /// The VMM process's CPU time over the measured time, s.
     pub fn vm_cpu_s(self) -> Option<f64> {
-        self.cpu.vm_ns.map(|n| (n as f64 / 1e6).round() / 1e3)
+        self.cpu.vm_ns.map(|n| n as f64 / 1e9)
     }
 
     /// The hogs' CPU time over the measured time, s.
     pub fn hog_cpu_s(self) -> Option<f64> {
-        self.cpu.hog_ns.map(|n| (n as f64 / 1e6).round() / 1e3)
+        self.cpu.hog_ns.map(|n| n as f64 / 1e9)
     }
 
     /// Iterations of every hog over the measured time.
@@ -327,15 +327,14 @@ impl HogWork {
         self.done.map(|d| d.0)
     }
 
-    /// The measured time the iterations were counted over, s (ms precision).
+    /// The measured time the iterations were counted over, s.
     pub fn window_s(self) -> Option<f64> {
-        self.done.map(|d| (d.1 * 1000.0).round() / 1000.0)
+        self.done.map(|d| d.1)
     }
 
     /// Iterations per second of measured time.
     pub fn per_s(self) -> Option<f64> {
-        self.done
-            .and_then(|(n, s)| (s > 0.0).then(|| (n as f64 / s).round()))
+        self.done.and_then(|(n, s)| (s > 0.0).then(|| n as f64 / s))
     }
 }
 
@@ -424,7 +423,7 @@ mod tests {
         assert_eq!(h.iterations(), Some(300));
         assert_eq!(h.window_s(), Some(2.0));
         assert_eq!(h.per_s(), Some(150.0));
-        assert_eq!((h.vm_cpu_s(), h.hog_cpu_s()), (Some(1.5), Some(1.235)));
+        assert_eq!((h.vm_cpu_s(), h.hog_cpu_s()), (Some(1.5), Some(1.2345)));
         assert_eq!(h.only_with(0).iterations(), None);
         assert_eq!(h.only_with(0).vm_cpu_s(), Some(1.5));
         assert_eq!(h.only_with(0).hog_cpu_s(), None);

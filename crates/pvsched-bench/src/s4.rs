@@ -11,7 +11,7 @@
 
 use super::BenchError;
 use super::docgen::Render;
-use super::paired::{Paired, Verdict, paired};
+use super::paired::{Paired, Verdict, median_sorted, paired};
 use super::plot_spread::{self, Panel};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -342,15 +342,9 @@ impl Spread {
     pub fn of(xs: impl IntoIterator<Item = f64>) -> Spread {
         let mut v: Vec<f64> = xs.into_iter().filter(|x| x.is_finite()).collect();
         v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = match n {
-            0 => None,
-            _ if n % 2 == 1 => Some(v[n / 2]),
-            _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-        };
         Spread {
-            n,
-            median,
+            n: v.len(),
+            median: median_sorted(&v),
             min: v.first().copied(),
             max: v.last().copied(),
         }
@@ -751,19 +745,11 @@ pub fn ratio_cell(p: &Paired) -> String {
         f(p.min, 2),
         f(p.max, 2),
         f(p.p, 3),
-        f(p.resolution, 3),
+        p.resolution
+            .map_or_else(|| "-".into(), |r| format!("±{:.0} %", r * 100.0)),
         p.n,
         p.failed
     )
-}
-
-/// A verdict as the tables show it.
-pub fn verdict_cell(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Met => "met",
-        Verdict::NotMet => "NOT met",
-        Verdict::Unresolved => "unresolved",
-    }
 }
 
 impl Render for S4Report {
@@ -801,12 +787,12 @@ impl Render for S4Report {
                             format!(
                                 "{} {} (<= {GUEST_MAX_TARGET})",
                                 ratio_cell(&x.guest_max),
-                                verdict_cell(x.guest_max_verdict)
+                                x.guest_max_verdict.word()
                             ),
                             format!(
                                 "{} {} (<= {HOST_MAX_TARGET})",
                                 ratio_cell(&x.host_max),
-                                verdict_cell(x.host_max_verdict)
+                                x.host_max_verdict.word()
                             ),
                         )
                     },

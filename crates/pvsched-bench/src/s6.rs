@@ -457,7 +457,7 @@ impl Render for S6Report {
                             } else {
                                 (&x.per_cpu_s, x.per_cpu_s_verdict)
                             };
-                            format!("{} {}", s4::ratio_cell(p), s4::verdict_cell(d))
+                            format!("{} {}", s4::ratio_cell(p), d.word())
                         },
                     )
                 };
@@ -563,7 +563,8 @@ mod tests {
         let back: S6Report = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         let md = back.markdown();
         assert!(md.contains("| pvsched | 2 (1) |"), "{md}");
-        assert!(md.contains("p 0.500, res -, n 2, failed 1"), "{md}");
+        assert!(md.contains("x2.000 [2.00-2.00] (p "), "{md}");
+        assert!(md.contains(", n 2, failed 1)"), "{md}");
         assert_eq!(r.panels()[0].groups[2].1, vec![20.0, 20.0]);
     }
 }

@@ -1,22 +1,27 @@
-//! Scenarios S1–S3 and S5: which variants run (in the order they are
-//! interleaved within a repetition), and how their runs become the bench
-//! JSON: medians over repetitions, spread, ratios pvsched/vanilla and
-//! targets.
+//! Scenarios S1–S3 and S5: which variants run, how a repetition runs
+//! them (and the idle host's floor) in an order that rotates from one
+//! repetition to the next, and how their runs become the typed report:
+//! medians and spread per variant, ratios paired per repetition, targets
+//! with verdicts.
 
 use super::BenchError;
 use super::costs;
+use super::floor::{self, Floor};
 use super::hogs::Load;
 use super::plot::Series;
 use super::report::{
-    BpfReport, PolicyRun, ProgCost, Ratios, RunRow, Spread, Spreads, Target, VariantReport, value,
+    BpfReport, Comparison, CostsReport, FloorReport, FloorRow, GreedyReport, GreedyRun, GreedyVcpu,
+    Handshake, Options, PolicyRun, ProgCost, RunRow, ScalingRow, ScenarioReport, Side, Spread,
+    Spreads, Target, VariantReport,
 };
 use super::runner::{self, Outcome, RunOpts, Variant};
 use super::stats::{self, median, ratio};
 use super::worker::{BenchWorkload, VariantPolicy};
-use pvsched::summary::PolicySummary;
 use pvsched_agent::object::REEVAL_PROG;
-use serde_json::{Map, Value, json};
+use pvsched_host::summary::PolicySummary;
+use serde_json::Value;
 use std::collections::BTreeMap;
+use std::path::Path;
 
 /// S1–S3 and S5 (S4 is `bench/s4.py`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,56 +132,172 @@ pub fn variants(s: Scenario, hogs: Load) -> Vec<Variant> {
     }
 }
 
-/// Every run of one variant, in repetition order.
+/// One repetition of a variant: its place in the repetition's run order
+/// and what it gave (or why it gave nothing).
+pub struct Rep {
+    /// 0-based place in its repetition's run order.
+    pub order: usize,
+    /// The run, or why it failed.
+    pub outcome: Result<Outcome, String>,
+}
+
+impl Rep {
+    /// The run's outcome, if it finished.
+    pub fn ok(&self) -> Option<&Outcome> {
+        self.outcome.as_ref().ok()
+    }
+}
+
+/// Every run of one variant, in repetition order (index = repetition).
 pub struct Runs {
     /// The variant.
     pub variant: Variant,
     /// One per repetition.
-    pub outcomes: Vec<Outcome>,
+    pub reps: Vec<Rep>,
 }
 
-/// Runs `reps` repetitions of `variants`, interleaved (A, B, C, A, B, C...).
+impl Runs {
+    /// The runs that finished.
+    pub fn outcomes(&self) -> impl Iterator<Item = &Outcome> {
+        self.reps.iter().filter_map(Rep::ok)
+    }
+}
+
+/// One repetition's idle-host floor.
+pub struct FloorRun {
+    /// 0-based place in its repetition's run order.
+    pub order: usize,
+    /// The floor, or why cyclictest gave none.
+    pub floor: Result<Floor, String>,
+}
+
+/// Everything a scenario ran.
+pub struct Executed {
+    /// Per variant.
+    pub runs: Vec<Runs>,
+    /// The idle host's floor per repetition (`None`: not measured).
+    pub floor: Option<Vec<FloorRun>>,
+}
+
+/// The place in a repetition of step `j` of `k`, repetition `rep`
+/// (0-based): repetition r starts at step r mod k, so over k repetitions
+/// every variant runs first once, and a drift within a repetition (the
+/// host warming, a neighbour arriving) does not always favour the same
+/// variant.
+fn rotated(rep: usize, j: usize, k: usize) -> usize {
+    (rep + j) % k
+}
+
+/// Whether `e` is one run's failure, counted in its variant's `failed`,
+/// rather than the bench's own (no KVM, no BPF, no hogs...), which stops
+/// the scenario.
+fn is_run_failure(e: &BenchError) -> bool {
+    match e {
+        BenchError::Worker { code, .. } => !matches!(code, Some(3..=8)),
+        BenchError::Timeout { .. } | BenchError::Parse { .. } => true,
+        _ => false,
+    }
+}
+
+/// Runs `reps` repetitions of `variants` and, with `cyclictest`, the idle
+/// host's floor; within repetition r the steps run in their order rotated
+/// by r. A failed run is recorded and the repetitions go on.
 pub fn execute(
     scenario: Scenario,
     variants: Vec<Variant>,
     reps: u32,
     opts: &RunOpts,
-) -> Result<Vec<Runs>, BenchError> {
+    cyclictest: Option<&Path>,
+) -> Result<Executed, BenchError> {
     let mut all: Vec<Runs> = variants
         .into_iter()
         .map(|variant| Runs {
             variant,
-            outcomes: Vec::new(),
+            reps: Vec::new(),
         })
         .collect();
-    for rep in 1..=reps {
-        for r in &mut all {
-            let tag = format!("{}-rep{rep}-{}", scenario.name(), r.variant.name);
-            let o = runner::run(&r.variant, opts, &tag)?;
-            let l = &o.latency;
-            eprintln!(
-                "[{} rep {rep}/{reps}] {:<14} p50 {:>8} p99 {:>9} max {:>9} µs  ({} samples{}{})",
-                scenario.name(),
-                r.variant.name,
-                fmt(l.p50_us),
-                fmt(l.p99_us),
-                fmt(l.max_us),
-                l.samples,
-                hog_brief(&o),
-                policy_brief(&o)
-            );
-            if let Some(t) = &o.trace {
-                eprintln!(
-                    "[{} rep {rep}/{reps}] {:<14} {}",
-                    scenario.name(),
-                    r.variant.name,
-                    t.brief()
-                );
+    let mut floors = cyclictest.map(|_| Vec::new());
+    let k = all.len() + usize::from(cyclictest.is_some());
+    for rep in 0..reps as usize {
+        let shown = rep + 1;
+        for order in 0..k {
+            let step = rotated(rep, order, k);
+            let name = scenario.name();
+            if let (Some(bin), Some(floors)) = (cyclictest, floors.as_mut())
+                && step == all.len()
+            {
+                let f = floor::measure(bin, opts.duration, &format!("{name}-rep{shown}"))
+                    .map_err(|e| e.to_string());
+                match &f {
+                    Ok(f) => eprintln!(
+                        "[{name} rep {shown}/{reps}] {:<14} p99 {:>9} max {:>9} µs  (idle host, cyclictest, {} samples)",
+                        "floor",
+                        fmt(f.p99_us),
+                        fmt(f.max_us),
+                        f.samples
+                    ),
+                    Err(e) => eprintln!("[{name} rep {shown}/{reps}] floor FAILED: {e}"),
+                }
+                floors.push(FloorRun { order, floor: f });
+                continue;
             }
-            r.outcomes.push(o);
+            let r = &mut all[step];
+            let tag = format!("{name}-rep{shown}-{}", r.variant.name);
+            let outcome = match runner::run(&r.variant, opts, &tag) {
+                Ok(o) => {
+                    let l = &o.latency;
+                    eprintln!(
+                        "[{name} rep {shown}/{reps}] {:<14} p50 {:>8} p99 {:>9} max {:>9} µs  ({} samples{}{})",
+                        r.variant.name,
+                        fmt(l.p50_us),
+                        fmt(l.p99_us),
+                        fmt(l.max_us),
+                        l.samples,
+                        hog_brief(&o),
+                        policy_brief(&o)
+                    );
+                    if let Some(t) = &o.trace {
+                        eprintln!(
+                            "[{name} rep {shown}/{reps}] {:<14} {}",
+                            r.variant.name,
+                            t.brief()
+                        );
+                    }
+                    Ok(o)
+                }
+                Err(e) if is_run_failure(&e) => {
+                    eprintln!(
+                        "[{name} rep {shown}/{reps}] {:<14} FAILED: {e}",
+                        r.variant.name
+                    );
+                    Err(e.to_string())
+                }
+                Err(e) => return Err(e),
+            };
+            r.reps.push(Rep { order, outcome });
         }
     }
-    Ok(all)
+    Ok(Executed {
+        runs: all,
+        floor: floors,
+    })
+}
+
+/// Runs that failed, over every variant and the floor.
+pub fn failed_runs(ex: &Executed) -> usize {
+    let runs = ex
+        .runs
+        .iter()
+        .flat_map(|r| &r.reps)
+        .filter(|r| r.outcome.is_err())
+        .count();
+    let floors = ex
+        .floor
+        .iter()
+        .flatten()
+        .filter(|f| f.floor.is_err())
+        .count();
+    runs + floors
 }
 
 fn fmt(v: Option<f64>) -> String {
@@ -220,259 +341,330 @@ fn policy_run(p: Option<&PolicySummary>) -> Option<PolicyRun> {
     })
 }
 
-/// One variant over every repetition: medians, spread, per-rep arrays.
-pub fn variant_report(r: &Runs) -> VariantReport {
-    let o = &r.outcomes;
-    let col = |f: fn(&stats::Latency) -> Option<f64>| -> Vec<Option<f64>> {
-        o.iter().map(|x| f(&x.latency)).collect()
+/// One repetition's row: its figures, or its error.
+fn run_row(i: usize, rep: &Rep) -> RunRow {
+    let x = match &rep.outcome {
+        Ok(x) => x,
+        Err(e) => {
+            return RunRow {
+                rep: i + 1,
+                order: rep.order,
+                error: Some(e.clone()),
+                ..RunRow::default()
+            };
+        }
     };
-    let p50 = col(|l| l.p50_us);
-    let p90 = col(|l| l.p90_us);
-    let p99 = col(|l| l.p99_us);
-    let p999 = col(|l| l.p999_us);
-    let max = col(|l| l.max_us);
-    let hog_it: Vec<Option<f64>> = o
-        .iter()
-        .map(|x| x.hog.iterations().map(|n| n as f64))
-        .collect();
-    let hog_rate: Vec<Option<f64>> = o.iter().map(|x| x.hog.per_s()).collect();
-    let vm_cpu: Vec<Option<f64>> = o.iter().map(|x| x.hog.vm_cpu_s()).collect();
-    let hog_cpu: Vec<Option<f64>> = o.iter().map(|x| x.hog.hog_cpu_s()).collect();
-    let per_cpu: Vec<Option<f64>> = o
-        .iter()
-        .zip(&vm_cpu)
-        .map(|(x, c)| {
-            c.filter(|&c| c > 0.0)
-                .map(|c| (x.report.events as f64 / c).round())
-        })
-        .collect();
-    let runs = o
+    let l = &x.latency;
+    let vm_cpu_s = x.hog.vm_cpu_s();
+    RunRow {
+        rep: i + 1,
+        order: rep.order,
+        error: None,
+        p50_us: l.p50_us,
+        p90_us: l.p90_us,
+        p99_us: l.p99_us,
+        p999_us: l.p999_us,
+        max_us: l.max_us,
+        samples: l.samples,
+        events: x.report.events,
+        lost_wakeups: x.report.lost_wakeups,
+        stalls: x.report.stalls,
+        stalls_injector: x.report.stalls_injector,
+        inject_max_us: x.report.inject_max_us,
+        start_ms: Some(x.report.start_ms),
+        loadavg_1m_before: x.loadavg_1m_before,
+        hog_iterations: x.hog.iterations(),
+        hog_window_s: x.hog.window_s(),
+        hog_iterations_per_s: x.hog.per_s(),
+        vm_cpu_s,
+        hog_cpu_s: x.hog.hog_cpu_s(),
+        events_per_vm_cpu_s: vm_cpu_s
+            .filter(|&c| c > 0.0)
+            .map(|c| x.report.events as f64 / c),
+        policy: policy_run(x.report.policy.as_ref()),
+        trace: x.trace.clone(),
+    }
+}
+
+/// One variant over every repetition: its rows, medians and spread.
+pub fn variant_report(r: &Runs) -> VariantReport {
+    let runs: Vec<RunRow> = r
+        .reps
         .iter()
         .enumerate()
-        .map(|(i, x)| {
-            let l = &x.latency;
-            RunRow {
-                rep: i + 1,
-                p50_us: l.p50_us,
-                p90_us: l.p90_us,
-                p99_us: l.p99_us,
-                p999_us: l.p999_us,
-                max_us: l.max_us,
-                samples: l.samples,
-                events: x.report.events,
-                lost_wakeups: x.report.lost_wakeups,
-                stalls: x.report.stalls,
-                stalls_injector: x.report.stalls_injector,
-                inject_max_us: x.report.inject_max_us,
-                start_ms: x.report.start_ms,
-                loadavg_1m_before: x.loadavg_1m_before,
-                hog_iterations: x.hog.iterations(),
-                hog_window_s: x.hog.window_s(),
-                hog_iterations_per_s: x.hog.per_s(),
-                vm_cpu_s: vm_cpu[i],
-                hog_cpu_s: hog_cpu[i],
-                events_per_vm_cpu_s: per_cpu[i],
-                policy: policy_run(x.report.policy.as_ref()),
-                trace: x.trace.clone(),
-            }
-        })
+        .map(|(i, x)| run_row(i, x))
         .collect();
+    let col = |f: fn(&RunRow) -> Option<f64>| -> Vec<Option<f64>> { runs.iter().map(f).collect() };
+    let p50 = col(|x| x.p50_us);
+    let p99 = col(|x| x.p99_us);
+    let max = col(|x| x.max_us);
+    let hog_rate = col(|x| x.hog_iterations_per_s);
+    let failed = runs.iter().filter(|x| x.error.is_some()).count();
     let v = &r.variant;
     VariantReport {
-        workload: v.workload.name(),
+        workload: v.workload.name().into(),
         vcpus: v.vcpus,
         hogs: v.load.threads(),
         load: v.load.report(),
-        policy: v.policy_name(),
-        caps: v.caps_name(),
+        policy: v.policy_name().into(),
+        caps: v.caps_name().map(Into::into),
+        n: runs.len() - failed,
+        failed,
         p50_us: median(&p50),
-        p90_us: median(&p90),
+        p90_us: median(&col(|x| x.p90_us)),
         p99_us: median(&p99),
-        p999_us: median(&p999),
+        p999_us: median(&col(|x| x.p999_us)),
         max_us: median(&max),
         spread: Spreads {
             p50_us: Spread::of(&p50),
             p99_us: Spread::of(&p99),
             max_us: Spread::of(&max),
+            hog_iterations_per_s: Spread::of(&hog_rate),
         },
-        p50_us_reps: p50,
-        p99_us_reps: p99,
-        max_us_reps: max,
-        samples: o.iter().map(|x| x.latency.samples).sum(),
-        hog_iterations: median(&hog_it),
+        samples: runs.iter().map(|x| x.samples).sum(),
         hog_iterations_per_s: median(&hog_rate),
-        hog_iterations_reps: hog_it,
-        vm_cpu_s: median(&vm_cpu),
-        hog_cpu_s: median(&hog_cpu),
-        events_per_vm_cpu_s: median(&per_cpu),
-        events_per_vm_cpu_s_reps: per_cpu,
+        vm_cpu_s: median(&col(|x| x.vm_cpu_s)),
+        hog_cpu_s: median(&col(|x| x.hog_cpu_s)),
+        events_per_vm_cpu_s: median(&col(|x| x.events_per_vm_cpu_s)),
         runs,
-        apply_p50_us_reps: None,
-        apply_p99_us_reps: None,
-        decisions_reps: None,
         bpf: None,
     }
 }
 
 /// Every variant's report, by name.
-type Reports = BTreeMap<&'static str, VariantReport>;
+type Reports = BTreeMap<String, VariantReport>;
 
 fn reports(runs: &[Runs]) -> Reports {
     runs.iter()
-        .map(|r| (r.variant.name, variant_report(r)))
+        .map(|r| (r.variant.name.to_owned(), variant_report(r)))
         .collect()
 }
 
-/// `a` over `b`, by variant name.
-fn ratios(v: &Reports, a: &str, b: &str) -> Ratios {
-    Ratios::of(v.get(a), v.get(b))
+/// The comparisons `(name, test, base)` present in `v`, by name.
+fn comparisons(v: &Reports, which: &[(&str, &str, &str)]) -> BTreeMap<String, Comparison> {
+    which
+        .iter()
+        .filter_map(|&(name, test, base)| {
+            Some((
+                name.to_owned(),
+                Comparison::of(test, v.get(test)?, base, v.get(base)?),
+            ))
+        })
+        .collect()
 }
 
-/// The reports and the pvsched/vanilla ratios into `out`.
-fn put_variants(out: &mut Map<String, Value>, v: &Reports) -> Ratios {
-    for (name, r) in v {
-        out.insert((*name).into(), value(r));
-    }
-    let r = ratios(v, "pvsched", "vanilla");
-    if let Value::Object(m) = value(&r) {
-        out.extend(m);
-    }
-    r
+/// The floor's report, if it was measured.
+fn floor_report(floor: Option<&[FloorRun]>) -> Option<FloorReport> {
+    let runs: Vec<FloorRow> = floor?
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match &f.floor {
+            Ok(x) => FloorRow {
+                rep: i + 1,
+                order: f.order,
+                error: None,
+                p99_us: x.p99_us,
+                max_us: x.max_us,
+                samples: x.samples,
+            },
+            Err(e) => FloorRow {
+                rep: i + 1,
+                order: f.order,
+                error: Some(e.clone()),
+                ..FloorRow::default()
+            },
+        })
+        .collect();
+    let failed = runs.iter().filter(|r| r.error.is_some()).count();
+    Some(FloorReport {
+        tool: "cyclictest -m -S -p 99 -i 1000 --default-system, no VM, no hogs".into(),
+        n: runs.len() - failed,
+        failed,
+        p99_us: median(&runs.iter().map(|r| r.p99_us).collect::<Vec<_>>()),
+        max_us: median(&runs.iter().map(|r| r.max_us).collect::<Vec<_>>()),
+        runs,
+    })
 }
 
 /// Vanilla's loaded p99 over its idle p99 at or above which S1's load
 /// shows the problem pvsched is for.
 pub const LOAD_SHOWS_PROBLEM: f64 = 5.0;
 
-/// `a`'s hog work over `b`'s: medians of iterations per second of
-/// measured time (the same `--duration` in both, so the ratio of totals).
-fn hog_ratio(v: &Reports, a: &str, b: &str) -> Option<f64> {
-    let rate = |n: &str| v.get(n).and_then(|r| r.hog_iterations_per_s);
-    ratio(rate(a), rate(b))
-}
-
-/// The largest, over repetitions, of `a`'s max over the same repetition's
-/// `b` max: a repetition that misses is not averaged away. `None` if any
-/// repetition lacks either.
-fn worst_rep_ratio(v: &Reports, a: &str, b: &str) -> Option<f64> {
-    let (a, b) = (v.get(a)?, v.get(b)?);
-    if a.max_us_reps.is_empty() || a.max_us_reps.len() != b.max_us_reps.len() {
-        return None;
-    }
-    a.max_us_reps
+/// `test`'s max over the same repetition's `base` max, per repetition.
+fn max_per_rep(v: &Reports, test: &str, base: &str) -> Vec<Option<f64>> {
+    let (Some(t), Some(b)) = (v.get(test), v.get(base)) else {
+        return Vec::new();
+    };
+    t.runs
         .iter()
-        .zip(&b.max_us_reps)
-        .map(|(&x, &y)| ratio(x, y))
-        .try_fold(f64::NEG_INFINITY, |m, r| Some(m.max(r?)))
+        .zip(&b.runs)
+        .map(|(x, y)| ratio(x.max_us, y.max_us))
+        .collect()
 }
 
-/// The scenario's JSON fields (everything but the common header).
+/// A comparison's figure, or an empty one if the comparison is missing.
+fn fig(
+    r: &BTreeMap<String, Comparison>,
+    name: &str,
+    f: fn(&Comparison) -> &crate::paired::Paired,
+) -> crate::paired::Paired {
+    r.get(name)
+        .map(f)
+        .cloned()
+        .unwrap_or_else(|| crate::paired::paired(&[], &[]))
+}
+
+/// The scenario's report from what it ran.
 pub fn assemble(
     s: Scenario,
-    runs: &[Runs],
+    ex: &Executed,
     guest_hook: Option<&Value>,
-) -> Result<Map<String, Value>, BenchError> {
-    let mut out = Map::new();
+    command: String,
+    options: Options,
+) -> Result<ScenarioReport, BenchError> {
+    let mut report = ScenarioReport {
+        scenario: s.name().into(),
+        machine: crate::machine::describe(),
+        command,
+        options,
+        variants: reports(&ex.runs),
+        ratios: BTreeMap::new(),
+        floor: floor_report(ex.floor.as_deref()),
+        load_shows_problem: None,
+        targets: Vec::new(),
+        costs: None,
+        greedy: None,
+    };
     match s {
-        Scenario::S1 | Scenario::S2 => {
-            let v = reports(runs);
-            let r = put_variants(&mut out, &v);
-            let mut more: BTreeMap<&str, Ratios> = BTreeMap::new();
-            let targets = if s == Scenario::S1 {
-                more.insert("idle", ratios(&v, "idle_pvsched", "idle_vanilla"));
-                let p99 = |n: &str| v.get(n).and_then(|x| x.p99_us);
-                let loaded_vs_idle = ratio(p99("pvsched"), p99("idle_vanilla"));
-                let vanilla_vs_idle = ratios(&v, "vanilla", "idle_vanilla");
-                let shows = vanilla_vs_idle.ratio_p99;
-                more.insert("vanilla_loaded_vs_idle", vanilla_vs_idle);
-                more.insert(
-                    "pvsched_loaded_vs_idle",
-                    ratios(&v, "pvsched", "idle_vanilla"),
-                );
-                // Whether the load showed the problem at all: without it
-                // the latency targets say little.
-                out.insert("vanilla_loaded_vs_idle_p99".into(), json!(shows));
-                out.insert(
-                    "load_shows_problem".into(),
-                    json!(shows.is_some_and(|x| x >= LOAD_SHOWS_PROBLEM)),
-                );
-                vec![
-                    Target::at_most(
-                        "s1_p99_vs_idle",
-                        "loaded host: pvsched p99 <= 1.0x the idle host's p99 (idle_vanilla)",
-                        loaded_vs_idle,
-                        1.0,
-                    ),
-                    Target::at_most(
-                        "s1_p99_ratio",
-                        "loaded host: pvsched p99 <= 0.05x vanilla p99",
-                        r.ratio_p99,
-                        0.05,
-                    ),
-                    Target::at_most(
-                        "s1_max_ratio",
-                        "loaded host: pvsched max <= 0.1x vanilla max (medians over repetitions)",
-                        r.ratio_max,
-                        0.1,
-                    ),
-                    Target::at_most(
-                        "s1_max_every_rep",
-                        "loaded host: pvsched max <= 0.2x the same repetition's vanilla max, in every repetition (the worst)",
-                        worst_rep_ratio(&v, "pvsched", "vanilla"),
-                        0.2,
-                    ),
-                    Target::at_least(
-                        "s1_host_cost",
-                        "pvsched hog iterations >= 0.95x vanilla (same run, per second of measured time)",
-                        hog_ratio(&v, "pvsched", "vanilla"),
-                        0.95,
-                    ),
-                ]
-            } else {
-                more.insert("no_yield", ratios(&v, "no_yield", "vanilla"));
-                let spin = ratios(&v, "spin_pvsched", "spin_vanilla");
-                more.insert("spin", spin);
-                more.insert("spin_no_yield", ratios(&v, "spin_no_yield", "spin_vanilla"));
-                vec![
-                    Target::at_most(
-                        "ipi_p99_ratio",
-                        "ipi round trip: pvsched p99 <= 0.2x vanilla p99",
-                        r.ratio_p99,
-                        0.2,
-                    ),
-                    Target::at_most(
-                        "spin_p99_ratio",
-                        "spin (wait_on) round trip: pvsched p99 <= 0.3x vanilla p99",
-                        spin.ratio_p99,
-                        0.3,
-                    ),
-                    Target::at_most(
-                        "ipi_max_ratio",
-                        "ipi round trip: pvsched max <= 1.0x the same repetition's vanilla max, in every repetition (the worst)",
-                        worst_rep_ratio(&v, "pvsched", "vanilla"),
-                        1.0,
-                    ),
-                    Target::at_most(
-                        "spin_max_ratio",
-                        "spin (wait_on) round trip: pvsched max <= 1.0x the same repetition's vanilla max, in every repetition (the worst)",
-                        worst_rep_ratio(&v, "spin_pvsched", "spin_vanilla"),
-                        1.0,
-                    ),
-                    Target::at_least(
-                        "ipi_host_cost",
-                        "ipi: pvsched hog iterations >= 0.8x vanilla (same run, per second of measured time)",
-                        hog_ratio(&v, "pvsched", "vanilla"),
-                        0.8,
-                    ),
-                ]
-            };
-            out.insert("ratios".into(), value(&more));
-            out.insert("targets".into(), value(&targets));
-        }
-        Scenario::S3 => s3(runs, guest_hook, &mut out)?,
-        Scenario::S5 => s5(runs, &mut out),
+        Scenario::S1 => s1(&mut report),
+        Scenario::S2 => s2(&mut report),
+        Scenario::S3 => s3(&ex.runs, guest_hook, &mut report)?,
+        Scenario::S5 => s5(&ex.runs, &mut report),
     }
-    Ok(out)
+    Ok(report)
+}
+
+fn s1(rep: &mut ScenarioReport) {
+    let v = &rep.variants;
+    rep.ratios = comparisons(
+        v,
+        &[
+            ("pvsched", "pvsched", "vanilla"),
+            ("idle", "idle_pvsched", "idle_vanilla"),
+            ("vanilla_loaded_vs_idle", "vanilla", "idle_vanilla"),
+            ("pvsched_loaded_vs_idle", "pvsched", "idle_vanilla"),
+        ],
+    );
+    let r = &rep.ratios;
+    // Whether the load showed the problem at all: without it the latency
+    // targets say little.
+    rep.load_shows_problem =
+        Some(fig(r, "vanilla_loaded_vs_idle", |c| &c.p99_us).at_least(LOAD_SHOWS_PROBLEM));
+    // pvsched's max against the idle host's own in the same repetition.
+    let vs_floor: Vec<Option<f64>> = match (v.get("pvsched"), &rep.floor) {
+        (Some(p), Some(f)) => p
+            .runs
+            .iter()
+            .zip(&f.runs)
+            .map(|(x, f)| ratio(x.max_us, f.max_us))
+            .collect(),
+        _ => Vec::new(),
+    };
+    rep.targets = vec![
+        Target::paired(
+            "s1_p99_vs_idle",
+            "loaded host: pvsched p99 <= 1.0x the idle host's p99 (idle_vanilla), paired per repetition",
+            &fig(r, "pvsched_loaded_vs_idle", |c| &c.p99_us),
+            Side::AtMost,
+            1.0,
+        ),
+        Target::paired(
+            "s1_p99_ratio",
+            "loaded host: pvsched p99 <= 0.05x vanilla p99, paired per repetition",
+            &fig(r, "pvsched", |c| &c.p99_us),
+            Side::AtMost,
+            0.05,
+        ),
+        Target::paired(
+            "s1_max_ratio",
+            "loaded host: pvsched max <= 0.1x vanilla max, paired per repetition",
+            &fig(r, "pvsched", |c| &c.max_us),
+            Side::AtMost,
+            0.1,
+        ),
+        Target::every_rep(
+            "s1_max_every_rep",
+            "loaded host: pvsched max <= 0.2x the same repetition's vanilla max, in every repetition",
+            &max_per_rep(v, "pvsched", "vanilla"),
+            Side::AtMost,
+            0.2,
+        ),
+        Target::every_rep(
+            "s1_max_vs_floor",
+            "loaded host: pvsched max <= the idle host's floor max (cyclictest, same repetition), in every repetition",
+            &vs_floor,
+            Side::AtMost,
+            1.0,
+        ),
+        Target::paired(
+            "s1_host_cost",
+            "pvsched hog iterations >= 0.95x vanilla (per second of measured time), paired per repetition",
+            &fig(r, "pvsched", |c| &c.hog_iterations_per_s),
+            Side::AtLeast,
+            0.95,
+        ),
+    ];
+}
+
+fn s2(rep: &mut ScenarioReport) {
+    let v = &rep.variants;
+    rep.ratios = comparisons(
+        v,
+        &[
+            ("pvsched", "pvsched", "vanilla"),
+            ("no_yield", "no_yield", "vanilla"),
+            ("spin", "spin_pvsched", "spin_vanilla"),
+            ("spin_no_yield", "spin_no_yield", "spin_vanilla"),
+        ],
+    );
+    let r = &rep.ratios;
+    rep.targets = vec![
+        Target::paired(
+            "ipi_p99_ratio",
+            "ipi round trip: pvsched p99 <= 0.2x vanilla p99, paired per repetition",
+            &fig(r, "pvsched", |c| &c.p99_us),
+            Side::AtMost,
+            0.2,
+        ),
+        Target::paired(
+            "spin_p99_ratio",
+            "spin (wait_on) round trip: pvsched p99 <= 0.3x vanilla p99, paired per repetition",
+            &fig(r, "spin", |c| &c.p99_us),
+            Side::AtMost,
+            0.3,
+        ),
+        Target::every_rep(
+            "ipi_max_ratio",
+            "ipi round trip: pvsched max <= 1.0x the same repetition's vanilla max, in every repetition",
+            &max_per_rep(v, "pvsched", "vanilla"),
+            Side::AtMost,
+            1.0,
+        ),
+        Target::every_rep(
+            "spin_max_ratio",
+            "spin (wait_on) round trip: pvsched max <= 1.0x the same repetition's vanilla max, in every repetition",
+            &max_per_rep(v, "spin_pvsched", "spin_vanilla"),
+            Side::AtMost,
+            1.0,
+        ),
+        Target::paired(
+            "ipi_host_cost",
+            "ipi: pvsched hog iterations >= 0.8x vanilla (per second of measured time), paired per repetition",
+            &fig(r, "pvsched", |c| &c.hog_iterations_per_s),
+            Side::AtLeast,
+            0.8,
+        ),
+    ];
 }
 
 /// The caps' budget and window of a pvsched run (the caps the worker ran
@@ -484,7 +676,7 @@ fn budget_window(o: &Outcome) -> (Option<u64>, Option<u64>) {
 
 /// One pvsched run of S5: per vCPU boosted time per budget window against
 /// the budget, and the worst vCPU's share of the budget.
-fn greedy_run(o: &Outcome) -> Value {
+fn greedy_run(rep: usize, o: &Outcome) -> GreedyRun {
     let (budget, window) = budget_window(o);
     let budget = budget.filter(|&b| b > 0);
     let window = window.filter(|&w| w > 0);
@@ -493,105 +685,120 @@ fn greedy_run(o: &Outcome) -> Value {
         (Some(s), Some(w)) => Some(s / (w as f64 / 1e6)),
         _ => None,
     };
-    let per_vcpu: Vec<Value> = o
+    let per_vcpu: Vec<GreedyVcpu> = o
         .report
         .boosted_ns
         .iter()
         .flatten()
         .enumerate()
-        .map(|(i, &b)| {
-            let ns = Some(b);
-            let per_window_us = match (ns, windows) {
-                (Some(ns), Some(w)) => Some(stats::round2(ns as f64 / 1e3 / w)),
-                _ => None,
-            };
-            let of_budget = match (per_window_us, budget) {
-                (Some(u), Some(b)) => Some((u / b as f64 * 1000.0).round() / 1000.0),
-                _ => None,
-            };
+        .map(|(i, &ns)| {
+            let per_window_us = windows.map(|w| ns as f64 / 1e3 / w);
             let pv = o.report.policy.as_ref().and_then(|p| p.per_vcpu.get(i));
-            json!({
-                "index": i,
-                "boosted_ns": ns,
-                "boosts": pv.map(|v| v.boosts),
-                "throttles": pv.map(|v| v.throttles),
-                "boosted_us_per_window": per_window_us,
-                "of_budget": of_budget,
-            })
+            GreedyVcpu {
+                index: i,
+                boosted_ns: ns,
+                boosts: pv.map(|v| v.boosts),
+                throttles: pv.map(|v| v.throttles),
+                boosted_us_per_window: per_window_us,
+                of_budget: per_window_us.zip(budget).map(|(u, b)| u / b as f64),
+            }
         })
         .collect();
-    let worst = per_vcpu
-        .iter()
-        .filter_map(|v| v["of_budget"].as_f64())
-        .reduce(f64::max);
-    json!({
-        "policy_s": policy_s,
-        "windows": windows.map(stats::round2),
-        "per_vcpu": per_vcpu,
-        "worst_of_budget": worst,
-    })
+    GreedyRun {
+        rep,
+        policy_s,
+        windows,
+        worst_of_budget: per_vcpu.iter().filter_map(|v| v.of_budget).reduce(f64::max),
+        per_vcpu,
+    }
 }
 
-/// S5: a greedy guest beside busy hogs. Latency fields are null (the
+/// S5: a greedy guest beside busy hogs. Latency figures are missing (the
 /// guest spins; nothing is timed); what counts is the policy's boosted
 /// time per budget window and the hogs' work against vanilla's.
-fn s5(runs: &[Runs], out: &mut Map<String, Value>) {
-    let v = reports(runs);
-    put_variants(out, &v);
-    let pv: Vec<&Outcome> = runs
-        .iter()
-        .filter(|r| r.variant.policy.enabled())
-        .flat_map(|r| r.outcomes.iter())
-        .collect();
-    let (budget_us, window_us) = pv.first().map_or((None, None), |o| budget_window(o));
+fn s5(runs: &[Runs], rep: &mut ScenarioReport) {
+    rep.ratios = comparisons(&rep.variants, &[("pvsched", "pvsched", "vanilla")]);
+    let pv = runs.iter().find(|r| r.variant.policy.enabled());
+    let (budget_us, window_us) = pv
+        .and_then(|r| r.outcomes().next())
+        .map_or((None, None), budget_window);
     let share = match (budget_us, window_us) {
         (Some(b), Some(w)) if b > 0 && w > 0 => Some((b as f64 / w as f64).min(1.0)),
         _ => None,
     };
-    let reps: Vec<Value> = pv.iter().map(|o| greedy_run(o)).collect();
-    // The budget must hold in every run: the worst repetition counts.
-    let worst = reps
+    // Index = repetition; a failed run has no share of the budget.
+    let per_rep: Vec<Option<GreedyRun>> = pv
+        .map(|r| {
+            r.reps
+                .iter()
+                .enumerate()
+                .map(|(i, x)| x.ok().map(|o| greedy_run(i + 1, o)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let worst_per_rep: Vec<Option<f64>> = per_rep
         .iter()
-        .filter_map(|r| r["worst_of_budget"].as_f64())
-        .reduce(f64::max);
-    let hog = hog_ratio(&v, "pvsched", "vanilla");
-    let hog_limit = share.map(|s| stats::round2(1.0 - s - 0.05));
-    out.insert(
-        "greedy".into(),
-        json!({
-            "budget_us": budget_us,
-            "window_us": window_us,
-            "budget_share": share,
-            "reps": reps,
-            "worst_of_budget": worst,
-            "hog_ratio": hog,
-            "what": "pvsched runs: per vCPU boosted_ns (agent ThreadStats) over the time the VM was registered (policy_s, boot + workload), per budget window (window_us), against the caps' budget_us; hog_ratio = hog iterations per second, pvsched / vanilla",
-        }),
-    );
-    let targets = [
-        Target::at_most(
+        .map(|g| {
+            g.as_ref()
+                .and_then(|g| g.worst_of_budget)
+                .filter(|_| share.is_some())
+        })
+        .collect();
+    let reps: Vec<GreedyRun> = per_rep.into_iter().flatten().collect();
+    let hog = fig(&rep.ratios, "pvsched", |c| &c.hog_iterations_per_s);
+    rep.greedy = Some(GreedyReport {
+        budget_us,
+        window_us,
+        budget_share: share,
+        worst_of_budget: reps
+            .iter()
+            .filter_map(|r| r.worst_of_budget)
+            .reduce(f64::max),
+        reps,
+    });
+    let hog_target = |limit| {
+        Target::paired(
+            "s5_hog_share",
+            "hog keeps >= (1 - budget_us/window_us - 0.05) of its CPU: hog iterations pvsched / vanilla, paired per repetition",
+            &hog,
+            Side::AtLeast,
+            limit,
+        )
+    };
+    rep.targets = vec![
+        // The budget must hold in every run.
+        Target::every_rep(
             "s5_greedy_budget",
-            "greedy guest: boosted on-CPU time per vCPU <= budget per window + 5% (max over vCPUs and reps of boosted_ns / windows / budget_us)",
-            worst.filter(|_| share.is_some()),
+            "greedy guest: boosted on-CPU time per vCPU <= budget per window + 5%, in every repetition (max over vCPUs of boosted_ns / windows / budget_us)",
+            &worst_per_rep,
+            Side::AtMost,
             1.05,
         ),
-        Target::at_least(
-            "s5_hog_share",
-            "hog keeps >= (1 - budget_us/window_us - 0.05) of its CPU: hog iterations pvsched / vanilla",
-            hog.filter(|_| share.is_some()),
-            hog_limit.unwrap_or(1.0),
-        ),
+        match share {
+            Some(s) => hog_target(1.0 - s - 0.05),
+            // Without caps there is no share to keep.
+            None => Target::value(
+                "s5_hog_share",
+                "hog share (no budget known)",
+                None,
+                0,
+                Side::AtLeast,
+                1.0,
+            ),
+        },
     ];
-    out.insert("targets".into(), value(&targets));
 }
 
 /// S5's bars: each vCPU's boosted ms per window (worst repetition) and
 /// the budget in ms, or `None` without a budget.
-pub fn s5_bars(j: &Value) -> (Vec<(String, f64)>, Option<f64>) {
+pub fn s5_bars(r: &ScenarioReport) -> (Vec<(String, f64)>, Option<f64>) {
+    let Some(g) = &r.greedy else {
+        return (Vec::new(), None);
+    };
     let mut worst: Vec<f64> = Vec::new();
-    for rep in j["greedy"]["reps"].as_array().into_iter().flatten() {
-        for (i, v) in rep["per_vcpu"].as_array().into_iter().flatten().enumerate() {
-            let x = v["boosted_us_per_window"].as_f64().unwrap_or(0.0) / 1e3;
+    for rep in &g.reps {
+        for (i, v) in rep.per_vcpu.iter().enumerate() {
+            let x = v.boosted_us_per_window.unwrap_or(0.0) / 1e3;
             match worst.get_mut(i) {
                 Some(w) => *w = w.max(x),
                 None => worst.push(x),
@@ -601,147 +808,125 @@ pub fn s5_bars(j: &Value) -> (Vec<(String, f64)>, Option<f64>) {
     let bars = worst
         .into_iter()
         .enumerate()
-        .map(|(i, x)| (format!("VCPU {i}"), stats::round2(x)))
+        .map(|(i, x)| (format!("VCPU {i}"), x))
         .collect();
-    let budget = j["greedy"]["budget_us"]
-        .as_f64()
-        .filter(|b| *b > 0.0)
-        .map(|b| b / 1e3);
+    let budget = g.budget_us.filter(|&b| b > 0).map(|b| b as f64 / 1e3);
     (bars, budget)
 }
 
-/// S3: costs. `vanilla` is all zeros (no BPF, no applier: nothing to
-/// pay); `pvsched` p50/p99 is the decision→applied latency.
+/// S3: costs. Each variant is one workload of the pvsched policy (no
+/// vanilla: without the policy there is nothing to pay).
 fn s3(
     runs: &[Runs],
     guest_hook: Option<&Value>,
-    out: &mut Map<String, Value>,
+    rep: &mut ScenarioReport,
 ) -> Result<(), BenchError> {
-    let S3Runs {
-        apply50,
-        apply99,
-        by_workload,
-        totals,
-    } = s3_runs(runs);
+    let mut totals = ProgTotals::default();
+    for r in runs {
+        let mut progs = ProgTotals::default();
+        for o in r.outcomes() {
+            progs.add(&o.report);
+            totals.add(&o.report);
+        }
+        if let Some(v) = rep.variants.get_mut(r.variant.name) {
+            v.bpf = Some(bpf_report(&progs));
+        }
+    }
     let bpf = bpf_report(&totals);
-    let worst = bpf.worst_ns_per_event;
     // The worst full path of any workload (pooling them would hide one).
-    let worst_full = by_workload
+    let worst_full = rep
+        .variants
         .values()
         .filter_map(|w| w.bpf.as_ref()?.worst_full_ns_per_event)
         .reduce(f64::max);
-    out.insert("scaling".into(), s3_scaling(runs, &by_workload));
-    out.insert(
-        "vanilla".into(),
-        json!({
-            "p50_us": 0.0, "p99_us": 0.0, "max_us": 0.0,
-            "p50_us_reps": [], "p99_us_reps": [], "max_us_reps": [],
-            "what": "no policy: no BPF programs, no applier, no maps; every cost is 0",
-        }),
-    );
-    out.insert(
-        "pvsched".into(),
-        json!({
-            "p50_us": median(&apply50),
-            "p99_us": median(&apply99),
-            "max_us": null,
-            "p50_us_reps": apply50,
-            "p99_us_reps": apply99,
-            "max_us_reps": [],
-            "spread": {
-                "p50_us": Spread::of(&apply50),
-                "p99_us": Spread::of(&apply99),
-            },
-            "what": "decision -> applied latency (agent stats: BPF decision timestamp to sched_setattr done), all S3 runs; the agent keeps no max",
-        }),
-    );
-    for k in ["ratio_p50", "ratio_p99", "ratio_max"] {
-        out.insert(k.into(), Value::Null);
-    }
-    out.insert("bpf".into(), value(&bpf));
-    out.insert("workloads".into(), value(&by_workload));
-    out.insert("handshake".into(), s3_handshake(runs)?);
-    out.insert("bytes_per_vcpu".into(), costs::bytes_per_vcpu());
+    let apply = |f: fn(&PolicyRun) -> f64| -> Vec<Option<f64>> {
+        runs.iter()
+            .filter_map(|r| rep.variants.get(r.variant.name))
+            .flat_map(|v| v.runs.iter().map(move |x| x.policy.as_ref().map(f)))
+            .collect()
+    };
+    let (apply50, apply99) = (apply(|p| p.apply_p50_us), apply(|p| p.apply_p99_us));
     let hook = guest_hook
         .and_then(|j| j.get("guest_hook_ns"))
-        .filter(|v| !v.is_null());
-    out.insert("guest_hook_ns".into(), hook.cloned().unwrap_or(Value::Null));
-    out.insert(
-        "guest_hook_source".into(),
-        json!(match hook {
-            Some(_) => "bench/s4.py output (--s4-json)",
-            None => "not measured in this scenario: the guest hook runs in the Linux guest driver (S4, bench/s4.py under QEMU TCG); pass --s4-json FILE with an S4 result that has guest_hook_ns",
-        }),
-    );
-    let targets = [
-        Target::at_most(
+        .filter(|v| !v.is_null())
+        .cloned();
+    let measured = apply50.iter().flatten().count();
+    rep.targets = vec![
+        Target::value(
             "bpf_ns_per_event",
-            "BPF run time per event <= 300 ns (worst program, run_time_ns / run_cnt)",
-            worst,
+            "BPF run time per event <= 300 ns (worst program, run_time_ns / run_cnt, every run)",
+            bpf.worst_ns_per_event,
+            measured,
+            Side::AtMost,
             300.0,
         ),
-        Target::at_most(
+        Target::value(
             "bpf_full_ns_per_event",
             "BPF run time per event of a registered thread <= 300 ns (worst program of any workload, prefilter included)",
             worst_full,
+            measured,
+            Side::AtMost,
             300.0,
         ),
-        Target::at_most(
+        Target::every_rep(
             "apply_p50",
-            "decision -> applied p50 <= 20 us",
-            median(&apply50),
+            "decision -> applied p50 <= 20 us, in every run",
+            &apply50,
+            Side::AtMost,
             20.0,
         ),
-        Target::at_most(
+        Target::every_rep(
             "apply_p99",
-            "decision -> applied p99 <= 100 us",
-            median(&apply99),
+            "decision -> applied p99 <= 100 us, in every run",
+            &apply99,
+            Side::AtMost,
             100.0,
         ),
     ];
-    out.insert("targets".into(), value(&targets));
+    rep.costs = Some(CostsReport {
+        apply_p50_us: median(&apply50),
+        apply_p99_us: median(&apply99),
+        scaling: s3_scaling(runs, &rep.variants),
+        apply_p50_us_runs: apply50,
+        apply_p99_us_runs: apply99,
+        bpf,
+        handshake: s3_handshake(runs)?,
+        bytes_per_vcpu: costs::bytes_per_vcpu(),
+        guest_hook_source: match hook {
+            Some(_) => "bench/s4.py output (--s4-json)",
+            None => "not measured in this scenario: the guest hook runs in the Linux guest driver (S4, bench/s4.py under QEMU TCG); pass --s4-json FILE with an S4 result that has guest_hook_ns",
+        }
+        .into(),
+        guest_hook_ns: hook,
+    });
     Ok(())
 }
 
 /// S3's scaling table: per workload, how many VMs were registered, the
 /// BPF costs (sched_switch's prefilter and full path, the worst full
 /// path) and decision→applied, medians over its runs.
-fn s3_scaling(runs: &[Runs], by_workload: &Reports) -> Value {
-    let rows: Vec<Value> = runs
-        .iter()
+fn s3_scaling(runs: &[Runs], variants: &Reports) -> Vec<ScalingRow> {
+    runs.iter()
         .filter_map(|r| {
-            let w = by_workload.get(r.variant.name)?;
+            let w = variants.get(r.variant.name)?;
             let bpf = w.bpf.as_ref()?;
             let switch = bpf.programs.iter().find(|p| p.name == "pvs_sched_switch");
             let timer = bpf.programs.iter().find(|p| p.name == REEVAL_PROG);
-            let med = |x: &Option<Vec<Option<f64>>>| x.as_deref().and_then(median);
-            Some(json!({
-                "workload": r.variant.name,
-                "registered_vms": 1 + r.variant.extra_vms,
-                "switch_prefilter_ns": switch.and_then(|p| p.prefilter_ns_per_event),
-                "switch_full_ns": switch.and_then(|p| p.full_ns_per_event),
-                "worst_full_ns": bpf.worst_full_ns_per_event,
-                "timer_ns_per_thread": timer.and_then(|p| p.full_ns_per_event),
-                "worst_ns": bpf.worst_ns_per_event,
-                "apply_p50_us": med(&w.apply_p50_us_reps),
-                "apply_p99_us": med(&w.apply_p99_us_reps),
-                "agent_cpu": median(&r.outcomes.iter().map(|o| o.report.agent_cpu).collect::<Vec<_>>()),
-            }))
+            let apply = |f: fn(&PolicyRun) -> f64| median(&w.per_rep(|x| x.policy.as_ref().map(f)));
+            Some(ScalingRow {
+                workload: r.variant.name.into(),
+                registered_vms: 1 + r.variant.extra_vms,
+                switch_prefilter_ns: switch.and_then(|p| p.prefilter_ns_per_event),
+                switch_full_ns: switch.and_then(|p| p.full_ns_per_event),
+                worst_full_ns: bpf.worst_full_ns_per_event,
+                timer_ns_per_thread: timer.and_then(|p| p.full_ns_per_event),
+                worst_ns: bpf.worst_ns_per_event,
+                apply_p50_us: apply(|p| p.apply_p50_us),
+                apply_p99_us: apply(|p| p.apply_p99_us),
+                agent_cpu: median(&r.outcomes().map(|o| o.report.agent_cpu).collect::<Vec<_>>()),
+            })
         })
-        .collect();
-    Value::Array(rows)
-}
-
-/// What S3 gathers from its runs.
-struct S3Runs {
-    /// Decision→applied p50 of every rep of every workload, µs.
-    apply50: Vec<Option<f64>>,
-    /// ... and p99.
-    apply99: Vec<Option<f64>>,
-    /// Per workload: its reps and its BPF programs' costs.
-    by_workload: Reports,
-    /// BPF runs per program over all runs.
-    totals: ProgTotals,
+        .collect()
 }
 
 /// Per program: its runs in the measured windows and in the prefilter
@@ -790,65 +975,29 @@ impl ProgTotals {
     }
 }
 
-fn s3_runs(runs: &[Runs]) -> S3Runs {
-    let mut all = S3Runs {
-        apply50: Vec::new(),
-        apply99: Vec::new(),
-        by_workload: Reports::new(),
-        totals: ProgTotals::default(),
-    };
-    for r in runs {
-        let mut progs = ProgTotals::default();
-        let (mut a50, mut a99, mut dec) = (Vec::new(), Vec::new(), Vec::new());
-        for o in &r.outcomes {
-            let p = o.report.policy.as_ref();
-            a50.push(p.map(|p| p.apply_p50_us));
-            a99.push(p.map(|p| p.apply_p99_us));
-            dec.push(p.map(|p| p.decisions));
-            progs.add(&o.report);
-            all.totals.add(&o.report);
-        }
-        all.apply50.extend(a50.iter().copied());
-        all.apply99.extend(a99.iter().copied());
-        let w = VariantReport {
-            apply_p50_us_reps: Some(a50),
-            apply_p99_us_reps: Some(a99),
-            decisions_reps: Some(dec),
-            bpf: Some(bpf_report(&progs)),
-            ..variant_report(r)
-        };
-        all.by_workload.insert(r.variant.name, w);
-    }
-    all
-}
-
 /// S3's handshake section: an in-process device handshake's host CPU time,
 /// and the VM start times of the runs.
-fn s3_handshake(runs: &[Runs]) -> Result<Value, BenchError> {
+fn s3_handshake(runs: &[Runs]) -> Result<Handshake, BenchError> {
     let mut hs = costs::device_handshake_ns(1000).map_err(BenchError::Costs)?;
     let hsl = stats::latency(&mut hs);
     let starts: Vec<Option<f64>> = runs
         .iter()
-        .flat_map(|r| r.outcomes.iter().map(|o| Some(o.report.start_ms)))
+        .flat_map(|r| r.outcomes().map(|o| Some(o.report.start_ms)))
         .collect();
-    Ok(json!({
-        "device_in_process_us": { "p50": hsl.p50_us, "p99": hsl.p99_us, "max": hsl.max_us, "iterations": hsl.samples },
-        "device_in_process_what": "host CPU time of a full device-region handshake (BAR2 programming, features, DRIVER_OK) against an in-process PvschedDevice, no guest",
-        "vm_start_ms": median(&starts),
-        "vm_start_ms_reps": starts,
-        "vm_start_what": "VM build + guest boot + PCI scan + handshake + slot burst until every vCPU is in its loop (test guest under KVM's instruction emulator here)",
-    }))
+    Ok(Handshake {
+        device_in_process_p50_us: hsl.p50_us,
+        device_in_process_p99_us: hsl.p99_us,
+        device_in_process_max_us: hsl.max_us,
+        iterations: hsl.samples,
+        vm_start_ms: median(&starts),
+    })
 }
 
 /// Per-program BPF costs (all runs, prefiltered runs, full runs) plus the
 /// worst of each and the overall mean.
 fn bpf_report(progs: &ProgTotals) -> BpfReport {
     let per = |c: u64, ns: f64| {
-        if c == 0 {
-            None
-        } else {
-            Some(stats::round2(ns / c as f64))
-        }
+        if c == 0 { None } else { Some(ns / c as f64) }
     };
     let programs: Vec<ProgCost> = progs
         .0
@@ -902,8 +1051,7 @@ pub fn series(runs: &[Runs]) -> Vec<Series> {
     runs.iter()
         .map(|r| {
             let mut all: Vec<u64> = r
-                .outcomes
-                .iter()
+                .outcomes()
                 .flat_map(|o| o.samples.iter().copied())
                 .collect();
             all.sort_unstable();
@@ -917,12 +1065,11 @@ pub fn series(runs: &[Runs]) -> Vec<Series> {
 }
 
 /// S3's bars: ns/event per program over all runs.
-pub fn s3_bars(j: &Value) -> Vec<(String, f64)> {
-    j["bpf"]["programs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| Some((p["name"].as_str()?.to_owned(), p["ns_per_event"].as_f64()?)))
+pub fn s3_bars(r: &ScenarioReport) -> Vec<(String, f64)> {
+    r.costs
+        .iter()
+        .flat_map(|c| &c.bpf.programs)
+        .filter_map(|p| Some((p.name.clone(), p.ns_per_event?)))
         .collect()
 }
 
@@ -930,11 +1077,12 @@ pub fn s3_bars(j: &Value) -> Vec<(String, f64)> {
 mod tests {
     use super::*;
 
+    use crate::docgen::Render;
     use crate::hogs::LoadKind;
-
+    use crate::paired::Verdict;
     use crate::runner::HogWork;
     use crate::worker::{ProgStat, WorkerReport};
-    use pvsched::summary::VcpuSummary;
+    use pvsched_host::summary::VcpuSummary;
     use pvsched_policy::Caps;
 
     /// An outcome of `report` with the hogs at `hog_per_s` over 2 s.
@@ -994,6 +1142,19 @@ mod tests {
         n: 2,
     };
 
+    fn ok(outcomes: Vec<Outcome>) -> Vec<Rep> {
+        outcomes
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| Rep {
+                order: i,
+                outcome: Ok(o),
+            })
+            .collect()
+    }
+
+    /// Two repetitions of every variant; `scale` multiplies a variant's
+    /// latencies.
     fn runs(s: Scenario, scale: &[(&str, u64)]) -> Vec<Runs> {
         variants(s, LOAD)
             .into_iter()
@@ -1010,35 +1171,91 @@ mod tests {
                 };
                 Runs {
                     variant,
-                    outcomes: vec![
+                    reps: ok(vec![
                         outcome(1000 * k, 100_000 * k, hog),
                         outcome(2000 * k, 90_000 * k, hog),
-                    ],
+                    ]),
                 }
             })
             .collect()
     }
 
+    fn options() -> Options {
+        Options {
+            quick: false,
+            reps: 2,
+            duration_s: 2.0,
+            hogs: LOAD.n,
+            load: "busy".into(),
+            hog_threads: LOAD.threads(),
+            device_mode: "in-process".into(),
+            caps: "default".into(),
+            trace_dir: None,
+            floor: true,
+        }
+    }
+
+    /// The idle host's floor with these maxima, µs.
+    fn floors(max_us: &[f64]) -> Vec<FloorRun> {
+        max_us
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| FloorRun {
+                order: i,
+                floor: Ok(Floor {
+                    samples: 2000,
+                    p99_us: Some(m / 10.0),
+                    max_us: Some(m),
+                }),
+            })
+            .collect()
+    }
+
+    fn report(s: Scenario, runs: Vec<Runs>, floor: Option<Vec<FloorRun>>) -> ScenarioReport {
+        let ex = Executed { runs, floor };
+        assemble(s, &ex, None, "pvsched-bench test".into(), options()).unwrap()
+    }
+
+    fn target<'a>(r: &'a ScenarioReport, name: &str) -> &'a Target {
+        r.targets
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no target {name}"))
+    }
+
     #[test]
-    fn s1_shape_ratios_and_targets() {
-        let r = runs(Scenario::S1, &[("vanilla", 10)]);
-        let j = assemble(Scenario::S1, &r, None).unwrap();
-        assert_eq!(j["vanilla"]["p99_us"], 950.0);
-        assert_eq!(j["pvsched"]["p99_us"], 95.0);
-        assert_eq!(j["ratio_p99"], 0.1);
-        assert_eq!(j["pvsched"]["p99_us_reps"], json!([100.0, 90.0]));
-        assert_eq!(
-            j["pvsched"]["spread"]["p50_us"],
-            json!({"min": 1.0, "max": 2.0})
+    fn every_variant_runs_first_once_over_k_repetitions() {
+        let k = 5;
+        let firsts: Vec<usize> = (0..k).map(|rep| rotated(rep, 0, k)).collect();
+        assert_eq!(firsts, [0, 1, 2, 3, 4]);
+        let rep1: Vec<usize> = (0..3).map(|j| rotated(1, j, 3)).collect();
+        assert_eq!(rep1, [1, 2, 0]);
+    }
+
+    #[test]
+    fn s1_ratios_are_paired_and_targets_have_verdicts() {
+        let r = report(
+            Scenario::S1,
+            runs(Scenario::S1, &[("vanilla", 10)]),
+            Some(floors(&[200.0, 200.0])),
         );
-        assert_eq!(j["pvsched"]["runs"][0]["policy"]["boosts"], 2);
-        assert_eq!(j["vanilla"]["load"]["busy"], 2);
-        assert_eq!(j["vanilla"]["hogs"], 2);
-        assert_eq!(j["idle_vanilla"]["load"]["kind"], "none");
-        assert_eq!(j["vanilla"]["hog_iterations"], 2000.0);
-        assert_eq!(j["pvsched"]["runs"][1]["hog_iterations_per_s"], 960.0);
-        let t = j["targets"].as_array().unwrap();
-        let names: Vec<&str> = t.iter().map(|x| x["name"].as_str().unwrap()).collect();
+        let v = &r.variants;
+        assert_eq!(v["vanilla"].p99_us, Some(950.0));
+        assert_eq!(v["pvsched"].p99_us, Some(95.0));
+        assert_eq!((v["pvsched"].n, v["pvsched"].failed), (2, 0));
+        assert_eq!(v["pvsched"].runs[1].order, 1);
+        assert_eq!(
+            v["pvsched"].spread.p50_us,
+            Some(Spread { min: 1.0, max: 2.0 })
+        );
+        assert_eq!(v["pvsched"].runs[0].policy.as_ref().unwrap().boosts, 2);
+        assert_eq!(v["vanilla"].load.busy, 2);
+        assert_eq!(v["idle_vanilla"].load.kind, "none");
+        assert_eq!(v["pvsched"].runs[1].hog_iterations_per_s, Some(960.0));
+        let p99 = &r.ratios["pvsched"].p99_us;
+        assert_eq!((p99.n, p99.failed), (2, 0));
+        assert!((p99.ratio.unwrap() - 0.1).abs() < 1e-12, "{p99:?}");
+        let names: Vec<&str> = r.targets.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(
             names,
             [
@@ -1046,32 +1263,86 @@ mod tests {
                 "s1_p99_ratio",
                 "s1_max_ratio",
                 "s1_max_every_rep",
+                "s1_max_vs_floor",
                 "s1_host_cost"
             ]
         );
-        assert_eq!(t[0]["value"], 1.0);
-        assert_eq!(t[0]["met"], true);
-        // p99 0.1x: not the 0.05x asked.
+        // p99 0.1x in both repetitions: not the 0.05x asked.
+        assert_eq!(target(&r, "s1_p99_ratio").verdict, Verdict::NotMet);
+        assert_eq!(target(&r, "s1_max_every_rep").verdict, Verdict::Met);
+        assert_eq!(target(&r, "s1_host_cost").verdict, Verdict::Met);
+        // pvsched's max (100, 90 µs) under the floor's 200 µs.
+        let f = target(&r, "s1_max_vs_floor");
+        assert_eq!((f.verdict, f.value), (Verdict::Met, Some(0.5)));
+        let floor = r.floor.as_ref().unwrap();
+        assert_eq!((floor.n, floor.failed, floor.max_us), (2, 0, Some(200.0)));
+        // vanilla loaded p99 10x its idle p99: the load shows the problem.
+        assert_eq!(r.load_shows_problem, Some(Verdict::Met));
+        assert_eq!(series(&runs(Scenario::S1, &[])).len(), 4);
+        let weak = report(Scenario::S1, runs(Scenario::S1, &[]), None);
+        assert_eq!(weak.load_shows_problem, Some(Verdict::NotMet));
+        // Without a floor, the floor target cannot tell.
         assert_eq!(
-            (t[1]["value"].clone(), t[1]["met"].clone()),
-            (json!(0.1), json!(false))
+            target(&weak, "s1_max_vs_floor").verdict,
+            Verdict::Unresolved
         );
-        // Each repetition's max is 0.1x its vanilla's.
-        assert_eq!(
-            (t[3]["value"].clone(), t[3]["met"].clone()),
-            (json!(0.1), json!(true))
+    }
+
+    #[test]
+    fn a_repetition_over_the_floor_is_named() {
+        // Repetition 1: pvsched max 100 µs over the floor's 95 µs.
+        let r = report(
+            Scenario::S1,
+            runs(Scenario::S1, &[]),
+            Some(floors(&[95.0, 300.0])),
         );
-        assert_eq!(t[4]["value"], 0.96);
-        assert_eq!(t[4]["limit"], 0.95);
-        assert_eq!(t[4]["met"], true);
-        // vanilla loaded p99 950 µs vs idle 95 µs: the load shows it.
-        assert_eq!(j["vanilla_loaded_vs_idle_p99"], 10.0);
-        assert_eq!(j["load_shows_problem"], true);
-        assert_eq!(j["ratios"]["vanilla_loaded_vs_idle"]["ratio_p99"], 10.0);
-        assert!(j["idle_vanilla"].is_object() && j["ratios"]["idle"].is_object());
-        assert_eq!(series(&r).len(), 4);
-        let weak = assemble(Scenario::S1, &runs(Scenario::S1, &[]), None).unwrap();
-        assert_eq!(weak["load_shows_problem"], false);
+        let f = target(&r, "s1_max_vs_floor");
+        assert_eq!(f.verdict, Verdict::NotMet);
+        assert_eq!(f.missed_reps, [1]);
+        assert!(r.markdown().contains("missed in repetition 1"));
+    }
+
+    #[test]
+    fn a_failed_run_is_counted_not_dropped() {
+        let mut r = runs(Scenario::S1, &[("vanilla", 10)]);
+        let vanilla = r.iter_mut().find(|r| r.variant.name == "vanilla").unwrap();
+        vanilla.reps[1].outcome = Err("the run overran".into());
+        let r = report(Scenario::S1, r, None);
+        let v = &r.variants["vanilla"];
+        assert_eq!((v.n, v.failed), (1, 1));
+        assert_eq!(v.runs[1].error.as_deref(), Some("the run overran"));
+        assert_eq!(v.runs[1].p99_us, None);
+        let p99 = &r.ratios["pvsched"].p99_us;
+        assert_eq!((p99.n, p99.failed), (1, 1));
+        // One pair cannot resolve a verdict; one repetition missing
+        // leaves an every-repetition target open.
+        assert_eq!(target(&r, "s1_p99_ratio").verdict, Verdict::Unresolved);
+        let every = target(&r, "s1_max_every_rep");
+        assert_eq!((every.verdict, every.failed), (Verdict::Unresolved, 1));
+    }
+
+    #[test]
+    fn the_report_reads_back_from_its_json_and_renders() {
+        let r = report(
+            Scenario::S1,
+            runs(Scenario::S1, &[("vanilla", 10)]),
+            Some(floors(&[200.0, 200.0])),
+        );
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["targets"][1]["verdict"], "not_met");
+        assert_eq!(j["variants"]["pvsched"]["runs"][0]["order"], 0);
+        let back: ScenarioReport = serde_json::from_value(j).unwrap();
+        assert_eq!(back, r);
+        let md = back.markdown();
+        for s in [
+            "| pvsched | 2 | 0 |",
+            "| pvsched: pvsched / vanilla | p99 | 0.100 (0.100–0.100) | 2 | 0 |",
+            "| s1_p99_ratio |",
+            "not met",
+            "Idle host floor",
+        ] {
+            assert!(md.contains(s), "{s:?} in\n{md}");
+        }
     }
 
     /// A greedy pvsched run: 10.5 s registered, window 1 s, budget 0.2 s.
@@ -1091,26 +1362,29 @@ mod tests {
         with_hogs(report, hog_per_s)
     }
 
-    fn s5_runs(pv: [Outcome; 2]) -> Vec<Runs> {
+    fn s5_runs(pv: [Outcome; 2], vanilla_hogs: f64) -> Vec<Runs> {
         let mut v = variants(Scenario::S5, LOAD).into_iter();
         let van = v.next().unwrap();
         let pvs = v.next().unwrap();
         assert!(!van.policy.enabled() && pvs.policy.enabled());
         assert_eq!(van.workload, BenchWorkload::Greedy);
+        let idle = || {
+            with_hogs(
+                WorkerReport {
+                    ok: true,
+                    ..WorkerReport::default()
+                },
+                vanilla_hogs,
+            )
+        };
         vec![
             Runs {
                 variant: van,
-                outcomes: vec![with_hogs(
-                    WorkerReport {
-                        ok: true,
-                        ..WorkerReport::default()
-                    },
-                    1000.0,
-                )],
+                reps: ok(vec![idle(), idle()]),
             },
             Runs {
                 variant: pvs,
-                outcomes: pv.into(),
+                reps: ok(pv.into()),
             },
         ]
     }
@@ -1118,113 +1392,106 @@ mod tests {
     #[test]
     fn s5_budget_and_hog_share() {
         // 2.1 s boosted over 10.5 windows = 200 ms per window = the budget.
-        let j = assemble(
+        let r = report(
             Scenario::S5,
-            &s5_runs([
-                greedy([2_100_000_000, 1_050_000_000], 790.0),
-                greedy([1_000_000_000, 2_205_000_000], 810.0),
-            ]),
+            s5_runs(
+                [
+                    greedy([2_100_000_000, 1_050_000_000], 800.0),
+                    greedy([1_000_000_000, 2_205_000_000], 800.0),
+                ],
+                1000.0,
+            ),
             None,
-        )
-        .unwrap();
-        let g = &j["greedy"];
-        assert_eq!(g["budget_us"], 200_000);
-        assert_eq!(g["budget_share"], 0.2);
-        assert_eq!(g["reps"][0]["windows"], 10.5);
-        assert_eq!(
-            g["reps"][0]["per_vcpu"][0]["boosted_us_per_window"],
-            200_000.0
         );
-        assert_eq!(g["reps"][0]["per_vcpu"][0]["of_budget"], 1.0);
-        assert_eq!(g["reps"][0]["per_vcpu"][1]["of_budget"], 0.5);
-        assert_eq!(g["reps"][0]["per_vcpu"][1]["throttles"], 8);
-        assert_eq!(g["reps"][1]["worst_of_budget"], 1.05);
-        assert_eq!(g["worst_of_budget"], 1.05);
-        assert_eq!(g["hog_ratio"], 0.8);
-        let t = j["targets"].as_array().unwrap();
-        assert_eq!(t[0]["name"], "s5_greedy_budget");
-        assert_eq!(t[0]["value"], 1.05);
-        assert_eq!(t[0]["met"], true);
-        assert_eq!(t[1]["name"], "s5_hog_share");
-        assert_eq!(t[1]["limit"], 0.75);
-        assert_eq!(t[1]["met"], true);
-        assert!(j["ratio_p99"].is_null() && j["vanilla"]["p99_us"].is_null());
-        let (bars, budget) = s5_bars(&Value::Object(j));
-        assert_eq!(
-            bars,
-            vec![("VCPU 0".to_owned(), 200.0), ("VCPU 1".to_owned(), 210.0)]
-        );
+        let g = r.greedy.as_ref().unwrap();
+        assert_eq!(g.budget_us, Some(200_000));
+        assert_eq!(g.budget_share, Some(0.2));
+        assert_eq!(g.reps[0].windows, Some(10.5));
+        let v0 = &g.reps[0].per_vcpu[0];
+        assert!((v0.boosted_us_per_window.unwrap() - 200_000.0).abs() < 1e-6);
+        assert!((v0.of_budget.unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(g.reps[0].per_vcpu[1].throttles, Some(8));
+        assert!((g.worst_of_budget.unwrap() - 1.05).abs() < 1e-12);
+        let budget = target(&r, "s5_greedy_budget");
+        assert_eq!(budget.verdict, Verdict::Met, "{budget:?}");
+        // 0.8 of vanilla's work, against 1 - 0.2 - 0.05.
+        let hogs = target(&r, "s5_hog_share");
+        assert!((hogs.limit - 0.75).abs() < 1e-12);
+        assert_eq!(hogs.verdict, Verdict::Met, "{hogs:?}");
+        assert_eq!(r.variants["vanilla"].p99_us, None);
+        let (bars, budget) = s5_bars(&r);
+        assert_eq!(bars[0].0, "VCPU 0");
+        assert!((bars[1].1 - 210.0).abs() < 1e-9, "{bars:?}");
         assert_eq!(budget, Some(200.0));
-        // Over budget, hogs starved.
-        let bad = assemble(
+        // Over budget in repetition 1, hogs starved.
+        let bad = report(
             Scenario::S5,
-            &s5_runs([greedy([4_200_000_000, 0], 500.0), greedy([0, 0], 500.0)]),
+            s5_runs(
+                [greedy([4_200_000_000, 0], 500.0), greedy([0, 0], 500.0)],
+                1000.0,
+            ),
             None,
-        )
-        .unwrap();
-        assert_eq!(bad["targets"][0]["value"], 2.0);
-        assert_eq!(bad["targets"][0]["met"], false);
-        assert_eq!(bad["targets"][1]["met"], false);
+        );
+        let budget = target(&bad, "s5_greedy_budget");
+        assert_eq!(
+            (budget.verdict, budget.missed_reps.clone()),
+            (Verdict::NotMet, vec![1])
+        );
+        assert_eq!(target(&bad, "s5_hog_share").verdict, Verdict::NotMet);
     }
 
     #[test]
     fn s2_has_no_yield_and_spin() {
-        let j = assemble(
+        let r = report(
             Scenario::S2,
-            &runs(Scenario::S2, &[("spin_vanilla", 4)]),
-            None,
-        )
-        .unwrap();
-        assert!(j["no_yield"]["p99_us"].is_number());
-        assert_eq!(j["ratios"]["spin"]["ratio_p50"], 0.25);
-        let t = &j["targets"];
-        assert_eq!(
-            (t[1]["name"].clone(), t[1]["met"].clone()),
-            (json!("spin_p99_ratio"), json!(true))
+            runs(Scenario::S2, &[("spin_vanilla", 4)]),
+            Some(floors(&[1e6, 1e6])),
         );
+        assert!(r.variants["no_yield"].p99_us.is_some());
+        let spin = &r.ratios["spin"];
+        assert_eq!(
+            (spin.test.as_str(), spin.base.as_str()),
+            ("spin_pvsched", "spin_vanilla")
+        );
+        assert!((spin.p50_us.ratio.unwrap() - 0.25).abs() < 1e-12);
+        assert_eq!(target(&r, "spin_p99_ratio").verdict, Verdict::Met);
         // Every repetition's spin max is 0.25x its vanilla's.
-        assert_eq!(t[3]["value"], 0.25);
+        assert_eq!(target(&r, "spin_max_ratio").value, Some(0.25));
         // The ipi hogs keep 0.96 of vanilla's work.
-        assert_eq!(
-            (t[4]["name"].clone(), t[4]["value"].clone()),
-            (json!("ipi_host_cost"), json!(0.96))
-        );
-        assert_eq!(t[4]["met"], true);
+        assert_eq!(target(&r, "ipi_host_cost").verdict, Verdict::Met);
+        assert!(r.floor.is_some());
     }
 
     #[test]
     fn s3_costs() {
-        let hook = json!({"guest_hook_ns": 420});
-        let j = assemble(Scenario::S3, &runs(Scenario::S3, &[]), Some(&hook)).unwrap();
-        assert_eq!(j["vanilla"]["p99_us"], 0.0);
-        assert_eq!(j["pvsched"]["p50_us"], 10.0);
-        assert!(j["ratio_p99"].is_null());
-        assert_eq!(j["bpf"]["worst_ns_per_event"], 900.0);
-        assert_eq!(j["bpf"]["programs"][0]["run_cnt"], 80);
+        let ex = Executed {
+            runs: runs(Scenario::S3, &[]),
+            floor: None,
+        };
+        let hook = serde_json::json!({"guest_hook_ns": 420});
+        let r = assemble(Scenario::S3, &ex, Some(&hook), String::new(), options()).unwrap();
+        let c = r.costs.as_ref().unwrap();
+        assert_eq!(c.apply_p50_us, Some(10.0));
+        assert_eq!(c.apply_p50_us_runs.len(), 8);
+        assert!(r.ratios.is_empty());
+        assert_eq!(c.bpf.worst_ns_per_event, Some(900.0));
+        assert_eq!(c.bpf.programs[0].run_cnt, 80);
         // 100 ns per prefiltered run; the 6 others of each 10 leave
         // 9000 - 600 ns to the 4 full runs.
-        let w = &j["workloads"]["ipi_64vms"]["bpf"];
-        assert_eq!(w["programs"][0]["prefilter_ns_per_event"], 100.0);
-        assert_eq!(w["programs"][0]["full_ns_per_event"], 2100.0);
-        assert_eq!(w["worst_full_ns_per_event"], 2100.0);
-        let scaling: Vec<u64> = j["scaling"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["registered_vms"].as_u64().unwrap())
-            .collect();
+        let w = r.variants["ipi_64vms"].bpf.as_ref().unwrap();
+        assert_eq!(w.programs[0].prefilter_ns_per_event, Some(100.0));
+        assert_eq!(w.programs[0].full_ns_per_event, Some(2100.0));
+        assert_eq!(w.worst_full_ns_per_event, Some(2100.0));
+        let scaling: Vec<u32> = c.scaling.iter().map(|r| r.registered_vms).collect();
         assert_eq!(scaling, [1, 1, 16, 64]);
-        assert_eq!(j["scaling"][3]["switch_full_ns"], Value::Null);
-        assert_eq!(j["targets"][0]["met"], false);
-        assert_eq!(j["targets"][1]["met"], false);
-        assert_eq!(j["targets"][2]["met"], true);
-        assert_eq!(j["guest_hook_ns"], 420);
-        assert!(j["handshake"]["device_in_process_us"]["p50"].is_number());
-        assert_eq!(
-            s3_bars(&Value::Object(j)),
-            vec![("switch".to_owned(), 900.0)]
-        );
-        let none = assemble(Scenario::S3, &runs(Scenario::S3, &[]), None).unwrap();
-        assert!(none["guest_hook_ns"].is_null());
+        assert_eq!(c.scaling[3].switch_full_ns, None);
+        assert_eq!(target(&r, "bpf_ns_per_event").verdict, Verdict::NotMet);
+        assert_eq!(target(&r, "bpf_full_ns_per_event").verdict, Verdict::NotMet);
+        assert_eq!(target(&r, "apply_p50").verdict, Verdict::Met);
+        assert_eq!(c.guest_hook_ns, Some(serde_json::json!(420)));
+        assert!(c.handshake.device_in_process_p50_us.is_some());
+        assert_eq!(s3_bars(&r), vec![("switch".to_owned(), 900.0)]);
+        let none = assemble(Scenario::S3, &ex, None, String::new(), options()).unwrap();
+        assert!(none.costs.unwrap().guest_hook_ns.is_none());
     }
 }

@@ -8,7 +8,7 @@
 //! they explain.
 
 use crate::worker::StallWindow;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -284,7 +284,7 @@ impl Drop for Recorder {
 
 /// What one run's trace says about its vCPU threads' waits over
 /// [`OVER_US`] in the measured time.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceRow {
     /// The trace's text (the per-wait analysis is beside it,
     /// `.stalls.json`).
@@ -316,12 +316,12 @@ pub struct TraceRow {
     /// The run's samples over 1 ms, each named by where the vCPU thread
     /// that recorded it was meanwhile (`stall_trace.py --windows`:
     /// queued-CAUSE, asleep, running, running-silent, mixed, untraced).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples: Option<SampleCauses>,
 }
 
 /// The stalls of a run's samples, named ([`TraceRow::samples`]).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SampleCauses {
     /// Samples over 1 ms.
     pub stalls: u64,
@@ -334,10 +334,10 @@ pub struct SampleCauses {
     /// With the policy's decision trace (pvsched variants): the samples by
     /// the boost their vCPU had when each began (`boosted`, `throttled`:
     /// its budget spent, `none`: between two boosts).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub boost: BTreeMap<String, u64>,
     /// The same, by cause and boost (`queued-unboosted/throttled`, ...).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cause_boost: BTreeMap<String, u64>,
 }
 

@@ -1,12 +1,14 @@
 //! Numbers for `pvsched-bench`: nearest-rank percentiles of raw samples,
-//! medians and spread over repetitions, ratios, and CDF points for plots.
+//! medians and spread over repetitions, and CDF points for plots. Nothing
+//! here rounds: a figure a target compares keeps full precision, and only
+//! the rendered tables round (`report`'s `markdown`).
 
 /// Nearest-rank percentile, the rule of `pvsched run`'s summary.
 pub use pvsched_vmm::stats::percentile;
 
-/// Nanoseconds as microseconds rounded to 0.1 µs.
+/// Nanoseconds as microseconds.
 pub fn us(ns: u64) -> f64 {
-    (ns as f64 / 100.0).round() / 10.0
+    ns as f64 / 1000.0
 }
 
 /// Latency summary of one run, µs.
@@ -54,7 +56,7 @@ pub fn median(values: &[Option<f64>]) -> Option<f64> {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     };
-    Some(round2(m))
+    Some(m)
 }
 
 /// (min, max) of the values present.
@@ -64,17 +66,12 @@ pub fn spread(values: &[Option<f64>]) -> Option<(f64, f64)> {
     Some(it.fold((first, first), |(lo, hi), x| (lo.min(x), hi.max(x))))
 }
 
-/// `a / b`, rounded to 3 decimals; `None` if either is missing or `b` is 0.
+/// `a / b`; `None` if either is missing or `b` is not positive.
 pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some((a / b * 1000.0).round() / 1000.0),
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     }
-}
-
-/// Rounded to 2 decimals.
-pub fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 /// Empirical CDF of sorted nanosecond samples as at most `max_points`
@@ -122,6 +119,10 @@ mod tests {
         assert_eq!(median(&[None]), None);
         assert_eq!(spread(&[Some(3.0), Some(1.0), None]), Some((1.0, 3.0)));
         assert_eq!(ratio(Some(1.0), Some(4.0)), Some(0.25));
+        // Full precision: no rounding before a comparison.
+        assert_eq!(ratio(Some(503.0), Some(10_000.0)), Some(0.0503));
+        assert_eq!(latency(&mut [1234]).p50_us, Some(1.234));
+        assert_eq!(median(&[Some(1.0), Some(1.005)]), Some(1.0025));
         assert_eq!(ratio(Some(1.0), Some(0.0)), None);
         assert_eq!(ratio(None, Some(1.0)), None);
     }

@@ -10,13 +10,13 @@
 
 use super::hogs;
 use clap::{Args, ValueEnum};
-use pvsched::embedded::{Embedded, EmbeddedError};
-use pvsched::launch::{self, LaunchError, Launched};
-use pvsched::summary::PolicySummary;
 use pvsched_agent::intf::PROG_NAMES;
 use pvsched_agent::object::REEVAL_PROG;
 use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmHandle, VmSpec};
 use pvsched_device::RegionMode;
+use pvsched_host::embedded::{Embedded, EmbeddedError};
+use pvsched_host::launch::{self, LaunchError, Launched};
+use pvsched_host::summary::PolicySummary;
 use pvsched_policy::event::EV_TICK;
 use pvsched_policy::{BoostKind, Caps, CapsError};
 use pvsched_util::exit::Exit;
@@ -488,9 +488,9 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     let cpu0 = (Instant::now(), agent_cpu_ns());
     std::thread::sleep(a.duration);
     let agent_cpu = match (cpu0, agent_cpu_ns()) {
-        ((t, Some(c0)), Some(c1)) => Some(round3(
-            c1.saturating_sub(c0) as f64 / 1e9 / t.elapsed().as_secs_f64(),
-        )),
+        ((t, Some(c0)), Some(c1)) => {
+            Some(c1.saturating_sub(c0) as f64 / 1e9 / t.elapsed().as_secs_f64())
+        }
         _ => None,
     };
     // The policy's numbers at the end of the measured time; then the VM
@@ -500,7 +500,7 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     let stats = policy.as_ref().and_then(Embedded::stats);
     // How long the VM had been registered (boot + workload) when its
     // stats were read: the time its boosted_ns were collected over.
-    let policy_s = attached.map(|t| round3(t.elapsed().as_secs_f64()));
+    let policy_s = attached.map(|t| t.elapsed().as_secs_f64());
     send(&WorkerMsg::Measured);
     let prog_stats = policy
         .as_ref()
@@ -556,7 +556,7 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
             .filter_map(|v| v.inject_max_us)
             .reduce(f64::max),
         duration_s: report.duration_s,
-        start_ms: (start_ms * 10.0).round() / 10.0,
+        start_ms,
         policy: stats.as_ref().map(|s| PolicySummary::new("embedded", s)),
         policy_s,
         boosted_ns: stats
@@ -588,10 +588,6 @@ fn send(msg: &WorkerMsg) {
         let _ = writeln!(out, "{line}");
     }
     let _ = out.flush();
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

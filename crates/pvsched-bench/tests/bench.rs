@@ -1,9 +1,11 @@
 //! `pvsched-bench` end to end: `pvsched-bench s1
 //! --quick --json -` boots the reference VMM on real KVM with and without
-//! the embedded BPF policy, beside CPU hogs and on an idle host, exits 0
-//! and prints one JSON object with the documented shape. Asserts on the
-//! shape and on values being present, never on how fast anything was
-//! (benchmarks measure, tests don't time).
+//! the embedded BPF policy, beside CPU hogs and on an idle host, measures
+//! the idle host's floor with cyclictest, exits 0 and prints one JSON
+//! report with the documented shape. Asserts on the shape, on every
+//! repetition being counted and on verdicts being computed, never on how
+//! fast anything was or which verdict came out (benchmarks measure, tests
+//! don't time).
 //!
 //! Needs root, /dev/kvm and BPF; without them it prints `SKIP` (or fails
 //! under `PVSCHED_REQUIRE_REAL=1`). The exit-code test needs nothing.
@@ -51,6 +53,40 @@ fn is_num(v: &Value) -> bool {
     v.as_f64().is_some()
 }
 
+/// Every verdict is one of the three words.
+fn is_verdict(v: &Value) -> bool {
+    matches!(v.as_str(), Some("met" | "not_met" | "unresolved"))
+}
+
+/// Each target names itself, says what it asks and carries a verdict
+/// computed from n judged repetitions; returns their names.
+fn targets(j: &Value) -> Vec<&str> {
+    let t = j["targets"].as_array().unwrap();
+    for t in t {
+        assert!(t["name"].is_string() && t["goal"].is_string(), "{t}");
+        assert!(is_verdict(&t["verdict"]), "{t}");
+        assert!(
+            t["n"].as_u64().is_some() && t["failed"].as_u64().is_some(),
+            "{t}"
+        );
+    }
+    t.iter().map(|t| t["name"].as_str().unwrap()).collect()
+}
+
+/// The run order of every step of repetition `rep` (0-based) of `j`:
+/// each step once, 0..k.
+fn orders(j: &Value, rep: usize) -> Vec<u64> {
+    let mut o: Vec<u64> = j["variants"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v["runs"][rep]["order"].as_u64().unwrap())
+        .chain(j["floor"]["runs"][rep]["order"].as_u64())
+        .collect();
+    o.sort_unstable();
+    o
+}
+
 #[test]
 fn s1_quick_prints_the_bench_json() {
     let dir = std::env::temp_dir().join(format!("pvsched-bench-test-{}", std::process::id()));
@@ -65,85 +101,179 @@ fn s1_quick_prints_the_bench_json() {
         return;
     };
     assert_eq!(j["scenario"], "s1");
-    assert_eq!(j["quick"], true);
-    assert_eq!(j["reps"], 1);
+    assert_eq!(j["options"]["quick"], true);
+    assert_eq!(j["options"]["reps"], 1);
+    assert_eq!(j["options"]["floor"], true);
     assert!(j["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(j["machine"]["kernel"].is_string());
-    for v in ["vanilla", "pvsched", "idle_vanilla", "idle_pvsched"] {
+    let v = &j["variants"];
+    for name in ["vanilla", "pvsched", "idle_vanilla", "idle_pvsched"] {
+        let v = &v[name];
+        assert_eq!(
+            (v["n"].as_u64(), v["failed"].as_u64()),
+            (Some(1), Some(0)),
+            "{name}"
+        );
         for k in ["p50_us", "p99_us", "max_us"] {
-            assert!(is_num(&j[v][k]), "{v}.{k}: {}", j[v]);
+            assert!(is_num(&v[k]), "{name}.{k}: {v}");
         }
-        assert_eq!(j[v]["p99_us_reps"].as_array().unwrap().len(), 1, "{v}");
-        assert!(j[v]["samples"].as_u64().unwrap() > 0, "{v} has samples");
+        assert_eq!(v["runs"].as_array().unwrap().len(), 1, "{name}");
+        assert!(v["runs"][0]["error"].is_null(), "{name}");
+        assert!(v["samples"].as_u64().unwrap() > 0, "{name} has samples");
     }
-    assert_eq!(j["vanilla"]["policy"], "none");
-    assert_eq!(j["pvsched"]["policy"], "embedded");
+    // The four variants and the floor each ran once in the repetition.
+    assert_eq!(orders(&j, 0), [0, 1, 2, 3, 4]);
+    assert_eq!(v["vanilla"]["policy"], "none");
+    assert_eq!(v["pvsched"]["policy"], "embedded");
     // The policy really ran in the pvsched variant: it made decisions.
     assert!(
-        j["pvsched"]["runs"][0]["policy"]["decisions"]
+        v["pvsched"]["runs"][0]["policy"]["decisions"]
             .as_u64()
             .unwrap()
             > 0
     );
-    assert!(j["vanilla"]["runs"][0]["policy"].is_null());
-    for k in ["ratio_p50", "ratio_p99", "ratio_max"] {
-        assert!(is_num(&j[k]), "{k}");
+    assert!(v["vanilla"]["runs"][0]["policy"].is_null());
+    // The idle host's floor, measured in the repetition.
+    let floor = &j["floor"];
+    assert_eq!(
+        (floor["n"].as_u64(), floor["failed"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert!(is_num(&floor["runs"][0]["max_us"]), "{floor}");
+    assert!(floor["runs"][0]["samples"].as_u64().unwrap() > 0, "{floor}");
+    // Ratios are paired per repetition: one pair each.
+    for (name, k) in [
+        ("pvsched", "p50_us"),
+        ("pvsched", "p99_us"),
+        ("pvsched", "max_us"),
+        ("idle", "p99_us"),
+        ("vanilla_loaded_vs_idle", "p99_us"),
+    ] {
+        let p = &j["ratios"][name][k];
+        assert_eq!(
+            (p["n"].as_u64(), p["failed"].as_u64()),
+            (Some(1), Some(0)),
+            "{name}.{k}: {p}"
+        );
+        assert!(is_num(&p["ratio"]), "{name}.{k}: {p}");
     }
     // The load: busy hogs by default, two per online CPU, each run with
     // the hogs' work counted (present, not how much).
     let cpus = j["machine"]["cpus"].as_u64().unwrap();
-    assert_eq!(j["load"], "busy");
-    assert_eq!(j["hogs"].as_u64().unwrap(), 2 * cpus);
-    for v in ["vanilla", "pvsched"] {
-        assert_eq!(j[v]["load"]["busy"].as_u64().unwrap(), 2 * cpus, "{v}");
+    assert_eq!(j["options"]["load"], "busy");
+    assert_eq!(j["options"]["hogs"].as_u64().unwrap(), 2 * cpus);
+    for name in ["vanilla", "pvsched"] {
+        let v = &v[name];
+        assert_eq!(v["load"]["busy"].as_u64().unwrap(), 2 * cpus, "{name}");
         assert!(
-            j[v]["runs"][0]["hog_iterations"].as_u64().unwrap() > 0,
-            "{v}"
+            v["runs"][0]["hog_iterations"].as_u64().unwrap() > 0,
+            "{name}"
         );
-        assert!(is_num(&j[v]["runs"][0]["hog_iterations_per_s"]), "{v}");
-        assert!(is_num(&j[v]["hog_iterations"]), "{v}");
+        assert!(is_num(&v["runs"][0]["hog_iterations_per_s"]), "{name}");
+        assert!(is_num(&v["hog_iterations_per_s"]), "{name}");
         // The busy hogs ran the whole measured time: CPU time counted.
-        assert!(j[v]["runs"][0]["hog_cpu_s"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["runs"][0]["hog_cpu_s"].as_f64().unwrap() > 0.0, "{name}");
     }
-    for v in ["vanilla", "pvsched", "idle_vanilla", "idle_pvsched"] {
+    for name in ["vanilla", "pvsched", "idle_vanilla", "idle_pvsched"] {
         // The VM's vCPUs ran the workload: its CPU time, and the events
         // per CPU-second, are there.
-        let run = &j[v]["runs"][0];
-        assert!(run["vm_cpu_s"].as_f64().unwrap() > 0.0, "{v}");
-        assert!(run["events_per_vm_cpu_s"].as_f64().unwrap() > 0.0, "{v}");
+        let run = &v[name]["runs"][0];
+        assert!(run["vm_cpu_s"].as_f64().unwrap() > 0.0, "{name}");
+        assert!(run["events_per_vm_cpu_s"].as_f64().unwrap() > 0.0, "{name}");
     }
-    for v in ["idle_vanilla", "idle_pvsched"] {
-        assert_eq!(j[v]["load"]["kind"], "none", "{v}");
-        assert!(j[v]["runs"][0]["hog_iterations"].is_null(), "{v}");
-        assert!(j[v]["runs"][0]["hog_cpu_s"].is_null(), "{v}");
+    for name in ["idle_vanilla", "idle_pvsched"] {
+        assert_eq!(v[name]["load"]["kind"], "none", "{name}");
+        assert!(v[name]["runs"][0]["hog_iterations"].is_null(), "{name}");
+        assert!(v[name]["runs"][0]["hog_cpu_s"].is_null(), "{name}");
     }
-    // Whether the load showed the problem is reported, whatever it was.
-    assert!(is_num(&j["vanilla_loaded_vs_idle_p99"]));
-    assert!(j["load_shows_problem"].is_boolean());
-    assert!(is_num(&j["ratios"]["vanilla_loaded_vs_idle"]["ratio_p99"]));
-    let targets = j["targets"].as_array().unwrap();
-    let names: Vec<&str> = targets
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
+    // Whether the load showed the problem is judged, whatever it was.
+    assert!(is_verdict(&j["load_shows_problem"]));
     assert_eq!(
-        names,
+        targets(&j),
         [
             "s1_p99_vs_idle",
             "s1_p99_ratio",
             "s1_max_ratio",
             "s1_max_every_rep",
+            "s1_max_vs_floor",
             "s1_host_cost"
         ]
     );
-    for t in targets {
-        assert!(t["name"].is_string() && t["goal"].is_string());
-        assert!(t["met"].is_boolean());
-        assert!(is_num(&t["value"]), "{t}");
-    }
+    // One repetition: a paired interval needs two, so a paired target is
+    // unresolved; the every-repetition targets are judged.
+    let t = j["targets"].as_array().unwrap();
+    assert_eq!(t[1]["verdict"], "unresolved", "{}", t[1]);
+    assert_ne!(t[4]["verdict"], "unresolved", "{}", t[4]);
+    assert!(is_num(&t[4]["value"]), "{}", t[4]);
     let png = std::fs::read(&png).unwrap();
     assert_eq!(&png[1..4], b"PNG");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// S2: the IPI and spin variants with and without the yield boost, and
+/// the idle host's floor, each once in the repetition.
+#[test]
+fn s2_quick_pairs_every_variant_and_measures_the_floor() {
+    let Some(j) = bench_json(
+        "s2_quick_pairs_every_variant_and_measures_the_floor",
+        pvsched().args(["s2", "--quick", "--json", "-"]),
+    ) else {
+        return;
+    };
+    assert_eq!(j["scenario"], "s2");
+    for name in [
+        "vanilla",
+        "pvsched",
+        "no_yield",
+        "spin_vanilla",
+        "spin_pvsched",
+        "spin_no_yield",
+    ] {
+        let v = &j["variants"][name];
+        assert_eq!(
+            (v["n"].as_u64(), v["failed"].as_u64()),
+            (Some(1), Some(0)),
+            "{name}"
+        );
+        assert!(is_num(&v["p99_us"]), "{name}: {v}");
+    }
+    assert_eq!(orders(&j, 0), [0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(j["floor"]["n"], 1);
+    assert!(is_num(&j["floor"]["runs"][0]["max_us"]));
+    for name in ["pvsched", "no_yield", "spin", "spin_no_yield"] {
+        assert_eq!(j["ratios"][name]["p99_us"]["n"], 1, "{name}");
+    }
+    assert_eq!(
+        targets(&j),
+        [
+            "ipi_p99_ratio",
+            "spin_p99_ratio",
+            "ipi_max_ratio",
+            "spin_max_ratio",
+            "ipi_host_cost"
+        ]
+    );
+}
+
+/// Without cyclictest the floor cannot be measured: a missing capability
+/// (exit 3, which tests skip on), said before any run.
+#[test]
+fn a_missing_cyclictest_is_a_skippable_setup_error() {
+    let empty = std::env::temp_dir().join(format!("pvsched-bench-nopath-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = pvsched()
+        .env("PATH", &empty)
+        .args(["s1", "--quick", "--json", "-"])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&empty).unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cyclictest") && stderr.contains("--no-floor"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
 }
 
 /// `--trace`: the chosen variants' runs are recorded on the real tracefs
@@ -168,6 +298,7 @@ fn s1_quick_trace_names_the_stalls_of_each_run() {
         test,
         pvsched()
             .args(["s1", "--quick", "--json", "-", "--trace-buffer-mb", "64"])
+            .arg("--no-floor")
             .args(["--trace-variants", "vanilla,pvsched", "--trace"])
             .arg(&dir)
             .arg("--repo")
@@ -175,6 +306,13 @@ fn s1_quick_trace_names_the_stalls_of_each_run() {
     ) else {
         return;
     };
+    // --no-floor: no floor, and the floor target cannot tell.
+    assert!(j["floor"].is_null());
+    assert_eq!(j["options"]["floor"], false);
+    let vs_floor = &j["targets"][4];
+    assert_eq!(vs_floor["name"], "s1_max_vs_floor");
+    assert_eq!(vs_floor["verdict"], "unresolved");
+    let j = &j["variants"];
     for v in ["vanilla", "pvsched"] {
         let t = &j[v]["runs"][0]["trace"];
         assert_eq!(t["over_us"], 1000, "{v}: {t}");
@@ -235,21 +373,25 @@ fn s5_quick_reports_budget_and_hog_share() {
         return;
     };
     assert_eq!(j["scenario"], "s5");
-    assert_eq!(j["load"], "busy");
-    assert_eq!(j["hogs"], j["machine"]["cpus"]);
-    assert_eq!(j["vanilla"]["workload"], "greedy");
-    assert_eq!(j["vanilla"]["policy"], "none");
-    assert_eq!(j["pvsched"]["policy"], "embedded");
-    for v in ["vanilla", "pvsched"] {
+    assert_eq!(j["options"]["load"], "busy");
+    assert_eq!(j["options"]["hogs"], j["machine"]["cpus"]);
+    // No latency tail to judge: no floor.
+    assert!(j["floor"].is_null());
+    let v = &j["variants"];
+    assert_eq!(v["vanilla"]["workload"], "greedy");
+    assert_eq!(v["vanilla"]["policy"], "none");
+    assert_eq!(v["pvsched"]["policy"], "embedded");
+    for name in ["vanilla", "pvsched"] {
         assert!(
-            j[v]["runs"][0]["hog_iterations"].as_u64().unwrap() > 0,
-            "{v}"
+            v[name]["runs"][0]["hog_iterations"].as_u64().unwrap() > 0,
+            "{name}"
         );
     }
+    assert_eq!(j["ratios"]["pvsched"]["hog_iterations_per_s"]["n"], 1);
     let g = &j["greedy"];
     assert_eq!(g["budget_us"], pvsched_policy::Caps::default().budget_us);
     assert_eq!(g["window_us"], pvsched_policy::Caps::default().window_us);
-    assert!(is_num(&g["budget_share"]) && is_num(&g["hog_ratio"]));
+    assert!(is_num(&g["budget_share"]));
     let rep = &g["reps"][0];
     assert!(is_num(&rep["policy_s"]) && is_num(&rep["windows"]));
     let vcpus = rep["per_vcpu"].as_array().unwrap();
@@ -259,16 +401,10 @@ fn s5_quick_reports_budget_and_hog_share() {
         assert!(is_num(&v["boosted_us_per_window"]) && is_num(&v["of_budget"]));
         assert!(v["boosts"].as_u64().is_some() && v["throttles"].as_u64().is_some());
     }
-    let names: Vec<&str> = j["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["s5_greedy_budget", "s5_hog_share"]);
-    for t in j["targets"].as_array().unwrap() {
-        assert!(is_num(&t["value"]) && t["met"].is_boolean(), "{t}");
-    }
+    assert_eq!(targets(&j), ["s5_greedy_budget", "s5_hog_share"]);
+    // Judged in the one repetition: the budget's worst vCPU.
+    assert!(is_num(&j["targets"][0]["value"]));
+    assert_ne!(j["targets"][0]["verdict"], "unresolved");
 }
 
 #[test]

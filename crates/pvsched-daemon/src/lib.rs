@@ -17,9 +17,9 @@
 //! - [`metrics`]: Prometheus text and its HTTP endpoint.
 //! - [`persist`]: what outlives a pvschedd process: the ledger of boosted
 //!   threads and the detached registrations.
-//! - [`client`]: what VMMs and the `pvsched` CLI use.
-//! - [`host`]: where a VM's policy runs (the agent in the caller's process,
-//!   or pvschedd), behind one interface.
+//! - [`client`]: what VMMs and the `pvsched` CLI use (a VMM links it
+//!   through `pvsched-host`, which puts pvschedd and the in-process agent
+//!   behind one interface).
 //!
 //! If pvschedd dies (SIGKILL, OOM, panic → abort), its guardian process
 //! ([`pvsched_agent::guardian`]) restores every boosted thread; if the
@@ -30,7 +30,6 @@
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod host;
 pub mod http;
 pub mod metrics;
 pub mod persist;

@@ -428,7 +428,7 @@ pub struct Caps {
     /// (`wait_on` = `WAIT_ANY`): lend the yield boost to one of the VM's
     /// preempted vCPUs, the likely holder. Off by default: where a guest
     /// reports its spinlock waits, the lending cost its throughput
-    /// (docs/benchmarks.md, S6 "lock waits").
+    /// (docs/bench/NOTES.md, "Lock waits: lending costs more than it gives").
     pub lock_wait: bool,
     /// Co-scheduling: for this long in every `cosched_period_us`, µs, all
     /// the VM's vCPU threads run together at SCHED_FIFO 1 (within

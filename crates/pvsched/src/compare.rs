@@ -8,7 +8,7 @@
 
 use crate::exit::Exit;
 use crate::run::{self, HogWork, Measured, RunArgs, RunError};
-use pvsched::summary::PolicySummary;
+use pvsched_host::summary::PolicySummary;
 use pvsched_vmm::{RunReport, Workload};
 use serde::Serialize;
 use std::io::Write;
@@ -104,7 +104,7 @@ pub fn main(args: &RunArgs) -> Result<Exit, RunError> {
     with.stats = policy
         .policy
         .as_ref()
-        .and_then(pvsched::embedded::Embedded::stats);
+        .and_then(pvsched_host::embedded::Embedded::stats);
     // Unregister (every vCPU thread back at its baseline) before printing.
     drop(policy);
     let v2 = run::verdict(&with.report);
@@ -305,8 +305,8 @@ mod tests {
         assert!(t.contains("4 busy threads"), "{t}");
     }
 
-    fn vcpu(applied: u64, throttles: u64, ms: f64) -> pvsched::summary::VcpuSummary {
-        pvsched::summary::VcpuSummary {
+    fn vcpu(applied: u64, throttles: u64, ms: f64) -> pvsched_host::summary::VcpuSummary {
+        pvsched_host::summary::VcpuSummary {
             boosts_applied: applied,
             throttles,
             boosted_ms: ms,

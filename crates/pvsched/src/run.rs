@@ -3,12 +3,12 @@
 
 use crate::exit::Exit;
 use clap::{Args, ValueEnum};
-use pvsched::embedded::{Embedded, EmbeddedError};
-use pvsched::hogs::{Hogs, Load, LoadKind};
-use pvsched::launch::{self, LaunchError};
-use pvsched::summary;
 use pvsched_agent::{AgentConfig, AgentError, VmStats};
 use pvsched_device::RegionMode;
+use pvsched_host::embedded::{Embedded, EmbeddedError};
+use pvsched_host::hogs::{Hogs, Load, LoadKind};
+use pvsched_host::launch::{self, LaunchError};
+use pvsched_host::summary;
 use pvsched_policy::Caps;
 use pvsched_vmm::{Run, RunReport, VmConfig, Workload};
 use std::io::Write;
@@ -363,7 +363,7 @@ fn load_policy(args: &RunArgs) -> Result<LoadedPolicy, RunError> {
 pub(crate) struct HogWork {
     /// Busy threads.
     pub threads: usize,
-    /// Units of work ([`pvsched::hogs::UNIT_STEPS`] xorshift steps) per
+    /// Units of work ([`pvsched_host::hogs::UNIT_STEPS`] xorshift steps) per
     /// second, all threads, while the guest ran its workload.
     pub units_per_s: f64,
 }

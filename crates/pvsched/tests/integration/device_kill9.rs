@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the embedded policy logs once it has unregistered the VM after the
-/// device died (crates/pvsched/src/embedded.rs). Used only as a barrier:
+/// device died (crates/pvsched-host/src/embedded.rs). Used only as a barrier:
 /// before it the policy may still boost (the VMM has not yet noticed the
 /// death); the test's assertions are on the threads' attributes.
 const UNREGISTERED: &str = "VM unregistered, every vCPU thread back at its baseline";

@@ -1,5 +1,5 @@
 //! The policy end to end on real KVM + real BPF: the reference VMM
-//! runs the test guest, the embedded policy (`pvsched::embedded`, what
+//! runs the test guest, the embedded policy (`pvsched_host::embedded`, what
 //! `pvsched run --policy embedded` uses) serves it in device-region mode
 //! (the agent's BPF map is BAR2's memslot), and the vCPU threads'
 //! attributes are read back with `sched_getattr`.
@@ -23,11 +23,11 @@ use crate::common;
 
 use common::wait_for;
 
-use pvsched::embedded::{Embedded, EmbeddedError};
 use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL};
 use pvsched_agent::sched::{self, SchedAttr, capture_baselines, restore_baselines};
 use pvsched_agent::watch::PidfdWatcher;
 use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmSpec};
+use pvsched_host::embedded::{Embedded, EmbeddedError};
 use pvsched_policy::event::{R_BUDGET, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET};
 use pvsched_policy::{BoostKind, Caps};
 use pvsched_vmm::guest::events::VEC_WAKE;

@@ -6,10 +6,10 @@
 //! every vCPU thread (unless it was registered detached with pvschedd,
 //! which then ends it when the VMM exits).
 
-use crate::client::{Client, ClientError, Registered};
-use crate::proto::{Region, RegisterVm, ThreadStatus};
 use pvsched_agent::agent::ThreadStats;
 use pvsched_agent::{Agent, AgentConfig, AgentError, RegionSpec, VmHandle, VmSpec, VmStats};
+use pvsched_daemon::client::{Client, ClientError, Registered};
+use pvsched_daemon::proto::{Region, RegisterVm, ThreadStatus};
 use pvsched_util::lock;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -117,7 +117,7 @@ impl Drop for RemoteVm {
         // Synchronous: the daemon replies once every thread is restored.
         // (Closing the connection would do it too, a moment later.)
         if let Err(e) = lock(&self.client).unregister(&self.name) {
-            tracing::warn!(vm = %self.name, "pvschedd: unregistering: {e}");
+            log::warn!("pvschedd: unregistering VM {}: {e}", self.name);
         }
     }
 }

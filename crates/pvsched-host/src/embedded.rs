@@ -1,6 +1,6 @@
 //! The host policy wired to the reference VMM: the BPF policy agent loaded
 //! in the VMM's own process (`--policy embedded`) or pvschedd (`--policy
-//! daemon`), both through [`pvsched_daemon::host::PolicyHost`]; this module
+//! daemon`), both through [`crate::host::PolicyHost`]; this module
 //! is the VMM's side of it (the device's sink, BAR2's backing, the slots'
 //! addresses).
 //!
@@ -40,9 +40,9 @@
 //! sandboxed device process dies, [`Embedded::device_lost_hook`] (the VM's
 //! `on_device_lost`) unregisters the VM at once, keeping its last stats.
 
+use crate::host::{HostError, PolicyHost, Registration};
 use pvsched_agent::{Agent, AgentConfig, AgentError, RegionMmap, VmStats};
 use pvsched_daemon::ClientError;
-use pvsched_daemon::host::{HostError, PolicyHost, Registration};
 use pvsched_daemon::proto::{Region, RegisterVm, Vcpu};
 use pvsched_device::{PolicySink, PvschedDevice};
 use pvsched_policy::Caps;

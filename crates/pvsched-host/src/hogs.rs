@@ -13,7 +13,7 @@
 //! `pvsched-bench` (the loaded variants of S1–S5).
 
 use clap::ValueEnum;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -90,18 +90,19 @@ impl Load {
                 "none"
             } else {
                 self.kind.name()
-            },
+            }
+            .to_owned(),
             busy: self.busy_threads(),
             sleepy: self.sleepy_threads(),
         }
     }
 }
 
-/// The host load of a run, for the JSON.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// The host load of a run, for the JSON (and read back from it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LoadReport {
     /// `busy`, `sleepy`, `mixed`, or `none` without hogs.
-    pub kind: &'static str,
+    pub kind: String,
     /// Busy hog threads.
     pub busy: usize,
     /// Sleepy hog threads.
