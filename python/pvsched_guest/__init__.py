@@ -13,8 +13,8 @@ and the Linux-guest benchmarks (pvsched_bench s4 and s6) share.
            it, and the vCPU threads and slot addresses an agent attaches to
   kernel   guest kernels, the module built against them, initramfs images
   bench    what the Linux-guest benchmarks share on the host: processes
-           always stopped, console output between marks, repetition
-           statistics
+           always stopped, console output between marks, cyclictest's
+           results (the statistics over repetitions are pvsched-bench's)
   boot     one QEMU boot with its pvsched-device peer, its serial console
            marks and the device's view of the region at each mark
 
