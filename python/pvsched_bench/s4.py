@@ -44,7 +44,8 @@ cgroup is one nice-0 share, as the variants assume (with autogroup on,
 QEMU and the host load, in different sessions, would split the CPUs by
 session). One boot per (kernel, rep, variant); the variant order rotates
 per rep (rep r starts at variant r mod k), and each rep first measures the
-idle host's floor (cyclictest at SCHED_FIFO 99, nothing else running).
+idle host's floor (cyclictest at SCHED_FIFO 99 on every CPU, nothing else
+running).
 stress-ng, every cyclictest and the tracer are always stopped, also on
 error, Ctrl-C or SIGTERM.
 
@@ -86,9 +87,9 @@ report from them)
     and per thread, guest_features, decisions, first_boost_ms), break
     (--break-us)
   failed: every boot that failed: kernel, variant, rep, order, error
-  floors: per kernel and repetition, the idle host's own SCHED_FIFO 99
-    cyclictest (p50_us, p99_us, max_us, cycles): the floor no variant can
-    beat on this host
+  floors: per kernel and repetition, the idle host's own floor (cyclictest,
+    one SCHED_FIFO 99 thread per CPU: p99_us, max_us, samples, error): what
+    no variant can beat on this host
   guest_driver_counters: the driver's debugfs counters after each boot
   stalls (--trace): every traced phase's waits and host-wide gaps over
     1 ms (stall_trace): with --break-us also "window": the waits, blocks
@@ -197,14 +198,17 @@ def host_cyclictest(out, dur):
                  f"--json={out}.json"], f"{out}.log")
 
 
-# The host's floor: its own wake-up latency at the top RT priority with
-# the host idle (no load, no VM), once per repetition.
-FLOOR_CMD = ["cyclictest", "-p", "99", "--policy=fifo", "-i", "500", "-t", "1", "-q"]
+# The host's floor: its own wake-up latency with the host idle (no load, no
+# VM), once per repetition, measured as pvsched-bench measures S1 and S2's
+# (crates/pvsched-bench/src/floor.rs): one SCHED_FIFO 99 thread pinned per
+# CPU, memory locked, a 1 ms interval, /dev/cpu_dma_latency left alone.
+FLOOR_CMD = ["cyclictest", "-m", "-S", "-p", "99", "-i", "1000", "--default-system", "-q"]
 
 
 def host_floor(out, dur):
-    """{p50_us, p99_us, max_us, cycles} of an idle-host SCHED_FIFO 99
-    cyclictest of `dur` seconds (files OUT.json, OUT.log)."""
+    """{p99_us, max_us, samples, error} of the idle-host floor over `dur`
+    seconds (files OUT.json, OUT.log); a cyclictest that gave no result is
+    an error in the row, not the end of the run."""
     p = Proc("host-floor", FLOOR_CMD + ["-D", str(dur), "-h", str(HIST_BUCKETS),
                                         "--histfile=/dev/null", f"--json={out}.json"],
              f"{out}.log")
@@ -213,8 +217,9 @@ def host_floor(out, dur):
     try:
         c = parse_cyclictest(json.loads(Path(f"{out}.json").read_text()))
     except (OSError, ValueError, KeyError) as e:
-        raise BenchError(f"the host floor's cyclictest (rc {rc}) gave no result: {e}")
-    return {k: c[k] for k in ("p50_us", "p99_us", "max_us", "cycles")}
+        return {"error": f"cyclictest (rc {rc}) gave no result: {e}", "p99_us": None,
+                "max_us": None, "samples": 0}
+    return {"error": None, "p99_us": c["p99_us"], "max_us": c["max_us"], "samples": c["cycles"]}
 
 
 def run_seconds(doc):
@@ -778,7 +783,7 @@ def measure():
                 for rep in range(args.reps):
                     # The host's own floor in this repetition: what its
                     # best wake-up latency is with nothing else running.
-                    floors.append({"kernel": kernel, "rep": rep}
+                    floors.append({"kernel": kernel, "rep": rep, "order": 0}
                                   | host_floor(args.out / f"floor-{kernel}-r{rep}",
                                                args.duration))
                     log(f"{kernel} r{rep}: host floor {floors[-1]}")

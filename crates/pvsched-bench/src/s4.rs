@@ -13,6 +13,7 @@ use super::BenchError;
 use super::docgen::Render;
 use super::paired::{Paired, Verdict, median_sorted, paired};
 use super::plot_spread::{self, Panel};
+use super::report::{FloorReport, FloorRow};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -420,10 +421,11 @@ pub struct S4Args {
     pub common: GuestArgs,
 }
 
-/// One cyclictest's result.
+/// One cyclictest's result (S4's guest and host, S6's host probe).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Cyc {
     /// Mean, µs.
+    #[serde(default)]
     pub avg_us: Option<f64>,
     /// Median, µs.
     pub p50_us: Option<f64>,
@@ -482,17 +484,24 @@ pub struct S4Failed {
     pub error: String,
 }
 
-/// The idle host's floor in one repetition.
+/// The idle host's floor in one repetition (measured as S1 and S2's,
+/// [`crate::floor`], before the repetition's boots).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct S4Floor {
     /// The kernel whose repetition it opened.
     pub kernel: String,
-    /// The repetition.
+    /// The repetition (0-based, as the runs').
     pub rep: usize,
-    /// 99th percentile, µs.
+    /// Why there is none (cyclictest failed).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// 99th percentile over every CPU, µs.
     pub p99_us: Option<f64>,
-    /// Maximum, µs.
+    /// Largest over every CPU, µs.
     pub max_us: Option<f64>,
+    /// Samples over every CPU.
+    #[serde(default)]
+    pub samples: u64,
 }
 
 /// What `python3 -m pvsched_bench s4 --json` writes.
@@ -526,6 +535,9 @@ pub struct S4Raw {
     /// The host's floor per repetition.
     #[serde(default)]
     pub floors: Vec<S4Floor>,
+    /// How the floor was measured.
+    #[serde(default)]
+    pub floor_cmd: String,
     /// --trace's waits per traced phase.
     #[serde(default)]
     pub stalls: Value,
@@ -588,10 +600,8 @@ pub struct S4Cell {
 pub struct S4FloorStats {
     /// The kernel.
     pub kernel: String,
-    /// p99, µs.
-    pub p99_us: Spread,
-    /// Max, µs.
-    pub max_us: Spread,
+    /// Its floor, as S1 and S2 report theirs.
+    pub floor: FloorReport,
 }
 
 /// The S4 report: the raw run and what it shows.
@@ -686,11 +696,30 @@ impl S4Report {
             .kernels
             .iter()
             .map(|k| {
-                let fl: Vec<&S4Floor> = raw.floors.iter().filter(|f| &f.kernel == k).collect();
+                let runs: Vec<FloorRow> = raw
+                    .floors
+                    .iter()
+                    .filter(|f| &f.kernel == k)
+                    .map(|f| FloorRow {
+                        rep: f.rep + 1,
+                        order: 0,
+                        error: f.error.clone(),
+                        p99_us: f.p99_us,
+                        max_us: f.max_us,
+                        samples: f.samples,
+                    })
+                    .collect();
+                let ok = || runs.iter().filter(|r| r.error.is_none());
                 S4FloorStats {
                     kernel: k.clone(),
-                    p99_us: Spread::of(fl.iter().filter_map(|f| f.p99_us)),
-                    max_us: Spread::of(fl.iter().filter_map(|f| f.max_us)),
+                    floor: FloorReport {
+                        tool: raw.floor_cmd.clone(),
+                        n: ok().count(),
+                        failed: runs.len() - ok().count(),
+                        p99_us: Spread::of(ok().filter_map(|r| r.p99_us)).median,
+                        max_us: Spread::of(ok().filter_map(|r| r.max_us)).median,
+                        runs,
+                    },
                 }
             })
             .collect();
@@ -760,16 +789,20 @@ impl Render for S4Report {
             "S4, {} reps of {} s phases; {} failed boots.\n",
             self.raw.reps, self.raw.duration_s, self.failed
         );
-        s.push_str("| kernel | host floor p99 µs | host floor max µs |\n| --- | --- | --- |\n");
+        s.push_str(
+            "| kernel | idle host floor p99 µs | floor max µs | n (failed) |\n| --- | --- | --- | --- |\n",
+        );
         for f in &self.floors {
+            let spread =
+                |g: fn(&FloorRow) -> Option<f64>| Spread::of(f.floor.runs.iter().filter_map(g));
             let _ = writeln!(
                 s,
-                "| {} | {} (n {}) | {} (n {}) |",
+                "| {} | {} | {} | {} ({}) |",
                 f.kernel,
-                f.p99_us.cell(0),
-                f.p99_us.n,
-                f.max_us.cell(0),
-                f.max_us.n
+                spread(|r| r.p99_us).cell(0),
+                spread(|r| r.max_us).cell(0),
+                f.floor.n,
+                f.floor.failed
             );
         }
         s.push('\n');
@@ -881,7 +914,8 @@ mod tests {
         }))
         .unwrap();
         let r = S4Report::new(raw, "pvsched-bench s4".into());
-        assert_eq!(r.floors[0].max_us.median, Some(10.0));
+        assert_eq!(r.floors[0].floor.max_us, Some(10.0));
+        assert_eq!(r.floors[0].floor.runs[1].rep, 2);
         let pv = &r.cells[0].variants[1];
         assert_eq!((pv.n, pv.failed), (1, 1));
         let vs = pv.vs_vanilla.as_ref().unwrap();
@@ -890,7 +924,10 @@ mod tests {
         let back: S4Report = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         let md = back.markdown();
         assert!(md.contains("| pvsched | 1 (1) |"), "{md}");
-        assert!(md.contains("| 7.3-cloud | 5 [4-6] (n 2) |"), "{md}");
+        assert!(
+            md.contains("| 7.3-cloud | 5 [4-6] | 10 [9-11] | 2 (0) |"),
+            "{md}"
+        );
         assert_eq!(r.panels()[0].groups[0].1, vec![1000.0, 2000.0]);
         assert_eq!(repo_root(Some(Path::new("/x"))), Some(PathBuf::from("/x")));
     }

@@ -105,19 +105,6 @@ pub struct Hogs {
     pub tail_s: f64,
 }
 
-/// The host probe of one run (--host-probe).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Probe {
-    /// Median wake-up latency, µs.
-    pub p50_us: Option<f64>,
-    /// 99th percentile, µs.
-    pub p99_us: Option<f64>,
-    /// Maximum, µs.
-    pub max_us: Option<f64>,
-    /// Wake-ups.
-    pub cycles: u64,
-}
-
 /// One raw row: one workload run of one variant in one repetition.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct S6Row {
@@ -152,9 +139,9 @@ pub struct S6Row {
     /// The hogs (None with --hogs 0).
     #[serde(default)]
     pub hogs: Option<Hogs>,
-    /// The host probe (None without --host-probe).
+    /// The host probe, a cyclictest (None without --host-probe).
     #[serde(default)]
-    pub host_probe: Option<Probe>,
+    pub host_probe: Option<s4::Cyc>,
     /// pvschedd's counters of the VMs (pvsched variants).
     #[serde(default)]
     pub policy: Option<Value>,
