@@ -9,6 +9,32 @@ use super::s4::Spread;
 use plotters::prelude::*;
 use std::path::Path;
 
+impl Panel {
+    /// The panel of `variants` (in that order) over `rows`: each row whose
+    /// variant is `variant(row)` gives its `figure`, when it has one.
+    pub fn of<R>(
+        title: String,
+        variants: impl Iterator<Item = String>,
+        rows: &[&R],
+        variant: impl Fn(&R) -> &str,
+        figure: impl Fn(&R) -> Option<f64>,
+    ) -> Panel {
+        Panel {
+            title,
+            groups: variants
+                .map(|v| {
+                    let reps = rows
+                        .iter()
+                        .filter(|r| variant(r) == v)
+                        .filter_map(|r| figure(r))
+                        .collect();
+                    (v, reps)
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Errors drawing the plot.
 #[derive(Debug, thiserror::Error)]
 #[error("drawing the plot {path} failed: {msg} (check that the directory exists and is writable)")]

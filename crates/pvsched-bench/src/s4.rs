@@ -739,27 +739,22 @@ impl S4Report {
         self.cells
             .iter()
             .filter(|c| c.load == "loaded")
-            .map(|c| Panel {
-                title: format!("{} loaded i{} guest max us", c.kernel, c.interval_us),
-                groups: c
-                    .variants
+            .map(|c| {
+                let rows: Vec<&S4Run> = self
+                    .raw
+                    .runs
                     .iter()
-                    .map(|v| {
-                        let reps = self
-                            .raw
-                            .runs
-                            .iter()
-                            .filter(|r| {
-                                r.kernel == c.kernel
-                                    && r.load == c.load
-                                    && r.interval_us == c.interval_us
-                                    && r.variant == v.variant
-                            })
-                            .filter_map(|r| r.guest.max_us)
-                            .collect();
-                        (v.variant.clone(), reps)
+                    .filter(|r| {
+                        r.kernel == c.kernel && r.load == c.load && r.interval_us == c.interval_us
                     })
-                    .collect(),
+                    .collect();
+                Panel::of(
+                    format!("{} loaded i{} guest max us", c.kernel, c.interval_us),
+                    c.variants.iter().map(|v| v.variant.clone()),
+                    &rows,
+                    |r| &r.variant,
+                    |r| r.guest.max_us,
+                )
             })
             .collect()
     }

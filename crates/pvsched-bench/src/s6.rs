@@ -385,27 +385,20 @@ impl S6Report {
     pub fn panels(&self) -> Vec<Panel> {
         self.cells
             .iter()
-            .map(|c| Panel {
-                title: format!("{} {} per CPU-s", c.topology, c.workload),
-                groups: c
-                    .variants
+            .map(|c| {
+                let rows: Vec<&S6Row> = self
+                    .raw
+                    .rows
                     .iter()
-                    .map(|v| {
-                        let reps = self
-                            .raw
-                            .rows
-                            .iter()
-                            .filter(|r| {
-                                r.topology == c.topology
-                                    && r.workload == c.workload
-                                    && r.variant == v.variant
-                                    && r.ok()
-                            })
-                            .filter_map(S6Row::per_cpu_s)
-                            .collect();
-                        (v.variant.clone(), reps)
-                    })
-                    .collect(),
+                    .filter(|r| r.topology == c.topology && r.workload == c.workload && r.ok())
+                    .collect();
+                Panel::of(
+                    format!("{} {} per CPU-s", c.topology, c.workload),
+                    c.variants.iter().map(|v| v.variant.clone()),
+                    &rows,
+                    |r| &r.variant,
+                    S6Row::per_cpu_s,
+                )
             })
             .collect()
     }
