@@ -504,18 +504,16 @@ pub struct S4Floor {
     pub samples: u64,
 }
 
-/// What `python3 -m pvsched_bench s4 --json` writes.
+/// What the raw results of S4 and S6 both start with.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct S4Raw {
-    /// Repetitions.
+pub struct RawHead {
+    /// Repetitions asked for.
     pub reps: u32,
-    /// Seconds per phase.
+    /// Seconds per phase (S4) or workload (S6).
     pub duration_s: u32,
     /// Variants in their order of repetition 0.
     pub variants: Vec<String>,
-    /// Kernels.
-    pub kernels: Vec<String>,
-    /// The caps pvschedd gave the first pvsched VM.
+    /// The caps pvschedd gave the pvsched variants' VMs (S4: the first's).
     #[serde(default)]
     pub caps: Value,
     /// The machine.
@@ -527,6 +525,16 @@ pub struct S4Raw {
     /// How long it took, s.
     #[serde(default)]
     pub seconds: f64,
+}
+
+/// What `python3 -m pvsched_bench s4 --json` writes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct S4Raw {
+    /// What every guest benchmark's raw result starts with.
+    #[serde(flatten)]
+    pub head: RawHead,
+    /// Kernels.
+    pub kernels: Vec<String>,
     /// One row per phase run.
     pub runs: Vec<S4Run>,
     /// The failed boots.
@@ -646,7 +654,7 @@ fn s4_versus(runs: &[&S4Run], variant: &str, reps: usize) -> S4Versus {
 impl S4Report {
     /// The report of `raw`'s rows.
     pub fn new(raw: S4Raw, command: String) -> S4Report {
-        let reps = raw.reps as usize;
+        let reps = raw.head.reps as usize;
         let cells = distinct(&raw.runs, |r| {
             (r.kernel.clone(), r.load.clone(), r.interval_us)
         })
@@ -659,6 +667,7 @@ impl S4Report {
                 .collect();
             let has = |v: &str| runs.iter().any(|r| r.variant == v);
             let variants = raw
+                .head
                 .variants
                 .iter()
                 .filter(|v| has(v) || raw.failed.iter().any(|f| &f.variant == *v))
@@ -782,7 +791,7 @@ impl Render for S4Report {
         let _ = writeln!(
             s,
             "S4, {} reps of {} s phases; {} failed boots.\n",
-            self.raw.reps, self.raw.duration_s, self.failed
+            self.raw.head.reps, self.raw.head.duration_s, self.failed
         );
         s.push_str(
             "| kernel | idle host floor p99 µs | floor max µs | n (failed) |\n| --- | --- | --- | --- |\n",

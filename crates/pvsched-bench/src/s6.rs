@@ -168,31 +168,16 @@ pub struct S6Raw {
     /// Cut short (a round failed or ^C).
     #[serde(default)]
     pub partial: bool,
-    /// Repetitions asked for.
-    pub reps: u32,
-    /// Seconds per workload.
-    pub duration_s: u32,
+    /// What every guest benchmark's raw result starts with.
+    #[serde(flatten)]
+    pub head: s4::RawHead,
     /// Hogs.
     pub hogs: u32,
     /// Guest kernel.
     pub kernel: String,
-    /// Variants in their order of repetition 0.
-    pub variants: Vec<String>,
     /// hackbench's minimum invocations per run.
     #[serde(default)]
     pub min_iters: u32,
-    /// Each pvsched variant's caps, as pvschedd reported them.
-    #[serde(default)]
-    pub caps: Value,
-    /// The machine.
-    #[serde(default)]
-    pub machine: Value,
-    /// How python was run.
-    #[serde(default)]
-    pub command: String,
-    /// How long the run took, s.
-    #[serde(default)]
-    pub seconds: f64,
     /// One row per run.
     pub rows: Vec<S6Row>,
 }
@@ -332,6 +317,7 @@ impl S6Report {
                     .collect();
                 let has = |v: &str| rows.iter().any(|r| r.variant == v);
                 let variants = raw
+                    .head
                     .variants
                     .iter()
                     .filter(|v| has(v))
@@ -410,8 +396,8 @@ impl Render for S6Report {
         let _ = writeln!(
             s,
             "S6, {} reps of {} s, {} hogs, kernel {}; {} failed runs{}.\n",
-            self.raw.reps,
-            self.raw.duration_s,
+            self.raw.head.reps,
+            self.raw.head.duration_s,
             self.raw.hogs,
             self.raw.kernel,
             self.failed,
