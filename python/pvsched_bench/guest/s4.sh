@@ -3,7 +3,8 @@
 # mode, which then prints "@@ done" and powers off.
 #
 # Loads the pvsched module (the DKMS-built one, by modprobe), then serves
-# commands the host writes on the console, one per "@@ bench-wait":
+# commands the host writes on the console, one per "@@ bench-wait"
+# (bench_serve, init.sh):
 #   run INTERVAL_US DURATION_S HIST_BUCKETS [THREADS [BREAK_US]]
 #       cyclictest --mlockall -q -p 8 --policy=rr -i INTERVAL_US for
 #       DURATION_S seconds with a 1 us histogram of HIST_BUCKETS buckets;
@@ -21,43 +22,35 @@ mkdir -p /dev/shm
 mount -t tmpfs tmpfs /dev/shm
 load
 echo "@@ probe bound=$(bound)"
-while :; do
-	echo "@@ bench-wait"
-	if ! read -t 900 -r cmd interval dur hist threads brk; then
-		echo "@@ bench-timeout"
-		break
+
+# run INTERVAL_US DURATION_S HIST_BUCKETS [THREADS [BREAK_US]]
+run_cyclictest() {
+	interval=$1
+	dur=$2
+	hist=$3
+	threads=${4:-1}
+	brk=${5:-0}
+	echo "@@ cyc-start interval=$interval dur=$dur"
+	rm -f /tmp/cyc.json
+	set -- --mlockall -q -p 8 --policy=rr -i "$interval" -D "$dur" \
+		-t "$threads" -h "$hist" --histfile=/dev/null --json=/tmp/cyc.json
+	if [ "$brk" != 0 ]; then
+		set -- "$@" -b "$brk"
 	fi
-	case "$cmd" in
-	run)
-		echo "@@ cyc-start interval=$interval dur=$dur"
-		rm -f /tmp/cyc.json
-		set -- --mlockall -q -p 8 --policy=rr -i "$interval" -D "$dur" \
-			-t "${threads:-1}" -h "$hist" --histfile=/dev/null --json=/tmp/cyc.json
-		if [ "${brk:-0}" != 0 ]; then
-			set -- "$@" -b "$brk"
-		fi
-		/usr/bin/cyclictest "$@" >/tmp/cyc.out 2>&1
-		rc=$?
-		value=$(sed -n 's/^# Break value: *//p' /tmp/cyc.out)
-		if [ -n "$value" ]; then
-			echo "@@ cyc-break value=$value"
-		fi
-		echo "@@ cyc-json-begin rc=$rc"
-		cat /tmp/cyc.json 2>/dev/null
-		echo "@@ cyc-end rc=$rc"
-		if [ "$rc" != 0 ]; then
-			tail -n 5 /tmp/cyc.out
-		fi
-		;;
-	stats)
-		echo "@@ stats-begin"
-		cat /sys/kernel/debug/pvsched/stats
-		echo "@@ stats-end"
-		;;
-	*)
-		break
-		;;
-	esac
-done
+	/usr/bin/cyclictest "$@" >/tmp/cyc.out 2>&1
+	rc=$?
+	value=$(sed -n 's/^# Break value: *//p' /tmp/cyc.out)
+	if [ -n "$value" ]; then
+		echo "@@ cyc-break value=$value"
+	fi
+	echo "@@ cyc-json-begin rc=$rc"
+	cat /tmp/cyc.json 2>/dev/null
+	echo "@@ cyc-end rc=$rc"
+	if [ "$rc" != 0 ]; then
+		tail -n 5 /tmp/cyc.out
+	fi
+}
+
+bench_serve run_cyclictest
 rmmod pvsched
 echo "@@ rmmod rc=$? bound=$(bound)"

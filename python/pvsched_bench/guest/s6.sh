@@ -4,7 +4,8 @@
 #
 # Loads the pvsched module (the DKMS-built one, by modprobe; not with
 # pvload=none: the `none` variant, which has no device either), then serves
-# commands the host writes on the console, one per "@@ bench-wait":
+# commands the host writes on the console, one per "@@ bench-wait"
+# (bench_serve, init.sh):
 #   run WORKLOAD DURATION_S [MIN_ITERS]
 #       runs WORKLOAD (below) on every CPU for about DURATION_S seconds
 #       (hackbench: and at least MIN_ITERS invocations) and
@@ -122,33 +123,19 @@ run_workload() {
 	esac
 }
 
-while :; do
-	echo "@@ bench-wait"
-	if ! read -t 900 -r cmd arg1 arg2 arg3; then
-		echo "@@ bench-timeout"
-		break
-	fi
-	case "$cmd" in
-	run)
-		t0=$(uptime_s)
-		i0=$(ipis)
-		echo "@@ out-begin w=$arg1"
-		run_workload "$arg1" "$arg2" "$arg3"
-		echo "@@ out-end w=$arg1"
-		t1=$(uptime_s)
-		i1=$(ipis)
-		echo "@@ result w=$arg1 rc=$rc secs=$(elapsed "$t0" "$t1") iters=$iters $(ipis_delta "$i0" "$i1")"
-		;;
-	stats)
-		echo "@@ stats-begin"
-		cat /sys/kernel/debug/pvsched/stats
-		echo "@@ stats-end"
-		;;
-	*)
-		break
-		;;
-	esac
-done
+# run WORKLOAD DURATION_S [MIN_ITERS]
+run_measured() {
+	t0=$(uptime_s)
+	i0=$(ipis)
+	echo "@@ out-begin w=$1"
+	run_workload "$1" "$2" "$3"
+	echo "@@ out-end w=$1"
+	t1=$(uptime_s)
+	i1=$(ipis)
+	echo "@@ result w=$1 rc=$rc secs=$(elapsed "$t0" "$t1") iters=$iters $(ipis_delta "$i0" "$i1")"
+}
+
+bench_serve run_measured
 if [ "$loader" != none ]; then
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"

@@ -212,6 +212,35 @@ hotplug_last() {
 	switch_each_cpu
 }
 
+# bench_serve RUN: the benchmarks' command loop (pvtest=bench; /bench.sh
+# calls it). Prints "@@ bench-wait" and reads one command line from the
+# host: "run ARGS..." calls RUN ARGS...; "stats" prints the driver's
+# debugfs counters between "@@ stats-begin" and "@@ stats-end"; anything
+# else, or no command within 15 minutes, ends the loop.
+bench_serve() {
+	while :; do
+		echo "@@ bench-wait"
+		if ! read -t 900 -r cmd args; then
+			echo "@@ bench-timeout"
+			break
+		fi
+		case "$cmd" in
+		run)
+			# shellcheck disable=SC2086 # the host's words, split on purpose
+			"$1" $args
+			;;
+		stats)
+			echo "@@ stats-begin"
+			cat /sys/kernel/debug/pvsched/stats
+			echo "@@ stats-end"
+			;;
+		*)
+			break
+			;;
+		esac
+	done
+}
+
 finish() {
 	bad=$(dmesg | grep -cE 'BUG|Oops|WARNING|KASAN|Call Trace')
 	echo "@@ dmesg-bad count=$bad"
