@@ -231,7 +231,9 @@ def process_children():
 def tree_cpu_s(pid, children):
     """CPU seconds of process `pid` and every process below it in
     `children` (process_children(); a process that already exited is not
-    counted)."""
+    counted), from /proc/PID/stat: whole clock ticks (10 ms), which count
+    the process's exited threads too (per-thread schedstat, in ns, would
+    lose those)."""
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
