@@ -5,9 +5,9 @@
 # reschedule, function-call and irq_work interrupts and sched_setattr calls
 # while COMMAND runs; writes COMMAND's stdout to OUT.json and the trace to
 # OUT.trace, then prints the per-CPU overrun counts (0: nothing lost). As
-# root. bench/stall_trace.py OUT.trace names what kept vCPU threads
-# waiting; bench/apply_trace.py OUT.trace DECISIONS where the agent's
-# decision -> applied time goes (run COMMAND with `--trace DECISIONS`).
+# root. `python3 -m pvsched_bench stall-trace OUT.trace` (PYTHONPATH=python)
+# names what kept vCPU threads waiting; `apply-trace OUT.trace DECISIONS`
+# where the agent's decision -> applied time goes (run COMMAND with `--trace DECISIONS`).
 # PVSCHED_TRACE_EXTRA adds events (e.g. "raw_syscalls/sys_enter
 # raw_syscalls/sys_exit": every system call, a much larger trace);
 # PVSCHED_TRACE_BUFFER_KB sets the buffer per CPU (default 32768: enough for
@@ -20,10 +20,10 @@
 # and every system call it enters and leaves, plus the local timer
 # interrupt on every CPU (to tell a CPU the hypervisor stopped from one that
 # ran something); 64 MiB per CPU by default. Small enough to run beside a
-# whole S4 or S6 run; bench/applier_waits.py OUT.trace says how long the
+# whole S4 or S6 run; `applier-waits OUT.trace` says how long the
 # applier ran, waited on a lock and waited for a CPU.
 #
-#   bench/trace-run.sh --applier OUT -- python3 bench/s4.py --kernels 6.1-cloud \
+#   bench/trace-run.sh --applier OUT -- target/release/pvsched-bench s4 --kernels 6.1-cloud \
 #       --variants pvsched --reps 4 --duration 20 --no-idle --json -
 set -eu
 applier=
@@ -49,7 +49,7 @@ else
 fi
 for e in $events; do [ -d $i/events/$e ] && echo 1 > $i/events/$e/enable; done
 echo 1 > $i/tracing_on
-# A command that marks its own steps in the trace (bench/s6.py: each
+# A command that marks its own steps in the trace (pvsched-bench s6: each
 # workload run's start and end) writes them to this instance's marker.
 PVSCHED_TRACE_MARKER=$i/trace_marker "$@" > $out.json
 echo 0 > $i/tracing_on

@@ -1,5 +1,5 @@
 """The QEMU guest harness: what the Linux-guest tests (tests/linux-guest)
-and the Linux-guest benchmarks (bench/s4.py, bench/s6.py) share.
+and the Linux-guest benchmarks (pvsched_bench s4 and s6) share.
 
   abi      the ABI constants and offsets, generated from the C/Rust layout
            list (never edited by hand)
@@ -13,10 +13,14 @@ and the Linux-guest benchmarks (bench/s4.py, bench/s6.py) share.
            it, and the vCPU threads and slot addresses an agent attaches to
   kernel   guest kernels, the module built against them, initramfs images
   bench    what the Linux-guest benchmarks share on the host: processes
-           always stopped, console output between marks, repetition
-           statistics
+           always stopped, console output between marks, cyclictest's
+           results (the statistics over repetitions are pvsched-bench's)
   boot     one QEMU boot with its pvsched-device peer, its serial console
            marks and the device's view of the region at each mark
 
-Scripts put the repository's `python/` directory on sys.path.
+Run with the repository's `python/` directory on PYTHONPATH (the tests'
+conftest puts it on sys.path).
+
+  initramfs/  the test initramfs's /init (init.sh) and its static helper
+              (pvsched-helper.c), which kernel.build_initramfs packs
 """

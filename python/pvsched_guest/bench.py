@@ -1,13 +1,12 @@
-"""What the Linux-guest benchmarks (bench/s4.py, bench/s6.py) share on the
+"""What the Linux-guest benchmarks (pvsched_bench s4 and s6) share on the
 host: processes started in their own process group and always stopped,
 pvschedd with its own socket and caps directory, console output between
-two marks, the repetition statistics, and the alternatives a user would
+two marks, cyclictest's results, and the alternatives a user would
 pick instead of pvsched (static SCHED_FIFO 1 vCPUs, a cgroup weight)."""
 
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -144,22 +143,6 @@ def loadavg():
         return float(Path("/proc/loadavg").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def spread(vals):
-    """Median, min, max over reps; `reps` keeps every rep in order (None: a
-    p99 past the histogram), the statistics use the reps that have a value."""
-    vals = [round(v, 2) if isinstance(v, float) else v for v in vals]
-    have = [v for v in vals if v is not None]
-    if not have:
-        return {"median": None, "min": None, "max": None, "reps": vals}
-    med = statistics.median(have)
-    return {"median": round(med, 2) if isinstance(med, float) else med, "min": min(have),
-            "max": max(have), "reps": vals}
-
-
-def ratio(a, b):
-    return round(a / b, 3) if a is not None and b not in (None, 0) else None
 
 
 def parse_cyclictest(doc):

@@ -62,7 +62,9 @@ def read_dump(path, newer_than=None, timeout=10.0, alive=None):
 
 
 class Boot:
-    """One QEMU boot with its pvsched-device peer.
+    """One QEMU boot with its pvsched-device peer (transport "vfio-user" or
+    "mpqemu"), or with no device at all (transport "none": QEMU 11, q35,
+    the guest as a host without pvsched would run it).
 
     `args` (the script's argparse namespace) gives device_bin, vmlinuz,
     initrd, out (boot directories go in out/NAME), timeout (s per boot),
@@ -130,7 +132,10 @@ class Boot:
         os.set_inheritable(qfd, True)
         os.set_inheritable(dfd, True)
         vfio_sock = self.socket_path("vfio-user.sock")
-        if self.transport == "vfio-user":
+        if self.transport == "none":
+            dev_cmd, device_arg = None, None
+            qemu_bin, machine = str(self.args.qemu11), "q35"
+        elif self.transport == "vfio-user":
             if vfio_sock.exists():
                 vfio_sock.unlink()
             dev_cmd = self.device_cmd + ["--transport", "vfio-user", "--socket", str(vfio_sock)]
@@ -144,9 +149,10 @@ class Boot:
             dev_cmd = self.device_cmd + ["--transport", "mpqemu", "--fd", str(dfd)]
             qemu_bin, machine = "qemu-system-x86_64", "pc"
             device_arg = f"x-pci-proxy-dev,id=pvs0,fd={qfd}"
-        dev_cmd += ["--vcpus", str(self.smp), "--dump-slots", str(self.dump)]
-        if self.fault:
-            dev_cmd += ["--fault", self.fault]
+        if dev_cmd is not None:
+            dev_cmd += ["--vcpus", str(self.smp), "--dump-slots", str(self.dump)]
+            if self.fault:
+                dev_cmd += ["--fault", self.fault]
         verbosity = "loglevel=7" if self.args.kernel_log else "quiet"
         # A soft lockup report shows every CPU's backtrace: the CPU that
         # is stuck is often waiting for another one.
@@ -162,8 +168,9 @@ class Boot:
             "-object", f"memory-backend-memfd,id=mem,size={self.mem_mib}M,share=on",
             "-kernel", str(self.args.vmlinuz), "-initrd", str(self.args.initrd),
             "-append", append, "-serial", "stdio", "-no-reboot",
-            "-device", device_arg,
         ]
+        if device_arg is not None:
+            qemu_cmd += ["-device", device_arg]
         if self.hotplug:
             qemu_cmd[-2:-2] = ["-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1"]
         # QMP for the hooks, and for the vCPU registers of a boot that
@@ -176,10 +183,14 @@ class Boot:
         devlog = open(self.dir / "device.log", "w")
         t0 = self.t0 = time.monotonic()
         try:
-            dev = subprocess.Popen(dev_cmd, pass_fds=[dfd], stdout=devlog, stderr=devlog,
-                                   preexec_fn=die_with_parent,
-                                   env={**os.environ, "RUST_LOG": "warn"})
-            self.dev = dev
+            if dev_cmd is not None:
+                dev = subprocess.Popen(dev_cmd, pass_fds=[dfd], stdout=devlog, stderr=devlog,
+                                       preexec_fn=die_with_parent,
+                                       env={**os.environ, "RUST_LOG": "warn"})
+                self.dev = dev
+            else:
+                # No device: no slot dumps to wait for at the marks.
+                self.dump_live = False
             if self.transport == "vfio-user":
                 # The path appears once the device listens (bind + rename).
                 deadline = time.monotonic() + 10
@@ -204,7 +215,8 @@ class Boot:
             self.exit_s = time.monotonic() - t_done
             kill(qemu)
             try:
-                dev.wait(timeout=10)
+                if dev is not None:
+                    dev.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
         finally:

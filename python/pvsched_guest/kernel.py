@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 from . import abi
 from .host import Failure, run
@@ -126,11 +127,18 @@ def modprobe_files(chroot, release):
     return files
 
 
-def build_initramfs(here, ko, out, extra_files=None):
-    """The initramfs of `here` (a directory with init.sh and
-    pvsched-helper.c) with module `ko`, in `out`. `extra_files` ({path in the initramfs: host file}) adds files, e.g.
-    bench/s4.py's cyclictest with its shared libraries and /bench.sh. `ko`
-    None: no /pvsched.ko (the guest modprobes a packed module tree)."""
+# The test initramfs's sources: its /init and static helper, shared by the
+# Linux-guest tests and the benchmarks' guests.
+INITRAMFS = Path(__file__).resolve().parent / "initramfs"
+
+
+def build_initramfs(ko, out, extra_files=None):
+    """The initramfs of INITRAMFS (init.sh as /init, pvsched-helper.c built
+    static) with module `ko`, in `out`. `extra_files` ({path in the
+    initramfs: host file}) adds files, e.g. the S4 benchmark's cyclictest
+    with its shared libraries and /bench.sh. `ko` None: no /pvsched.ko (the
+    guest modprobes a packed module tree)."""
+    here = INITRAMFS
     root = out / "initramfs"
     if root.exists():
         shutil.rmtree(root)

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# S6 benchmark (bench/s6.py): the guest workloads are Debian's own
-# programs, installed in each guest-matrix chroot this run covers (the
+# S6 benchmark (pvsched-bench s6, python/pvsched_bench/s6.py): the guest
+# workloads are Debian's own programs, installed in each guest-matrix chroot this run covers (the
 # guest image of that kernel's suite, scripts/setup.d/42-guest-matrix.sh)
 # and copied from there with their libraries into the guest's initramfs:
 # stress-ng (CPU, TLB shootdown and membarrier stressors), rt-tests

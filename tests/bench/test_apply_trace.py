@@ -1,4 +1,4 @@
-"""bench/apply_trace.py on a synthetic trace: one decision is followed
+"""pvsched_bench apply-trace on a synthetic trace: one decision is followed
 through the irq_work, the applier's wake-up and switch-in and its
 sched_setattr; a record never applied is not counted."""
 
@@ -26,7 +26,7 @@ def test_steps_of_one_decision(tmp_path):
     d = tmp_path / "d.jsonl"
     d.write_text(json.dumps({"ts": 100_000_000_000, "tid": 500}) + "\n"
                  + json.dumps({"ts": 100_000_050_000, "tid": 501}) + "\n")
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "apply_trace.py"), str(t), str(d), "--json"],
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "apply-trace", str(t), str(d), "--json"],
                          capture_output=True, text=True, check=True).stdout
     r = json.loads(out)
     assert (r["records"], r["applied"], r["applier_tid"]) == (2, 1, 42), r

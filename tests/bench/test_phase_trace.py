@@ -1,4 +1,4 @@
-"""bench/phase_trace.py on a synthetic trace: two co-scheduled phases of a
+"""pvsched_bench phase-trace on a synthetic trace: two co-scheduled phases of a
 2-vCPU VM, found from the agent's sched_setattr calls and the priority the
 threads show next; the time both vCPUs ran in them, their first run, what
 ran while one was queued, and the vCPU time that fell outside the phases."""
@@ -54,7 +54,7 @@ TRACE = "\n".join([
 def test_two_phases_of_a_vm(tmp_path):
     t = tmp_path / "t.trace"
     t.write_text(TRACE)
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "phase_trace.py"), str(t),
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "phase-trace", str(t),
                           "--json"], capture_output=True, text=True, check=True).stdout
     doc = json.loads(out)
     assert list(doc) == ["CPU 0/TCG(11),CPU 1/TCG(12)"], doc
@@ -86,13 +86,13 @@ def mark(ts, text):
 
 def test_together_in_a_marked_run(tmp_path):
     """The share of a VM's vCPU time with both its vCPUs on a CPU, inside
-    the workload run bench/s6.py marked, for the VM it named."""
+    the workload run pvsched_bench s6 marked, for the VM it named."""
     t = tmp_path / "t.trace"
     t.write_text(TRACE.replace("# tracer: nop\n", "# tracer: nop\n" + "\n".join([
         mark("99.999000", "s6 vm s6-1x2-x-r0-vm0 11,12"),
         mark("100.000000", "s6 start 1x2-x-r0 hackbench")]) + "\n")
                  + mark("100.010000", "s6 end 1x2-x-r0 hackbench") + "\n")
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "phase_trace.py"), str(t),
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "phase-trace", str(t),
                           "--json"], capture_output=True, text=True, check=True).stdout
     v = json.loads(out)["CPU 0/TCG(11),CPU 1/TCG(12)"]
     # In 100.000-100.010: vCPU 0 on a CPU 5.0 + 1.0 ms, vCPU 1 2.0 + 2.02;

@@ -1,4 +1,4 @@
-"""bench/stall_trace.py on a synthetic trace: the wait of a boosted vCPU
+"""pvsched_bench stall-trace on a synthetic trace: the wait of a boosted vCPU
 thread woken onto a CPU busy with a hog is named, with what ran there and
 when that CPU took the reschedule IPI; a short wait is not listed."""
 
@@ -21,7 +21,7 @@ TRACE = """\
 def test_a_late_reschedule_ipi_is_named(tmp_path):
     t = tmp_path / "t.trace"
     t.write_text(TRACE)
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t)],
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "stall-trace", str(t)],
                          capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     assert lines[0] == "1 vCPU wait(s) over 1000 µs", out
@@ -46,7 +46,7 @@ def test_threads_by_tid_and_json(tmp_path):
     lines = (TRACE.replace("vcpu 0", "CPU 0/TCG") + ticks).splitlines()
     t.write_text("\n".join([lines[0]] + sorted(lines[1:], key=lambda x: float(
         x.split("]")[1].split()[1].rstrip(":")))) + "\n")
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "stall-trace", str(t),
                           "--tids", "11=vcpu0,12=vcpu1", "--json"],
                          capture_output=True, text=True, check=True).stdout
     import json
@@ -68,10 +68,10 @@ def test_a_window_keeps_what_overlaps_it(tmp_path):
     import json
     t = tmp_path / "t.trace"
     t.write_text(TRACE)
-    script = str(REPO / "bench" / "stall_trace.py")
+    script = "-m", "pvsched_bench", "stall-trace"
 
     def window(lo, hi):
-        out = subprocess.run([sys.executable, script, str(t), "--json", "--from", lo, "--to", hi],
+        out = subprocess.run([sys.executable, "-m", "pvsched_bench", "stall-trace", str(t), "--json", "--from", lo, "--to", hi],
                              capture_output=True, text=True, check=True).stdout
         return json.loads(out)
 
@@ -87,7 +87,7 @@ def _windows(tmp_path, trace, windows):
     t.write_text(trace)
     w = tmp_path / "w.json"
     w.write_text(json.dumps(windows))
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "stall-trace", str(t),
                           "--windows", str(w), "--json"],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)
@@ -149,7 +149,7 @@ def test_windows_get_their_threads_boost_from_the_decisions(tmp_path):
                {"label": "vcpu 1", "tid": 13, "from": 100.0, "to": 100.001}]
     w = tmp_path / "w.json"
     w.write_text(json.dumps(windows))
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "stall-trace", str(t),
                           "--windows", str(w), "--decisions", str(d), "--json"],
                          capture_output=True, text=True, check=True).stdout
     doc = json.loads(out)
@@ -193,7 +193,7 @@ def test_the_cpu_it_was_queued_on_is_the_one_examined(tmp_path):
   hog-23              [000] d..2. 200.004000: sched_migrate_task: comm=CPU 0/TCG pid=11 prio=98 orig_cpu=1 dest_cpu=0
   hog-23              [000] d..2. 200.004010: sched_switch: prev_comm=hog prev_pid=23 prev_prio=120 prev_state=R ==> next_comm=CPU 0/TCG next_pid=11 next_prio=98
 """)
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "stall-trace", str(t),
                           "--tids", "11=vcpu0", "--json"],
                          capture_output=True, text=True, check=True).stdout
     import json
@@ -220,7 +220,7 @@ def test_sleeps_name_the_futex_and_the_waker(tmp_path):
     is not taken for a wait, and a block shorter than --over-us is left out."""
     t = tmp_path / "t.trace"
     t.write_text(SLEEPS)
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "stall-trace", str(t),
                           "--sleeps", "--tids", "10=main,11=vcpu0,12=vcpu1", "--json"],
                          capture_output=True, text=True, check=True).stdout
     import json
@@ -232,8 +232,7 @@ def test_sleeps_name_the_futex_and_the_waker(tmp_path):
 
 
 def test_overlapping_keeps_what_touches_the_window():
-    sys.path.insert(0, str(REPO / "bench"))
-    import stall_trace
+    from pvsched_bench import stall_trace
     items = [{"at": 1.0, "ms": 5.0}, {"at": 1.010, "ms": 100.0}, {"at": 1.2, "ms": 1.0}]
     # [1.004, 1.1]: the first ended before it, the last began after it.
     assert stall_trace.overlapping(items, 1.006, 1.1, "ms") == [items[1]]
@@ -263,7 +262,7 @@ def test_a_switch_out_of_idle_the_trace_lacks_is_put_back(tmp_path):
     assert w["cause"] == "running" and w["run_ms"] == 4.8 and w["queued_ms"] == 0, w
     t = tmp_path / "i.trace"
     t.write_text(IDLE)
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "stall_trace.py"), str(t),
+    out = subprocess.run([sys.executable, "-m", "pvsched_bench", "stall-trace", str(t),
                           "--json"], capture_output=True, text=True, check=True).stdout
     import json
     doc = json.loads(out)

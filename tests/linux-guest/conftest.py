@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,8 +115,8 @@ def guest(guest_base, cache, report, need_real):
     """The Debian 6.1 cloud guest with the module built on the host: built
     against the cloud headers and build-tested against the PREEMPT_RT ones
     (no warning allowed, the ABI's IDs its only alias), in an initramfs
-    with a static helper and /init (init.sh); the guest loads it with
-    insmod."""
+    with a static helper and /init (pvsched_guest/initramfs/init.sh); the
+    guest loads it with insmod."""
     kabi = guest_kabi(cache)
     if not (cache / "linux-guest" / "root" / "boot" / f"vmlinuz-{kabi}-cloud-amd64").exists():
         need_real("Debian guest kernel", f"not in {cache}/linux-guest (run scripts/setup)")
@@ -127,7 +126,7 @@ def guest(guest_base, cache, report, need_real):
     report(f"module built against {kabi}-cloud-amd64 in {secs:.1f}s")
     _, secs = build_module(REPO, trees["rt"], out / "build-rt")
     report(f"module build-tested against {kabi}-rt-amd64 (PREEMPT_RT) in {secs:.1f}s")
-    initrd = build_initramfs(HERE, ko, out)
+    initrd = build_initramfs(ko, out)
     return SimpleNamespace(**{**vars(guest_base), "vmlinuz": vmlinuz, "initrd": initrd})
 
 
@@ -257,7 +256,7 @@ class Matrix:
         self.install(chroot.name.removeprefix("chroot-"))
         out = self.base.out / name
         out.mkdir(parents=True, exist_ok=True)
-        initrd = build_initramfs(HERE, None, out, extra_files=modprobe_files(chroot, release))
+        initrd = build_initramfs(None, out, extra_files=modprobe_files(chroot, release))
         self.report(f"kernel {name}: {release}, the module DKMS installed in {chroot}, "
                     f"loaded with modprobe")
         return SimpleNamespace(**{**vars(self.base), "vmlinuz": vmlinuz, "initrd": initrd,
@@ -284,24 +283,39 @@ def matrix_guest(matrix, kernel):
     return matrix.guest(kernel)
 
 
+@pytest.fixture(scope="session")
+def bench_bin(release_bins, need_real):
+    """pvsched-bench, built once per session as `cargo build --locked
+    --release` into $CARGO_TARGET_DIR (else target/), beside the binaries
+    of release_bins."""
+    cargo = shutil.which("cargo") or shutil.which("cargo", path=Path.home() / ".cargo" / "bin")
+    if cargo is None:
+        need_real("cargo", "install Rust with rustup (scripts/setup says how)")
+    run([cargo, "build", "--locked", "--release", "-p", "pvsched-bench", "--bin",
+         "pvsched-bench"], cwd=REPO)
+    return release_bins.device.parent / "pvsched-bench"
+
+
 @pytest.fixture
-def bench_script(matrix, release_bins, qemu11, repo, cache, tmp_path, need_real):
-    """Runs bench/SCRIPT (s4.py, s6.py) on matrix kernel KERNEL (its module
-    installed from the .deb) with this run's binaries, cache and QEMU 11
-    and the given options; asserts it exited 0 and returns its JSON."""
-    def run(script, kernel_opt, kernel, *options):
+def bench_report(matrix, release_bins, bench_bin, qemu11, repo, cache, tmp_path, need_real):
+    """Runs `pvsched-bench SCENARIO` (s4, s6) on matrix kernel KERNEL (its
+    module installed from the .deb) with this run's binaries, cache and
+    QEMU 11 and the given options; asserts it exited 0 and returns its
+    report (the JSON of s4::S4Report / s6::S6Report, raw rows in `raw`)."""
+    def run_bench(scenario, kernel_opt, kernel, *options):
         if kernel not in matrix.kernels:
             need_real(f"kernel {kernel}", "not among this run's matrix kernels (kernels.conf)")
         matrix.guest(kernel)
-        out = tmp_path / f"{script}.json"
-        cmd = [sys.executable, str(repo / "bench" / script), kernel_opt, kernel, *options,
-               "--json", str(out), "--cache", str(cache), "--out", str(tmp_path / "work"),
+        out = tmp_path / f"{scenario}.json"
+        cmd = [str(bench_bin), scenario, kernel_opt, kernel, *options,
+               "--json", str(out), "--raw", str(tmp_path / f"{scenario}-raw.json"),
+               "--repo", str(repo), "--cache", str(cache), "--out", str(tmp_path / "work"),
                "--device-bin", str(release_bins.device), "--pvsched-bin",
                str(release_bins.pvsched), "--pvschedd-bin", str(release_bins.pvschedd),
                "--qemu11", str(qemu11)]
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+                           timeout=900, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
         print(r.stdout)
-        assert r.returncode == 0, f"bench/{script} exited {r.returncode}"
+        assert r.returncode == 0, f"pvsched-bench {scenario} exited {r.returncode}"
         return json.loads(out.read_text())
-    return run
+    return run_bench

@@ -86,7 +86,9 @@ const RENDERERS: &[(&str, Renderer)] = &[
     ("s1", draw::<crate::report::ScenarioReport>),
     ("s2", draw::<crate::report::ScenarioReport>),
     ("s3", draw::<crate::report::ScenarioReport>),
+    ("s4", draw::<crate::s4::S4Report>),
     ("s5", draw::<crate::report::ScenarioReport>),
+    ("s6", draw::<crate::s6::S6Report>),
 ];
 
 /// The renderer of a scenario's report, if it has one.

@@ -1,4 +1,4 @@
-//! `pvsched-bench <s1|s2|s3|s4|s5>`: vanilla vs pvsched back to back in
+//! `pvsched-bench <s1|s2|s3|s4|s5|s6>`: vanilla vs pvsched back to back in
 //! one invocation, repetitions interleaved, medians and spread, ratios
 //! pvsched/vanilla and the targets, as a table or one JSON object (the same
 //! top-level shape for every scenario), with optional PNG CDFs. A developer's
@@ -10,7 +10,9 @@
 //!   beside [`hogs`], counting the hogs' work; [`floor`] measures the idle
 //!   host's own floor (cyclictest) in every repetition of S1 and S2;
 //!   [`costs`] holds S3's host-only measurements.
-//! * [`s4`]: relays `bench/s4.py` (Linux guest under QEMU TCG).
+//! * [`s4`], [`s6`]: the Linux-guest scenarios: run `python3 -m
+//!   pvsched_bench s4|s6` (the measurement) and compute the report from
+//!   its raw rows; [`plot_spread`] draws their spread.
 //! * [`report`]: the typed report of S1–S3 and S5 (variants, runs, paired
 //!   ratios, floor, targets with verdicts, BPF costs), its JSON and its
 //!   markdown tables; [`paired`]: ratios paired per repetition and their
@@ -26,9 +28,11 @@ pub use pvsched_host::hogs;
 pub mod machine;
 pub mod paired;
 pub mod plot;
+pub mod plot_spread;
 pub mod report;
 pub mod runner;
 pub mod s4;
+pub mod s6;
 pub mod scenario;
 pub mod sched_trace;
 pub mod stats;
@@ -38,7 +42,7 @@ use clap::{Args, Parser, Subcommand};
 use hogs::{Load, LoadKind};
 use pvsched_util::exit::{self, Exit};
 use scenario::Scenario;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 use worker::BenchDeviceMode;
@@ -67,12 +71,16 @@ pub enum BenchError {
     /// `--trace` could not record or name a run's stalls.
     #[error("bench: {0}")]
     Trace(#[from] sched_trace::TraceError),
-    /// bench/s4.py printed something else than one JSON object.
-    #[error("bench: the output of bench/s4.py is not JSON: {0}")]
-    S4Json(#[source] serde_json::Error),
+    /// The raw rows of `pvsched_bench s4|s6`, or a report, are not what
+    /// this program reads or writes.
+    #[error("bench: the raw rows or the report are not the JSON expected: {0}")]
+    Raw(#[source] serde_json::Error),
     /// A plot could not be drawn.
     #[error("bench: {0}")]
     Plot(#[from] plot::PlotError),
+    /// An S4 or S6 plot could not be drawn.
+    #[error("bench: {0}")]
+    SpreadPlot(#[from] plot_spread::SpreadPlotError),
     /// Something the bench needs is missing.
     #[error("bench: {0}")]
     Setup(String),
@@ -145,14 +153,18 @@ enum Command {
     /// Costs: BPF ns/event, decision→applied, handshake, bytes per vCPU.
     #[command(after_help = exit::help(&Exit::ALL))]
     S3(BenchArgs),
-    /// Seed reproduction: cyclictest in the Linux guest under QEMU TCG
-    /// (runs bench/s4.py).
+    /// Seed reproduction: cyclictest in Linux guests under QEMU TCG (runs
+    /// `python3 -m pvsched_bench s4`, reports from its rows).
     #[command(after_help = exit::help(&Exit::ALL))]
-    S4(BenchArgs),
+    S4(s4::S4Args),
     /// Greedy guest (asks for RT forever, spins on every vCPU) beside busy
     /// hogs: boosted time per budget window and the hogs' share.
     #[command(after_help = exit::help(&Exit::ALL))]
     S5(BenchArgs),
+    /// Throughput of Linux guests under overcommit per CPU-second of the
+    /// whole VM (runs `python3 -m pvsched_bench s6`, reports from its rows).
+    #[command(after_help = exit::help(&Exit::ALL))]
+    S6(s6::S6Args),
     /// Redraw the results page's figures from the JSON reports it cites
     /// (`--check`: only compare, exit 1 on any difference).
     #[command(after_help = exit::help(&Exit::ALL))]
@@ -171,8 +183,9 @@ fn main() -> std::process::ExitCode {
         Command::S1(a) => (ScenarioArg::S1, a),
         Command::S2(a) => (ScenarioArg::S2, a),
         Command::S3(a) => (ScenarioArg::S3, a),
-        Command::S4(a) => (ScenarioArg::S4, a),
+        Command::S4(a) => return std::process::ExitCode::from(s4::main(&a)),
         Command::S5(a) => (ScenarioArg::S5, a),
+        Command::S6(a) => return std::process::ExitCode::from(s6::main(&a)),
         Command::Doc(a) => return std::process::ExitCode::from(doc(&a)),
         Command::Run(a) => return std::process::ExitCode::from(worker::main(&a) as u8),
         Command::Device(a) => {
@@ -247,8 +260,6 @@ pub enum ScenarioArg {
     S2,
     /// S3.
     S3,
-    /// S4.
-    S4,
     /// S5.
     S5,
 }
@@ -264,8 +275,7 @@ pub struct BenchArgs {
     /// repetition to the next.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub reps: Option<u32>,
-    /// Workload time of each run, e.g. 10s (default 10s, quick 2s; S4:
-    /// whole seconds per phase, passed to s4.py).
+    /// Workload time of each run, e.g. 10s (default 10s, quick 2s).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
     /// Write the JSON result here (`-` = stdout; progress stays on stderr).
@@ -299,7 +309,7 @@ pub struct BenchArgs {
     pub s4_json: Option<PathBuf>,
     /// S1, S2, S5: record each run's scheduler events in a tracefs
     /// instance (as root) and name every wait of a vCPU thread over 1 ms
-    /// in its measured time with bench/stall_trace.py (stolen, unboosted,
+    /// in its measured time with `pvsched_bench stall-trace` (stolen, unboosted,
     /// behind-rt, behind-fair, other); writes DIR/SCENARIO-repN-VARIANT.trace
     /// and .stalls.json, and puts the counts in the run's JSON (`trace`).
     /// The tracer's own cost is in every traced run.
@@ -313,21 +323,11 @@ pub struct BenchArgs {
     /// in the JSON, e.g. vanilla,pvsched); default every one.
     #[arg(long, value_delimiter = ',')]
     pub trace_variants: Option<Vec<String>>,
-    /// S4 and --trace: the repository (bench/s4.py, bench/stall_trace.py);
-    /// default $PVSCHED_ROOT, else the current directory or its nearest
-    /// parent with bench/s4.py.
+    /// --trace: the repository (python/pvsched_bench); default
+    /// $PVSCHED_ROOT, else the current directory or its nearest parent
+    /// that has it.
     #[arg(long)]
     pub repo: Option<PathBuf>,
-    /// S4: the pvsched-device binary (default: beside this one, else
-    /// target/release).
-    #[arg(long)]
-    pub device_bin: Option<PathBuf>,
-    /// S4: the pvsched CLI binary (default: as --device-bin).
-    #[arg(long)]
-    pub pvsched_bin: Option<PathBuf>,
-    /// S4: the pvschedd binary (default: as --device-bin).
-    #[arg(long)]
-    pub pvschedd_bin: Option<PathBuf>,
 }
 
 /// Runs scenario `s`; returns the exit code.
@@ -361,7 +361,6 @@ fn bench(scenario: ScenarioArg, a: &BenchArgs) -> Result<(), BenchError> {
         ScenarioArg::S2 => Scenario::S2,
         ScenarioArg::S3 => Scenario::S3,
         ScenarioArg::S5 => Scenario::S5,
-        ScenarioArg::S4 => return s4_bench(a, reps),
     };
     if sc == Scenario::S5 {
         // Fail before any run if this build's guest lacks it.
@@ -482,25 +481,6 @@ fn emit(a: &BenchArgs, j: &Value, table: impl FnOnce()) -> Result<(), BenchError
     Ok(())
 }
 
-/// S4: bench/s4.py's JSON after our header.
-fn s4_bench(a: &BenchArgs, reps: u32) -> Result<(), BenchError> {
-    let mut head = Map::new();
-    head.insert("scenario".into(), json!("s4"));
-    head.insert("quick".into(), json!(a.quick));
-    head.insert("reps".into(), json!(reps));
-    head.insert("machine".into(), machine::describe());
-    head.insert("command".into(), json!(command_line()));
-    let (body, plot_fn) = s4_body(a, &mut head)?;
-    let mut all = head;
-    all.extend(body);
-    let j = Value::Object(all);
-    plot_fn(&j)?;
-    if let Some(p) = &a.plot {
-        eprintln!("pvsched-bench: plot written to {}", p.display());
-    }
-    emit(a, &j, || print_table(&j))
-}
-
 /// `--trace`: where, with what, checked before any run.
 fn trace_opts(sc: Scenario, a: &BenchArgs) -> Result<Option<sched_trace::TraceOpts>, BenchError> {
     let Some(dir) = &a.trace else {
@@ -511,12 +491,8 @@ fn trace_opts(sc: Scenario, a: &BenchArgs) -> Result<Option<sched_trace::TraceOp
             "--trace is for s1, s2 and s5 (S3 measures the policy's own cost, which a trace would add to)".into(),
         ));
     }
-    let repo = s4::repo_root(a.repo.as_deref()).ok_or_else(|| {
-        BenchError::Setup(
-            "--trace runs the repository's bench/stall_trace.py: run from the repository, or give it with --repo DIR or PVSCHED_ROOT".into(),
-        )
-    })?;
-    let script = repo.join("bench/stall_trace.py");
+    let repo = s4::repo_or_err(a.repo.as_deref())?;
+    let script = repo.join("python/pvsched_bench/stall_trace.py");
     if !script.is_file() {
         return Err(BenchError::Setup(format!(
             "--trace: {} is missing",
@@ -541,176 +517,4 @@ fn read_json(p: &std::path::Path) -> Result<Value, BenchError> {
         .map_err(|e| BenchError::Setup(format!("reading {}: {e}", p.display())))?;
     serde_json::from_str(&text)
         .map_err(|e| BenchError::Setup(format!("{} is not JSON: {e}", p.display())))
-}
-
-/// Draws the scenario's plot from its final JSON.
-type PlotFn = Box<dyn Fn(&Value) -> Result<(), BenchError>>;
-
-/// S4: run bench/s4.py and relay its JSON (its fields after our header).
-fn s4_body(
-    a: &BenchArgs,
-    head: &mut Map<String, Value>,
-) -> Result<(Map<String, Value>, PlotFn), BenchError> {
-    let repo = s4::repo_root(a.repo.as_deref()).ok_or_else(|| {
-        BenchError::Setup(
-            "s4 runs the repository's bench/s4.py: run from the repository, or give it with --repo DIR or PVSCHED_ROOT".into(),
-        )
-    })?;
-    let need = |given: &Option<PathBuf>, name: &str| -> Result<PathBuf, BenchError> {
-        given.clone().or_else(|| s4::find_bin(name, &repo)).ok_or_else(|| {
-            BenchError::Setup(format!(
-                "{name} not found beside this binary or in target/release; build it with `cargo build --release -p pvsched-transport --bin pvsched-device -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd` or pass --device-bin/--pvsched-bin/--pvschedd-bin"
-            ))
-        })
-    };
-    let device_bin = need(&a.device_bin, "pvsched-device")?;
-    let pvsched_bin = need(&a.pvsched_bin, "pvsched")?;
-    let pvschedd_bin = need(&a.pvschedd_bin, "pvschedd")?;
-    let samples =
-        std::env::temp_dir().join(format!("pvsched-bench-s4-{}.json", std::process::id()));
-    let out = s4::run(&s4::S4Args {
-        repo: &repo,
-        device_bin: &device_bin,
-        pvsched_bin: &pvsched_bin,
-        pvschedd_bin: &pvschedd_bin,
-        caps: a.caps.as_deref(),
-        quick: a.quick,
-        reps: a.reps,
-        duration_s: a.duration.map(|d| d.as_secs().max(1)),
-        samples: &samples,
-    });
-    let raw = std::fs::read_to_string(&samples).ok();
-    let _ = std::fs::remove_file(&samples);
-    let mut body = match out? {
-        Value::Object(m) => m,
-        other => {
-            let mut m = Map::new();
-            m.insert("s4".into(), other);
-            m
-        }
-    };
-    // Keep our header's quick/reps/command; s4.py's machine is richer.
-    for k in ["scenario", "quick", "reps"] {
-        if let Some(v) = body.remove(k) {
-            head.insert(k.into(), v);
-        }
-    }
-    if let Some(m) = body.remove("machine") {
-        head.insert("machine".into(), m);
-    }
-    if let Some(c) = body.remove("command") {
-        head.insert("s4_command".into(), c);
-    }
-    if let Some(t) = body.remove("targets") {
-        body.insert("targets".into(), s4::normalize_targets(t));
-    }
-    let series = raw
-        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        .map(|s| s4::series(&s, 500))
-        .unwrap_or_default();
-    let plot_fn: PlotFn = match &a.plot {
-        None => Box::new(|_| Ok(())),
-        Some(p) => {
-            let p = p.clone();
-            Box::new(move |_| {
-                if series.is_empty() {
-                    return Err(BenchError::Setup(
-                        "s4.py wrote no histograms (--samples) to plot".into(),
-                    ));
-                }
-                plot::cdf_png(
-                    &p,
-                    "S4 CYCLICTEST -I 500, HOST LOADED (TCG)",
-                    "LATENCY (US)",
-                    &series,
-                )
-                .map_err(BenchError::from)
-            })
-        }
-    };
-    Ok((body, plot_fn))
-}
-
-fn num(v: &Value) -> String {
-    v.as_f64().map_or_else(|| "-".into(), |x| format!("{x:.1}"))
-}
-
-/// The human summary: one row per variant, ratios, targets.
-fn print_table(j: &Value) {
-    println!(
-        "\npvsched-bench {}: {} rep(s){}",
-        j["scenario"].as_str().unwrap_or("?"),
-        j["reps"],
-        if j["quick"] == true { ", quick" } else { "" }
-    );
-    println!(
-        "{:<16} {:>10} {:>10} {:>10} {:>14} {:>8} {:>8} {:>12}   (medians over reps, µs; hog \
-         iterations/s; CPU-s of the VMM and the hogs; events per VMM CPU-s)",
-        "variant", "p50", "p99", "max", "hogs it/s", "vm cpu", "hog cpu", "ev/vm cpu-s"
-    );
-    let sci = |v: &Value| {
-        v.as_f64()
-            .map_or_else(|| "-".into(), |x| format!("{x:.3e}"))
-    };
-    let secs = |v: &Value| v.as_f64().map_or_else(|| "-".into(), |x| format!("{x:.2}"));
-    if let Some(o) = j.as_object() {
-        for (k, v) in o {
-            if v.get("p99_us").is_some() && v.get("p50_us").is_some() {
-                println!(
-                    "{k:<16} {:>10} {:>10} {:>10} {:>14} {:>8} {:>8} {:>12}",
-                    num(&v["p50_us"]),
-                    num(&v["p99_us"]),
-                    num(&v["max_us"]),
-                    sci(&v["hog_iterations_per_s"]),
-                    secs(&v["vm_cpu_s"]),
-                    secs(&v["hog_cpu_s"]),
-                    sci(&v["events_per_vm_cpu_s"]),
-                );
-            }
-        }
-    }
-    println!(
-        "pvsched/vanilla: p50 {}  p99 {}  max {}  VMM CPU {}  events per VMM CPU-s {}",
-        j["ratio_p50"],
-        j["ratio_p99"],
-        j["ratio_max"],
-        j["ratio_vm_cpu_s"],
-        j["ratio_events_per_vm_cpu_s"]
-    );
-    if let Some(r) = j.get("vanilla_loaded_vs_idle_p99") {
-        println!(
-            "vanilla loaded/idle p99 {r}: the load {} the problem (wanted >= {}x)",
-            if j["load_shows_problem"] == true {
-                "shows"
-            } else {
-                "does NOT show"
-            },
-            scenario::LOAD_SHOWS_PROBLEM
-        );
-    }
-    let g = &j["greedy"];
-    for (i, rep) in g["reps"].as_array().into_iter().flatten().enumerate() {
-        for v in rep["per_vcpu"].as_array().into_iter().flatten() {
-            println!(
-                "greedy rep {} vCPU {}: boosted {} µs per {} µs window = {} of budget {} µs (boosts {}, throttles {})",
-                i + 1,
-                v["index"],
-                num(&v["boosted_us_per_window"]),
-                g["window_us"],
-                v["of_budget"],
-                g["budget_us"],
-                v["boosts"],
-                v["throttles"]
-            );
-        }
-    }
-    for t in j["targets"].as_array().into_iter().flatten() {
-        println!(
-            "target {:<20} {:<7} value {}  ({})",
-            t["name"].as_str().unwrap_or("?"),
-            if t["met"] == true { "MET" } else { "NOT MET" },
-            t["value"],
-            t["goal"].as_str().unwrap_or("")
-        );
-    }
 }

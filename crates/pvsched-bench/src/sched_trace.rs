@@ -2,7 +2,7 @@
 //! own (the scheduler's switches, wake-ups and migrations, the timer,
 //! reschedule, function-call and irq_work interrupts: what
 //! `bench/trace-run.sh` records), and every wait of a vCPU thread over
-//! [`OVER_US`] in the run's measured time named by `bench/stall_trace.py`
+//! [`OVER_US`] in the run's measured time named by `pvsched_bench stall-trace`
 //! (stolen, unboosted, behind-rt, behind-fair, other), into the run's JSON.
 //! The trace and its analysis are taken in the same run as the figures
 //! they explain.
@@ -107,7 +107,9 @@ pub struct TraceOpts {
     /// Where each run's trace (`NAME.trace`) and its analysis
     /// (`NAME.stalls.json`) go.
     pub dir: PathBuf,
-    /// `bench/stall_trace.py`.
+    /// `python/pvsched_bench/stall_trace.py`, run as `python3 -m
+    /// pvsched_bench stall-trace` with its package's directory on
+    /// PYTHONPATH.
     pub script: PathBuf,
     /// The instance's buffer per CPU, KiB.
     pub buffer_kb: u64,
@@ -511,8 +513,14 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), TraceError> {
 
 /// `stall_trace.py TRACE --json --over-us OVER_US ARGS`'s JSON.
 fn run_script(opts: &TraceOpts, trace: &Path, args: Vec<String>) -> Result<Value, TraceError> {
+    let python = opts
+        .script
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."));
     let out = Command::new("python3")
-        .arg(&opts.script)
+        .args(["-m", "pvsched_bench", "stall-trace"])
+        .env("PYTHONPATH", python)
         .arg(trace)
         .arg("--json")
         .arg(format!("--over-us={OVER_US}"))

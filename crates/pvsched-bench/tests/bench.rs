@@ -286,7 +286,7 @@ fn a_missing_cyclictest_stops_the_bench_before_any_run() {
 fn s1_quick_trace_names_the_stalls_of_each_run() {
     let test = "s1_quick_trace_names_the_stalls_of_each_run";
     if Command::new("python3").arg("--version").output().is_err() {
-        skip_or_fail(test, "no python3 for bench/stall_trace.py");
+        skip_or_fail(test, "no python3 for pvsched_bench stall-trace");
         return;
     }
     let dir = std::env::temp_dir().join(format!("pvsched-bench-trace-{}", std::process::id()));
@@ -448,35 +448,38 @@ fn bench_that_cannot_run_exits_9() {
         .unwrap();
     assert_eq!(out.status.code(), Some(9));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("bench/s4.py not found"), "{stderr}");
+    assert!(
+        stderr.contains("python/pvsched_bench/__main__.py not found"),
+        "{stderr}"
+    );
 }
 
-/// A stand-in bench/s4.py: echoes its arguments in the JSON and writes
-/// one histogram per variant to --samples, as the real one does.
-const FAKE_S4: &str = r#"
+/// A stand-in `python3 -m pvsched_bench`: for `s4`, writes raw rows to
+/// --json as the real one does, its arguments in `command`.
+const FAKE_PACKAGE: &str = r#"
 import json, sys
 a = sys.argv[1:]
-samples = a[a.index("--samples") + 1]
-runs = [{"variant": v, "load": "loaded", "interval_us": 500, "rep": 1,
-         "guest": {"hist": [[10, 90], [k, 10]], "cycles": 100, "overflow": 0},
-         "host": {"hist": [[5, 100]], "cycles": 100, "overflow": 0}}
-        for v, k in (("vanilla", 900), ("pvsched", 300))]
-json.dump({"unit": "us", "runs": runs}, open(samples, "w"))
-print(json.dumps({"scenario": "s4", "quick": "--quick" in a, "reps": 1, "argv": a,
-                  "vanilla": {"p50_us": 10, "p99_us": 900, "max_us": 900},
-                  "pvsched": {"p50_us": 10, "p99_us": 300, "max_us": 300},
-                  "ratio_p50": 1.0, "ratio_p99": 0.333, "ratio_max": 0.333, "targets": []}))
+assert a[0] == "s4", a
+cyc = lambda mx: {"avg_us": 10, "p50_us": 9, "p99_us": mx, "max_us": mx, "cycles": 100}
+runs = [{"kernel": "7.3-cloud", "variant": v, "rep": r, "order": 0, "load": "loaded",
+         "interval_us": 500, "guest": cyc(k * (r + 1)), "host": cyc(50)}
+        for r in range(2) for v, k in (("vanilla", 900), ("pvsched", 300))]
+json.dump({"scenario": "s4", "reps": 2, "duration_s": 3, "variants": ["vanilla", "pvsched"],
+           "kernels": ["7.3-cloud"], "command": " ".join(a), "runs": runs, "failed": [],
+           "floors": [{"kernel": "7.3-cloud", "rep": 0, "p99_us": 5, "max_us": 9}]},
+          open(a[a.index("--json") + 1], "w"))
 "#;
 
 #[test]
-fn s4_runs_the_script_and_relays_its_json() {
+fn s4_runs_the_package_and_reports_from_its_rows() {
     if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("SKIP: s4_runs_the_script_and_relays_its_json: no python3");
+        eprintln!("SKIP: s4_runs_the_package_and_reports_from_its_rows: no python3");
         return;
     }
     let repo = std::env::temp_dir().join(format!("pvsched-bench-s4-test-{}", std::process::id()));
-    std::fs::create_dir_all(repo.join("bench")).unwrap();
-    std::fs::write(repo.join("bench/s4.py"), FAKE_S4).unwrap();
+    std::fs::create_dir_all(repo.join("python/pvsched_bench")).unwrap();
+    std::fs::write(repo.join("python/pvsched_bench/__init__.py"), "").unwrap();
+    std::fs::write(repo.join("python/pvsched_bench/__main__.py"), FAKE_PACKAGE).unwrap();
     let png = repo.join("s4.png");
     let out = pvsched()
         .args(["s4", "--quick", "--reps", "2", "--json", "-"])
@@ -492,43 +495,27 @@ fn s4_runs_the_script_and_relays_its_json() {
     assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
     let j: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["scenario"], "s4");
-    assert_eq!(j["quick"], true);
-    assert_eq!(j["ratio_p99"], 0.333);
-    assert!(j["machine"]["cpus"].as_u64().is_some());
-    let argv: Vec<&str> = j["argv"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let pv = &j["cells"][0]["variants"][1];
+    assert_eq!(pv["variant"], "pvsched");
+    assert_eq!(pv["n"], 2);
+    let vs = &pv["vs_vanilla"]["guest_max"];
+    assert_eq!(vs["n"], 2);
+    assert!(
+        (vs["ratio"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9,
+        "{vs}"
+    );
+    let argv: Vec<&str> = j["raw"]["command"].as_str().unwrap().split(' ').collect();
     for pair in [
         ["--device-bin", "/bin/true"],
         ["--pvsched-bin", "/bin/false"],
         ["--pvschedd-bin", "/bin/sh"],
         ["--reps", "2"],
-        ["--json", "-"],
     ] {
         assert!(argv.windows(2).any(|w| w == pair), "{pair:?} in {argv:?}");
     }
     assert!(argv.contains(&"--quick"));
+    // The table goes to stderr when the JSON takes stdout.
+    assert!(stderr.contains("| pvsched | 2 (0) |"), "{stderr}");
     assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
     std::fs::remove_dir_all(&repo).unwrap();
-}
-
-#[test]
-fn bench_help_lists_the_scenarios() {
-    let out = pvsched().arg("--help").output().unwrap();
-    assert!(out.status.success());
-    let help = String::from_utf8_lossy(&out.stdout);
-    for s in ["s1", "s2", "s3", "s4", "s5", "9  pvsched-bench"] {
-        assert!(help.contains(s), "{s} in\n{help}");
-    }
-    let out = pvsched().args(["s1", "--help"]).output().unwrap();
-    assert!(out.status.success());
-    let help = String::from_utf8_lossy(&out.stdout);
-    for s in [
-        "--quick", "--reps", "--json", "--plot", "--hogs", "--load", "sleepy",
-    ] {
-        assert!(help.contains(s), "{s} in\n{help}");
-    }
 }

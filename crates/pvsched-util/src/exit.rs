@@ -31,7 +31,7 @@ pub enum Exit {
     /// the run itself went to the end (the summary has `device_lost`).
     DeviceLost = 8,
     /// `pvsched-bench`: the benchmark could not run (a run failed or
-    /// overran, bench/s4.py or a binary it needs is missing, ...).
+    /// overran, the bench's Python package or a binary it needs is missing, ...).
     Bench = 9,
     /// pvschedd's socket could not be reached (not running, or no
     /// permission on the socket).

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Where the decision -> applied time goes: reads a tracefs text trace
 (bench/trace-run.sh, mono clock) and the agent's decision trace (`pvsched
 run --trace FILE`, one JSON record per line, `ts` on the same clock) and,
@@ -17,16 +16,16 @@ the time from the decision (the BPF program's clock read) to each step:
 and prints p50 / p90 / max of each (µs), with how often the applier was
 woken on the CPU that took the irq_work. With --json, one JSON object.
 
-    bench/apply_trace.py TRACE DECISIONS.jsonl [--json]
+    python3 -m pvsched_bench apply-trace TRACE DECISIONS.jsonl [--json]
 """
 
 import argparse
 import bisect
 import json
-import re
 
-LINE = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
-                  r"(?P<ev>[a-z_]+)(?::\s+|\(| )(?P<rest>.*)$")
+from .ftrace import records
+from .stats import quantiles
+
 APPLIER = "pvsched-apply"
 STEPS = ["irq_work", "waking", "on_cpu", "returned", "setattr", "applied"]
 WINDOW_NS = 5_000_000  # a record not applied within 5 ms is not matched
@@ -35,21 +34,11 @@ WINDOW_NS = 5_000_000  # a record not applied within 5 ms is not matched
 def parse(path):
     """(ts_ns, event, task, tid, cpu, rest) of each trace line."""
     out = []
-    for line in open(path, errors="replace"):
-        m = LINE.match(line)
-        if m:
-            out.append((round(float(m["ts"]) * 1e9), m["ev"], m["task"], int(m["tid"]),
-                        int(m["cpu"]), m["rest"]))
+    for m in records(path):
+        out.append((round(float(m["ts"]) * 1e9), m["ev"], m["task"], int(m["tid"]),
+                    int(m["cpu"]), m["rest"]))
     out.sort(key=lambda e: e[0])
     return out
-
-
-def quantiles(xs):
-    xs = sorted(xs)
-    if not xs:
-        return None
-    return {"p50": round(xs[len(xs) // 2], 1), "p90": round(xs[int(len(xs) * 0.9)], 1),
-            "max": round(xs[-1], 1), "n": len(xs)}
 
 
 def analyse(events, records):
@@ -119,7 +108,3 @@ def main():
         q = res["us_after_decision"][s]
         if q:
             print(f"{s:<24}{q['p50']:>9.1f}{q['p90']:>9.1f}{q['max']:>9.1f}{q['n']:>7}")
-
-
-if __name__ == "__main__":
-    main()

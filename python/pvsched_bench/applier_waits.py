@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """What pvsched's applier thread did, from a bench/trace-run.sh --applier trace:
 how long each of its runs lasted on a CPU, how long each of its system
 calls took (enter to exit), how long it waited on locks (futex) and how
 long it waited, runnable, for a CPU after being preempted. Prints p50 /
 p99 / max (µs) and the waits over 1 ms; with --json, one JSON object.
 
-    bench/applier_waits.py OUT.trace [--json]
+    python3 -m pvsched_bench applier-waits OUT.trace [--json]
 
 A futex call by the applier is a lock it shares with another thread of
 its process: the applier sleeps in epoll_wait, never on a futex, so any
@@ -16,26 +15,14 @@ import argparse
 import json
 import re
 
-LINE = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
-                  r"(?P<ev>[a-z_]+):\s+(?P<rest>.*)$")
+from .ftrace import fields, records
+from .stats import quantiles
+
 APPLIER = "pvsched-apply"
 NR_FUTEX = 202  # x86_64
 FUTEX_OPS = {0: "WAIT", 1: "WAKE", 6: "LOCK_PI", 7: "UNLOCK_PI", 9: "WAIT_BITSET",
              10: "WAKE_BITSET"}
 SLOW_NS = 1_000_000
-
-
-def quantiles(xs_ns):
-    xs = sorted(xs_ns)
-    if not xs:
-        return None
-    return {"n": len(xs), "p50": round(xs[len(xs) // 2] / 1e3, 1),
-            "p99": round(xs[min(len(xs) - 1, int(len(xs) * 0.99))] / 1e3, 1),
-            "max": round(xs[-1] / 1e3, 1), "sum_ms": round(sum(xs) / 1e6, 2)}
-
-
-def kv(rest):
-    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S+)", rest))
 
 
 def analyse(path):
@@ -51,10 +38,7 @@ def analyse(path):
     last_at = {}        # cpu -> ts of its last record
     inferred = 0
     first = last = None
-    for line in open(path, errors="replace"):
-        m = LINE.match(line)
-        if not m:
-            continue
+    for m in records(path):
         ts = round(float(m["ts"]) * 1e9)
         first = ts if first is None else first
         last = ts
@@ -70,7 +54,7 @@ def analyse(path):
                 preempted.append(on_cpu[tid] - runnable.pop(tid))
         last_at[cpu] = ts
         if ev == "sched_switch":
-            f = kv(rest.replace(" ==> ", " "))
+            f = fields(rest.replace(" ==> ", " "))
             prev, nxt = int(f.get("prev_pid", -1)), int(f.get("next_pid", -1))
             if f.get("prev_comm") == APPLIER:
                 tids.add(prev)
@@ -110,11 +94,11 @@ def analyse(path):
     return {
         "applier_tids": sorted(tids),
         "span_s": round(span, 1),
-        "runs_us": quantiles(runs),
-        "preempted_wait_us": quantiles(preempted),
-        "syscalls_us": {str(nr): quantiles(v) for nr, v in sorted(calls.items())},
-        "futex_by_op_us": {k: quantiles(v) for k, v in sorted(futex_by_op.items())},
-        "lock_waits_us": quantiles(waits),
+        "runs_us": quantiles(runs, 1e3),
+        "preempted_wait_us": quantiles(preempted, 1e3),
+        "syscalls_us": {str(nr): quantiles(v, 1e3) for nr, v in sorted(calls.items())},
+        "futex_by_op_us": {k: quantiles(v, 1e3) for k, v in sorted(futex_by_op.items())},
+        "lock_waits_us": quantiles(waits, 1e3),
         "lock_waits_over_1ms": len([w for w in waits if w > SLOW_NS]),
         "lock_waits_over_2ms": len([w for w in waits if w > 2 * SLOW_NS]),
         "slow_futex": slow_futex,
@@ -139,7 +123,7 @@ def main():
     rows += [(f"  futex {k}", v) for k, v in res["futex_by_op_us"].items()]
     for name, q in rows:
         if q:
-            print(f"{name:<28}{q['n']:>8}{q['p50']:>9}{q['p99']:>9}{q['max']:>10}{q['sum_ms']:>10}")
+            print(f"{name:<28}{q['n']:>8}{q['p50']:>9}{q['p99']:>9}{q['max']:>10}{round(q['sum'] / 1e3, 2):>10}")
         else:
             print(f"{name:<28}{0:>8}")
     print(f"lock waits over 1 ms: {res['lock_waits_over_1ms']}, "
@@ -147,7 +131,3 @@ def main():
     if res["idle_switch_ins"]:
         print(f"{res['idle_switch_ins']} switch(es) in the trace lacked, put back from the "
               f"applier's own records")
-
-
-if __name__ == "__main__":
-    main()

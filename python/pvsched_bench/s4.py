@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """S4 seed reproduction: cyclictest in a real Linux guest under
 QEMU TCG with the pvsched guest module, vanilla vs pvsched (and what a
 user would pick instead: static SCHED_FIFO 1 vCPUs, a cgroup weight).
@@ -43,13 +42,16 @@ SCHED_OTHER nice 0 in every variant, and the host's autogroup is off for
 the run (`--autogroup`; put back afterwards): every thread of the root
 cgroup is one nice-0 share, as the variants assume (with autogroup on,
 QEMU and the host load, in different sessions, would split the CPUs by
-session). One boot per (kernel, rep, variant); the variant order
-alternates per rep (ABBA). stress-ng, both cyclictests and the tracer
-are always stopped, also on error, Ctrl-C or SIGTERM.
+session). One boot per (kernel, rep, variant); the variant order rotates
+per rep (rep r starts at variant r mod k), and each rep first measures the
+idle host's floor (cyclictest at SCHED_FIFO 99 on every CPU, nothing else
+running).
+stress-ng, every cyclictest and the tracer are always stopped, also on
+error, Ctrl-C or SIGTERM.
 
 --trace records the host's scheduler events (bench/trace-run.sh) during
 each loaded phase and names every wait over 1 ms of the VM's QEMU threads
-(its vCPU threads and main loop) with its cause (bench/stall_trace.py:
+(its vCPU threads and main loop) with its cause (python3 -m pvsched_bench stall-trace:
 stolen, unboosted, behind-rt, behind-fair, other): `stalls` in the run,
 counts per cause in the summary. The trace costs host CPU itself; compare
 traced runs with traced runs.
@@ -59,7 +61,7 @@ Usage
   bash scripts/setup                  # QEMU 11, the kernels' chroots, rt-tests
   cargo build --release -p pvsched-transport --bin pvsched-device \\
       -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd
-  python3 bench/s4.py [--kernels 7.3-cloud,6.1-cloud] [--reps 3] \\
+  python3 -m pvsched_bench s4 [--kernels 7.3-cloud,6.1-cloud] [--reps 3] \\
       [--duration 20] [--no-idle] [--trace] [--json s4.json] \\
       [--samples s4-samples.json] [--quick]
 
@@ -70,56 +72,35 @@ when something is missing (binaries, guest kernel, rt-tests/stress-ng),
 target/)/release/. Work files (serial logs, host cyclictest JSON, traces,
 pvschedd's log) go to --out (default $PVSCHED_CACHE/bench-s4).
 
-Output (one JSON object)
+Output (one JSON object: the raw rows; `pvsched-bench s4` computes the
+report from them)
 ------------------------
-  scenario "s4", quick, reps, duration_s, machine, command, caps
-  kernels: {KERNEL: {vanilla, pvsched, fifo1, weight (those run),
-            ratio_p50, ratio_p99, ratio_max, paired_max, targets,
-            alternatives, idle}} where
-    vanilla / pvsched / fifo1 / weight (host loaded):
-      p50_us, p99_us, max_us    guest avg / histogram p99 / max of the -i 500
-                                run (median over reps). p99 comes from the
-                                -h histogram (null if past 200 ms).
-      guest_avg_us, guest_max_us, guest_p50_us, guest_p99_us, host_avg_us,
-      host_max_us, host_p99_us: {"500": {median, min, max, reps: [...]},
-      "1000": {...}}; guest_cycles and host_loadavg_start per interval/rep
-      setup: per rep, what the variant left in force, read back when the
-      VM was set up: {threads: {main|vcpuN: [policy, rt_priority]},
-      cpu_cgroup} (pvsched's boosts come later and are not in it)
-      cpu_s: CPU seconds of each QEMU thread (main, vcpuN) per phase;
-      switches: [voluntary, involuntary] context switches of each QEMU
-      thread per phase (a vCPU thread's voluntary ones: mostly its halts);
-      steal_s: the host's steal time (/proc/stat, all CPUs) per phase
-      policy (pvsched): pvschedd's boosts, throttles and boosted seconds
-      of the VM's threads per phase, in all and per thread, and the
-      applier's decisions for the VM (one sched_setattr each); stalls
-      (--trace): per thread, counts per cause, the longest wait of a
-      thread at an RT priority, and the host-wide gaps (no CPU recorded
-      anything) over 1 ms: how many, the longest
-    paired_max: per interval, each rep's pvsched guest max over the same
-      rep's vanilla guest max
-    targets: per interval, guest max <= 0.1x vanilla in every rep, host
-             avg and host max <= 1.1x vanilla (medians); {value, target, met}
-    alternatives: per variant other than vanilla (pvsched too), against
-      vanilla: ratio_p50, ratio_p99, ratio_max (medians of the -i 500
-      phases), paired_max, and ratio_host_avg / ratio_host_max per
-      interval (medians)
-    idle: the same for the idle-host phases
-  targets: every kernel's targets, keyed "KERNEL NAME"
+  scenario "s4", quick, reps, duration_s, machine, command, caps,
+  variants, kernels, loads, intervals, ...
+  runs: one row per phase run: kernel, variant, rep, order (its place in
+    the repetition), load, interval_us, guest and host ({avg_us, p50_us,
+    p99_us, max_us, min_us, cycles, overflow, threads}: the guest's and the
+    host's cyclictest), setup (what the variant left in force, read back:
+    {threads: {main|vcpuN: [policy, rt_priority]}, cpu_cgroup}), cpu_s and
+    switches per QEMU thread, migrations, steal_s, loadavg_start, policy
+    (pvsched variants: pvschedd's boosts, throttles, boosted seconds in all
+    and per thread, guest_features, decisions, first_boost_ms), break
+    (--break-us)
+  failed: every boot that failed: kernel, variant, rep, order, error
+  floors: per kernel and repetition, the idle host's own floor (cyclictest,
+    one SCHED_FIFO 99 thread per CPU: p99_us, max_us, samples, error): what
+    no variant can beat on this host
   guest_driver_counters: the driver's debugfs counters after each boot
   stalls (--trace): every traced phase's waits and host-wide gaps over
-    1 ms (stall_trace.py); with --break-us also "window": the waits,
-    blocks (stall_trace.py --sleeps) and gaps of the VM's threads from
-    50 ms before the guest's stall until it ended
+    1 ms (stall_trace): with --break-us also "window": the waits, blocks
+    and gaps of the VM's threads from 50 ms before the guest's stall until
+    it ended
   breaks (--break-us): every phase whose guest cyclictest stopped at a
     latency over it: value_us, mark_at (host monotonic time the guest's
-    mark arrived), run_s (how long it ran) and timed (it stopped before
-    its last second; otherwise no window is drawn). Even then mark_at is
-    the stall's end plus cyclictest's shutdown (its histogram output),
-    whose length the host does not know: when that took longer than
-    the window's 50 ms lead, the window misses the stall, so keep the
-    trace (--keep-trace) to look further back. A diagnostic: such a
-    phase's statistics end at the break.
+    mark arrived), run_s (how long it ran) and timed (it stopped before its
+    last second; otherwise no window is drawn). Even then mark_at is the
+    stall's end plus cyclictest's shutdown, whose length the host does not
+    know; keep the trace (--keep-trace) to look further back.
 
 --samples FILE writes the raw 1 us histograms:
   {"unit": "us", "runs": [{"kernel", "variant", "load", "interval_us", "rep",
@@ -142,22 +123,21 @@ from collections import Counter
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, str(REPO / "python"))
-sys.path.insert(0, str(HERE))
-from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
-                                 BenchError, CGROUP_CPU, CLK_TCK, Daemon,
-                                 Proc, WEIGHT_SHARES, between, driver_counters, first_line,
-                                 loadavg, ratio, remove_cgroup, run_main, set_fifo1, spread,
-                                 ctx_switches, parse_cyclictest, stat_cpu_s, status_vm,
-                                 thread_stats, vm_caps, weight_cgroup)
-from pvsched_guest.boot import Boot  # noqa: E402
-from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
-                                  modprobe_files)
-from pvsched_guest.qmp import qmp  # noqa: E402
-import stall_trace  # noqa: E402
+from pvsched_guest.bench import (Autogroup, add_autogroup_option, BenchError, CGROUP_CPU,
+                                 CLK_TCK, Daemon, Proc, WEIGHT_SHARES, between,
+                                 driver_counters, first_line, loadavg, remove_cgroup,
+                                 run_main, set_fifo1, ctx_switches, parse_cyclictest,
+                                 stat_cpu_s, status_vm, thread_stats, vm_caps, weight_cgroup)
+from pvsched_guest.boot import Boot
+from pvsched_guest.kernel import build_initramfs, chroot_binary, matrix_kernel, modprobe_files
+from pvsched_guest.qmp import qmp
+
+from . import stall_trace
+
+# The repository (default binaries and cache, bench/trace-run.sh).
+REPO = Path(__file__).resolve().parents[2]
+# The guest side: /bench.sh in the initramfs.
+GUEST_SCRIPT = Path(__file__).resolve().parent / "guest" / "s4.sh"
 
 HIST_BUCKETS = 200000  # 1 us buckets: 0..200 ms
 STRESS = ["stress-ng", "--cpu", "2", "--iomix", "1", "--vm", "1", "--vm-bytes", "128M",
@@ -218,6 +198,30 @@ def host_cyclictest(out, dur):
                  f"--json={out}.json"], f"{out}.log")
 
 
+# The host's floor: its own wake-up latency with the host idle (no load, no
+# VM), once per repetition, measured as pvsched-bench measures S1 and S2's
+# (crates/pvsched-bench/src/floor.rs): one SCHED_FIFO 99 thread pinned per
+# CPU, memory locked, a 1 ms interval, /dev/cpu_dma_latency left alone.
+FLOOR_CMD = ["cyclictest", "-m", "-S", "-p", "99", "-i", "1000", "--default-system", "-q"]
+
+
+def host_floor(out, dur):
+    """{p99_us, max_us, samples, error} of the idle-host floor over `dur`
+    seconds (files OUT.json, OUT.log); a cyclictest that gave no result is
+    an error in the row, not the end of the run."""
+    p = Proc("host-floor", FLOOR_CMD + ["-D", str(dur), "-h", str(HIST_BUCKETS),
+                                        "--histfile=/dev/null", f"--json={out}.json"],
+             f"{out}.log")
+    rc = p.wait(dur + 30)
+    p.stop(signal.SIGINT)
+    try:
+        c = parse_cyclictest(json.loads(Path(f"{out}.json").read_text()))
+    except (OSError, ValueError, KeyError) as e:
+        return {"error": f"cyclictest (rc {rc}) gave no result: {e}", "p99_us": None,
+                "max_us": None, "samples": 0}
+    return {"error": None, "p99_us": c["p99_us"], "max_us": c["max_us"], "samples": c["cycles"]}
+
+
 def run_seconds(doc):
     """How long a cyclictest --json run lasted, s (its start_time and
     end_time have whole seconds), or None."""
@@ -244,7 +248,7 @@ class Tracer:
         # stress-ng --fork makes ~100 000 scheduler events per second
         # and CPU: TRACE_KB_PER_S per second of trace keeps them all.
         self.proc = Proc("trace", ["env", f"PVSCHED_TRACE_BUFFER_KB={TRACE_KB_PER_S * seconds}",
-                                   "sh", str(HERE / "trace-run.sh"), str(out), "--", "sleep",
+                                   "sh", str(REPO / "bench" / "trace-run.sh"), str(out), "--", "sleep",
                                    str(seconds)], f"{out}.log")
 
     def stalls(self, tids, timeout, keep=False, window=None):
@@ -641,98 +645,6 @@ def run_boot(args, kernel, variant, rep, phases, daemon, cgroup):
     return bb
 
 
-# ---------------------------------------------------------------- report
-
-def variant_summary(runs, load):
-    out = {}
-    metrics = {"guest_avg_us": ("guest", "avg_us"), "guest_max_us": ("guest", "max_us"),
-               "guest_p50_us": ("guest", "p50_us"), "guest_p99_us": ("guest", "p99_us"),
-               "host_avg_us": ("host", "avg_us"), "host_max_us": ("host", "max_us"),
-               "host_p99_us": ("host", "p99_us")}
-    for key, (side, field) in metrics.items():
-        out[key] = {}
-        for iv in INTERVALS:
-            rs = sorted((r for r in runs if r["load"] == load and r["interval_us"] == iv),
-                        key=lambda r: r["rep"])
-            out[key][str(iv)] = spread([r[side][field] for r in rs])
-            if key == "guest_avg_us":
-                out.setdefault("guest_cycles", {})[str(iv)] = [r["guest"]["cycles"] for r in rs]
-                out.setdefault("host_loadavg_start", {})[str(iv)] = [r["loadavg_start"] for r in rs]
-                out.setdefault("cpu_s", {})[str(iv)] = [r.get("cpu_s") for r in rs]
-                out.setdefault("switches", {})[str(iv)] = [r.get("switches") for r in rs]
-                out.setdefault("migrations", {})[str(iv)] = [r.get("migrations") for r in rs]
-                out.setdefault("steal_s", {})[str(iv)] = [r.get("steal_s") for r in rs]
-                if any("policy" in r for r in rs):
-                    out.setdefault("policy", {})[str(iv)] = [r.get("policy") for r in rs]
-                if any(r.get("stalls") for r in rs):
-                    out.setdefault("stalls", {})[str(iv)] = [
-                        {k: (r.get("stalls") or {}).get(k) for k in
-                         ("by_thread", "longest_boosted_ms", "host_gaps",
-                          "longest_host_gap_ms")} for r in rs]
-    out["setup"] = [r.get("setup") for r in sorted(
-        (r for r in runs if r["load"] == load and r["interval_us"] == INTERVALS[0]),
-        key=lambda r: r["rep"])]
-    head = str(INTERVALS[0])
-    out["p50_us"] = out["guest_avg_us"][head]["median"]
-    out["p99_us"] = out["guest_p99_us"][head]["median"]
-    out["max_us"] = out["guest_max_us"][head]["median"]
-    return out
-
-
-def paired_max(runs, load, variant="pvsched"):
-    """Per interval: each rep's `variant` guest max over that rep's vanilla."""
-    out = {}
-    for iv in INTERVALS:
-        by = {(r["variant"], r["rep"]): r["guest"]["max_us"] for r in runs
-              if r["load"] == load and r["interval_us"] == iv}
-        reps = sorted({rep for _, rep in by})
-        out[str(iv)] = [ratio(by.get((variant, rep)), by.get(("vanilla", rep)))
-                        for rep in reps]
-    return out
-
-
-def targets(van, pv, paired):
-    t = {}
-    for iv in map(str, INTERVALS):
-        reps = paired[iv]
-        worst = max((r for r in reps if r is not None), default=None)
-        t[f"guest_max_i{iv}"] = {"value": worst, "reps": reps,
-                                 "target": f"<= {GUEST_MAX_TARGET}x vanilla in every rep",
-                                 "met": bool(reps) and None not in reps
-                                 and worst <= GUEST_MAX_TARGET}
-        for k in ("host_avg_us", "host_max_us"):
-            r = ratio(pv[k][iv]["median"], van[k][iv]["median"])
-            t[f"{k[:-3]}_i{iv}"] = {"value": r, "target": f"<= {HOST_TARGET}x vanilla",
-                                    "met": r is not None and r <= HOST_TARGET}
-    return t
-
-
-def compare(runs, load):
-    ran = [v for v in VARIANTS if v in {r["variant"] for r in runs}]
-    out = {v: variant_summary([r for r in runs if r["variant"] == v], load)
-           for v in {"vanilla", "pvsched", *ran}}
-    van = out["vanilla"]
-
-    def versus(v):
-        """Variant v against vanilla."""
-        s = out[v]
-        a = {"ratio_p50": ratio(s["p50_us"], van["p50_us"]),
-             "ratio_p99": ratio(s["p99_us"], van["p99_us"]),
-             "ratio_max": ratio(s["max_us"], van["max_us"]),
-             "paired_max": paired_max(runs, load, v)}
-        for k in ("host_avg_us", "host_max_us"):
-            a[f"ratio_{k[:-3]}"] = {iv: ratio(s[k][iv]["median"], van[k][iv]["median"])
-                                   for iv in s[k]}
-        return a
-
-    alts = {v: versus(v) for v in ran if v != "vanilla"}
-    # pvsched's ratios and targets at the top level, as before the
-    # alternatives (also when pvsched did not run: all None then).
-    pv = alts.get("pvsched") or versus("pvsched")
-    return out | {k: pv[k] for k in ("ratio_p50", "ratio_p99", "ratio_max", "paired_max")} | {
-        "targets": targets(van, out["pvsched"], pv["paired_max"]), "alternatives": alts}
-
-
 def machine(args, releases):
     model = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                   if l.startswith("model name")), None)
@@ -758,11 +670,11 @@ def initramfs_extras(chroot, release):
     if not (chroot / ct.lstrip("/")).exists():
         raise FileNotFoundError(f"{chroot}{ct} (scripts/setup.d/46-s6.sh installs rt-tests)")
     files.update(chroot_binary(chroot, ct, ct))
-    files["/bench.sh"] = HERE / "s4" / "bench.sh"
+    files["/bench.sh"] = GUEST_SCRIPT
     return files
 
 
-def main():
+def measure():
     ap = argparse.ArgumentParser(description="S4 seed reproduction: cyclictest in a Linux "
                                  "guest under QEMU TCG, vanilla vs pvsched.", epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -823,7 +735,7 @@ def main():
         ap.error(f"--variants {args.variants}: of {', '.join(VARIANTS)}")
     for b in (args.device_bin, args.pvsched_bin, args.pvschedd_bin, args.qemu11):
         if not b.exists():
-            raise FileNotFoundError(f"{b} (build it: see bench/s4.py's usage)")
+            raise FileNotFoundError(f"{b} (build it: see python3 -m pvsched_bench s4's usage)")
     for tool in ("stress-ng", "cyclictest"):
         if shutil.which(tool) is None:
             raise FileNotFoundError(f"{tool} (run scripts/setup)")
@@ -854,9 +766,9 @@ def main():
         releases[kernel] = release
         kdir = args.out / f"initramfs-{kernel}"
         kdir.mkdir(parents=True, exist_ok=True)
-        images[kernel] = (vmlinuz, build_initramfs(REPO / "tests" / "linux-guest", None, kdir,
+        images[kernel] = (vmlinuz, build_initramfs(None, kdir,
                                                    extra_files=initramfs_extras(chroot, release)))
-    runs, counters = [], {}
+    runs, counters, floors, failed = [], {}, [], []
     caps = cgroup = None
     caps_by_variant = {}
     with Autogroup(args.autogroup) as autogroup:
@@ -869,9 +781,27 @@ def main():
             for kernel in kernels:
                 args.vmlinuz, args.initrd = images[kernel]
                 for rep in range(args.reps):
-                    order = variants if rep % 2 == 0 else variants[::-1]
-                    for variant in order:
-                        bb = run_boot(args, kernel, variant, rep, phases, daemon, cgroup)
+                    # The host's own floor in this repetition: what its
+                    # best wake-up latency is with nothing else running.
+                    floors.append({"kernel": kernel, "rep": rep, "order": 0}
+                                  | host_floor(args.out / f"floor-{kernel}-r{rep}",
+                                               args.duration))
+                    log(f"{kernel} r{rep}: host floor {floors[-1]}")
+                    # Repetition r starts at variant r mod k: no variant
+                    # always runs first or after the same one.
+                    k = rep % len(variants)
+                    for order, variant in enumerate(variants[k:] + variants[:k]):
+                        try:
+                            bb = run_boot(args, kernel, variant, rep, phases, daemon, cgroup)
+                        except BenchError as e:
+                            # Kept and counted: a failed repetition of the
+                            # variant, with no figures.
+                            log(f"{kernel} {variant} r{rep}: FAILED: {e}")
+                            failed.append({"kernel": kernel, "variant": variant, "rep": rep,
+                                           "order": order, "error": str(e)})
+                            continue
+                        for r in bb.results:
+                            r["order"] = order
                         runs += bb.results
                         counters.setdefault(kernel, {}).setdefault(variant, []).append(
                             bb.counters)
@@ -902,14 +832,16 @@ def main():
                             f"-t {args.guest_threads}"),
               "host_cmd": "cyclictest -p 8 --policy=rr -i 500 -t 1 -q",
               "host_load": " ".join(STRESS),
-              "headline_interval_us": INTERVALS[0], "kernels": {}, "targets": {}}
-    for kernel in kernels:
-        kr = [r for r in runs if r["kernel"] == kernel]
-        k = compare(kr, "loaded")
-        if not args.no_idle:
-            k["idle"] = compare(kr, "idle")
-        result["kernels"][kernel] = k
-        result["targets"].update({f"{kernel} {n}": t for n, t in k["targets"].items()})
+              "headline_interval_us": INTERVALS[0], "kernels": kernels,
+              "loads": loads, "intervals": list(INTERVALS),
+              "floor_cmd": " ".join(FLOOR_CMD),
+              # One row per phase run (the histograms are --samples'), the
+              # failed boots, and the host's floor per repetition: the
+              # report is pvsched-bench s4's.
+              "runs": [{k: v for k, v in r.items() if k != "stalls"}
+                       | {side: {k: v for k, v in r[side].items() if k != "hist"}
+                          for side in ("guest", "host")} for r in runs],
+              "failed": failed, "floors": floors}
     result["guest_driver_counters"] = counters
     result["stalls"] = [{k: r[k] for k in ("kernel", "variant", "load", "interval_us", "rep")}
                         | {k: r["stalls"].get(k) for k in ("waits", "gaps", "overrun", "window")}
@@ -930,15 +862,10 @@ def main():
     elif args.json:
         Path(args.json).write_text(text + "\n")
         log(f"wrote {args.json}")
-    for kernel, k in result["kernels"].items():
-        for v, a in k["alternatives"].items():
-            log(f"{kernel} {v}: loaded -i 500 guest max {k['vanilla']['max_us']} -> "
-                f"{k[v]['max_us']} us (per rep {a['paired_max']['500']}); -i 1000 per rep "
-                f"{a['paired_max']['1000']}; p99 x{a['ratio_p99']}; host max x"
-                f"{a['ratio_host_max']}")
     log(f"total {result['seconds']}s")
     return 0
 
 
-if __name__ == "__main__":
-    run_main("s4", main)
+def main():
+    """`python3 -m pvsched_bench s4`: exits with run_main's code."""
+    run_main("s4", measure)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Names what kept vCPU threads off a CPU: reads a tracefs text trace of
 sched_switch / sched_wakeup / sched_migrate_task (bench/trace-run.sh records
 one around any command) and prints every wait of a thread named `vcpu N`
@@ -9,9 +8,9 @@ CPU pulled it) and what ran there meanwhile (comm, pid, priority, time),
 and how long that CPU recorded nothing at all (not even a timer tick): a
 CPU taken away by the hypervisor of a host that is itself a VM.
 
-    bench/stall_trace.py TRACE [--over-us 1000] [--tids 123=main,124=vcpu0]
+    python3 -m pvsched_bench stall-trace TRACE [--over-us 1000] [--tids 123=main,124=vcpu0]
                          [--json] [--from S --to S]
-    bench/stall_trace.py TRACE --sleeps --tids 123=main,124=vcpu0,125=vcpu1
+    python3 -m pvsched_bench stall-trace TRACE --sleeps --tids 123=main,124=vcpu0,125=vcpu1
 
 --sleeps looks at the other half of a thread's time off a CPU: every
 block (switched out, not runnable) over --over-us until its wake-up, who
@@ -78,7 +77,8 @@ import json
 import re
 from collections import Counter, defaultdict
 
-LINE = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+(?P<ev>\w+):\s+(?P<rest>.*)$")
+from .ftrace import LINE, PREFIX
+
 SWITCH = re.compile(r"prev_comm=(?P<pc>.*?) prev_pid=(?P<pp>\d+) prev_prio=(?P<ppr>\d+) prev_state=(?P<ps>\S+) ==> "
                     r"next_comm=(?P<nc>.*?) next_pid=(?P<np>\d+) next_prio=(?P<npr>\d+)")
 WAKEUP = re.compile(r"comm=(?P<c>.*?) pid=(?P<p>\d+) prio=(?P<pr>\d+) target_cpu=(?P<cpu>\d+)")
@@ -369,8 +369,7 @@ def boosts_at(path, windows):
 
 # A futex system call's entry (syscalls/sys_enter_futex, recorded when
 # PVSCHED_TRACE_EXTRA asks for it): who, and on which word.
-FUTEX = re.compile(r"^\s*(?P<task>.+?)-(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):"
-                   r"\s+sys_futex\(uaddr: (?P<uaddr>[0-9a-fx]+), op: (?P<op>[0-9a-fx]+)")
+FUTEX = re.compile(PREFIX + r"sys_futex\(uaddr: (?P<uaddr>[0-9a-fx]+), op: (?P<op>[0-9a-fx]+)")
 # FUTEX_CMD_MASK: the op without FUTEX_PRIVATE_FLAG / FUTEX_CLOCK_REALTIME.
 FUTEX_WAKE_OPS = {1, 5, 7, 10}  # WAKE, WAKE_OP, UNLOCK_PI, WAKE_BITSET
 
@@ -530,7 +529,3 @@ def idle_note(inferred):
     n = inferred.get("idle_switch_ins", 0)
     return (f"{n} switch(es) out of an idle task the trace lacked, put back from the "
             f"threads' own records")
-
-
-if __name__ == "__main__":
-    main()

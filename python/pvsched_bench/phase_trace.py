@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Where a co-scheduled phase's time goes, from a host trace.
 
-    bench/trace-run.sh OUT -- python3 bench/s6.py --variants pvsched-coauto ... --json -
-    python3 bench/phase_trace.py OUT.trace [--json]
+    bench/trace-run.sh OUT -- python3 -m pvsched_bench s6 --variants pvsched-coauto ... --json -
+    python3 -m pvsched_bench phase-trace OUT.trace [--json]
 
 Co-scheduling (caps `cosched_us`) moves every vCPU thread of a VM to
 SCHED_FIFO 1 for its phase and to nice 19 for the rest of the period. Its
@@ -23,7 +22,7 @@ off-phase runs per second and their length.
 
 For every VM, phased or not (a vanilla one too), it also reports how much
 of its vCPU time ran with all its vCPUs on a CPU at once ("together"), in
-each workload run bench/s6.py marked in the trace: what co-scheduling
+each workload run python3 -m pvsched_bench s6 marked in the trace: what co-scheduling
 raises, so a vanilla run's figure says how much there was to gain. The
 VMs are the ones s6.py names in the trace (a mark with each VM's vCPU
 thread ids); in a trace without them, by names and thread ids: "CPU 0/..."
@@ -42,27 +41,23 @@ import json
 import math
 import re
 import statistics
-import sys
 from collections import Counter, defaultdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stall_trace import parse  # noqa: E402
+from .ftrace import PREFIX
+from .stall_trace import parse
 
 # sched_setattr calls this close together are one phase change.
 EDGE_GAP_S = 0.0005
-# A trace line up to its event: "COMM-TID [CPU] FLAGS TS: ".
-RECORD = r"^\s*.+?-\d+\s+\[\d+\]\s+\S+\s+(?P<ts>[\d.]+):\s+"
-MARK = re.compile(RECORD + r"tracing_mark_write: s6 (?P<what>start|end|vm) (?P<run>.+?)\s*$")
+MARK = re.compile(PREFIX + r"tracing_mark_write: s6 (?P<what>start|end|vm) (?P<run>.+?)\s*$")
 VCPU = re.compile(r"^CPU \d+/(TCG|KVM)$")
-SETATTR = re.compile(RECORD + r"sys_sched_setattr\(pid: (?:0x)?(?P<pid>[0-9a-f]+),")
+SETATTR = re.compile(PREFIX + r"sys_sched_setattr\(pid: (?:0x)?(?P<pid>[0-9a-f]+),")
 
 
 def load(path):
     """(switches, setattrs, comm, vcpus, runs): switches as (ts, cpu, prev,
     prev_prio, prev_state, next, next_prio) in time order (a wake-up as
     (ts, cpu, tid, -1, "W", None, prio)), setattr calls as (ts, tid), every
-    thread's comm by tid, the vCPU threads' by tid, bench/s6.py's
+    thread's comm by tid, the vCPU threads' by tid, python3 -m pvsched_bench s6's
     workload runs its trace marks name, as (start, end, "TAG WORKLOAD"), and
     the VMs they name ({name: vCPU tids in vCPU order})."""
     switches, setattrs, comm = [], [], {}
@@ -345,7 +340,7 @@ def together(switches, tids, lo=-math.inf, hi=math.inf):
 
 
 def together_by_run(switches, tids, runs):
-    """together() for each workload run (bench/s6.py's trace marks) in
+    """together() for each workload run (python3 -m pvsched_bench s6's trace marks) in
     which this VM's vCPUs ran, or for the whole trace without marks."""
     # The VM's own switches, picked once for all its runs.
     switches = [s for s in switches if s[5] is not None and (s[2] in tids or s[5] in tids)]
@@ -432,7 +427,3 @@ def main():
             print(k)
             for f, x in v.items():
                 print(f"  {f}: {x}")
-
-
-if __name__ == "__main__":
-    main()

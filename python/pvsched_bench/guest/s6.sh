@@ -1,11 +1,14 @@
-# Guest side of the S6 benchmark (bench/s6.py): sourced by the test
-# initramfs's /init (tests/linux-guest/init.sh) in `pvtest=bench` mode, which
-# then prints "@@ done" and powers off.
+# Guest side of the S6 benchmark (pvsched_bench/s6.py): sourced by the
+# test initramfs's /init (pvsched_guest/initramfs/init.sh) in `pvtest=bench`
+# mode, which then prints "@@ done" and powers off.
 #
-# Loads the pvsched module (the DKMS-built one, by modprobe), then serves
-# commands the host writes on the console, one per "@@ bench-wait":
-#   run WORKLOAD DURATION_S
-#       runs WORKLOAD (below) on every CPU for about DURATION_S seconds and
+# Loads the pvsched module (the DKMS-built one, by modprobe; not with
+# pvload=none: the `none` variant, which has no device either), then serves
+# commands the host writes on the console, one per "@@ bench-wait"
+# (bench_serve, init.sh):
+#   run WORKLOAD DURATION_S [MIN_ITERS]
+#       runs WORKLOAD (below) on every CPU for about DURATION_S seconds
+#       (hackbench: and at least MIN_ITERS invocations) and
 #       prints "@@ result w=WORKLOAD rc=RC secs=ELAPSED iters=N
 #       ipi_res=N ipi_cal=N ipi_tlb=N" (the IPIs below, received), with the
 #       tool's own output between "@@ out-begin" and "@@ out-end"
@@ -19,15 +22,20 @@
 #   tlb         stress-ng --tlb-shootdown N: mprotect/munmap of memory the
 #               other CPUs' threads touch (TLB-shootdown IPIs)
 #   membarrier  stress-ng --membarrier N: membarrier(2) expedited (IPIs)
-#   hackbench   hackbench -g 2 -f 10 -l 100 (sockets, 2 groups of 20
-#               processes) again and again until the duration has passed
+#   hackbench   hackbench -g 2 -f 10 -l 10 (sockets, 2 groups of 20
+#               processes, 2000 messages) again and again until the
+#               duration has passed and it ran MIN_ITERS times: each
+#               invocation's own `Time:` is printed, so that the host rates
+#               the messages by hackbench's timing, not the loop's
 #   dbench      dbench -t DURATION 2N on tmpfs (VFS and its locks)
 # N is the number of online CPUs.
 
 # stress-ng needs /dev/shm; dbench writes its files under /tmp/dbench.
 mkdir -p /dev/shm /tmp/dbench
 mount -t tmpfs tmpfs /dev/shm
-load
+if [ "$loader" != none ]; then
+	load
+fi
 echo "@@ probe bound=$(bound)"
 
 uptime_s() {
@@ -69,6 +77,7 @@ elapsed() {
 run_workload() {
 	w=$1
 	dur=$2
+	min_iters=${3:-1}
 	iters=1
 	case "$w" in
 	cpu | tlb | membarrier)
@@ -87,8 +96,9 @@ run_workload() {
 		iters=0
 		rc=0
 		: >/tmp/out.log
-		while awk -v now="$(uptime_s)" -v end="$end" 'BEGIN { exit !(now < end) }'; do
-			/usr/bin/hackbench -g 2 -f 10 -l 100 >>/tmp/out.log 2>&1 || {
+		while [ "$iters" -lt "$min_iters" ] ||
+			awk -v now="$(uptime_s)" -v end="$end" 'BEGIN { exit !(now < end) }'; do
+			/usr/bin/hackbench -g 2 -f 10 -l 10 >>/tmp/out.log 2>&1 || {
 				rc=$?
 				break
 			}
@@ -113,32 +123,20 @@ run_workload() {
 	esac
 }
 
-while :; do
-	echo "@@ bench-wait"
-	if ! read -t 900 -r cmd arg1 arg2; then
-		echo "@@ bench-timeout"
-		break
-	fi
-	case "$cmd" in
-	run)
-		t0=$(uptime_s)
-		i0=$(ipis)
-		echo "@@ out-begin w=$arg1"
-		run_workload "$arg1" "$arg2"
-		echo "@@ out-end w=$arg1"
-		t1=$(uptime_s)
-		i1=$(ipis)
-		echo "@@ result w=$arg1 rc=$rc secs=$(elapsed "$t0" "$t1") iters=$iters $(ipis_delta "$i0" "$i1")"
-		;;
-	stats)
-		echo "@@ stats-begin"
-		cat /sys/kernel/debug/pvsched/stats
-		echo "@@ stats-end"
-		;;
-	*)
-		break
-		;;
-	esac
-done
-rmmod pvsched
-echo "@@ rmmod rc=$? bound=$(bound)"
+# run WORKLOAD DURATION_S [MIN_ITERS]
+run_measured() {
+	t0=$(uptime_s)
+	i0=$(ipis)
+	echo "@@ out-begin w=$1"
+	run_workload "$1" "$2" "$3"
+	echo "@@ out-end w=$1"
+	t1=$(uptime_s)
+	i1=$(ipis)
+	echo "@@ result w=$1 rc=$rc secs=$(elapsed "$t0" "$t1") iters=$iters $(ipis_delta "$i0" "$i1")"
+}
+
+bench_serve run_measured
+if [ "$loader" != none ]; then
+	rmmod pvsched
+	echo "@@ rmmod rc=$? bound=$(bound)"
+fi

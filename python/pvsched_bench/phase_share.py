@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What share of the CPU a thread moved between SCHED_FIFO and a low
 fair-class setting every few ms really gets, beside CPU-bound threads at
 nice 0: the question behind the co-scheduling phases (caps `cosched_us`),
@@ -11,7 +10,7 @@ SCHED_FIFO 1 for ON ms and to the low setting for OFF ms, for 4 s, and
 prints the vCPUs' share of the CPU time used against ON / (ON + OFF).
 Needs root (SCHED_FIFO); Python's stdlib only.
 
-    python3 bench/phase_share.py ON_MS OFF_MS [idle|idle-slice|nice19] [--pin]
+    python3 -m pvsched_bench phase-share ON_MS OFF_MS [idle|idle-slice|nice19] [--pin]
 
 idle: SCHED_IDLE; idle-slice: SCHED_IDLE with a 100 µs slice
 (sched_attr.sched_runtime); nice19: SCHED_OTHER nice 19. --pin: one host
@@ -92,7 +91,3 @@ def main():
     share = sum(d[n:]) / max(1, sum(d))
     print(f"{a.low}{' pinned' if a.pin else ''}, {a.on_ms:g} ms on / {a.off_ms:g} ms off: "
           f"vCPU share {share:.3f} (meant {a.on_ms / (a.on_ms + a.off_ms):.3f})")
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,8 @@
 #   pvtest=main      attach, schedule, FIFO loop, irqs, 20 load/unload cycles
 #   pvtest=negative  probe must fail (the device misbehaves on purpose)
 #   pvtest=agent     FIFO 8 loop on CPU 1 with the host policy agent attached
-#   pvtest=bench     sources /bench.sh (added by bench/s4.py), then finishes
+#   pvtest=bench     sources /bench.sh (pvsched_bench/guest/s4.sh or s6.sh,
+#                    added by the S4 and S6 benchmarks), then finishes
 #   pvtest=loss      the host takes the device away while the driver is bound
 #                    (kills the device process, or device_del), then reports
 #                    whether the driver noticed, goes on, and rmmod works
@@ -209,6 +210,35 @@ hotplug_last() {
 	echo 0 > "/sys/devices/system/cpu/cpu$last/online"
 	echo 1 > "/sys/devices/system/cpu/cpu$last/online"
 	switch_each_cpu
+}
+
+# bench_serve RUN: the benchmarks' command loop (pvtest=bench; /bench.sh
+# calls it). Prints "@@ bench-wait" and reads one command line from the
+# host: "run ARGS..." calls RUN ARGS...; "stats" prints the driver's
+# debugfs counters between "@@ stats-begin" and "@@ stats-end"; anything
+# else, or no command within 15 minutes, ends the loop.
+bench_serve() {
+	while :; do
+		echo "@@ bench-wait"
+		if ! read -t 900 -r cmd args; then
+			echo "@@ bench-timeout"
+			break
+		fi
+		case "$cmd" in
+		run)
+			# shellcheck disable=SC2086 # the host's words, split on purpose
+			"$1" $args
+			;;
+		stats)
+			echo "@@ stats-begin"
+			cat /sys/kernel/debug/pvsched/stats
+			echo "@@ stats-end"
+			;;
+		*)
+			break
+			;;
+		esac
+	done
 }
 
 finish() {

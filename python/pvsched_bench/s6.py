@@ -1,23 +1,25 @@
-#!/usr/bin/env python3
-"""S6: throughput of real Linux guests under overcommit, per host
-CPU-second, vanilla against pvsched and what a user would pick instead.
+"""S6: throughput of real Linux guests under overcommit, per CPU-second
+of the whole VM, vanilla against pvsched and what a user would pick
+instead. This module measures and writes one raw row per run; the report
+(medians, spread, paired ratios, verdicts) is `pvsched-bench s6`'s.
 
 What it runs
 ------------
 N guests of V vCPUs each (`--topology NxV`, default 1x2), Debian kernel
 `--kernel` of tests/linux-guest/kernels.conf (default 7.3-cloud) under
 QEMU 11 TCG (`-accel tcg,thread=multi`, 256 MiB per vCPU, at least
-512 MiB), each with the pvsched device over
-vfio-user in device-region mode and the DKMS-built module loaded (by
-modprobe) in every variant. The workloads are Debian's programs from the
-kernel's suite chroot (scripts/setup.d/46-s6.sh), copied with their
-libraries into the initramfs; bench/s6/bench.sh runs them:
+512 MiB), each with the pvsched device over vfio-user in device-region
+mode and the DKMS-built module loaded (by modprobe), but in the `none`
+variant. The workloads are Debian's programs from the kernel's suite
+chroot (scripts/setup.d/46-s6.sh), copied with their libraries into the
+initramfs; guest/s6.sh runs them:
 
   cpu         stress-ng --cpu V --cpu-method int64 (control: compute, no
               synchronisation; must not regress)
   tlb         stress-ng --tlb-shootdown V (TLB-shootdown IPIs)
   membarrier  stress-ng --membarrier V (expedited membarrier IPIs)
-  hackbench   hackbench -g 2 -f 10 -l 100 in a loop (sockets, wakeups)
+  hackbench   hackbench -g 2 -f 10 -l 10 again and again (sockets,
+              wakeups), at least MIN_ITERS times and for the duration
   dbench      dbench 2V on tmpfs (VFS, locks)
 
 The host's autogroup is off for the run (`--autogroup`; put back
@@ -28,17 +30,24 @@ from run to run (2x2 vanilla hackbench, three runs: VM CPU 11.1-20.5 s,
 hog work 365-35 152 bogo ops; with it off 13.4-14.4 s and 23 114-24 698).
 
 Beside the guests, unless --hogs 0: `stress-ng --cpu H --cpu-method int64`
-on the host (H = --hogs, default one per host CPU), whose bogo ops are the
-host work a variant leaves to others.
+on the host (H = --hogs, default one per host CPU), started before the
+workload command and stopped (SIGINT) only after the last guest reported,
+so that they cover the whole measured window; their work is reported as
+bogo ops and as a rate over their own elapsed time (stress-ng's
+wall-clock-time): the host work a variant leaves to others.
 
-Variants (--variants, each booted fresh, repetitions interleaved):
+Variants (--variants, each booted fresh; the order rotates per
+repetition: repetition r starts at variant r mod k):
 
-  vanilla   every QEMU thread SCHED_OTHER nice 0, in the root cpu cgroup
-            with the hogs
-  pvsched   pvschedd (started once), the device's BAR2 its region map
-            (`pvsched device --daemon-region`), the VM registered by
-            `pvsched qemu-attach --device-region` with the daemon's default
-            caps (printed), QEMU's main loop as the emulator thread
+  none      no pvsched at all: no device, the module not loaded, no
+            pvschedd and so none of its BPF programs
+  vanilla   the device and the module, every QEMU thread SCHED_OTHER nice
+            0 in the root cpu cgroup with the hogs; no pvschedd
+  pvsched   pvschedd (started for this variant's round and stopped after
+            it), the device's BAR2 its region map (`pvsched device
+            --daemon-region`), the VM registered by `pvsched qemu-attach
+            --device-region` with the daemon's default caps, QEMU's main
+            loop as the emulator thread
   pvsched-nocs, pvsched-nowait, pvsched-nolock
             ablations: the same with the guest's critical sections
             ignored (cs_rt_prio = 0), its wait_on hints (wait_on = false)
@@ -50,7 +59,7 @@ Variants (--variants, each booted fresh, repetitions interleaved):
             kick pairing always on (kick_pairs = true), off (false), or
             "auto" (only a guest without wait_on, only from a boosted
             sender), whatever the default
-  pvsched-none
+  pvsched-clamped
             the control: registered the same way, every boost clamped to
             nothing (allow_rt = false, nice_floor = 0)
   pvsched-cosched, pvsched-coauto, pvsched-coauto10, pvsched-coauto5
@@ -61,22 +70,29 @@ Variants (--variants, each booted fresh, repetitions interleaved):
             libvirt's <vcpusched scheduler='fifo' priority='1'/>)
   weight    QEMU in its own cpu cgroup with cpu.shares 4096 (cgroup v1;
             cgroup v2's cpu.weight 400), the hogs in the root group
+  slice     every vCPU thread SCHED_OTHER with a 24 ms custom slice
 
-Per workload, topology and variant: the tool's own throughput (stress-ng
-bogo ops per second, hackbench messages per second, dbench MB/s), summed
-over the VMs; the CPU time the VMs' QEMU processes used (utime + stime
-from /proc) and the throughput per CPU-second; the hogs' bogo ops; and for
-pvsched, pvschedd's boosts, throttles and boosted on-CPU time of the VMs'
-threads. Ratios are against vanilla's median.
+Per workload, topology, variant and repetition, one row: the tool's own
+throughput summed over the VMs (stress-ng's bogo-ops-per-second-real-time,
+which leaves out its start-up; hackbench's messages over the summed
+`Time:` of its invocations; dbench's MB/s) and how many iterations it
+took (hackbench invocations, stress-ng bogo ops, dbench operations); the
+CPU seconds the whole VM cost over the measured window in parts
+(`cost_cpu_s`: qemu, the VMs' QEMU processes; device, their device
+processes; pvschedd, the daemon's process with its applier; bpf, the
+policy's programs' run time from the kernel's BPF statistics, which are
+on while pvschedd runs; the last two are the run's in total, for all its
+VMs); the hogs' work; and for pvsched, pvschedd's boosts, throttles and
+boosted time of the VMs' threads. A repetition that failed is a row with
+an `error` and no figures.
 
 Usage
 -----
   scripts/setup            # QEMU 11, the matrix kernels' chroots, the workloads
   cargo build --release -p pvsched-transport --bin pvsched-device \\
-      -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd
-  python3 bench/s6.py [--quick] [--reps 5] [--duration 20] \\
-      [--topology 1x2,2x2,3x2,1x4] [--workloads cpu,tlb,hackbench,dbench] \\
-      [--variants vanilla,pvsched,fifo1,weight] [--hogs 2] [--host-probe] [--json s6.json]
+      -p pvsched --bin pvsched -p pvsched-daemon --bin pvschedd -p pvsched-bench
+  pvsched-bench s6 [--quick] [--reps 5] [--duration 20] ...   # the report
+  PYTHONPATH=python python3 -m pvsched_bench s6 ... --json raw.json  # rows only
 
 --host-probe runs a SCHED_OTHER cyclictest on the host beside every
 workload: what a variant costs an ordinary host thread's wake-ups (FIFO
@@ -86,10 +102,10 @@ an operator raised above the phases' FIFO 1 and the policy's boosts.
 
 A guest that does not report a workload within --duration + 120 s (static
 FIFO under overcommit can starve QEMU's main loop, which raises a TCG
-guest's timers) is recorded as no result for that workload and the rest of
-its round (`error` in the run, `no_result` in the summary); the benchmark
-goes on with the next round. A workload that exits non-zero in a guest is
-recorded the same way, and the round goes on with the next workload.
+guest's timers) is recorded as an error row for that workload and the rest
+of its round; the benchmark goes on with the next round. A workload that
+exits non-zero in a guest is recorded the same way, and the round goes on
+with the next workload.
 
 Run as root. Exit 0 on success, 1 on a failed run, 3 when something is
 missing, 130 on Ctrl-C. Every QEMU, device, daemon and hog process is
@@ -102,44 +118,42 @@ import os
 import platform
 import queue
 import re
-import statistics
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-sys.dont_write_bytecode = True
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(REPO / "python"))
-sys.path.insert(0, str(REPO / "tests" / "linux-guest"))
-from pvsched_guest.bench import (Autogroup, add_autogroup_option,  # noqa: E402
-                                 BenchError, CGROUP_CPU, Daemon, Proc,
-                                 WEIGHT_SHARES, between, driver_counters, first_line,
-                                 loadavg, qemu_cpu_s, ratio, remove_cgroup, run_main,
-                                 parse_cyclictest, set_fifo1, stat_cpu_s, status_vm, thread_cpu_s,
-                                 thread_stats, vm_caps, weight_cgroup)
-from pvsched_guest.boot import Boot  # noqa: E402
-from pvsched_guest.host import fair_slice, set_fair_slice  # noqa: E402
-from pvsched_guest.kernel import (build_initramfs, chroot_binary, matrix_kernel,  # noqa: E402
-                                  modprobe_files)
-from pvsched_guest.qmp import qmp  # noqa: E402
+from pvsched_guest.bench import (Autogroup, add_autogroup_option, BenchError, CGROUP_CPU,
+                                 Daemon, Proc, WEIGHT_SHARES, between, driver_counters,
+                                 first_line, loadavg, qemu_cpu_s, remove_cgroup, run_main,
+                                 parse_cyclictest, set_fifo1, stat_cpu_s, status_vm,
+                                 thread_cpu_s, thread_stats, vm_caps, weight_cgroup)
+from pvsched_guest.boot import Boot
+from pvsched_guest.host import fair_slice, set_fair_slice
+from pvsched_guest.kernel import build_initramfs, chroot_binary, matrix_kernel, modprobe_files
+from pvsched_guest.qmp import qmp
+
+# The guest side: /bench.sh in the initramfs.
+GUEST_SCRIPT = Path(__file__).resolve().parent / "guest" / "s6.sh"
+# The repository (default binaries and cache).
+REPO = Path(__file__).resolve().parents[2]
 
 WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
-VARIANTS = ("vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
-            "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-none",
+VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
+            "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
             "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
-# (pvschedd reads them from its vm_dir, NAME.toml). pvsched-none is the
+# (pvschedd reads them from its vm_dir, NAME.toml). pvsched-clamped is the
 # control: registered, every boost clamped to nothing.
 ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n",
                  "pvsched-nolock": "lock_wait = false\n", "pvsched-lock": "lock_wait = true\n",
                  "pvsched-kick": "kick_pairs = true\n",
                  "pvsched-nokick": "kick_pairs = false\n",
                  "pvsched-auto": "kick_pairs = \"auto\"\n",
-                 "pvsched-none": "allow_rt = false\nnice_floor = 0\n",
+                 "pvsched-clamped": "allow_rt = false\nnice_floor = 0\n",
                  "pvsched-cosched": None,
                  "pvsched-coauto": "cosched_us = \"auto\"\n",
                  # Half the default period: what a shorter phase costs the
@@ -182,6 +196,16 @@ BOOT_S = 240
 # counts as making no progress (static FIFO under overcommit can starve
 # QEMU's main loop, which raises a TCG guest's timers).
 PROGRESS_S = 120
+# hackbench: at least this many invocations per run, so that one is a small
+# part of the figure (each is 2 groups x 10 senders x 10 receivers x
+# HACKBENCH_LOOPS messages; the guest script holds the same numbers).
+MIN_ITERS = 60
+HACKBENCH_MESSAGES = 2 * 10 * 10 * 10
+# Seconds pvschedd's programs may stay loaded after it exited.
+RESTORE_S = 5.0
+# Seconds the hogs run before the workload command: stress-ng forks its
+# workers first.
+HOG_LEAD_S = 1.0
 
 
 def log(msg):
@@ -207,7 +231,9 @@ def process_children():
 def tree_cpu_s(pid, children):
     """CPU seconds of process `pid` and every process below it in
     `children` (process_children(); a process that already exited is not
-    counted)."""
+    counted), from /proc/PID/stat: whole clock ticks (10 ms), which count
+    the process's exited threads too (per-thread schedstat, in ns, would
+    lose those)."""
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
@@ -219,14 +245,20 @@ def tree_cpu_s(pid, children):
     return total
 
 
-def stress_ng_ops(text, stressor):
-    """Bogo ops of `stressor` from stress-ng's -Y YAML (or its brief
-    metrics lines when the YAML is missing)."""
-    m = re.search(rf"stressor: {stressor}\s*\n\s*bogo-ops: (\d+)", text)
-    if m:
-        return int(m.group(1))
-    m = re.search(rf"metrc:.*\] {stressor}\s+(\d+)\s", text)
-    return int(m.group(1)) if m else None
+def stress_ng_metrics(text, stressor):
+    """{"ops", "rate", "wall_s"} of `stressor` from stress-ng's -Y YAML:
+    its bogo ops, its own bogo ops per second of real time (its stressors'
+    run, without its start-up) and its wall-clock time; None if the YAML
+    has no such stressor."""
+    m = re.search(rf"stressor: {re.escape(stressor)}\s*\n((?:\s+[\w-]+: \S+\n?)+)", text)
+    if not m:
+        return None
+    f = dict(re.findall(r"([\w-]+): (\S+)", m.group(1)))
+    try:
+        return {"ops": int(f["bogo-ops"]), "rate": float(f["bogo-ops-per-second-real-time"]),
+                "wall_s": float(f["wall-clock-time"])}
+    except (KeyError, ValueError):
+        return None
 
 
 class WorkloadFailed(BenchError):
@@ -245,7 +277,7 @@ class GuestEnded(BenchError):
 # ---------------------------------------------------------------- one guest
 
 class Guest:
-    """One QEMU guest serving bench/s6/bench.sh's commands. Its boot runs in
+    """One QEMU guest serving guest/s6.sh's commands. Its boot runs in
     a thread; the "@@ bench-wait" hook hands control to the main thread
     (self.ready) and blocks until it sends the next command (self.cmd)."""
 
@@ -260,8 +292,10 @@ class Guest:
         self.last_result_at = -1
         # The driver's counters at the last `stats` (cumulative since load).
         self.counters = {}
-        dev = None
-        if variant.startswith("pvsched"):
+        dev, transport, load = None, "vfio-user", "modprobe"
+        if variant == "none":
+            transport, load = "none", "none"
+        elif variant.startswith("pvsched"):
             dev = daemon.device_cmd(name)
             caps = daemon.vms / f"{name}.toml"
             if variant == "pvsched-cosched":
@@ -270,9 +304,9 @@ class Guest:
                 caps.write_text(ABLATION_CAPS[variant])
             elif caps.exists():
                 caps.unlink()
-        self.boot = Boot(args, name, vcpus, "bench", transport="vfio-user", device_cmd=dev,
+        self.boot = Boot(args, name, vcpus, "bench", transport=transport, device_cmd=dev,
                          hooks={"bench-wait": self._on_wait},
-                         extra_append="pvload=modprobe",
+                         extra_append=f"pvload={load}",
                          mem_mib=max(MIN_MIB, MIB_PER_VCPU * vcpus))
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -322,15 +356,17 @@ class Guest:
         return [c["thread-id"] for c in sorted(cpus, key=lambda c: c["cpu-index"])]
 
 
-def apply_variant(g, variant, daemon, cgroup):
-    """Puts guest `g` under `variant` once it waits for its first command."""
+def apply_variant(g, variant, daemon, cgroup, caps):
+    """Puts guest `g` under `variant` once it waits for its first command
+    (`caps`: each pvsched variant's caps as pvschedd reported them, filled
+    in once)."""
     pid = g.boot.qemu.pid
     if variant.startswith("pvsched"):
         daemon.pvsched("qemu-attach", "--qmp", str(g.boot.qmp_path), "--name", g.name,
                        "--pid", str(pid), "--device-region")
-        if variant not in daemon.caps:
-            daemon.caps[variant] = vm_caps(daemon, g.name)
-            log(f"{variant} caps: {daemon.caps[variant]}")
+        if variant not in caps:
+            caps[variant] = vm_caps(daemon, g.name)
+            log(f"{variant} caps: {caps[variant]}")
     elif variant == "fifo1":
         set_fifo1(g.vcpu_tids())
     elif variant == "weight":
@@ -345,11 +381,38 @@ def apply_variant(g, variant, daemon, cgroup):
 
 # ---------------------------------------------------------------- one round
 
-def run_round(args, topo, variant, rep, daemon, cgroup):
+def run_round(args, topo, variant, rep, cgroup, caps):
     """Boots topo's guests under `variant`, runs every workload on all of
-    them at once (with the hogs), and returns one row per workload."""
+    them at once (with the hogs), and returns one row per workload. A
+    pvsched variant's round has pvschedd of its own, started before its
+    guests and stopped after them; every other variant runs without it (so
+    without its BPF programs on the host's scheduler events)."""
     nvm, vcpus = topo
     tag = f"{nvm}x{vcpus}-{variant}-r{rep}"
+    daemon = Daemon(args, args.out) if variant.startswith("pvsched") else None
+    try:
+        return guest_round(args, tag, nvm, vcpus, variant, daemon, cgroup, caps)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+            check_restored(tag)
+
+
+def check_restored(tag):
+    """After pvschedd stopped: none of the policy's programs is left on the
+    host's events (the daemon unloads them and restores its threads on
+    exit); a leftover would run in every later round, so it fails the run.
+    The kernel frees a program once its last reference goes, which can
+    lag the daemon's exit: a few seconds are allowed."""
+    deadline = time.monotonic() + RESTORE_S
+    while (left := policy_bpf()) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left is not None:
+        raise BenchError(f"{tag}: pvschedd stopped but the policy's BPF programs are still "
+                         f"loaded ({left})")
+
+
+def guest_round(args, tag, nvm, vcpus, variant, daemon, cgroup, caps):
     guests = [Guest(args, f"s6-{tag}-vm{i}", vcpus, variant, daemon, nvm) for i in range(nvm)]
     rows = []
     # Why the guests stopped answering, once they have.
@@ -359,24 +422,24 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
             g.thread.start()
         for g in guests:
             g.wait_ready(BOOT_S)
-            apply_variant(g, variant, daemon, cgroup)
+            apply_variant(g, variant, daemon, cgroup, caps)
             if variant.startswith("pvsched"):
                 g.guest_counters()  # the baseline: boot and attach
         for w in args.workloads:
             if stuck is not None:
-                rows.append(no_progress_row(w, variant, tag, f"not run: {stuck}"))
+                rows.append(error_row(w, variant, tag, f"not run: {stuck}"))
                 log(f"{tag} {w}: {rows[-1]['brief']}")
                 continue
             try:
                 rows.append(run_workload(args, tag, guests, w, variant, daemon))
             except WorkloadFailed as e:
-                rows.append(no_progress_row(w, variant, tag, str(e)))
+                rows.append(error_row(w, variant, tag, str(e)))
             except (NoProgress, GuestEnded) as e:
                 # Recorded, not fatal: the variant starved its guests or
                 # locked them up (FIFO 1 vCPUs that outnumber the CPUs can).
                 # They cannot take another command; QEMU is stopped below.
                 stuck = str(e)
-                rows.append(no_progress_row(w, variant, tag, stuck))
+                rows.append(error_row(w, variant, tag, stuck))
             log(f"{tag} {w}: {rows[-1]['brief']}")
         if stuck is not None:
             for g in guests:
@@ -410,7 +473,7 @@ def run_round(args, topo, variant, rep, daemon, cgroup):
 def trace_mark(text):
     """Marks a step in the host trace bench/trace-run.sh records around this
     run (it names its tracefs instance's marker in PVSCHED_TRACE_MARKER), so
-    bench/phase_trace.py can tell the workload runs from boots; nothing
+    python3 -m pvsched_bench phase-trace can tell the workload runs from boots; nothing
     without it. A marker that cannot be written costs the trace its marks,
     not the run."""
     path = os.environ.get("PVSCHED_TRACE_MARKER")
@@ -423,66 +486,89 @@ def trace_mark(text):
         log(f"trace marker {path}: {e}")
 
 
-def no_progress_row(w, variant, tag, why):
-    """The row of a workload that gave no result: it counts as a failed
-    run of its variant, with no figures."""
-    return {"workload": w, "variant": variant, "tag": tag, "throughput": None, "vm_cpu_s": None,
-            "per_cpu_s": None, "hog_ops": None, "error": why, "vms": [],
+def error_row(w, variant, tag, why):
+    """The row of a workload that gave no result: a failed repetition of
+    its variant, kept and counted, with no figures."""
+    return {"workload": w, "variant": variant, "tag": tag, "error": why, "vms": [],
             "brief": f"NO RESULT: {why}"}
+
+
+class Hogs:
+    """The host's CPU hogs of one workload run: `stress-ng --cpu N` with no
+    time limit, started before the workload command and stopped with
+    SIGINT after the last guest reported (stress-ng then stops its workers
+    and writes its metrics), so that they cover the whole window."""
+
+    def __init__(self, args, name):
+        d = args.out / "hogs"
+        d.mkdir(parents=True, exist_ok=True)
+        self.n, self.yaml = args.hogs, d / f"{name}.yaml"
+        if self.yaml.exists():
+            self.yaml.unlink()
+        self.t0 = time.monotonic()
+        self.proc = Proc("hogs", ["stress-ng", "--cpu", str(self.n), "--cpu-method", "int64",
+                                  "--metrics-brief", "-Y", str(self.yaml)], d / f"{name}.log")
+
+    def stop(self, window_start, window_end):
+        """Stops them; their figures: bogo ops, their own elapsed time
+        (stress-ng's wall-clock-time), ops per second of it, and how long
+        before and after the workload's window they started and stopped
+        (host clock)."""
+        self.proc.stop(signal.SIGINT, grace=30.0)
+        t1 = time.monotonic()
+        m = stress_ng_metrics(self.yaml.read_text() if self.yaml.exists() else "", "cpu")
+        if m is None:
+            raise BenchError(f"the hogs wrote no metrics (see {self.yaml} and its .log)")
+        return {"n": self.n, "ops": m["ops"], "elapsed_s": round(m["wall_s"], 3),
+                "rate": round(m["ops"] / m["wall_s"], 2) if m["wall_s"] > 0 else None,
+                "lead_s": round(window_start - self.t0, 3),
+                "tail_s": round(t1 - window_end, 3)}
 
 
 def run_workload(args, tag, guests, w, variant, daemon):
     dur = args.duration
-    cpu0 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
-    thr0 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
-    # The host processes beside the guests: each guest's device process
-    # (every variant has one) and, for pvsched, the daemon.
-    aux0 = host_aux_cpu_s(guests, daemon, variant)
-    bpf0 = policy_bpf() if args.bpf_stats else None
-    st0 = daemon.status() if variant.startswith("pvsched") else None
-    la = loadavg()
-    hogs = None
-    if args.hogs:
-        hog_dir = args.out / "hogs"
-        hog_dir.mkdir(parents=True, exist_ok=True)
-        yaml = hog_dir / f"{tag}-{w}.yaml"
-        hogs = Proc("hogs", ["stress-ng", "--cpu", str(args.hogs), "--cpu-method", "int64",
-                             "-t", str(dur), "--metrics-brief", "-Y", str(yaml)],
-                    hog_dir / f"{tag}-{w}.log")
+    hogs = Hogs(args, f"{tag}-{w}") if args.hogs else None
     probe = None
-    if args.host_probe:
-        probe_dir = args.out / "probe"
-        probe_dir.mkdir(parents=True, exist_ok=True)
-        probe_json = probe_dir / f"{tag}-{w}.json"
-        probe = Proc("host-probe", host_probe_cmd(dur, probe_json, args.host_probe_prio),
-                     probe_dir / f"{tag}-{w}.log")
-    if os.environ.get("PVSCHED_TRACE_MARKER"):
-        # Which vCPU threads are one VM's: the trace alone cannot say.
-        for g in guests:
-            trace_mark(f"s6 vm {g.name} " + ",".join(str(t) for t in g.vcpu_tids()))
-    t0 = time.monotonic()
-    trace_mark(f"s6 start {tag} {w}")
-    for g in guests:
-        g.cmd.put(f"run {w} {dur}")
     try:
+        if hogs is not None:
+            time.sleep(HOG_LEAD_S)
+            if hogs.proc.p.poll() is not None:
+                raise BenchError(f"the hogs exited with {hogs.proc.p.returncode} (see "
+                                 f"{hogs.yaml.with_suffix('.log')})")
+        cpu0 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
+        thr0 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
+        aux0 = host_aux_cpu_s(guests, daemon)
+        bpf0 = policy_bpf() if daemon is not None else None
+        st0 = daemon.status() if daemon is not None else None
+        la = loadavg()
+        if args.host_probe:
+            probe_dir = args.out / "probe"
+            probe_dir.mkdir(parents=True, exist_ok=True)
+            probe_json = probe_dir / f"{tag}-{w}.json"
+            probe = Proc("host-probe", host_probe_cmd(dur, probe_json, args.host_probe_prio),
+                         probe_dir / f"{tag}-{w}.log")
+        if os.environ.get("PVSCHED_TRACE_MARKER"):
+            # Which vCPU threads are one VM's: the trace alone cannot say.
+            for g in guests:
+                trace_mark(f"s6 vm {g.name} " + ",".join(str(t) for t in g.vcpu_tids()))
+        t0 = time.monotonic()
+        trace_mark(f"s6 start {tag} {w}")
+        for g in guests:
+            g.cmd.put(f"run {w} {dur} {MIN_ITERS}")
         for g in guests:
             g.wait_ready(dur + PROGRESS_S)
-    finally:
-        if sys.exc_info()[0] is not None:
-            for p in (hogs, probe):
-                if p is not None and p.p.poll() is None:
-                    p.stop()
-    wall = time.monotonic() - t0
-    trace_mark(f"s6 end {tag} {w}")
-    cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
-    thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
-    aux1 = host_aux_cpu_s(guests, daemon, variant)
-    bpf1 = policy_bpf() if bpf0 is not None else None
-    hog_ops = None
-    if hogs is not None:
-        hogs.wait(dur + 60)
-        hogs.stop()
-        hog_ops = stress_ng_ops(yaml.read_text() if yaml.exists() else "", "cpu")
+        t1 = time.monotonic()
+        trace_mark(f"s6 end {tag} {w}")
+        cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
+        thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
+        aux1 = host_aux_cpu_s(guests, daemon)
+        bpf1 = policy_bpf() if daemon is not None else None
+        hog_fig = hogs.stop(t0, t1) if hogs is not None else None
+    except BaseException:
+        for p in (hogs and hogs.proc, probe):
+            if p is not None:
+                p.stop()
+        raise
     probe_fig = None
     if probe is not None:
         probe.wait(dur + 30)
@@ -493,7 +579,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
         except (OSError, ValueError, KeyError) as e:
             raise BenchError(f"host probe gave no result: {e} (see {probe_dir})")
     vms, failed = [], []
-    for g, c0, c1, t0, t1 in zip(guests, cpu0, cpu1, thr0, thr1):
+    for g, c0, c1, s0, s1 in zip(guests, cpu0, cpu1, thr0, thr1):
         if not g.results:
             raise BenchError(f"{g.name}: no result for {w} (see {g.boot.dir}/serial.log)")
         # Every guest's counters, a failed one's too: the next workload's
@@ -503,9 +589,10 @@ def run_workload(args, tag, guests, w, variant, daemon):
         if fields.get("w") != w or fields.get("rc") != "0":
             failed.append(f"{g.name}: {w} failed: {fields} {out[-5:]}")
             continue
-        vms.append({"vm": g.name, "throughput": throughput(w, fields, out),
-                    "guest_secs": float(fields["secs"]), "cpu_s": round(c1 - c0, 2),
-                    "threads_cpu_s": {k: round(t1[k] - t0[k], 2) for k in t0}})
+        rate, iters = throughput(w, out)
+        vms.append({"vm": g.name, "throughput": round(rate, 3), "iterations": iters,
+                    "guest_secs": float(fields["secs"]), "cpu_s": round(c1 - c0, 3),
+                    "threads_cpu_s": {k: round(s1[k] - s0[k], 3) for k in s0}})
         ipis = guest_ipis(fields)
         if ipis is not None:
             vms[-1]["guest_ipis"] = ipis
@@ -514,14 +601,24 @@ def run_workload(args, tag, guests, w, variant, daemon):
     if failed:
         raise WorkloadFailed("; ".join(failed))
     tp = sum(v["throughput"] for v in vms)
-    cpu = sum(v["cpu_s"] for v in vms)
-    row = {"workload": w, "variant": variant, "tag": tag, "throughput": round(tp, 2),
-           "vm_cpu_s": round(cpu, 2), "per_cpu_s": round(tp / cpu, 4) if cpu else None,
-           "hog_ops": hog_ops, "wall_s": round(wall, 1), "loadavg_start": la, "vms": vms,
-           "probe_p99_us": probe_fig and probe_fig["p99_us"],
-           "probe_max_us": probe_fig and probe_fig["max_us"]}
-    if probe_fig is not None:
-        row["host_probe"] = probe_fig
+    cost = {"qemu": round(sum(v["cpu_s"] for v in vms), 3),
+            "device": round(aux1["device"] - aux0["device"], 3),
+            "pvschedd": round(aux1["pvschedd"] - aux0["pvschedd"], 3),
+            "bpf": 0.0}
+    if bpf0 is not None and bpf1 is not None:
+        # Host-wide: the policy's programs run on every thread's events,
+        # the hogs' too, and only while this round's pvschedd runs: all of
+        # it is the round's VMs' cost, in total. They run in the context of
+        # the thread switching or waking, so part of it is in qemu's too.
+        cost["bpf"] = round((bpf1["ns"] - bpf0["ns"]) / 1e9, 4)
+    elif daemon is not None:
+        raise BenchError("no BPF run-time statistics of the policy's programs (bpftool, "
+                         "kernel.bpf_stats_enabled)")
+    row = {"workload": w, "variant": variant, "tag": tag, "error": None,
+           "throughput": round(tp, 3), "unit": UNITS[w],
+           "iterations": sum(v["iterations"] for v in vms), "window_s": round(t1 - t0, 3),
+           "cost_cpu_s": cost, "hogs": hog_fig, "loadavg_start": la, "vms": vms,
+           "host_probe": probe_fig}
     if st0 is not None:
         st1 = daemon.status()
         pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0}
@@ -532,35 +629,25 @@ def run_workload(args, tag, guests, w, variant, daemon):
                     pol[k] += b[k] - a[k]
         row["policy"] = {"boosts": pol["boosts"], "throttles": pol["throttles"],
                          "boosted_s": round(pol["boosted_ns"] / 1e9, 3),
-                         "phase_changes": pol["phase_changes"]}
+                         "phase_changes": pol["phase_changes"],
+                         "bpf_runs": bpf1["runs"] - bpf0["runs"]}
         # Each VM's co-scheduled phase as the run ended (what "auto" measured).
         phases = [(status_vm(st1, g.name) or {}).get("cosched_now_us", 0) for g in guests]
         if any(phases):
             row["cosched_now_us"] = phases
-    row["aux_cpu_s"] = {k: round(aux1[k] - aux0[k], 3) for k in aux0}
-    if bpf0 is not None and bpf1 is not None:
-        # Host-wide: every thread's events, the hogs' and the VMs' alike.
-        row["policy_bpf"] = {"ms": round((bpf1["ns"] - bpf0["ns"]) / 1e6, 1),
-                             "runs": bpf1["runs"] - bpf0["runs"]}
     gc = [v["guest_counters"] for v in vms if v.get("guest_counters")]
     if gc:
         row["guest_counters"] = {k: sum(c[k] for c in gc) for k in GUEST_COUNTERS}
     gi = [v["guest_ipis"] for v in vms if v.get("guest_ipis")]
     if vms and len(gi) == len(vms):
         row["guest_ipis"] = {k: sum(c[k] for c in gi) for k in GUEST_IPIS}
-        # IPIs per second of a guest's run, the mean over the VMs: how much
-        # the workload signals other vCPUs (a wake-up, a function call, a
-        # TLB flush), which is what running them together can speed up.
-        rates = [sum(c.values()) / v["guest_secs"] for c, v in zip(gi, vms) if v["guest_secs"] > 0]
-        row["ipis_per_s"] = round(statistics.mean(rates), 1) if rates else None
-    split = {k: round(sum(v["threads_cpu_s"][k] for v in vms), 1) for k in ("vcpus", "main", "other")}
-    row["brief"] = (f"throughput {tp:.1f}, VM CPU {cpu:.1f}s {split}, per CPU-s "
-                    f"{row['per_cpu_s']}, hogs {hog_ops}"
+    split = {k: round(sum(v["threads_cpu_s"][k] for v in vms), 1)
+             for k in ("vcpus", "main", "other")}
+    row["brief"] = (f"throughput {tp:.1f} {UNITS[w]} ({row['iterations']} iterations), "
+                    f"cost CPU s {cost} {split}, hogs {hog_fig}"
                     + (f", policy {row['policy']}" if "policy" in row else "")
                     + (f", guest {row['guest_counters']}" if "guest_counters" in row else "")
                     + (f", guest IPIs {row['guest_ipis']}" if "guest_ipis" in row else "")
-                    + f", beside {row['aux_cpu_s']}"
-                    + (f", policy BPF {row['policy_bpf']}" if "policy_bpf" in row else "")
                     + (f", host probe p99/max {probe_fig['p99_us']}/{probe_fig['max_us']} us"
                        if probe_fig else ""))
     return row
@@ -612,14 +699,13 @@ def policy_bpf():
             "runs": sum(int(p.get("run_cnt", 0)) for p in mine)}
 
 
-def host_aux_cpu_s(guests, daemon, variant):
-    """CPU seconds so far of the guests' device processes and of pvschedd."""
+def host_aux_cpu_s(guests, daemon):
+    """CPU seconds so far of the guests' device processes (none without a
+    device) and of pvschedd (0 without it), each with its children."""
     children = process_children()
-    out = {"devices": sum(tree_cpu_s(g.boot.dev.pid, children) for g in guests
-                          if g.boot.dev is not None)}
-    if variant.startswith("pvsched"):
-        out["pvschedd"] = tree_cpu_s(daemon.proc.p.pid, children)
-    return out
+    return {"device": sum(tree_cpu_s(g.boot.dev.pid, children) for g in guests
+                          if g.boot.dev is not None),
+            "pvschedd": tree_cpu_s(daemon.proc.p.pid, children) if daemon is not None else 0.0}
 
 
 def guest_ipis(fields):
@@ -632,30 +718,34 @@ def guest_ipis(fields):
         return None
 
 
-def throughput(w, fields, out):
-    """The tool's own throughput metric of workload `w`, per second."""
+# The unit of each workload's throughput.
+UNITS = {"cpu": "bogo ops/s", "tlb": "bogo ops/s", "membarrier": "bogo ops/s",
+         "hackbench": "messages/s", "dbench": "MB/s"}
+STRESSORS = {"cpu": "cpu", "tlb": "tlb-shootdown", "membarrier": "membarrier"}
+
+
+def throughput(w, out):
+    """(rate, iterations) of workload `w` from its output in one guest,
+    each by the tool's own timing: stress-ng's bogo ops per second of real
+    time (its bogo ops), hackbench's messages over the sum of its
+    invocations' `Time:` (its invocations), dbench's MB/s (its operations,
+    the sum of its operation table's counts)."""
     text = "\n".join(out)
-    secs = float(fields["secs"])
-    if w in ("cpu", "tlb", "membarrier"):
-        stressor = {"cpu": "cpu", "tlb": "tlb-shootdown", "membarrier": "membarrier"}[w]
-        ops = stress_ng_ops(text, stressor)
-        if ops is None:
-            raise BenchError(f"no bogo ops of {stressor} in: {out[-5:]}")
-        return ops / secs
+    if w in STRESSORS:
+        m = stress_ng_metrics(text, STRESSORS[w])
+        if m is None:
+            raise BenchError(f"no metrics of {STRESSORS[w]} in: {out[-5:]}")
+        return m["rate"], m["ops"]
     if w == "hackbench":
-        # 2 groups x 10 senders x 10 receivers x 100 loops per run.
-        return int(fields["iters"]) * 2 * 10 * 10 * 100 / secs
+        times = [float(x) for x in re.findall(r"^Time: ([0-9.]+)", text, re.M)]
+        if not times or sum(times) <= 0:
+            raise BenchError(f"no hackbench Time: in: {out[-5:]}")
+        return len(times) * HACKBENCH_MESSAGES / sum(times), len(times)
     m = re.search(r"Throughput ([0-9.]+) MB/sec", text)
     if not m:
         raise BenchError(f"no dbench throughput in: {out[-5:]}")
-    return float(m.group(1))
-
-
-# ---------------------------------------------------------------- report
-
-# A row's figures summarized per variant (the probe's: None without --host-probe).
-FIGURES = ("throughput", "vm_cpu_s", "per_cpu_s", "hog_ops", "probe_p99_us", "probe_max_us",
-           "ipis_per_s")
+    ops = sum(int(c) for c in re.findall(r"^\s*[A-Z][A-Za-z]+\s+(\d+)\s", text, re.M))
+    return float(m.group(1)), ops
 
 
 def host_probe_cmd(dur, out, prio=0):
@@ -668,54 +758,7 @@ def host_probe_cmd(dur, out, prio=0):
             "-D", str(dur), "-h", "100000", "--histfile=/dev/null", f"--json={out}"]
 
 
-def summarize(rows, variants):
-    """Per (topology, workload): each variant's medians and spread, and
-    ratios to vanilla's median."""
-    out = {}
-    keys = sorted({(r["topology"], r["workload"]) for r in rows})
-    for topo, w in keys:
-        cell = {}
-        for v in variants:
-            rs = [r for r in rows if r["topology"] == topo and r["workload"] == w
-                  and r["variant"] == v]
-            if not rs:
-                continue
-            s = {}
-            for k in FIGURES:
-                vals = [r[k] for r in rs if r.get(k) is not None]
-                s[k] = stats(vals)
-            s["no_result"] = [r["error"] for r in rs if r.get("error")]
-            if any("policy" in r for r in rs):
-                s["policy"] = [r.get("policy") for r in rs]
-            cell[v] = s
-        van = cell.get("vanilla")
-        if van:
-            vrows = {r["rep"]: r for r in rows if r["topology"] == topo and r["workload"] == w
-                     and r["variant"] == "vanilla"}
-            for v, s in cell.items():
-                if v == "vanilla":
-                    continue
-                s["ratio"] = {k: ratio(s[k]["median"], van[k]["median"]) for k in FIGURES}
-                # The same rep's vanilla ran next to it, under the same
-                # outer-host conditions (this host is itself a VM): the
-                # median of the per-rep ratios is the steadier figure.
-                paired = {}
-                for k in FIGURES:
-                    rs = [ratio(r.get(k), vrows[r["rep"]].get(k)) for r in rows
-                          if r["topology"] == topo and r["workload"] == w and r["variant"] == v
-                          and r["rep"] in vrows]
-                    paired[k] = stats([x for x in rs if x is not None])
-                s["paired_ratio"] = paired
-        out[f"{topo}/{w}"] = cell
-    return out
-
-
-def stats(vals):
-    if not vals:
-        return {"median": None, "mean": None, "min": None, "max": None, "reps": []}
-    return {"median": round(statistics.median(vals), 4), "mean": round(statistics.mean(vals), 4),
-            "min": min(vals), "max": max(vals), "reps": vals}
-
+# ---------------------------------------------------------------- the run
 
 def machine(args, release, loadavg_start, autogroup):
     return {"cpus": os.cpu_count(), "host_kernel": platform.release(),
@@ -725,7 +768,7 @@ def machine(args, release, loadavg_start, autogroup):
             "stress_ng_host": first_line(["stress-ng", "--version"]),
             "loadavg_start": loadavg_start,
             "autogroup": autogroup,
-            "cgroups": {"vanilla, pvsched, fifo1": (
+            "cgroups": {"none, vanilla, pvsched, fifo1": (
                 "every QEMU thread and the hogs in the root cpu cgroup (cgroup v1), each "
                 "thread one nice-0 share" if autogroup != "on" else
                 "the root cpu cgroup (cgroup v1) with autogroup on: all the VMs' QEMUs (the "
@@ -743,7 +786,7 @@ def initramfs_extras(chroot, release):
             raise FileNotFoundError(f"{chroot}{b} (scripts/setup.d/46-s6.sh installs it)")
         files.update(chroot_binary(chroot, b, b))
     files["/usr/share/dbench/client.txt"] = chroot / "usr/share/dbench/client.txt"
-    files["/bench.sh"] = HERE / "s6" / "bench.sh"
+    files["/bench.sh"] = GUEST_SCRIPT
     return files
 
 
@@ -757,16 +800,17 @@ def parse_topology(text):
     return out
 
 
-def main():
+def measure():
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release"
     cache = Path(os.environ.get("PVSCHED_CACHE", REPO / ".cache"))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel", default="7.3-cloud", help="a kernel of kernels.conf")
     ap.add_argument("--topology", type=parse_topology, default=parse_topology("1x2"),
                     help="NxV[,NxV...]: N guests of V vCPUs (default 1x2)")
     ap.add_argument("--workloads", default="cpu,tlb,hackbench,dbench",
                     help=f"comma-separated, of {','.join(WORKLOADS)}")
-    ap.add_argument("--variants", default="vanilla,pvsched,fifo1,weight",
+    ap.add_argument("--variants", default="none,vanilla,pvsched,fifo1,weight",
                     help=f"comma-separated, of {','.join(VARIANTS)}")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--duration", type=int, default=20, help="seconds per workload")
@@ -774,7 +818,8 @@ def main():
                     help="host CPU hogs beside the guests (0: none)")
     ap.add_argument("--quick", action="store_true",
                     help="1 rep, 8 s per workload, workloads cpu,hackbench")
-    ap.add_argument("--json", default=None, help="write the result here ('-': stdout)")
+    ap.add_argument("--json", default=None,
+                    help="write the raw rows here ('-': stdout), also after each round")
     ap.add_argument("--cache", type=Path, default=cache)
     ap.add_argument("--out", type=Path, default=None, help="work files (default CACHE/bench-s6)")
     ap.add_argument("--device-bin", type=Path, default=target / "pvsched-device")
@@ -796,10 +841,6 @@ def main():
                     help="with --host-probe: run the probe at SCHED_FIFO N (1-99) instead "
                          "of SCHED_OTHER")
     add_autogroup_option(ap, "the VMs together against the hogs")
-    ap.add_argument("--bpf-stats", action="store_true",
-                    help="turn the kernel's BPF run-time statistics on for the run "
-                         "(kernel.bpf_stats_enabled) and record per run how long the "
-                         "policy's programs ran (policy_bpf: host-wide; needs bpftool)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -820,7 +861,7 @@ def main():
     args.qemu11 = args.qemu11 or args.cache / "qemu11" / "qemu-system-x86_64"
     for p in (args.device_bin, args.pvsched_bin, args.pvschedd_bin, args.qemu11):
         if not p.exists():
-            raise FileNotFoundError(f"{p} (build it: see bench/s6.py's usage)")
+            raise FileNotFoundError(f"{p} (build it: see `python3 -m pvsched_bench s6 --help`)")
     if os.geteuid() != 0:
         raise BenchError("run as root (BPF, RT priorities, cgroups)")
     # Boot's settings (pvsched_guest.boot.Boot).
@@ -829,79 +870,63 @@ def main():
     args.tag, args.load_append = "", ""
     release, chroot, args.vmlinuz = matrix_kernel(args.cache, args.kernel)
     args.out.mkdir(parents=True, exist_ok=True)
-    args.initrd = build_initramfs(REPO / "tests" / "linux-guest", None, args.out,
-                                  extra_files=initramfs_extras(chroot, release))
+    args.initrd = build_initramfs(None, args.out, extra_files=initramfs_extras(chroot, release))
     la0 = loadavg()
     log(f"guest kernel {release}; workloads {','.join(args.workloads)}; variants "
         f"{','.join(variants)}; {args.reps} reps of {args.duration} s; hogs {args.hogs}; "
         f"-cpu {args.cpu}; load average {la0}")
-    daemon = cgroup = None
-    rows = []
+    cgroup = None
+    rows, caps = [], {}
     t_all = time.monotonic()
-    with Autogroup(args.autogroup) as autogroup, BpfStats(args.bpf_stats):
+    pv = any(v.startswith("pvsched") for v in variants)
+    # The policy's BPF run time is part of a pvsched VM's cost.
+    with Autogroup(args.autogroup) as autogroup, BpfStats(pv):
         ag_state = autogroup.state
         log(f"autogroup {ag_state}")
         try:
-            if any(v.startswith("pvsched") for v in variants):
-                daemon = Daemon(args, args.out)
             if "weight" in variants:
                 cgroup = weight_cgroup("pvsched-s6-vm")
             for topo in args.topology:
                 for rep in range(args.reps):
-                    # Interleaved, the order rotated per rep.
-                    order = variants[rep % len(variants):] + variants[:rep % len(variants)]
-                    for v in order:
-                        for r in run_round(args, topo, v, rep, daemon, cgroup):
-                            r["topology"] = f"{topo[0]}x{topo[1]}"
-                            r["rep"] = rep
+                    # Repetition r starts at variant r mod k: no variant
+                    # always runs first (a fresh host) or after another.
+                    k = rep % len(variants)
+                    for order, v in enumerate(variants[k:] + variants[:k]):
+                        for r in run_round(args, topo, v, rep, cgroup, caps):
+                            r.update(topology=f"{topo[0]}x{topo[1]}", rep=rep, order=order)
                             rows.append(r)
                         if args.json and args.json != "-":
                             # What is done so far, so that a run cut short
                             # (a failed boot, ^C) keeps its rounds.
-                            doc = result_doc(args, daemon, release, la0, ag_state, t_all,
-                                             rows, variants)
-                            doc["partial"] = True
+                            doc = raw_doc(args, caps, release, la0, ag_state, t_all, rows,
+                                          variants, partial=True)
                             Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         finally:
-            if daemon is not None:
-                daemon.stop()
             remove_cgroup(cgroup)
-    result = result_doc(args, daemon, release, la0, ag_state, t_all, rows, variants)
-    text = json.dumps(result, indent=1)
+    text = json.dumps(raw_doc(args, caps, release, la0, ag_state, t_all, rows, variants,
+                              partial=False), indent=1)
     if args.json == "-":
         print(text)
     elif args.json:
         Path(args.json).write_text(text + "\n")
-    print_table(result["summary"], variants)
+    failed = sum(1 for r in rows if r.get("error"))
+    log(f"{len(rows)} rows, {failed} failed, in {time.monotonic() - t_all:.0f} s")
     return 0
 
 
-def result_doc(args, daemon, release, la0, ag_state, t_all, rows, variants):
-    """The JSON result of the rows run so far."""
-    return {"scenario": "s6", "quick": args.quick,
-            "caps": daemon.caps if daemon is not None else None, "reps": args.reps,
+def raw_doc(args, caps, release, la0, ag_state, t_all, rows, variants, partial):
+    """The raw result: the run's settings and one row per run (the report is
+    `pvsched-bench s6`'s)."""
+    return {"scenario": "s6", "partial": partial, "quick": args.quick, "reps": args.reps,
             "duration_s": args.duration, "hogs": args.hogs, "kernel": args.kernel,
-            "cpu": args.cpu,
+            "cpu": args.cpu, "variants": variants, "workloads": args.workloads,
+            "topologies": [f"{n}x{v}" for n, v in args.topology],
+            "min_iters": MIN_ITERS, "caps": caps,
             "machine": machine(args, release, la0, ag_state),
             "command": " ".join(sys.argv),
-            "seconds": round(time.monotonic() - t_all, 1),
-            "summary": summarize(rows, variants), "runs": rows}
+            "seconds": round(time.monotonic() - t_all, 1), "rows": rows}
 
 
-def print_table(summary, variants):
-    for key, cell in summary.items():
-        log(f"{key}:")
-        for v in variants:
-            s = cell.get(v)
-            if not s:
-                continue
-            r = {k: x["median"] for k, x in s.get("paired_ratio", {}).items()}
-            log(f"  {v:14} throughput {s['throughput']['median']} "
-                f"(x{r.get('throughput', 1.0)}), per CPU-s {s['per_cpu_s']['median']} "
-                f"(x{r.get('per_cpu_s', 1.0)}), VM CPU {s['vm_cpu_s']['median']} s "
-                f"(x{r.get('vm_cpu_s', 1.0)}), hogs kept x{r.get('hog_ops', 1.0)} "
-                f"(paired medians)")
-
-
-if __name__ == "__main__":
-    run_main("s6", main)
+def main():
+    """`python3 -m pvsched_bench s6`: exits with run_main's code."""
+    run_main("s6", measure)

@@ -1,0 +1,536 @@
+//! S6: throughput of real Linux guests under overcommit per CPU-second of
+//! the whole VM. `pvsched-bench s6` runs `python3 -m pvsched_bench s6`
+//! (the measurement: boots, workloads, hogs; one raw row per run), reads
+//! its rows into [`S6Row`] and computes the report here: per topology,
+//! workload and variant the spread of each figure, and paired ratios
+//! against `vanilla` and `none` (index = repetition) with verdicts.
+
+use super::BenchError;
+use super::docgen::Render;
+use super::paired::{Paired, Verdict, paired};
+use super::plot_spread::Panel;
+use super::s4::{self, Spread};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt::Write as _;
+
+/// A variant at least this many times vanilla's throughput per CPU-second
+/// gains (a ratio of 1: no loss).
+pub const PER_CPU_S_TARGET: f64 = 1.0;
+/// A variant that leaves the hogs at least this share of vanilla's rate
+/// keeps the host's other work.
+pub const HOG_RATE_TARGET: f64 = 0.95;
+
+/// `pvsched-bench s6`: the options of `python3 -m pvsched_bench s6`, and
+/// where the report goes.
+#[derive(clap::Args, Debug)]
+pub struct S6Args {
+    /// A kernel of tests/linux-guest/kernels.conf.
+    #[arg(long, default_value = "7.3-cloud")]
+    pub kernel: String,
+    /// NxV[,NxV...]: N guests of V vCPUs.
+    #[arg(long, default_value = "1x2")]
+    pub topology: String,
+    /// Comma-separated, of cpu, tlb, membarrier, hackbench, dbench.
+    #[arg(long)]
+    pub workloads: Option<String>,
+    /// Comma-separated, of none, vanilla, pvsched (and its ablations:
+    /// pvsched-nocs, -nowait, -nolock, -lock, -kick, -nokick, -auto,
+    /// -clamped, -cosched, -coauto, -coauto10, -coauto5), fifo1, weight,
+    /// slice; the order rotates per repetition.
+    #[arg(long, default_value = "none,vanilla,pvsched,fifo1,weight")]
+    pub variants: String,
+    /// Repetitions.
+    #[arg(long, default_value_t = 5)]
+    pub reps: u32,
+    /// Seconds per workload.
+    #[arg(long, default_value_t = 20)]
+    pub duration: u32,
+    /// Host CPU hogs beside the guests (0: none; default one per CPU).
+    #[arg(long)]
+    pub hogs: Option<u32>,
+    /// One repetition of 8 s per workload, workloads cpu,hackbench.
+    #[arg(long)]
+    pub quick: bool,
+    /// A SCHED_OTHER cyclictest on the host beside every workload (its
+    /// p99 and max: what a variant costs an ordinary host thread).
+    #[arg(long)]
+    pub host_probe: bool,
+    /// With --host-probe: run it at SCHED_FIFO N (1-99) instead.
+    #[arg(long, value_name = "N")]
+    pub host_probe_prio: Option<u32>,
+    /// QEMU's -cpu model for every guest.
+    #[arg(long)]
+    pub cpu: Option<String>,
+    /// What S4 and S6 share.
+    #[command(flatten)]
+    pub common: s4::GuestArgs,
+}
+
+/// The CPU seconds one run's VMs cost over its window, by part.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CostCpu {
+    /// The VMs' QEMU processes.
+    pub qemu: f64,
+    /// Their device processes.
+    pub device: f64,
+    /// pvschedd's process with its applier (the run's, for all its VMs).
+    pub pvschedd: f64,
+    /// The policy's BPF programs' run time (the run's, for all its VMs;
+    /// they run in the switching thread's context, so partly in qemu's).
+    pub bpf: f64,
+}
+
+impl CostCpu {
+    /// The whole VM's CPU seconds.
+    pub fn total(&self) -> f64 {
+        self.qemu + self.device + self.pvschedd + self.bpf
+    }
+}
+
+/// The hogs of one run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hogs {
+    /// stress-ng --cpu workers.
+    pub n: u32,
+    /// Their bogo ops.
+    pub ops: u64,
+    /// Their own elapsed time, s.
+    pub elapsed_s: f64,
+    /// ops / elapsed_s.
+    pub rate: Option<f64>,
+    /// Seconds they started before the workload's window.
+    pub lead_s: f64,
+    /// Seconds they stopped after it.
+    pub tail_s: f64,
+}
+
+/// One raw row: one workload run of one variant in one repetition.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct S6Row {
+    /// NxV.
+    pub topology: String,
+    /// The workload.
+    pub workload: String,
+    /// The variant.
+    pub variant: String,
+    /// The repetition.
+    pub rep: usize,
+    /// Its place in the repetition's rotated order.
+    pub order: usize,
+    /// Why the run gave no figures (a failed repetition), or None.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The tool's own rate, summed over the VMs.
+    #[serde(default)]
+    pub throughput: Option<f64>,
+    /// Its unit.
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// Iterations behind it (invocations, bogo ops, operations).
+    #[serde(default)]
+    pub iterations: Option<u64>,
+    /// From the workload command to the last guest's report, s.
+    #[serde(default)]
+    pub window_s: Option<f64>,
+    /// The whole VM's CPU seconds over the window.
+    #[serde(default)]
+    pub cost_cpu_s: Option<CostCpu>,
+    /// The hogs (None with --hogs 0).
+    #[serde(default)]
+    pub hogs: Option<Hogs>,
+    /// The host probe, a cyclictest (None without --host-probe).
+    #[serde(default)]
+    pub host_probe: Option<s4::Cyc>,
+    /// pvschedd's counters of the VMs (pvsched variants).
+    #[serde(default)]
+    pub policy: Option<Value>,
+    /// Per VM: its rate, iterations, CPU and the guest's counters.
+    #[serde(default)]
+    pub vms: Vec<Value>,
+}
+
+impl S6Row {
+    /// Throughput per CPU-second of the whole VM.
+    pub fn per_cpu_s(&self) -> Option<f64> {
+        let total = self.cost_cpu_s?.total();
+        (total > 0.0).then_some(self.throughput? / total)
+    }
+
+    fn ok(&self) -> bool {
+        self.error.is_none() && self.throughput.is_some()
+    }
+}
+
+/// What `python3 -m pvsched_bench s6 --json` writes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct S6Raw {
+    /// Cut short (a round failed or ^C).
+    #[serde(default)]
+    pub partial: bool,
+    /// What every guest benchmark's raw result starts with.
+    #[serde(flatten)]
+    pub head: s4::RawHead,
+    /// Hogs.
+    pub hogs: u32,
+    /// Guest kernel.
+    pub kernel: String,
+    /// hackbench's minimum invocations per run.
+    #[serde(default)]
+    pub min_iters: u32,
+    /// One row per run.
+    pub rows: Vec<S6Row>,
+}
+
+/// A variant against a base variant, repetition by repetition.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Versus {
+    /// The base variant.
+    pub base: String,
+    /// Throughput.
+    pub throughput: Paired,
+    /// Throughput per CPU-second of the whole VM.
+    pub per_cpu_s: Paired,
+    /// The hogs' rate.
+    pub hog_rate: Paired,
+    /// per_cpu_s at least [`PER_CPU_S_TARGET`].
+    pub per_cpu_s_verdict: Verdict,
+    /// hog_rate at least [`HOG_RATE_TARGET`].
+    pub hog_rate_verdict: Verdict,
+}
+
+/// One variant in one topology and workload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VariantStats {
+    /// The variant.
+    pub variant: String,
+    /// Repetitions with figures.
+    pub n: usize,
+    /// Failed repetitions (rows with an error).
+    pub failed: usize,
+    /// Throughput.
+    pub throughput: Spread,
+    /// Throughput per CPU-second of the whole VM.
+    pub per_cpu_s: Spread,
+    /// The parts of the cost, s.
+    pub cost_qemu_s: Spread,
+    /// See [`CostCpu::device`].
+    pub cost_device_s: Spread,
+    /// See [`CostCpu::pvschedd`].
+    pub cost_pvschedd_s: Spread,
+    /// See [`CostCpu::bpf`].
+    pub cost_bpf_s: Spread,
+    /// The hogs' rate, bogo ops/s.
+    pub hog_rate: Spread,
+    /// The host probe's p99, µs.
+    pub probe_p99_us: Spread,
+    /// The host probe's max, µs.
+    pub probe_max_us: Spread,
+    /// Against vanilla (not for vanilla itself).
+    pub vs_vanilla: Option<Versus>,
+    /// Against none (not for none itself).
+    pub vs_none: Option<Versus>,
+}
+
+/// One topology and workload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct S6Cell {
+    /// NxV.
+    pub topology: String,
+    /// The workload.
+    pub workload: String,
+    /// Its throughput's unit.
+    pub unit: String,
+    /// Each variant that ran, in the order asked for.
+    pub variants: Vec<VariantStats>,
+}
+
+/// The S6 report: the raw run and what it shows.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct S6Report {
+    /// "s6".
+    pub scenario: String,
+    /// pvsched-bench's command line.
+    pub command: String,
+    /// Repetitions that failed, of all rows.
+    pub failed: usize,
+    /// Per topology and workload.
+    pub cells: Vec<S6Cell>,
+    /// What python measured, every row kept.
+    pub raw: S6Raw,
+}
+
+fn spread_of(rows: &[&S6Row], f: impl Fn(&S6Row) -> Option<f64>) -> Spread {
+    Spread::of(rows.iter().filter(|r| r.ok()).filter_map(|r| f(r)))
+}
+
+/// The figure `f` of `variant` per repetition (None: no row or no figure).
+fn by_rep(
+    rows: &[&S6Row],
+    variant: &str,
+    reps: usize,
+    f: &dyn Fn(&S6Row) -> Option<f64>,
+) -> Vec<Option<f64>> {
+    (0..reps)
+        .map(|rep| {
+            rows.iter()
+                .find(|r| r.variant == variant && r.rep == rep && r.ok())
+                .and_then(|r| f(r))
+        })
+        .collect()
+}
+
+fn hog_rate(r: &S6Row) -> Option<f64> {
+    r.hogs.as_ref()?.rate
+}
+
+fn versus(rows: &[&S6Row], base: &str, variant: &str, reps: usize) -> Versus {
+    let pair = |f: &dyn Fn(&S6Row) -> Option<f64>| {
+        paired(
+            &by_rep(rows, base, reps, f),
+            &by_rep(rows, variant, reps, f),
+        )
+    };
+    let per_cpu_s = pair(&S6Row::per_cpu_s);
+    let hog = pair(&hog_rate);
+    Versus {
+        base: base.into(),
+        throughput: pair(&|r| r.throughput),
+        per_cpu_s_verdict: per_cpu_s.at_least(PER_CPU_S_TARGET),
+        hog_rate_verdict: hog.at_least(HOG_RATE_TARGET),
+        per_cpu_s,
+        hog_rate: hog,
+    }
+}
+
+impl S6Report {
+    /// The report of `raw`'s rows.
+    pub fn new(raw: S6Raw, command: String) -> S6Report {
+        let reps = raw.rows.iter().map(|r| r.rep + 1).max().unwrap_or(0);
+        let cells = s4::distinct(&raw.rows, |r| (r.topology.clone(), r.workload.clone()))
+            .into_iter()
+            .map(|(topology, workload)| {
+                let rows: Vec<&S6Row> = raw
+                    .rows
+                    .iter()
+                    .filter(|r| r.topology == topology && r.workload == workload)
+                    .collect();
+                let has = |v: &str| rows.iter().any(|r| r.variant == v);
+                let variants = raw
+                    .head
+                    .variants
+                    .iter()
+                    .filter(|v| has(v))
+                    .map(|v| {
+                        let mine: Vec<&S6Row> =
+                            rows.iter().copied().filter(|r| &r.variant == v).collect();
+                        let cost = |f: fn(&CostCpu) -> f64| {
+                            spread_of(&mine, move |r| r.cost_cpu_s.as_ref().map(f))
+                        };
+                        let vs = |base: &str| {
+                            (v != base && has(base)).then(|| versus(&rows, base, v, reps))
+                        };
+                        VariantStats {
+                            variant: v.clone(),
+                            n: mine.iter().filter(|r| r.ok()).count(),
+                            failed: mine.iter().filter(|r| !r.ok()).count(),
+                            throughput: spread_of(&mine, |r| r.throughput),
+                            per_cpu_s: spread_of(&mine, S6Row::per_cpu_s),
+                            cost_qemu_s: cost(|c| c.qemu),
+                            cost_device_s: cost(|c| c.device),
+                            cost_pvschedd_s: cost(|c| c.pvschedd),
+                            cost_bpf_s: cost(|c| c.bpf),
+                            hog_rate: spread_of(&mine, hog_rate),
+                            probe_p99_us: spread_of(&mine, |r| r.host_probe.as_ref()?.p99_us),
+                            probe_max_us: spread_of(&mine, |r| r.host_probe.as_ref()?.max_us),
+                            vs_vanilla: vs("vanilla"),
+                            vs_none: vs("none"),
+                        }
+                    })
+                    .collect();
+                let unit = rows.iter().find_map(|r| r.unit.clone()).unwrap_or_default();
+                S6Cell {
+                    topology,
+                    workload,
+                    unit,
+                    variants,
+                }
+            })
+            .collect();
+        S6Report {
+            scenario: "s6".into(),
+            command,
+            failed: raw.rows.iter().filter(|r| !r.ok()).count(),
+            cells,
+            raw,
+        }
+    }
+
+    /// Each cell's per-CPU-second figure, every repetition and the median,
+    /// per variant.
+    pub fn panels(&self) -> Vec<Panel> {
+        self.cells
+            .iter()
+            .map(|c| {
+                let rows: Vec<&S6Row> = self
+                    .raw
+                    .rows
+                    .iter()
+                    .filter(|r| r.topology == c.topology && r.workload == c.workload && r.ok())
+                    .collect();
+                Panel::of(
+                    format!("{} {} per CPU-s", c.topology, c.workload),
+                    c.variants.iter().map(|v| v.variant.clone()),
+                    &rows,
+                    |r| &r.variant,
+                    S6Row::per_cpu_s,
+                )
+            })
+            .collect()
+    }
+}
+
+impl Render for S6Report {
+    fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "S6, {} reps of {} s, {} hogs, kernel {}; {} failed runs{}.\n",
+            self.raw.head.reps,
+            self.raw.head.duration_s,
+            self.raw.hogs,
+            self.raw.kernel,
+            self.failed,
+            if self.raw.partial {
+                " (partial run)"
+            } else {
+                ""
+            }
+        );
+        for c in &self.cells {
+            let _ = writeln!(s, "### {} {} ({})\n", c.topology, c.workload, c.unit);
+            s.push_str(
+                "| variant | n (failed) | throughput | per CPU-s | CPU s qemu / device / pvschedd / bpf | hog rate | probe p99 / max µs | per CPU-s vs vanilla | vs none | hogs vs vanilla |\n\
+                 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+            );
+            for v in &c.variants {
+                let vs = |x: &Option<Versus>, hogs: bool| {
+                    x.as_ref().map_or_else(
+                        || "-".into(),
+                        |x| {
+                            let (p, d) = if hogs {
+                                (&x.hog_rate, x.hog_rate_verdict)
+                            } else {
+                                (&x.per_cpu_s, x.per_cpu_s_verdict)
+                            };
+                            format!("{} {}", s4::ratio_cell(p), d.word())
+                        },
+                    )
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} ({}) | {} | {} | {} / {} / {} / {} | {} | {} / {} | {} | {} | {} |",
+                    v.variant,
+                    v.n,
+                    v.failed,
+                    v.throughput.cell(1),
+                    v.per_cpu_s.cell(2),
+                    v.cost_qemu_s.median_cell(2),
+                    v.cost_device_s.median_cell(2),
+                    v.cost_pvschedd_s.median_cell(2),
+                    v.cost_bpf_s.median_cell(3),
+                    v.hog_rate.cell(0),
+                    v.probe_p99_us.median_cell(0),
+                    v.probe_max_us.median_cell(0),
+                    vs(&v.vs_vanilla, false),
+                    vs(&v.vs_none, false),
+                    vs(&v.vs_vanilla, true),
+                );
+            }
+            s.push('\n');
+        }
+        s
+    }
+}
+
+/// Runs S6 and writes its report; the exit code.
+pub fn main(a: &S6Args) -> u8 {
+    s4::exit_code(run(a))
+}
+
+fn run(a: &S6Args) -> Result<(), BenchError> {
+    let mut args = s4::PyArgs::default();
+    args.opt("--kernel", Some(&a.kernel))
+        .opt("--topology", Some(&a.topology))
+        .opt("--variants", Some(&a.variants))
+        .opt("--reps", Some(a.reps))
+        .opt("--duration", Some(a.duration))
+        .opt("--workloads", a.workloads.as_ref())
+        .opt("--hogs", a.hogs)
+        .opt("--host-probe-prio", a.host_probe_prio)
+        .opt("--cpu", a.cpu.as_ref())
+        .flag("--quick", a.quick)
+        .flag("--host-probe", a.host_probe);
+    let raw: S6Raw = a.common.measure("s6", args)?;
+    let report = S6Report::new(raw, s4::command_line("s6"));
+    a.common
+        .finish(&report, "S6 THROUGHPUT PER CPU-SECOND", &report.panels())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn options_are_well_formed() {
+        use clap::Args as _;
+        S6Args::augment_args(clap::Command::new("t")).debug_assert();
+    }
+
+    fn row(variant: &str, rep: usize, tp: Option<f64>, qemu: f64, hog: f64) -> Value {
+        json!({"topology": "1x2", "workload": "cpu", "variant": variant, "rep": rep,
+               "order": 0, "tag": "t", "error": tp.is_none().then_some("no result"),
+               "throughput": tp, "unit": "bogo ops/s", "iterations": 1000,
+               "window_s": 10.0,
+               "cost_cpu_s": {"qemu": qemu, "device": 0.5, "pvschedd": 0.25, "bpf": 0.25},
+               "hogs": {"n": 2, "ops": 100, "elapsed_s": 11.0, "rate": hog,
+                        "lead_s": 1.0, "tail_s": 0.1},
+               "host_probe": null, "vms": []})
+    }
+
+    #[test]
+    fn per_cpu_s_is_over_the_whole_vm_and_pairs_follow_the_rep() {
+        let raw: S6Raw = serde_json::from_value(json!({
+            "reps": 3, "duration_s": 5, "hogs": 2, "kernel": "7.3-cloud",
+            "variants": ["none", "vanilla", "pvsched"],
+            "rows": [row("vanilla", 0, Some(100.0), 9.0, 10.0),
+                     row("vanilla", 1, Some(200.0), 9.0, 10.0),
+                     row("vanilla", 2, Some(100.0), 9.0, 10.0),
+                     row("pvsched", 0, Some(200.0), 9.0, 10.0),
+                     row("pvsched", 1, None, 9.0, 10.0),
+                     row("pvsched", 2, Some(200.0), 9.0, 10.0),
+                     row("none", 0, Some(100.0), 4.0, 10.0)]
+        }))
+        .unwrap();
+        assert_eq!(raw.rows[0].per_cpu_s(), Some(10.0));
+        let r = S6Report::new(raw, "pvsched-bench s6".into());
+        assert_eq!(r.failed, 1);
+        let c = &r.cells[0];
+        let names: Vec<&str> = c.variants.iter().map(|v| v.variant.as_str()).collect();
+        assert_eq!(names, ["none", "vanilla", "pvsched"]);
+        let pv = &c.variants[2];
+        assert_eq!((pv.n, pv.failed), (2, 1));
+        let vs = pv.vs_vanilla.as_ref().unwrap();
+        // Reps 0 and 2 pair (x2 each); rep 1 failed in pvsched.
+        assert_eq!((vs.per_cpu_s.n, vs.per_cpu_s.failed), (2, 1));
+        assert_eq!(vs.per_cpu_s.ratio, Some(2.0));
+        assert!(c.variants[0].vs_none.is_none() && c.variants[1].vs_vanilla.is_none());
+        let back: S6Report = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        let md = back.markdown();
+        assert!(md.contains("| pvsched | 2 (1) |"), "{md}");
+        assert!(md.contains("x2.000 [2.00-2.00] (p "), "{md}");
+        assert!(md.contains(", n 2, failed 1)"), "{md}");
+        assert_eq!(r.panels()[0].groups[2].1, vec![20.0, 20.0]);
+    }
+}
