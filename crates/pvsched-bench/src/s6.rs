@@ -151,10 +151,14 @@ pub struct S6Row {
 }
 
 impl S6Row {
-    /// Throughput per CPU-second of the whole VM.
+    /// Work per CPU-second of the whole VM: the workload's rate times the
+    /// window it ran in, over the CPU the VM used in that window. (A rate
+    /// over CPU seconds would favour a variant whose window was shorter:
+    /// the guests run at least a minimum of iterations, so windows differ.)
     pub fn per_cpu_s(&self) -> Option<f64> {
         let total = self.cost_cpu_s?.total();
-        (total > 0.0).then_some(self.throughput? / total)
+        let work = self.throughput? * self.window_s?;
+        (total > 0.0).then_some(work / total)
     }
 
     fn ok(&self) -> bool {
@@ -513,7 +517,7 @@ mod tests {
                      row("none", 0, Some(100.0), 4.0, 10.0)]
         }))
         .unwrap();
-        assert_eq!(raw.rows[0].per_cpu_s(), Some(10.0));
+        assert_eq!(raw.rows[0].per_cpu_s(), Some(100.0));
         let r = S6Report::new(raw, "pvsched-bench s6".into());
         assert_eq!(r.failed, 1);
         let c = &r.cells[0];
@@ -531,6 +535,6 @@ mod tests {
         assert!(md.contains("| pvsched | 2 (1) |"), "{md}");
         assert!(md.contains("x2.000 [2.00-2.00] (p "), "{md}");
         assert!(md.contains(", n 2, failed 1)"), "{md}");
-        assert_eq!(r.panels()[0].groups[2].1, vec![20.0, 20.0]);
+        assert_eq!(r.panels()[0].groups[2].1, vec![200.0, 200.0]);
     }
 }
