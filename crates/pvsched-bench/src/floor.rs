@@ -1,11 +1,16 @@
-//! The idle host's own floor: what this host's wake-up latency is with no
-//! VM and no hogs, measured in every repetition of S1 and S2 beside the
-//! variants.
+//! The host's own floor: what this host's wake-up latency is with no VM,
+//! measured in every repetition of S1 and S2 beside the variants, on the
+//! idle host and beside the loaded variants' hogs.
 //!
 //! The host may itself be a VM whose hypervisor stops its CPUs for
 //! milliseconds; no scheduling policy inside it can beat that. So a tail
 //! target is judged against the floor of the same repetition: a pvsched
 //! max at or under the idle host's max is as good as this host can do.
+//! The loaded floor is the same RT thread beside the same busy hogs: a
+//! hypervisor may take more from CPUs that never idle, and no policy
+//! inside the host beats an RT thread at priority 99 there either. Each
+//! floor also records the CPU time the hypervisor stole from this host
+//! meanwhile (`steal` in /proc/stat).
 //!
 //! The floor is `cyclictest` (rt-tests) with one SCHED_FIFO 99 thread
 //! pinned per CPU (`-S`), memory locked, a 1 ms interval, for the run
@@ -62,6 +67,20 @@ pub struct Floor {
     pub p99_us: Option<f64>,
     /// The largest over every CPU.
     pub max_us: Option<f64>,
+    /// CPU time the hypervisor stole from this host's CPUs meanwhile, ms
+    /// (`None` where /proc/stat has no steal).
+    pub steal_ms: Option<f64>,
+}
+
+/// The host's stolen CPU time so far, ms: /proc/stat's aggregate `cpu`
+/// line, eighth figure, in clock ticks.
+pub fn steal_ms() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: f64 = line.split_whitespace().nth(8)?.parse().ok()?;
+    // SAFETY: sysconf reads a constant and has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks * 1000.0 / hz as f64)
 }
 
 /// cyclictest's `--json` file, the parts read here.
@@ -86,6 +105,7 @@ pub fn measure(bin: &Path, duration: Duration, tag: &str) -> Result<Floor, Floor
         std::process::id()
     ));
     let secs = duration.as_secs_f64().ceil().max(1.0) as u64;
+    let steal0 = steal_ms();
     let out = Command::new(bin)
         .args([
             "-m",
@@ -109,6 +129,7 @@ pub fn measure(bin: &Path, duration: Duration, tag: &str) -> Result<Floor, Floor
             path: bin.into(),
             source,
         })?;
+    let steal = steal_ms().zip(steal0).map(|(b, a)| b - a);
     let text = std::fs::read_to_string(&file);
     let _ = std::fs::remove_file(&file);
     if !out.status.success() {
@@ -118,7 +139,10 @@ pub fn measure(bin: &Path, duration: Duration, tag: &str) -> Result<Floor, Floor
         ));
     }
     let text = text.map_err(|e| FloorError::Output(format!("{}: {e}", file.display())))?;
-    parse(&text)
+    Ok(Floor {
+        steal_ms: steal,
+        ..parse(&text)?
+    })
 }
 
 /// The floor in cyclictest's JSON output: its threads' histograms merged.
@@ -148,6 +172,7 @@ fn parse(text: &str) -> Result<Floor, FloorError> {
         samples,
         p99_us: p99.filter(|_| samples > 0),
         max_us: max.filter(|_| samples > 0).map(|m| m as f64),
+        steal_ms: None,
     })
 }
 

@@ -30,6 +30,10 @@ pub struct ScenarioReport {
     pub ratios: BTreeMap<String, Comparison>,
     /// S1, S2: the idle host's own floor in every repetition.
     pub floor: Option<FloorReport>,
+    /// S1, S2: the floor beside the loaded variants' hogs in every
+    /// repetition.
+    #[serde(default)]
+    pub floor_loaded: Option<FloorReport>,
     /// S1: whether the load showed the problem pvsched is for (vanilla's
     /// loaded p99 at least [`crate::scenario::LOAD_SHOWS_PROBLEM`]× its
     /// idle p99).
@@ -303,6 +307,9 @@ pub struct FloorRow {
     pub max_us: Option<f64>,
     /// Samples over every CPU.
     pub samples: u64,
+    /// CPU time the hypervisor stole from this host meanwhile, ms.
+    #[serde(default)]
+    pub steal_ms: Option<f64>,
 }
 
 /// The idle host's floor over the repetitions.
@@ -677,20 +684,28 @@ impl Render for ScenarioReport {
                     .map_or_else(|| "-".into(), |x| format!("{x:.3e}")),
             );
         }
-        if let Some(f) = &self.floor {
+        for (what, f) in [
+            ("Idle host floor", &self.floor),
+            ("Loaded host floor", &self.floor_loaded),
+        ] {
+            let Some(f) = f else { continue };
+            let per_rep = |g: fn(&FloorRow) -> Option<f64>| {
+                f.runs
+                    .iter()
+                    .map(|r| num(g(r), 0))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             let _ = writeln!(
                 s,
-                "\nIdle host floor ({}): n {}, failed {}, p99 {} µs, max {} µs (medians); per repetition max: {}",
+                "\n{what} ({}): n {}, failed {}, p99 {} µs, max {} µs (medians); per repetition max: {} µs; CPU time stolen by the hypervisor meanwhile: {} ms",
                 f.tool,
                 f.n,
                 f.failed,
                 num(f.p99_us, 0),
                 num(f.max_us, 0),
-                f.runs
-                    .iter()
-                    .map(|r| num(r.max_us, 0))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                per_rep(|r| r.max_us),
+                per_rep(|r| r.steal_ms),
             );
         }
         if !self.ratios.is_empty() {

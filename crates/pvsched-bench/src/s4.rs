@@ -716,6 +716,7 @@ impl S4Report {
                         p99_us: f.p99_us,
                         max_us: f.max_us,
                         samples: f.samples,
+                        steal_ms: None,
                     })
                     .collect();
                 let ok = || runs.iter().filter(|r| r.error.is_none());

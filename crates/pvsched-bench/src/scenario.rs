@@ -7,7 +7,7 @@
 use super::BenchError;
 use super::costs;
 use super::floor::{self, Floor};
-use super::hogs::Load;
+use super::hogs::{Hogs, Load};
 use super::plot::Series;
 use super::report::{
     BpfReport, Comparison, CostsReport, FloorReport, FloorRow, GreedyReport, GreedyRun, GreedyVcpu,
@@ -23,7 +23,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// S1–S3 and S5 (S4 is `bench/s4.py`).
+/// S1–S3 and S5 (S4 and S6 boot Linux guests: `s4.rs`, `s6.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scenario {
     /// Wakeup latency, loaded host vs idle host.
@@ -177,6 +177,9 @@ pub struct Executed {
     pub runs: Vec<Runs>,
     /// The idle host's floor per repetition (`None`: not measured).
     pub floor: Option<Vec<FloorRun>>,
+    /// The floor beside the loaded variants' hogs per repetition (`None`:
+    /// not measured, or no variant is loaded).
+    pub floor_loaded: Option<Vec<FloorRun>>,
 }
 
 /// The place in a repetition of step `j` of `k`, repetition `rep`
@@ -199,9 +202,10 @@ fn is_run_failure(e: &BenchError) -> bool {
     }
 }
 
-/// Runs `reps` repetitions of `variants` and, with `cyclictest`, the idle
-/// host's floor; within repetition r the steps run in their order rotated
-/// by r. A failed run is recorded and the repetitions go on.
+/// Runs `reps` repetitions of `variants` and, with `cyclictest`, the
+/// host's floor (idle, and beside the loaded variants' hogs when there
+/// are any); within repetition r the steps run in their order rotated by
+/// r. A failed run is recorded and the repetitions go on.
 pub fn execute(
     scenario: Scenario,
     variants: Vec<Variant>,
@@ -209,6 +213,8 @@ pub fn execute(
     opts: &RunOpts,
     cyclictest: Option<&Path>,
 ) -> Result<Executed, BenchError> {
+    // The loaded floor runs beside the hogs of the first loaded variant.
+    let load = variants.iter().map(|v| v.load).find(|l| l.threads() > 0);
     let mut all: Vec<Runs> = variants
         .into_iter()
         .map(|variant| Runs {
@@ -217,28 +223,42 @@ pub fn execute(
         })
         .collect();
     let mut floors = cyclictest.map(|_| Vec::new());
-    let k = all.len() + usize::from(cyclictest.is_some());
+    let mut loaded_floors = cyclictest.and(load).map(|_| Vec::new());
+    let k = all.len() + usize::from(floors.is_some()) + usize::from(loaded_floors.is_some());
     for rep in 0..reps as usize {
         let shown = rep + 1;
         for order in 0..k {
             let step = rotated(rep, order, k);
             let name = scenario.name();
-            if let (Some(bin), Some(floors)) = (cyclictest, floors.as_mut())
-                && step == all.len()
+            if let Some(bin) = cyclictest
+                && step >= all.len()
             {
-                let f = floor::measure(bin, opts.duration, &format!("{name}-rep{shown}"))
-                    .map_err(|e| e.to_string());
+                let loaded = step > all.len();
+                let (what, hogs) = if loaded {
+                    ("floor_loaded", load)
+                } else {
+                    ("floor", None)
+                };
+                let f = measure_floor(bin, opts, hogs, &format!("{name}-rep{shown}-{what}"));
                 match &f {
                     Ok(f) => eprintln!(
-                        "[{name} rep {shown}/{reps}] {:<14} p99 {:>9} max {:>9} µs  (idle host, cyclictest, {} samples)",
-                        "floor",
+                        "[{name} rep {shown}/{reps}] {what:<14} p99 {:>9} max {:>9} µs  ({} host, cyclictest, {} samples, stolen {} ms)",
                         fmt(f.p99_us),
                         fmt(f.max_us),
-                        f.samples
+                        if loaded { "loaded" } else { "idle" },
+                        f.samples,
+                        fmt(f.steal_ms)
                     ),
-                    Err(e) => eprintln!("[{name} rep {shown}/{reps}] floor FAILED: {e}"),
+                    Err(e) => eprintln!("[{name} rep {shown}/{reps}] {what} FAILED: {e}"),
                 }
-                floors.push(FloorRun { order, floor: f });
+                let into = if loaded {
+                    loaded_floors.as_mut()
+                } else {
+                    floors.as_mut()
+                };
+                if let Some(v) = into {
+                    v.push(FloorRun { order, floor: f });
+                }
                 continue;
             }
             let r = &mut all[step];
@@ -280,7 +300,23 @@ pub fn execute(
     Ok(Executed {
         runs: all,
         floor: floors,
+        floor_loaded: loaded_floors,
     })
+}
+
+/// One floor measurement, beside `hogs` when given (started before and
+/// stopped after it, like a loaded variant's).
+fn measure_floor(
+    bin: &Path,
+    opts: &RunOpts,
+    hogs: Option<Load>,
+    tag: &str,
+) -> Result<Floor, String> {
+    let _hogs = match hogs {
+        Some(l) => Some(Hogs::start(l).map_err(|e| format!("starting the hogs: {e}"))?),
+        None => None,
+    };
+    floor::measure(bin, opts.duration, tag).map_err(|e| e.to_string())
 }
 
 /// Runs that failed, over every variant and the floor.
@@ -291,9 +327,9 @@ pub fn failed_runs(ex: &Executed) -> usize {
         .flat_map(|r| &r.reps)
         .filter(|r| r.outcome.is_err())
         .count();
-    let floors = ex
-        .floor
-        .iter()
+    let floors = [&ex.floor, &ex.floor_loaded]
+        .into_iter()
+        .flatten()
         .flatten()
         .filter(|f| f.floor.is_err())
         .count();
@@ -454,7 +490,7 @@ fn comparisons(v: &Reports, which: &[(&str, &str, &str)]) -> BTreeMap<String, Co
 }
 
 /// The floor's report, if it was measured.
-fn floor_report(floor: Option<&[FloorRun]>) -> Option<FloorReport> {
+fn floor_report(floor: Option<&[FloorRun]>, tool: &str) -> Option<FloorReport> {
     let runs: Vec<FloorRow> = floor?
         .iter()
         .enumerate()
@@ -466,6 +502,7 @@ fn floor_report(floor: Option<&[FloorRun]>) -> Option<FloorReport> {
                 p99_us: x.p99_us,
                 max_us: x.max_us,
                 samples: x.samples,
+                steal_ms: x.steal_ms,
             },
             Err(e) => FloorRow {
                 rep: i + 1,
@@ -477,13 +514,27 @@ fn floor_report(floor: Option<&[FloorRun]>) -> Option<FloorReport> {
         .collect();
     let failed = runs.iter().filter(|r| r.error.is_some()).count();
     Some(FloorReport {
-        tool: "cyclictest -m -S -p 99 -i 1000 --default-system, no VM, no hogs".into(),
+        tool: format!("cyclictest -m -S -p 99 -i 1000 --default-system, no VM, {tool}"),
         n: runs.len() - failed,
         failed,
         p99_us: median(&runs.iter().map(|r| r.p99_us).collect::<Vec<_>>()),
         max_us: median(&runs.iter().map(|r| r.max_us).collect::<Vec<_>>()),
         runs,
     })
+}
+
+/// `variant`'s max over the floor's max of the same repetition, per
+/// repetition.
+fn max_vs_floor(v: &Reports, variant: &str, floor: Option<&FloorReport>) -> Vec<Option<f64>> {
+    match (v.get(variant), floor) {
+        (Some(p), Some(f)) => p
+            .runs
+            .iter()
+            .zip(&f.runs)
+            .map(|(x, f)| ratio(x.max_us, f.max_us))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Vanilla's loaded p99 over its idle p99 at or above which S1's load
@@ -529,7 +580,11 @@ pub fn assemble(
         options,
         variants: reports(&ex.runs),
         ratios: BTreeMap::new(),
-        floor: floor_report(ex.floor.as_deref()),
+        floor: floor_report(ex.floor.as_deref(), "no hogs"),
+        floor_loaded: floor_report(
+            ex.floor_loaded.as_deref(),
+            "beside the loaded variants' hogs",
+        ),
         load_shows_problem: None,
         targets: Vec::new(),
         costs: None,
@@ -560,16 +615,10 @@ fn s1(rep: &mut ScenarioReport) {
     // targets say little.
     rep.load_shows_problem =
         Some(fig(r, "vanilla_loaded_vs_idle", |c| &c.p99_us).at_least(LOAD_SHOWS_PROBLEM));
-    // pvsched's max against the idle host's own in the same repetition.
-    let vs_floor: Vec<Option<f64>> = match (v.get("pvsched"), &rep.floor) {
-        (Some(p), Some(f)) => p
-            .runs
-            .iter()
-            .zip(&f.runs)
-            .map(|(x, f)| ratio(x.max_us, f.max_us))
-            .collect(),
-        _ => Vec::new(),
-    };
+    // pvsched's max against the host's own in the same repetition: the
+    // idle host's, and an RT thread's beside the same hogs.
+    let vs_floor = max_vs_floor(v, "pvsched", rep.floor.as_ref());
+    let vs_loaded_floor = max_vs_floor(v, "pvsched", rep.floor_loaded.as_ref());
     rep.targets = vec![
         Target::paired(
             "s1_p99_vs_idle",
@@ -603,6 +652,13 @@ fn s1(rep: &mut ScenarioReport) {
             "s1_max_vs_floor",
             "loaded host: pvsched max <= the idle host's floor max (cyclictest, same repetition), in every repetition",
             &vs_floor,
+            Side::AtMost,
+            1.0,
+        ),
+        Target::every_rep(
+            "s1_max_vs_loaded_floor",
+            "loaded host: pvsched max <= the loaded host's floor max (cyclictest beside the same hogs, same repetition), in every repetition",
+            &vs_loaded_floor,
             Side::AtMost,
             1.0,
         ),
@@ -893,8 +949,8 @@ fn s3(
         handshake: s3_handshake(runs)?,
         bytes_per_vcpu: costs::bytes_per_vcpu(),
         guest_hook_source: match hook {
-            Some(_) => "bench/s4.py output (--s4-json)",
-            None => "not measured in this scenario: the guest hook runs in the Linux guest driver (S4, bench/s4.py under QEMU TCG); pass --s4-json FILE with an S4 result that has guest_hook_ns",
+            Some(_) => "an S4 report (--s4-json)",
+            None => "not measured in this scenario: the guest hook runs in the Linux guest driver (S4, pvsched-bench s4 under QEMU TCG); pass --s4-json FILE with an S4 report that has guest_hook_ns",
         }
         .into(),
         guest_hook_ns: hook,
@@ -1206,13 +1262,27 @@ mod tests {
                     samples: 2000,
                     p99_us: Some(m / 10.0),
                     max_us: Some(m),
+                    steal_ms: Some(1.0),
                 }),
             })
             .collect()
     }
 
+    /// A report with `floor` as the idle floor and the loaded floor at
+    /// half its maxima.
     fn report(s: Scenario, runs: Vec<Runs>, floor: Option<Vec<FloorRun>>) -> ScenarioReport {
-        let ex = Executed { runs, floor };
+        let floor_loaded = floor.as_ref().map(|f| {
+            let maxima: Vec<f64> = f
+                .iter()
+                .map(|r| r.floor.as_ref().unwrap().max_us.unwrap() / 2.0)
+                .collect();
+            floors(&maxima)
+        });
+        let ex = Executed {
+            runs,
+            floor,
+            floor_loaded,
+        };
         assemble(s, &ex, None, "pvsched-bench test".into(), options()).unwrap()
     }
 
@@ -1264,6 +1334,7 @@ mod tests {
                 "s1_max_ratio",
                 "s1_max_every_rep",
                 "s1_max_vs_floor",
+                "s1_max_vs_loaded_floor",
                 "s1_host_cost"
             ]
         );
@@ -1276,6 +1347,11 @@ mod tests {
         assert_eq!((f.verdict, f.value), (Verdict::Met, Some(0.5)));
         let floor = r.floor.as_ref().unwrap();
         assert_eq!((floor.n, floor.failed, floor.max_us), (2, 0, Some(200.0)));
+        assert_eq!(floor.runs[0].steal_ms, Some(1.0));
+        // 1.0 and 0.9 of the loaded floor's 100 µs: met; the worst is the
+        // value shown.
+        let lf = target(&r, "s1_max_vs_loaded_floor");
+        assert_eq!((lf.verdict, lf.value), (Verdict::Met, Some(1.0)));
         // vanilla loaded p99 10x its idle p99: the load shows the problem.
         assert_eq!(r.load_shows_problem, Some(Verdict::Met));
         assert_eq!(series(&runs(Scenario::S1, &[])).len(), 4);
@@ -1467,6 +1543,7 @@ mod tests {
         let ex = Executed {
             runs: runs(Scenario::S3, &[]),
             floor: None,
+            floor_loaded: None,
         };
         let hook = serde_json::json!({"guest_hook_ns": 420});
         let r = assemble(Scenario::S3, &ex, Some(&hook), String::new(), options()).unwrap();
