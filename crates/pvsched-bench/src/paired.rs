@@ -122,6 +122,17 @@ pub fn paired(base: &[Option<f64>], test: &[Option<f64>]) -> Paired {
 }
 
 impl Paired {
+    /// The resolution as a table shows it: `±3 %`, `±0.4 %` below one
+    /// per cent (a "±0 %" would claim more than the pairs show), `-`
+    /// without one.
+    pub fn resolution_text(&self) -> String {
+        match self.resolution {
+            Some(r) if r < 0.01 => format!("±{:.1} %", r * 100.0),
+            Some(r) => format!("±{:.0} %", r * 100.0),
+            None => "-".into(),
+        }
+    }
+
     /// The ratio should be at least `target` (a throughput kept or gained).
     pub fn at_least(&self, target: f64) -> Verdict {
         match self.ci95 {

@@ -640,8 +640,7 @@ fn paired_cells(p: &Paired) -> String {
         p.n,
         p.failed,
         num(p.p, 3),
-        p.resolution
-            .map_or_else(|| "-".into(), |r| format!("±{:.0} %", r * 100.0))
+        p.resolution_text()
     )
 }
 
@@ -649,9 +648,10 @@ impl Render for ScenarioReport {
     fn markdown(&self) -> String {
         let mut s = String::new();
         let o = &self.options;
+        let m = &self.machine;
         let _ = writeln!(
             s,
-            "{}: {} repetition(s) of {} s{}, {} hogs ({}), device {}, caps {}\n",
+            "{}: {} repetition(s) of {} s{}, {} hogs ({}), device {}, caps {}; host kernel {}, {} CPUs, load average at start {}\n",
             self.scenario,
             o.reps,
             o.duration_s,
@@ -659,7 +659,10 @@ impl Render for ScenarioReport {
             o.hog_threads,
             o.load,
             o.device_mode,
-            o.caps
+            o.caps,
+            m["kernel"].as_str().unwrap_or("-"),
+            m["cpus"],
+            m["loadavg_at_start"].as_str().unwrap_or("-"),
         );
         let _ = writeln!(
             s,
@@ -722,9 +725,13 @@ impl Render for ScenarioReport {
                     ("hog it/s", &c.hog_iterations_per_s),
                     ("events per VMM CPU-s", &c.events_per_vm_cpu_s),
                 ] {
-                    // Every pair-less figure but p99 is left out (S5 times nothing);
-                    // p99 stays, so its failed count shows.
-                    if p.n > 0 || fig == "p99" {
+                    // A pair-less figure is left out, but p99 stays where a
+                    // variant measured latency at all, so its failed count
+                    // shows (S5's greedy guest times nothing).
+                    let timed = [&c.test, &c.base]
+                        .iter()
+                        .any(|v| self.variants.get(*v).is_some_and(|v| v.p99_us.is_some()));
+                    if p.n > 0 || (fig == "p99" && timed) {
                         let _ = writeln!(
                             s,
                             "| {name}: {} / {} | {fig} | {} |",

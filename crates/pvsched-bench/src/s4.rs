@@ -779,8 +779,7 @@ pub fn ratio_cell(p: &Paired) -> String {
         f(p.min, 2),
         f(p.max, 2),
         f(p.p, 3),
-        p.resolution
-            .map_or_else(|| "-".into(), |r| format!("±{:.0} %", r * 100.0)),
+        p.resolution_text(),
         p.n,
         p.failed
     )

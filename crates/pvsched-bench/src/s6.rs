@@ -21,6 +21,41 @@ pub const PER_CPU_S_TARGET: f64 = 1.0;
 /// keeps the host's other work.
 pub const HOG_RATE_TARGET: f64 = 0.95;
 
+/// S6's targets, each judged by code on every pvsched variant that ran:
+/// (name, what it asks, the workloads it is for (empty: every one),
+/// whether it is on the hogs' rate rather than the work per CPU-second,
+/// the lowest ratio to vanilla it accepts).
+pub const TARGETS: &[(&str, &str, &[&str], bool, f64)] = &[
+    (
+        "s6_ipi_gain",
+        "IPI-heavy workloads: >= 1.5x vanilla's work per CPU-second",
+        &["hackbench", "tlb", "membarrier"],
+        false,
+        1.5,
+    ),
+    (
+        "s6_dbench_gain",
+        "dbench: >= 1.15x vanilla's work per CPU-second",
+        &["dbench"],
+        false,
+        1.15,
+    ),
+    (
+        "s6_no_loss",
+        "no workload below 0.98x vanilla's work per CPU-second",
+        &[],
+        false,
+        0.98,
+    ),
+    (
+        "s6_hogs_kept",
+        "the host's hogs keep >= 0.8x their rate beside vanilla",
+        &[],
+        true,
+        0.8,
+    ),
+];
+
 /// `pvsched-bench s6`: the options of `python3 -m pvsched_bench s6`, and
 /// where the report goes.
 #[derive(clap::Args, Debug)]
@@ -418,17 +453,11 @@ impl Render for S6Report {
                  | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
             );
             for v in &c.variants {
+                // Verdicts are the targets' (below), not the cells'.
                 let vs = |x: &Option<Versus>, hogs: bool| {
                     x.as_ref().map_or_else(
                         || "-".into(),
-                        |x| {
-                            let (p, d) = if hogs {
-                                (&x.hog_rate, x.hog_rate_verdict)
-                            } else {
-                                (&x.per_cpu_s, x.per_cpu_s_verdict)
-                            };
-                            format!("{} {}", s4::ratio_cell(p), d.word())
-                        },
+                        |x| s4::ratio_cell(if hogs { &x.hog_rate } else { &x.per_cpu_s }),
                     )
                 };
                 let _ = writeln!(
@@ -452,6 +481,43 @@ impl Render for S6Report {
                 );
             }
             s.push('\n');
+        }
+        s.push_str(&self.targets_markdown());
+        s
+    }
+}
+
+impl S6Report {
+    /// Every target of [`TARGETS`] on every pvsched variant and workload it
+    /// is for, with its verdict: met only when the ratio's whole 95 %
+    /// interval is on the target's side.
+    fn targets_markdown(&self) -> String {
+        let mut s = String::from(
+            "### Targets\n\n| target | goal | variant | cell | ratio to vanilla | verdict |\n| --- | --- | --- | --- | --- | --- |\n",
+        );
+        for &(name, goal, workloads, on_hogs, limit) in TARGETS {
+            for c in &self.cells {
+                if !workloads.is_empty() && !workloads.contains(&c.workload.as_str()) {
+                    continue;
+                }
+                for v in c
+                    .variants
+                    .iter()
+                    .filter(|v| v.variant.starts_with("pvsched"))
+                {
+                    let Some(vs) = &v.vs_vanilla else { continue };
+                    let p = if on_hogs { &vs.hog_rate } else { &vs.per_cpu_s };
+                    let _ = writeln!(
+                        s,
+                        "| {name} | {goal} | {} | {} {} | {} | {} |",
+                        v.variant,
+                        c.topology,
+                        c.workload,
+                        s4::ratio_cell(p),
+                        p.at_least(limit).word()
+                    );
+                }
+            }
         }
         s
     }
