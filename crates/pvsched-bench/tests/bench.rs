@@ -279,8 +279,10 @@ fn a_missing_cyclictest_stops_the_bench_before_any_run() {
 
 /// `--trace`: the chosen variants' runs are recorded on the real tracefs
 /// and each run's JSON names its vCPU threads' waits over 1 ms by cause.
-/// The loaded vanilla run's vCPU threads compete with four busy hogs at
-/// SCHED_OTHER, so it has such waits, unboosted (the test's own load
+/// The loaded vanilla run's vCPU threads compete with eight busy hogs at
+/// SCHED_OTHER (four per CPU of a 2-CPU host: with S1's default two per
+/// CPU a 2 s run once had no wait over 1 ms, when the scheduler let each
+/// wake-up preempt), so it has such waits, unboosted (the test's own load
 /// causes them); the idle variants, not chosen, are not traced; no
 /// tracefs instance is left behind, nor one a killed bench left.
 #[test]
@@ -299,6 +301,7 @@ fn s1_quick_trace_names_the_stalls_of_each_run() {
         test,
         pvsched()
             .args(["s1", "--quick", "--json", "-", "--trace-buffer-mb", "64"])
+            .args(["--hogs", "8"])
             .arg("--no-floor")
             .args(["--trace-variants", "vanilla,pvsched", "--trace"])
             .arg(&dir)
