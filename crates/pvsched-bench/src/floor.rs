@@ -78,9 +78,8 @@ pub fn steal_ms() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     let ticks: f64 = line.split_whitespace().nth(8)?.parse().ok()?;
-    // SAFETY: sysconf reads a constant and has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| ticks * 1000.0 / hz as f64)
+    let hz = crate::machine::clock_ticks_per_s()?;
+    Some(ticks * 1000.0 / hz as f64)
 }
 
 /// cyclictest's `--json` file, the parts read here.

@@ -20,6 +20,15 @@ pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The kernel's clock ticks per second (`USER_HZ`), the unit of /proc's
+/// CPU times; `None` if sysconf gives none.
+pub fn clock_ticks_per_s() -> Option<u64> {
+    // SAFETY: sysconf reads a constant and has no memory effects.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&hz| hz > 0)
+}
+
 /// `machine` of the bench JSON.
 pub fn describe() -> Value {
     let kernel = read("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned());

@@ -88,8 +88,7 @@ fn prog_stats(agent: &Agent) -> Vec<ProgStat> {
 /// which applies decisions and runs the policy's timer) has used, ns;
 /// `None` without one.
 fn agent_cpu_ns() -> Option<u64> {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    let hz = crate::machine::clock_ticks_per_s()?;
     for e in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let p = e.path();
         if std::fs::read_to_string(p.join("comm")).ok()?.trim() != "pvsched-apply" {
