@@ -304,9 +304,6 @@ pub struct BenchArgs {
     /// unresolved.
     #[arg(long)]
     pub no_floor: bool,
-    /// S3: an S4 result (JSON) to take `guest_hook_ns` from.
-    #[arg(long)]
-    pub s4_json: Option<PathBuf>,
     /// S1, S2, S5: record each run's scheduler events in a tracefs
     /// instance (as root) and name every wait of a vCPU thread over 1 ms
     /// in its measured time with `pvsched_bench stall-trace` (stolen, unboosted,
@@ -380,10 +377,6 @@ fn bench(scenario: ScenarioArg, a: &BenchArgs) -> Result<(), BenchError> {
         kind: a.load,
         n: a.hogs.unwrap_or_else(|| sc.default_hogs(machine::cpus())),
     };
-    let guest_hook = match &a.s4_json {
-        Some(p) => Some(read_json(p)?),
-        None => None,
-    };
     // S3 counts BPF run time; on for the whole scenario.
     let _stats = if sc == Scenario::S3 {
         Some(costs::BpfStats::enable()?)
@@ -422,7 +415,7 @@ fn bench(scenario: ScenarioArg, a: &BenchArgs) -> Result<(), BenchError> {
         &opts,
         cyclictest.as_deref(),
     )?;
-    let report = scenario::assemble(sc, &ex, guest_hook.as_ref(), command_line(), options)?;
+    let report = scenario::assemble(sc, &ex, command_line(), options)?;
     if let Some(p) = &a.plot {
         let title = match sc {
             Scenario::S1 => "S1 WAKEUP: MSI INJECTION TO GUEST HANDLER",
@@ -510,11 +503,4 @@ fn trace_opts(sc: Scenario, a: &BenchArgs) -> Result<Option<sched_trace::TraceOp
         variants: a.trace_variants.clone(),
         kvm: sc == Scenario::S1,
     }))
-}
-
-fn read_json(p: &std::path::Path) -> Result<Value, BenchError> {
-    let text = std::fs::read_to_string(p)
-        .map_err(|e| BenchError::Setup(format!("reading {}: {e}", p.display())))?;
-    serde_json::from_str(&text)
-        .map_err(|e| BenchError::Setup(format!("{} is not JSON: {e}", p.display())))
 }

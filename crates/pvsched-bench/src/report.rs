@@ -522,10 +522,6 @@ pub struct CostsReport {
     pub handshake: Handshake,
     /// Bytes of host and guest state per vCPU.
     pub bytes_per_vcpu: serde_json::Value,
-    /// The Linux guest driver's hook cost, from an S4 result (`--s4-json`).
-    pub guest_hook_ns: Option<serde_json::Value>,
-    /// Where `guest_hook_ns` comes from, or why it is missing.
-    pub guest_hook_source: String,
 }
 
 /// S3's scaling table: one workload, medians over its runs.

@@ -19,7 +19,6 @@ use super::stats::{self, median, ratio};
 use super::worker::{BenchWorkload, VariantPolicy};
 use pvsched_agent::object::REEVAL_PROG;
 use pvsched_host::summary::PolicySummary;
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -569,7 +568,6 @@ fn fig(
 pub fn assemble(
     s: Scenario,
     ex: &Executed,
-    guest_hook: Option<&Value>,
     command: String,
     options: Options,
 ) -> Result<ScenarioReport, BenchError> {
@@ -593,7 +591,7 @@ pub fn assemble(
     match s {
         Scenario::S1 => s1(&mut report),
         Scenario::S2 => s2(&mut report),
-        Scenario::S3 => s3(&ex.runs, guest_hook, &mut report)?,
+        Scenario::S3 => s3(&ex.runs, &mut report)?,
         Scenario::S5 => s5(&ex.runs, &mut report),
     }
     Ok(report)
@@ -872,11 +870,7 @@ pub fn s5_bars(r: &ScenarioReport) -> (Vec<(String, f64)>, Option<f64>) {
 
 /// S3: costs. Each variant is one workload of the pvsched policy (no
 /// vanilla: without the policy there is nothing to pay).
-fn s3(
-    runs: &[Runs],
-    guest_hook: Option<&Value>,
-    rep: &mut ScenarioReport,
-) -> Result<(), BenchError> {
+fn s3(runs: &[Runs], rep: &mut ScenarioReport) -> Result<(), BenchError> {
     let mut totals = ProgTotals::default();
     for r in runs {
         let mut progs = ProgTotals::default();
@@ -902,10 +896,6 @@ fn s3(
             .collect()
     };
     let (apply50, apply99) = (apply(|p| p.apply_p50_us), apply(|p| p.apply_p99_us));
-    let hook = guest_hook
-        .and_then(|j| j.get("guest_hook_ns"))
-        .filter(|v| !v.is_null())
-        .cloned();
     let measured = apply50.iter().flatten().count();
     rep.targets = vec![
         Target::value(
@@ -948,12 +938,6 @@ fn s3(
         bpf,
         handshake: s3_handshake(runs)?,
         bytes_per_vcpu: costs::bytes_per_vcpu(),
-        guest_hook_source: match hook {
-            Some(_) => "an S4 report (--s4-json)",
-            None => "not measured in this scenario: the guest hook runs in the Linux guest driver (S4, pvsched-bench s4 under QEMU TCG); pass --s4-json FILE with an S4 report that has guest_hook_ns",
-        }
-        .into(),
-        guest_hook_ns: hook,
     });
     Ok(())
 }
@@ -1283,7 +1267,7 @@ mod tests {
             floor,
             floor_loaded,
         };
-        assemble(s, &ex, None, "pvsched-bench test".into(), options()).unwrap()
+        assemble(s, &ex, "pvsched-bench test".into(), options()).unwrap()
     }
 
     fn target<'a>(r: &'a ScenarioReport, name: &str) -> &'a Target {
@@ -1545,8 +1529,7 @@ mod tests {
             floor: None,
             floor_loaded: None,
         };
-        let hook = serde_json::json!({"guest_hook_ns": 420});
-        let r = assemble(Scenario::S3, &ex, Some(&hook), String::new(), options()).unwrap();
+        let r = assemble(Scenario::S3, &ex, String::new(), options()).unwrap();
         let c = r.costs.as_ref().unwrap();
         assert_eq!(c.apply_p50_us, Some(10.0));
         assert_eq!(c.apply_p50_us_runs.len(), 8);
@@ -1565,10 +1548,7 @@ mod tests {
         assert_eq!(target(&r, "bpf_ns_per_event").verdict, Verdict::NotMet);
         assert_eq!(target(&r, "bpf_full_ns_per_event").verdict, Verdict::NotMet);
         assert_eq!(target(&r, "apply_p50").verdict, Verdict::Met);
-        assert_eq!(c.guest_hook_ns, Some(serde_json::json!(420)));
         assert!(c.handshake.device_in_process_p50_us.is_some());
         assert_eq!(s3_bars(&r), vec![("switch".to_owned(), 900.0)]);
-        let none = assemble(Scenario::S3, &ex, None, String::new(), options()).unwrap();
-        assert!(none.costs.unwrap().guest_hook_ns.is_none());
     }
 }
