@@ -12,11 +12,10 @@
 #ifndef PVSCHED_BUDGET_BPF_H
 #define PVSCHED_BUDGET_BPF_H
 
-/* Send v's current boost, throttle and waiting target as a record. `flags`
- * is 0 when the boost changed (the agent must apply it now) or
- * BPF_RB_NO_WAKEUP for a trace-only record the agent reads at its next
- * wake-up. */
-static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 now, __u64 flags)
+/* A record of thread v's boost as it is now, for `reason` (emit(), and the
+ * co-scheduling records, which change no boost). */
+static __always_inline void emit_reason(const struct pvs_vcpu *v, __u32 event, __u32 reason,
+					__u64 now, __u64 flags)
 {
 	struct pvs_decision *d;
 	struct pvs_stats *s = stats_get();
@@ -32,7 +31,7 @@ static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 no
 	d->gid = gid_of(v->vm_id, v->index);
 	d->kind = v->boost;
 	d->prio = v->boost_prio;
-	d->reason = v->boost_reason;
+	d->reason = reason;
 	d->event = event;
 	d->throttled_until = v->throttled_until;
 	d->waits_on = v->yield_boosting;
@@ -40,6 +39,15 @@ static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 no
 	bpf_ringbuf_submit(d, flags);
 	if (s)
 		s->decisions++;
+}
+
+/* Send v's current boost, throttle and waiting target as a record. `flags`
+ * is 0 when the boost changed (the agent must apply it now) or
+ * BPF_RB_NO_WAKEUP for a trace-only record the agent reads at its next
+ * wake-up. */
+static __always_inline void emit(const struct pvs_vcpu *v, __u32 event, __u64 now, __u64 flags)
+{
+	emit_reason(v, event, v->boost_reason, now, flags);
 }
 
 /* Charge the boosted on-CPU time since the last charge, to the thread and to

@@ -74,6 +74,26 @@
 #define PVS_R_THROTTLED 8  /* its waiting pair was throttled (unit throttle) */
 #define PVS_R_EXITED 9	   /* the thread exited: its TID is forgotten, nothing to restore */
 #define PVS_R_VM_BUDGET 10 /* throttled: the VM's budget of the window used up (vm_budget_ns) */
+/* Co-scheduling records (the thread's boost is unchanged): */
+#define PVS_R_HOST_WAKE 11 /* a host thread woke on the CPU this phased vCPU holds: leave it */
+#define PVS_R_HOST_DONE 12 /* that host thread left the CPU: the phase again */
+
+/* pvs_vcpu.phase: the agent writes FREE, ON and OFF as it moves the thread
+ * between its VM's co-scheduled phases; the policy changes ON to YIELDED
+ * (once, compare-and-swap) when a host thread wakes on the CPU the thread
+ * holds, and the agent then moves it out of the phase until that host
+ * thread has left the CPU (PVS_R_HOST_DONE) or the phase ends. */
+#define PVS_PHASE_FREE 0
+#define PVS_PHASE_ON 1
+#define PVS_PHASE_OFF 2
+#define PVS_PHASE_YIELDED 3
+/* The SCHED_FIFO priority of a co-scheduled phase (the lowest): a host
+ * thread whose kernel priority (task_struct.prio) is at or below this one's
+ * cannot preempt a phase and is what a phase yields to. */
+#define PVS_COSCHED_RT_PRIO 1
+/* CPUs the `cpus` array covers; a host thread woken on a CPU above them is
+ * not seen (it waits for the phase's end, as without the array). */
+#define PVS_MAX_CPUS 1024
 
 /* Per-VM configuration: admin caps and policy knobs. */
 struct pvs_caps {
@@ -151,7 +171,16 @@ struct pvs_vcpu {
 	__u32 last_kick_target; /* slot index + 1 of the vCPU this one last kicked, or 0 */
 	__u64 last_kick_ns;
 	__s32 ls_prio;	       /* RT priority of the request that set ls_until (0: not RT) */
-	__u32 pad1;
+	__u32 phase;	       /* PVS_PHASE_* (agent-written; ON -> YIELDED by the policy) */
+};
+
+/* Per-CPU record (`cpus` array, key = CPU number), written by the scheduler
+ * programs running on that CPU and read by a wakeup on any CPU. */
+struct pvs_cpu {
+	__u32 run_key;	 /* `vcpus` key + 1 of the registered thread on the CPU, 0 = none */
+	__u32 yield_key; /* `vcpus` key + 1 of the thread that left its phase for ... */
+	__u32 yield_tid; /* ... this host thread (the last woken on the CPU), 0 = none */
+	__u32 pad0;
 };
 
 /* Decision record (`decisions` ring buffer): sent when a thread's boost
@@ -211,6 +240,7 @@ struct pvs_stats {
 	/* Runs of each PVS_PROG_* program past its prefilter (a registered
 	 * thread's event): the others returned after the prefilter. */
 	__u64 full_runs[PVS_PROG_MAX];
+	__u64 phase_yields;  /* phased vCPUs moved out of their phase for a host thread */
 };
 
 #endif /* PVSCHED_BPF_INTF_H */

@@ -84,6 +84,16 @@ struct {
 	__array(values, struct pvs_region_map);
 } regions SEC(".maps");
 
+/* What runs on each CPU and which phased vCPU left it for a host thread
+ * (struct pvs_cpu), key = CPU number: a wakeup on one CPU reads the entry of
+ * the CPU its task was placed on. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PVS_MAX_CPUS);
+	__type(key, __u32);
+	__type(value, struct pvs_cpu);
+} cpus SEC(".maps");
+
 /* Decisions for the agent's applier. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

@@ -7,6 +7,7 @@
  *   budget.bpf.h  boost choice, caps, max boost, throttle, budget, decisions
  *   ipi.bpf.h     IPI pairs and the directed-yield slot
  *   policy.bpf.h  per-event state machine
+ *   cosched.bpf.h a co-scheduled phase yields to host wake-ups
  *   switch.bpf.c  sched_switch, sched_wakeup
  *   kvm.bpf.c     kvm_vcpu_wakeup, kvm_userspace_exit
  *   ipi.bpf.c     kvm_apic_ipi
@@ -48,6 +49,7 @@ char LICENSE[] SEC("license") = "GPL";
 #include "budget.bpf.h"
 #include "ipi.bpf.h"
 #include "policy.bpf.h"
+#include "cosched.bpf.h"
 
 #include "switch.bpf.c"
 #include "kvm.bpf.c"

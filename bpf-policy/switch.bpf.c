@@ -13,8 +13,11 @@ int BPF_PROG(pvs_sched_switch, bool preempt, struct task_struct *prev, struct ta
 	__u64 now;
 
 	/* Most switches on a host are of other threads: no clock read. */
-	if (!out && !in)
+	if (!out && !in) {
+		cpu_switch_host(cur);
 		return 0;
+	}
+	cpu_switch(cur, in);
 	count_full(PVS_PROG_SWITCH);
 	now = bpf_ktime_get_ns();
 	if (out)
@@ -78,9 +81,11 @@ int BPF_PROG(pvs_sched_process_exec, struct task_struct *p, pid_t old_pid,
 }
 
 /*
- * A vCPU thread is woken. When the waker is a sibling vCPU's thread, that
- * vCPU kicked it (under QEMU TCG an IPI is exactly that): the waker's event
- * goes first, so the woken vCPU's own event already sees the loan.
+ * A host thread is woken: it may cut a co-scheduled phase short on its CPU
+ * (host_wakeup). A vCPU thread is woken: when the waker is a sibling vCPU's
+ * thread, that vCPU kicked it (under QEMU TCG an IPI is exactly that): the
+ * waker's event goes first, so the woken vCPU's own event already sees the
+ * loan.
  */
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
@@ -90,8 +95,10 @@ int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
 	struct pvs_vm *vm;
 	__u64 now;
 
-	if (!v)
+	if (!v) {
+		host_wakeup(p);
 		return 0;
+	}
 	count_full(PVS_PROG_WAKEUP);
 	now = bpf_ktime_get_ns();
 	/* Only a VM that pairs kicks pays for the waker's event (under KVM

@@ -66,6 +66,9 @@ repetition: repetition r starts at variant r mod k):
             co-scheduling: a fixed phase at the VM's fair share (cosched_us
             computed from the topology, 20 ms period), or cosched_us =
             "auto" at the default 20 ms period, at 10 ms or at 5 ms
+  pvsched-coauto-noyield
+            "auto" with pvschedd's cosched_yield = false: a host thread
+            woken in a phase waits for its end (the yield's ablation)
   fifo1     every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
             libvirt's <vcpusched scheduler='fifo' priority='1'/>)
   weight    QEMU in its own cpu cgroup with cpu.shares 4096 (cgroup v1;
@@ -144,7 +147,7 @@ WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
-            "fifo1", "weight", "slice")
+            "pvsched-coauto-noyield", "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-clamped is the
 # control: registered, every boost clamped to nothing.
@@ -159,7 +162,10 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  # Half the default period: what a shorter phase costs the
                  # VM's work and saves a host thread's wake-ups.
                  "pvsched-coauto10": "cosched_us = \"auto\"\ncosched_period_us = 10000\n",
-                 "pvsched-coauto5": "cosched_us = \"auto\"\ncosched_period_us = 5000\n"}
+                 "pvsched-coauto5": "cosched_us = \"auto\"\ncosched_period_us = 5000\n",
+                 "pvsched-coauto-noyield": "cosched_us = \"auto\"\n"}
+# Ablations of pvschedd's own settings (top-level pvschedd.toml lines).
+ABLATION_DAEMON = {"pvsched-coauto-noyield": "cosched_yield = false\n"}
 # pvsched-cosched: the period of the co-scheduled phase, µs.
 COSCHED_PERIOD_US = 20_000
 
@@ -389,7 +395,8 @@ def run_round(args, topo, variant, rep, cgroup, caps):
     without its BPF programs on the host's scheduler events)."""
     nvm, vcpus = topo
     tag = f"{nvm}x{vcpus}-{variant}-r{rep}"
-    daemon = Daemon(args, args.out) if variant.startswith("pvsched") else None
+    daemon = (Daemon(args, args.out, ABLATION_DAEMON.get(variant, ""))
+              if variant.startswith("pvsched") else None)
     try:
         return guest_round(args, tag, nvm, vcpus, variant, daemon, cgroup, caps)
     finally:
@@ -621,7 +628,8 @@ def run_workload(args, tag, guests, w, variant, daemon):
            "host_probe": probe_fig}
     if st0 is not None:
         st1 = daemon.status()
-        pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0}
+        pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0,
+               "phase_yields": 0}
         for g in guests:
             a, b = thread_stats(st0, g.name), thread_stats(st1, g.name)
             if a and b:
@@ -630,6 +638,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
         row["policy"] = {"boosts": pol["boosts"], "throttles": pol["throttles"],
                          "boosted_s": round(pol["boosted_ns"] / 1e9, 3),
                          "phase_changes": pol["phase_changes"],
+                         "phase_yields": pol["phase_yields"],
                          "bpf_runs": bpf1["runs"] - bpf0["runs"]}
         # Each VM's co-scheduled phase as the run ended (what "auto" measured).
         phases = [(status_vm(st1, g.name) or {}).get("cosched_now_us", 0) for g in guests]

@@ -223,7 +223,9 @@ class Daemon:
     directory (`vms`): a VM gets the daemon's default caps unless its
     variant writes NAME.toml there."""
 
-    def __init__(self, args, out):
+    def __init__(self, args, out, settings=""):
+        """`settings`: top-level pvschedd.toml lines of this daemon only
+        (before the tables of --daemon-toml)."""
         self.args, self.dir = args, out / "pvschedd"
         # Each variant's caps, as pvschedd reports them (printed once).
         self.caps = {}
@@ -234,7 +236,7 @@ class Daemon:
         cfg = self.dir / "pvschedd.toml"
         extra = getattr(args, "daemon_toml", None)
         cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
-                       f'metrics_listen = ""\n' + (extra.read_text() if extra else ""))
+                       f'metrics_listen = ""\n' + settings + (extra.read_text() if extra else ""))
         if self.socket.exists():
             self.socket.unlink()
         self.proc = Proc("pvschedd", [str(args.pvschedd_bin), "--config", str(cfg)],
@@ -279,9 +281,9 @@ def vm_caps(daemon, name):
 
 def thread_stats(status, name):
     """Sum of boosts, throttles, boosted ns and co-scheduling phase changes
-    over VM `name`'s threads."""
+    and yields over VM `name`'s threads."""
     vm = status_vm(status, name)
-    tot = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0}
+    tot = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0, "phase_yields": 0}
     if vm is None:
         return None
     for t in vm["vcpus"] + vm["emulators"]:

@@ -55,11 +55,20 @@ R_BUDGET = 7
 R_THROTTLED = 8
 R_EXITED = 9
 R_VM_BUDGET = 10
+R_HOST_WAKE = 11
+R_HOST_DONE = 12
+PHASE_FREE = 0
+PHASE_ON = 1
+PHASE_OFF = 2
+PHASE_YIELDED = 3
+COSCHED_RT_PRIO = 1
+MAX_CPUS = 1024
 
 SIZEOF = {
     "pvs_caps": 96,
+    "pvs_cpu": 16,
     "pvs_decision": 48,
-    "pvs_stats": 200,
+    "pvs_stats": 208,
     "pvs_tid_hint": 16,
     "pvs_vcpu": 200,
     "pvs_vm": 144,
@@ -84,6 +93,12 @@ OFFSETOF = {
         "halt_always": 80,
         "kick_pairs": 84,
         "vm_budget_ns": 88,
+    },
+    "pvs_cpu": {
+        "run_key": 0,
+        "yield_key": 4,
+        "yield_tid": 8,
+        "pad0": 12,
     },
     "pvs_decision": {
         "ts": 0,
@@ -110,6 +125,7 @@ OFFSETOF = {
         "read_errors": 144,
         "publish_busy": 152,
         "full_runs": 160,
+        "phase_yields": 200,
     },
     "pvs_tid_hint": {
         "count": 0,
@@ -152,7 +168,7 @@ OFFSETOF = {
         "last_kick_target": 180,
         "last_kick_ns": 184,
         "ls_prio": 192,
-        "pad1": 196,
+        "phase": 196,
     },
     "pvs_vm": {
         "active": 0,

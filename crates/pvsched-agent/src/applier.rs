@@ -67,11 +67,15 @@ pub enum Phase {
     On,
     /// The rest of the period: nice [`COSCHED_OFF_NICE`].
     Off,
+    /// In the phase's time but out of the phase, as [`Phase::Off`], for a
+    /// host thread woken on the CPU it held, until that thread leaves the
+    /// CPU or the phase ends.
+    Yielded,
 }
 
 /// The RT priority of a co-scheduled phase: the lowest, so every boost the
 /// policy decides (halt, yield) still outranks it.
-pub const COSCHED_RT_PRIO: i32 = 1;
+pub const COSCHED_RT_PRIO: i32 = pvsched_policy::event::COSCHED_RT_PRIO as i32;
 
 /// The nice value of a vCPU thread outside its VM's co-scheduled phase.
 /// Nice 19 rather than SCHED_IDLE: on this host's EEVDF threads moved
@@ -105,7 +109,8 @@ fn rank(a: &SchedAttr) -> i64 {
 /// (one leaves the phase within a tick), so what it gives up is the boosts
 /// of its batch work.
 pub fn effective(base: &SchedAttr, kind: u32, prio: i32, phase: Phase, caps: &Caps) -> SchedAttr {
-    let kind = if phase == Phase::Off && caps.cosched_us == CoschedUs::Auto {
+    let out = matches!(phase, Phase::Off | Phase::Yielded);
+    let kind = if out && caps.cosched_us == CoschedUs::Auto {
         BOOST_NONE
     } else {
         kind
@@ -125,7 +130,7 @@ pub fn effective(base: &SchedAttr, kind: u32, prio: i32, phase: Phase, caps: &Ca
                 boost
             }
         }
-        Phase::Off => {
+        Phase::Off | Phase::Yielded => {
             let fair = base.policy == POLICY_NORMAL || base.policy == pvsched_abi::POLICY_BATCH;
             if boost != *base || !fair || base.nice >= COSCHED_OFF_NICE {
                 boost
@@ -178,6 +183,38 @@ pub struct ThreadState {
     pub phase: Phase,
     /// Co-scheduling phase changes applied.
     pub phase_changes: u64,
+    /// Times the thread left its phase for a host thread's wake-up.
+    pub phase_yields: u64,
+    /// Where the policy learns the thread's phase (None in unit tests).
+    word: Option<PhaseWord>,
+}
+
+/// A thread's `phase` word in the policy's mapped `vcpus` array.
+#[derive(Clone)]
+pub struct PhaseWord {
+    map: Arc<pvsched_abi::seq::SharedRegion>,
+    off: usize,
+}
+
+impl PhaseWord {
+    /// The word at byte offset `off` of `map` (the caller checks that it
+    /// is inside the mapping and 4-byte aligned).
+    pub fn new(map: Arc<pvsched_abi::seq::SharedRegion>, off: usize) -> Self {
+        PhaseWord { map, off }
+    }
+
+    fn set(&self, phase: u32) {
+        use pvsched_abi::seq::SharedWords;
+        self.map
+            .words()
+            .store(self.off, phase, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for PhaseWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PhaseWord(+{})", self.off)
+    }
 }
 
 /// Where a thread's boosts are recorded for the guardian.
@@ -213,6 +250,30 @@ impl ThreadState {
             ident: None,
             phase: Phase::Free,
             phase_changes: 0,
+            phase_yields: 0,
+            word: None,
+        }
+    }
+
+    /// The policy learns this thread's phase from `word`.
+    pub fn with_phase_word(mut self, word: PhaseWord) -> Self {
+        self.word = Some(word);
+        self
+    }
+
+    /// Tells the policy the thread's phase: before the system call that
+    /// moves the thread, so a host thread woken right after it is seen.
+    /// [`Phase::Yielded`] is the policy's own change.
+    fn publish_phase(&self) {
+        use pvsched_policy::event::{PHASE_FREE, PHASE_OFF, PHASE_ON};
+        let Some(w) = &self.word else {
+            return;
+        };
+        match self.phase {
+            Phase::Free => w.set(PHASE_FREE),
+            Phase::On => w.set(PHASE_ON),
+            Phase::Off => w.set(PHASE_OFF),
+            Phase::Yielded => {}
         }
     }
 
@@ -407,7 +468,11 @@ impl ThreadState {
         if self.exited || phase == self.phase {
             return false;
         }
+        if phase == Phase::Yielded {
+            self.phase_yields += 1;
+        }
         self.phase = phase;
+        self.publish_phase();
         let (kind, prio) = self.decided;
         let changed = if phase == Phase::Free && kind == BOOST_NONE {
             self.restore()
@@ -492,6 +557,7 @@ impl ThreadState {
             return false;
         }
         self.phase = Phase::Free;
+        self.publish_phase();
         let (Some(base), Some(_)) = (self.baseline, self.applied) else {
             return false;
         };

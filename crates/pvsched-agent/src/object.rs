@@ -384,6 +384,16 @@ impl PolicyObject {
         a.get(&key, 0).map_err(map_err("vcpus"))
     }
 
+    /// Where the agent tells the policy thread `gid`'s co-scheduling phase
+    /// (its `phase` word in the mapped array), None for a gid outside it.
+    pub fn phase_word(&self, gid: u32) -> Option<crate::applier::PhaseWord> {
+        let off = (vcpu_key(gid)? as usize)
+            .checked_mul(size_of::<PvsVcpu>())?
+            .checked_add(std::mem::offset_of!(PvsVcpu, phase))?;
+        (off.checked_add(4)? <= self.vcpus_map.len())
+            .then(|| crate::applier::PhaseWord::new(self.vcpus_map.clone(), off))
+    }
+
     /// Clears a thread's state (array elements cannot be removed).
     pub fn remove_vcpu(&mut self, gid: u32) -> Result<()> {
         self.set_vcpu(gid, &PvsVcpu::default())

@@ -7,19 +7,12 @@
 
 use super::BenchError;
 use super::docgen::Render;
-use super::paired::{Paired, Verdict, paired};
+use super::paired::{Paired, paired};
 use super::plot_spread::Panel;
 use super::s4::{self, Spread};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt::Write as _;
-
-/// A variant at least this many times vanilla's throughput per CPU-second
-/// gains (a ratio of 1: no loss).
-pub const PER_CPU_S_TARGET: f64 = 1.0;
-/// A variant that leaves the hogs at least this share of vanilla's rate
-/// keeps the host's other work.
-pub const HOG_RATE_TARGET: f64 = 0.95;
 
 /// S6's targets, each judged by code on every pvsched variant that ran:
 /// (name, what it asks, the workloads it is for (empty: every one),
@@ -71,7 +64,7 @@ pub struct S6Args {
     pub workloads: Option<String>,
     /// Comma-separated, of none, vanilla, pvsched (and its ablations:
     /// pvsched-nocs, -nowait, -nolock, -lock, -kick, -nokick, -auto,
-    /// -clamped, -cosched, -coauto, -coauto10, -coauto5), fifo1, weight,
+    /// -clamped, -cosched, -coauto, -coauto10, -coauto5, -coauto-noyield), fifo1, weight,
     /// slice; the order rotates per repetition.
     #[arg(long, default_value = "none,vanilla,pvsched,fifo1,weight")]
     pub variants: String,
@@ -232,10 +225,6 @@ pub struct Versus {
     pub per_cpu_s: Paired,
     /// The hogs' rate.
     pub hog_rate: Paired,
-    /// per_cpu_s at least [`PER_CPU_S_TARGET`].
-    pub per_cpu_s_verdict: Verdict,
-    /// hog_rate at least [`HOG_RATE_TARGET`].
-    pub hog_rate_verdict: Verdict,
 }
 
 /// One variant in one topology and workload.
@@ -335,8 +324,6 @@ fn versus(rows: &[&S6Row], base: &str, variant: &str, reps: usize) -> Versus {
     Versus {
         base: base.into(),
         throughput: pair(&|r| r.throughput),
-        per_cpu_s_verdict: per_cpu_s.at_least(PER_CPU_S_TARGET),
-        hog_rate_verdict: hog.at_least(HOG_RATE_TARGET),
         per_cpu_s,
         hog_rate: hog,
     }

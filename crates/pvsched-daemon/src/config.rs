@@ -112,6 +112,10 @@ pub struct Config {
     /// below it for the few µs a decision takes: a host whose own RT
     /// threads must not wait for it sets it below theirs.
     pub applier_rt_prio: u32,
+    /// A co-scheduled phase yields to an ordinary host thread woken on a
+    /// CPU it holds, so host services are not kept waiting for the
+    /// phase's end. `false` only to measure what that costs or gains.
+    pub cosched_yield: bool,
     /// The operator's maximum for every VM's caps.
     pub max: CapsLimit,
     /// Caps of a VM that has no file and sent none.
@@ -133,6 +137,7 @@ impl Default for Config {
             max_clients_per_uid: 32,
             max_vms_per_uid: 16,
             applier_rt_prio: pvsched_agent::guardian::RESTORER_RT_PRIO,
+            cosched_yield: true,
             max: CapsLimit::default(),
             defaults: Caps::default(),
         }

@@ -136,7 +136,7 @@ const PER_VM: [Single<VmStatus>; 5] = [
 ];
 
 /// The per-thread families (`vm` and `thread` labels).
-const PER_THREAD: [Single<ThreadStatus>; 9] = [
+const PER_THREAD: [Single<ThreadStatus>; 10] = [
     (
         "pvsched_boosts_total",
         "counter",
@@ -178,6 +178,12 @@ const PER_THREAD: [Single<ThreadStatus>; 9] = [
         "counter",
         "Co-scheduling phase changes applied per thread (caps cosched_us).",
         |t| t.phase_changes as f64,
+    ),
+    (
+        "pvsched_cosched_phase_yields_total",
+        "counter",
+        "Times a thread left its co-scheduled phase for a host thread woken on its CPU.",
+        |t| t.phase_yields as f64,
     ),
     (
         "pvsched_corrections_total",

@@ -197,6 +197,10 @@ pub struct ThreadStatus {
     /// Co-scheduling phase changes applied (caps `cosched_us`).
     #[serde(default)]
     pub phase_changes: u64,
+    /// Times the thread left its co-scheduled phase for a host thread
+    /// woken on its CPU.
+    #[serde(default)]
+    pub phase_yields: u64,
 }
 
 /// One VM in [`Reply::Status`].

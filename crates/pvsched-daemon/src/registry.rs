@@ -524,6 +524,7 @@ fn thread_status(t: &pvsched_agent::agent::ThreadStats) -> ThreadStatus {
         corrections: t.corrections,
         errors: t.errors,
         phase_changes: t.phase_changes,
+        phase_yields: t.phase_yields,
     }
 }
 

@@ -183,6 +183,7 @@ impl Server {
             cosched_host_pct: cfg.max.max_cosched_host_pct,
             cosched_max_pct: cfg.max.max_cosched_pct,
             cosched_max_phase_us: cfg.max.max_cosched_phase_us,
+            cosched_yield: cfg.cosched_yield,
             handle_signals: false,
             ledger: Some(crate::persist::ledger_path(&runtime_dir)),
             ..AgentConfig::default()

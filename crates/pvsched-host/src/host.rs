@@ -188,6 +188,7 @@ impl RemoteVm {
             corrections: t.corrections,
             errors: t.errors,
             phase_changes: t.phase_changes,
+            phase_yields: t.phase_yields,
             boost_prio: t.boost_prio,
             throttled: t.throttled as u32,
             ..Default::default()

@@ -47,10 +47,30 @@ pub const R_EXITED: u32 = 9;
 /// `PVS_R_*`: throttled, the VM's budget of the window (`vm_budget_us`)
 /// used up.
 pub const R_VM_BUDGET: u32 = 10;
+/// `PVS_R_*`: a host thread woke on the CPU a co-scheduled vCPU holds; the
+/// vCPU leaves its phase for it (the record changes no boost).
+pub const R_HOST_WAKE: u32 = 11;
+/// `PVS_R_*`: that host thread left the CPU; the vCPU's phase again.
+pub const R_HOST_DONE: u32 = 12;
 /// The reasons of a throttle at one of the caps' limits (the continuous
 /// limit, the thread's budget, the VM's budget), as against a unit
 /// throttle or an unboost.
 pub const R_LIMITS: [u32; 3] = [R_MAX_BOOST, R_BUDGET, R_VM_BUDGET];
+
+/// `PVS_PHASE_*` (`pvs_vcpu.phase`): not co-scheduled.
+pub const PHASE_FREE: u32 = 0;
+/// In its VM's co-scheduled phase (SCHED_FIFO [`COSCHED_RT_PRIO`]).
+pub const PHASE_ON: u32 = 1;
+/// Outside it (the rest of the period).
+pub const PHASE_OFF: u32 = 2;
+/// In the phase's time but out of it for a host thread woken on its CPU
+/// (set by the policy, from [`PHASE_ON`] only).
+pub const PHASE_YIELDED: u32 = 3;
+/// The SCHED_FIFO priority of a co-scheduled phase: the lowest, so every
+/// boost the policy decides still outranks it.
+pub const COSCHED_RT_PRIO: u32 = 1;
+/// CPUs the policy's `cpus` array covers.
+pub const MAX_CPUS: u32 = 1024;
 
 /// `PVS_ST_*` run states.
 pub const ST_UNKNOWN: u32 = 0;

@@ -206,8 +206,24 @@ pub struct PvsVcpu {
     /// was no RT request): the halt boost holds it, so a latency-sensitive
     /// vCPU keeps one priority across its halts.
     pub ls_prio: i32,
-    /// Padding.
-    pub pad1: u32,
+    /// `PHASE_*` ([`crate::event::PHASE_ON`]): written by the agent, changed
+    /// from ON to YIELDED by the policy.
+    pub phase: u32,
+}
+
+/// `struct pvs_cpu`: element `cpu` of the BPF `cpus` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PvsCpu {
+    /// `vcpus` key + 1 of the registered thread on the CPU, 0 for none.
+    pub run_key: u32,
+    /// `vcpus` key + 1 of the thread that left its phase for `yield_tid`.
+    pub yield_key: u32,
+    /// The host thread last woken on the CPU while that thread was out of
+    /// its phase, 0 for none.
+    pub yield_tid: u32,
+    /// Zero.
+    pub pad0: u32,
 }
 
 /// `struct pvs_tid_hint`: element `tid & (TID_HINTS - 1)` of the BPF
@@ -243,6 +259,8 @@ pub struct PvsStats {
     pub publish_busy: u64,
     /// Runs of each `PROG_*` program past its prefilter.
     pub full_runs: [u64; PROG_MAX as usize],
+    /// Phased vCPUs moved out of their phase for a host thread's wake-up.
+    pub phase_yields: u64,
 }
 
 const _: () = {
@@ -251,7 +269,8 @@ const _: () = {
     assert!(size_of::<PvsVcpu>() == 200);
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
-    assert!(size_of::<PvsStats>() == (EV_MAX as usize + 10 + PROG_MAX as usize) * 8);
+    assert!(size_of::<PvsStats>() == (EV_MAX as usize + 11 + PROG_MAX as usize) * 8);
+    assert!(size_of::<PvsCpu>() == 16);
 };
 
 #[cfg(feature = "aya")]

@@ -12,6 +12,7 @@ use crate::applier::Phase;
 use crate::intf::{Decision, gid_vm};
 use crate::object::{PolicyView, reevaluate};
 use crate::sched::{self, SchedAttr};
+use pvsched_policy::event::{R_HOST_DONE, R_HOST_WAKE};
 use pvsched_policy::{Caps, CoschedUs};
 use std::collections::HashMap;
 use std::io;
@@ -48,6 +49,21 @@ fn handle(inner: &Inner, d: &Decision) {
         reg.foreign += 1;
         return;
     };
+    if d.reason == R_HOST_WAKE || d.reason == R_HOST_DONE {
+        // These records change no boost: the thread leaves its phase for
+        // a host thread woken on its CPU, or that thread has left the CPU.
+        // One that arrives after the phase's edge finds the thread in
+        // another phase and changes nothing.
+        let (from, to) = if d.reason == R_HOST_WAKE {
+            (Phase::On, Phase::Yielded)
+        } else {
+            (Phase::Yielded, Phase::On)
+        };
+        if t.phase == from {
+            t.set_phase(to, &vm.caps);
+        }
+        return;
+    }
     vm.decisions += 1;
     if t.apply(d.kind, d.prio, d.reason, &vm.caps) {
         let lat = mono_ns().saturating_sub(d.ts);
@@ -503,7 +519,12 @@ impl Cosched {
                 };
                 if let Some(t) = reg.threads.get_mut(&crate::intf::gid(id, index)) {
                     let p = if index < vm.vcpus { phase } else { Phase::Free };
-                    t.set_phase(p, &vm.caps);
+                    // A thread out of the phase for a host thread comes
+                    // back when that thread leaves its CPU or at the edge,
+                    // not at a tick within the phase.
+                    if !(was == Some(phase) && p == Phase::On && t.phase == Phase::Yielded) {
+                        t.set_phase(p, &vm.caps);
+                    }
                 }
             }
         }

@@ -133,6 +133,12 @@ pub struct AgentConfig {
     /// refuses such a number when it is set). pvschedd: `[max]
     /// max_cosched_phase_us`.
     pub cosched_max_phase_us: u64,
+    /// A co-scheduled phase yields to an ordinary host thread woken on a
+    /// CPU it holds (the vCPU there leaves the phase until that thread
+    /// leaves the CPU). False: the host thread waits for the phase's end,
+    /// as before this existed; for measuring what the yield does.
+    /// pvschedd: `cosched_yield`.
+    pub cosched_yield: bool,
 }
 
 impl Default for AgentConfig {
@@ -150,6 +156,7 @@ impl Default for AgentConfig {
             cosched_host_pct: 80,
             cosched_max_pct: 75,
             cosched_max_phase_us: pvsched_policy::CapsLimit::default().max_cosched_phase_us,
+            cosched_yield: true,
         }
     }
 }
@@ -237,6 +244,9 @@ struct Inner {
     applier_tid: AtomicU32,
     /// Written to end the applier's wait now (an eventfd it polls).
     wake: OwnedFd,
+    /// [`AgentConfig::cosched_yield`]: the policy learns each thread's
+    /// phase (without it the policy sees no phase and never yields one).
+    cosched_yield: bool,
 }
 
 impl Inner {
@@ -391,6 +401,7 @@ impl Agent {
             tick_gap_max_ns: AtomicU64::new(0),
             applier_tid: AtomicU32::new(0),
             wake,
+            cosched_yield: cfg.cosched_yield,
         });
         // Spawned from the caller's thread, not the applier's (whose
         // FIFO 99 it would inherit); it lowers itself to nice 10 anyway.
@@ -577,10 +588,14 @@ impl Agent {
             if let Some(&apic) = spec.apic_ids.get(i) {
                 obj.set_apic(vm_id, apic, Some(index))?;
             }
-            states.push((
-                gid(vm_id, index),
-                self.inner.thread_state(tid, vm_id, index).with_ident(ident),
-            ));
+            let mut state = self.inner.thread_state(tid, vm_id, index).with_ident(ident);
+            if let Some(w) = obj
+                .phase_word(gid(vm_id, index))
+                .filter(|_| self.inner.cosched_yield)
+            {
+                state = state.with_phase_word(w);
+            }
+            states.push((gid(vm_id, index), state));
         }
         for (i, &tid) in all_tids.iter().enumerate() {
             obj.set_tid(tid, Some(gid(vm_id, i as u32)))?;

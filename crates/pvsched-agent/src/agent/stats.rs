@@ -42,6 +42,9 @@ pub struct ThreadStats {
     pub errors: u64,
     /// Co-scheduling phase changes the agent applied (caps `cosched_us`).
     pub phase_changes: u64,
+    /// Times the thread left its co-scheduled phase for a host thread
+    /// woken on its CPU.
+    pub phase_yields: u64,
 }
 
 /// Per-VM statistics.
@@ -125,6 +128,7 @@ impl VmHandle {
                     vs.corrections = t.corrections;
                     vs.errors = t.errors;
                     vs.phase_changes = t.phase_changes;
+                    vs.phase_yields = t.phase_yields;
                 }
             }
             match reg.vms.get(&self.vm_id) {

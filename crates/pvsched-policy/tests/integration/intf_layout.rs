@@ -100,7 +100,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             last_kick_target,
             last_kick_ns,
             ls_prio,
-            pad1
+            phase
         ]
     );
     layout_struct!(
@@ -125,6 +125,13 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
     layout_struct!(
         e,
         cov,
+        "pvs_cpu",
+        PvsCpu,
+        [run_key, yield_key, yield_tid, pad0]
+    );
+    layout_struct!(
+        e,
+        cov,
         "pvs_stats",
         PvsStats,
         [
@@ -139,7 +146,8 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             torn_reads,
             read_errors,
             publish_busy,
-            full_runs
+            full_runs,
+            phase_yields
         ]
     );
     layout_consts!(e, [
@@ -163,7 +171,11 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         PVS_R_NONE => ev::R_NONE, PVS_R_CS => ev::R_CS, PVS_R_RT_TASK => ev::R_RT_TASK,
         PVS_R_NICE_TASK => ev::R_NICE_TASK, PVS_R_HALT => ev::R_HALT, PVS_R_YIELD => ev::R_YIELD,
         PVS_R_MAX_BOOST => ev::R_MAX_BOOST, PVS_R_BUDGET => ev::R_BUDGET, PVS_R_THROTTLED => ev::R_THROTTLED, PVS_R_EXITED => ev::R_EXITED,
-        PVS_R_VM_BUDGET => ev::R_VM_BUDGET,
+        PVS_R_VM_BUDGET => ev::R_VM_BUDGET, PVS_R_HOST_WAKE => ev::R_HOST_WAKE,
+        PVS_R_HOST_DONE => ev::R_HOST_DONE,
+        PVS_PHASE_FREE => ev::PHASE_FREE, PVS_PHASE_ON => ev::PHASE_ON, PVS_PHASE_OFF => ev::PHASE_OFF,
+        PVS_PHASE_YIELDED => ev::PHASE_YIELDED, PVS_COSCHED_RT_PRIO => ev::COSCHED_RT_PRIO,
+        PVS_MAX_CPUS => ev::MAX_CPUS,
     ]);
     (e, cov)
 }
