@@ -90,7 +90,8 @@ pub fn png(path: &Path, title: &str, panels: &[Panel]) -> Result<(), SpreadPlotE
             let (x, py) = ch.backend_coord(&(0.0, y));
             let t = format!("{y:.3}");
             let t = t.trim_end_matches('0').trim_end_matches('.').to_owned();
-            font::draw(area, x - font::width(&t, 1) - 6, py - 3, &t, 1, &BLACK);
+            // backend_coord is in the whole image's pixels: drawn on root.
+            font::draw(&root, x - font::width(&t, 1) - 6, py - 3, &t, 1, &BLACK);
         }
         for (i, (name, reps)) in p.groups.iter().enumerate() {
             let k = reps.len().max(1) as f64;
@@ -110,7 +111,7 @@ pub fn png(path: &Path, title: &str, panels: &[Panel]) -> Result<(), SpreadPlotE
             let (px, py) = ch.backend_coord(&(i as f64 + 0.5, 0.0));
             let label = format!("{name} N{}", reps.len());
             font::draw(
-                area,
+                &root,
                 px - font::width(&label, 1) / 2,
                 py + 8,
                 &label,

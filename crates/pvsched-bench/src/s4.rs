@@ -232,6 +232,10 @@ pub struct GuestArgs {
     /// Echo the guests' consoles.
     #[arg(short, long)]
     pub verbose: bool,
+    /// Measure nothing: recompute the report (and --plot) from the raw
+    /// rows of an earlier report of this scenario, keeping its command.
+    #[arg(long, value_name = "REPORT.json")]
+    pub from: Option<PathBuf>,
 }
 
 /// The command line of `python3 -m pvsched_bench SCENARIO`, built from
@@ -285,6 +289,41 @@ impl GuestArgs {
             .flag("--verbose", self.verbose);
         args.0.extend(bins.args());
         python_run(&repo, scenario, &args.0, self.raw.as_deref())
+    }
+
+    /// The raw rows and the command that measured them: a new measurement
+    /// (`python3 -m pvsched_bench SCENARIO`), or with `--from` the `raw`
+    /// and `command` of an earlier report.
+    pub fn measured<T: DeserializeOwned>(
+        &self,
+        scenario: &'static str,
+        args: PyArgs,
+    ) -> Result<(T, String), BenchError> {
+        #[derive(serde::Deserialize)]
+        struct Earlier<T> {
+            scenario: String,
+            command: String,
+            raw: T,
+        }
+        let Some(path) = &self.from else {
+            return Ok((self.measure(scenario, args)?, command_line(scenario)));
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| BenchError::Setup(format!("--from {}: {e}", path.display())))?;
+        let e: Earlier<T> = serde_json::from_str(&text).map_err(|e| {
+            BenchError::Setup(format!(
+                "--from {}: not a pvsched-bench {scenario} report: {e}",
+                path.display()
+            ))
+        })?;
+        if e.scenario != scenario {
+            return Err(BenchError::Setup(format!(
+                "--from {}: a {} report, not {scenario}",
+                path.display(),
+                e.scenario
+            )));
+        }
+        Ok((e.raw, e.command))
     }
 
     /// Draws `panels` (--plot) and writes `report` (--json, the tables).
@@ -810,17 +849,24 @@ impl Render for S4Report {
             );
         }
         s.push('\n');
+        // One table: a cell's variants in consecutive rows, the cell named
+        // in the first.
+        s.push_str(
+            "| kernel, host, -i µs | variant | n (failed) | guest p99 µs | guest max µs | host p99 µs | host max µs | guest p99 vs vanilla | guest max vs vanilla | host max vs vanilla |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        );
         for c in &self.cells {
-            let _ = writeln!(s, "### {} {} -i {}\n", c.kernel, c.load, c.interval_us);
-            s.push_str(
-                "| variant | n (failed) | guest p99 µs | guest max µs | host p99 µs | host max µs | guest max vs vanilla | host max vs vanilla |\n\
-                 | --- | --- | --- | --- | --- | --- | --- | --- |\n",
-            );
-            for v in &c.variants {
-                let (gm, hm) = v.vs_vanilla.as_ref().map_or_else(
-                    || ("-".to_owned(), "-".to_owned()),
+            for (k, v) in c.variants.iter().enumerate() {
+                let cell = if k == 0 {
+                    format!("{} {} {}", c.kernel, c.load, c.interval_us)
+                } else {
+                    String::new()
+                };
+                let (gp, gm, hm) = v.vs_vanilla.as_ref().map_or_else(
+                    || ("-".to_owned(), "-".to_owned(), "-".to_owned()),
                     |x| {
                         (
+                            ratio_cell(&x.guest_p99),
                             format!(
                                 "{} {} (<= {GUEST_MAX_TARGET})",
                                 ratio_cell(&x.guest_max),
@@ -836,7 +882,7 @@ impl Render for S4Report {
                 );
                 let _ = writeln!(
                     s,
-                    "| {} | {} ({}) | {} | {} | {} | {} | {gm} | {hm} |",
+                    "| {cell} | {} | {} ({}) | {} | {} | {} | {} | {gp} | {gm} | {hm} |",
                     v.variant,
                     v.n,
                     v.failed,
@@ -846,7 +892,6 @@ impl Render for S4Report {
                     v.host_max_us.cell(0),
                 );
             }
-            s.push('\n');
         }
         s
     }
@@ -873,8 +918,8 @@ fn run(a: &S4Args) -> Result<(), BenchError> {
         .flag("--no-emulator", a.no_emulator)
         .flag("--trace", a.trace)
         .flag("--keep-trace", a.keep_trace);
-    let raw: S4Raw = a.common.measure("s4", args)?;
-    let report = S4Report::new(raw, command_line("s4"));
+    let (raw, command): (S4Raw, String) = a.common.measured("s4", args)?;
+    let report = S4Report::new(raw, command);
     a.common.finish(
         &report,
         "S4 CYCLICTEST GUEST MAX, HOST LOADED (TCG)",

@@ -528,8 +528,8 @@ fn run(a: &S6Args) -> Result<(), BenchError> {
         .opt("--cpu", a.cpu.as_ref())
         .flag("--quick", a.quick)
         .flag("--host-probe", a.host_probe);
-    let raw: S6Raw = a.common.measure("s6", args)?;
-    let report = S6Report::new(raw, s4::command_line("s6"));
+    let (raw, command): (S6Raw, String) = a.common.measured("s6", args)?;
+    let report = S6Report::new(raw, command);
     a.common
         .finish(&report, "S6 THROUGHPUT PER CPU-SECOND", &report.panels())
 }
