@@ -69,8 +69,9 @@ def test_s6_smoke(bench_report, report):
         assert (s["vs_none"] is None) == (v == "none"), s
     vs = stats["pvsched"]["vs_vanilla"]
     assert vs["per_cpu_s"]["n"] == 1 and vs["per_cpu_s"]["ratio"] > 0, vs
-    # One repetition cannot tell a difference from chance.
-    assert vs["per_cpu_s_verdict"] == "unresolved", vs
+    # One repetition cannot tell a difference from chance: no interval,
+    # so every target on it is unresolved.
+    assert vs["per_cpu_s"]["ci95"] is None, vs
     report(f"s6 smoke: {doc['raw']['seconds']} s; pvsched/vanilla per CPU-s "
            f"{vs['per_cpu_s']['ratio']}, cost {pv['cost_cpu_s']}, policy {pv['policy']}, "
            f"hogs {pv['hogs']}")
