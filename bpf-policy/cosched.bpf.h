@@ -35,11 +35,6 @@ static __always_inline __u32 task_cpu_of(struct task_struct *p)
 	return BPF_CORE_READ((struct task_struct___cpu *)p, cpu);
 }
 
-static __always_inline __u32 vcpu_key_of(const struct pvs_vcpu *v)
-{
-	return v->vm_id * PVS_THREADS_PER_VM + v->index;
-}
-
 /* This CPU's entry of `cpus`. */
 static __always_inline struct pvs_cpu *this_cpu_entry(void)
 {
@@ -88,7 +83,7 @@ static __always_inline void cpu_switch(__u32 prev_tid, const struct pvs_vcpu *in
 
 	if (!c)
 		return;
-	WRITE_ONCE(c->run_key, in ? vcpu_key_of(in) + 1 : 0);
+	WRITE_ONCE(c->run_key, in ? vcpu_key(in->vm_id, in->index) + 1 : 0);
 	host_thread_left(c, prev_tid);
 }
 

@@ -200,6 +200,12 @@ static __always_inline int kick_sender_counts(const struct pvs_vcpu *s, const st
 	return kick_pairs_vm(s->vm_id, vm);
 }
 
+/* The `vcpus` key of thread `index` of VM `vm_id` (both in range). */
+static __always_inline __u32 vcpu_key(__u32 vm_id, __u32 index)
+{
+	return vm_id * PVS_THREADS_PER_VM + index;
+}
+
 /* Thread `index` of VM `vm_id`, or NULL when either is out of range. */
 static __always_inline struct pvs_vcpu *vcpu_by_index(__u32 vm_id, __u32 index)
 {
@@ -207,7 +213,7 @@ static __always_inline struct pvs_vcpu *vcpu_by_index(__u32 vm_id, __u32 index)
 
 	if (vm_id >= PVS_MAX_VMS || index >= PVS_THREADS_PER_VM)
 		return NULL;
-	key = vm_id * PVS_THREADS_PER_VM + index;
+	key = vcpu_key(vm_id, index);
 	return bpf_map_lookup_elem(&vcpus, &key);
 }
 

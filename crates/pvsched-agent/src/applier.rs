@@ -197,8 +197,8 @@ pub struct PhaseWord {
 }
 
 impl PhaseWord {
-    /// The word at byte offset `off` of `map` (the caller checks that it
-    /// is inside the mapping and 4-byte aligned).
+    /// The word at byte offset `off` of `map` (4-byte aligned; a store
+    /// outside the mapping does nothing).
     pub fn new(map: Arc<pvsched_abi::seq::SharedRegion>, off: usize) -> Self {
         PhaseWord { map, off }
     }

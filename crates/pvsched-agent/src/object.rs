@@ -125,6 +125,13 @@ pub struct PolicyObject {
     vcpus_map: Arc<SharedRegion>,
 }
 
+/// Byte offset of the field at `field` of thread `gid`'s element of the
+/// mapped `vcpus` array, None for a gid outside it (the mapping holds every
+/// element a valid gid names).
+fn vcpu_field(gid: u32, field: usize) -> Option<usize> {
+    Some(vcpu_key(gid)? as usize * size_of::<PvsVcpu>() + field)
+}
+
 /// What the applier reads of the policy, held apart from the
 /// [`PolicyObject`] so that reading it takes no lock another thread may
 /// hold: the mapped `vcpus` array and its own handle of the `stats` map.
@@ -154,11 +161,10 @@ impl PolicyView {
     /// The 32-bit word at byte offset `off` of thread `gid`'s element of
     /// the mapped `vcpus` array (an atomic read), None for a gid outside it.
     fn vcpu_word(&self, gid: u32, off: usize) -> Option<u32> {
-        let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
         Some(
             self.vcpus_map
                 .words()
-                .load(base + off, std::sync::atomic::Ordering::Relaxed),
+                .load(vcpu_field(gid, off)?, std::sync::atomic::Ordering::Relaxed),
         )
     }
 
@@ -167,9 +173,8 @@ impl PolicyView {
     /// mapped array: the two halves again until they agree, so a value the
     /// policy rewrites meanwhile is never read torn.
     pub fn vcpu_ls_until(&self, gid: u32) -> Option<u64> {
-        let base = vcpu_key(gid)? as usize * size_of::<PvsVcpu>();
         let words = self.vcpus_map.words();
-        let off = base + std::mem::offset_of!(PvsVcpu, ls_until);
+        let off = vcpu_field(gid, std::mem::offset_of!(PvsVcpu, ls_until))?;
         let read = || {
             let lo = words.load(off, std::sync::atomic::Ordering::Acquire);
             let hi = words.load(off + 4, std::sync::atomic::Ordering::Acquire);
@@ -387,11 +392,8 @@ impl PolicyObject {
     /// Where the agent tells the policy thread `gid`'s co-scheduling phase
     /// (its `phase` word in the mapped array), None for a gid outside it.
     pub fn phase_word(&self, gid: u32) -> Option<crate::applier::PhaseWord> {
-        let off = (vcpu_key(gid)? as usize)
-            .checked_mul(size_of::<PvsVcpu>())?
-            .checked_add(std::mem::offset_of!(PvsVcpu, phase))?;
-        (off.checked_add(4)? <= self.vcpus_map.len())
-            .then(|| crate::applier::PhaseWord::new(self.vcpus_map.clone(), off))
+        let off = vcpu_field(gid, std::mem::offset_of!(PvsVcpu, phase))?;
+        Some(crate::applier::PhaseWord::new(self.vcpus_map.clone(), off))
     }
 
     /// Clears a thread's state (array elements cannot be removed).
