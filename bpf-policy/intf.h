@@ -172,6 +172,14 @@ struct pvs_vcpu {
 	__u64 last_kick_ns;
 	__s32 ls_prio;	       /* RT priority of the request that set ls_until (0: not RT) */
 	__u32 phase;	       /* PVS_PHASE_* (agent-written; ON -> YIELDED by the policy) */
+	/* How much its vCPUs wait for each other (what co-scheduling serves):
+	 * halts of this vCPU while a sibling vCPU was preempted, and wake-ups
+	 * of its thread by a sibling vCPU's thread (an IPI to a halted vCPU),
+	 * and how long those halts lasted: from the halt to the wake-up. */
+	__u64 sync_halts;
+	__u64 sib_wakes;
+	__u64 sync_wait_ns;
+	__u64 sync_since;   /* when the current such halt began, 0 = none */
 };
 
 /* Per-CPU record (`cpus` array, key = CPU number), written by the scheduler

@@ -119,6 +119,18 @@ static long pick_preempted_cb(__u32 k, void *data)
 	return 0;
 }
 
+/* The first preempted vCPU after `s` in slot order (slot index + 1), or 0
+ * when every other vCPU runs, halts or was woken. */
+static __always_inline __u32 first_preempted(const struct pvs_vcpu *s, const struct pvs_vm *vm)
+{
+	struct pick_ctx p = { .vm_id = s->vm_id, .self = s->index, .nr = vm->nr_vcpus };
+
+	if (p.nr < 2 || p.nr > PVS_MAX_VCPUS_PER_VM || s->index >= p.nr)
+		return 0;
+	bpf_loop(p.nr - 1, pick_preempted_cb, &p, 0);
+	return p.found;
+}
+
 /*
  * The vCPU a lock spinner (wait_on = WAIT_ANY) lends its yield boost to: the
  * lock's holder is not known, but it is another vCPU of the VM that is on a
@@ -130,11 +142,10 @@ static long pick_preempted_cb(__u32 k, void *data)
  */
 static __always_inline __u32 lock_target(const struct pvs_vcpu *s, const struct pvs_vm *vm)
 {
-	struct pick_ctx p = { .vm_id = s->vm_id, .self = s->index, .nr = vm->nr_vcpus };
-	__u32 cur = s->yield_slot, st;
+	__u32 cur = s->yield_slot, st, nr = vm->nr_vcpus;
 	struct pvs_vcpu *t;
 
-	if (cur && cur <= p.nr && cur != s->index + 1) {
+	if (cur && cur <= nr && cur != s->index + 1) {
 		t = vcpu_by_index(s->vm_id, cur - 1);
 		if (t) {
 			st = READ_ONCE(t->state);
@@ -142,10 +153,7 @@ static __always_inline __u32 lock_target(const struct pvs_vcpu *s, const struct 
 				return cur;
 		}
 	}
-	if (p.nr < 2 || p.nr > PVS_MAX_VCPUS_PER_VM || s->index >= p.nr)
-		return 0;
-	bpf_loop(p.nr - 1, pick_preempted_cb, &p, 0);
-	return p.found;
+	return first_preempted(s, vm);
 }
 
 /* Recompute s's directed-yield slot; returns the target to re-evaluate

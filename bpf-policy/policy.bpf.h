@@ -36,6 +36,13 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 		} else {
 			v->state = PVS_ST_HALTED; /* blocked: a continuous run ends */
 			v->cont_ns = 0;
+			/* It has nothing to run while a sibling has: a guest
+			 * whose vCPUs wait for each other does this often, a
+			 * batch guest (every vCPU busy) almost never. */
+			if (v->index < vm->nr_vcpus && first_preempted(v, vm)) {
+				v->sync_halts++;
+				v->sync_since = now;
+			}
 		}
 		break;
 	case PVS_EV_VCPU_WAKEUP: /* a halt ended (also a polled one) */
@@ -48,6 +55,9 @@ static __always_inline void handle_event(struct pvs_vcpu *v, __u32 event, __u64 
 		break;
 	case PVS_EV_WAKEUP:
 		v->state = PVS_ST_WOKEN;
+		if (v->sync_since && now > v->sync_since)
+			v->sync_wait_ns += now - v->sync_since;
+		v->sync_since = 0;
 		break;
 	/* An IPI or a kick runs in the vCPU's own thread: it is on a CPU
 	 * whatever the last switch said. Some hosts never record a switch out

@@ -90,7 +90,7 @@ int BPF_PROG(pvs_sched_process_exec, struct task_struct *p, pid_t old_pid,
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
 {
-	struct pvs_vcpu *v = vcpu_by_tid((__u32)p->pid), *s;
+	struct pvs_vcpu *v = vcpu_by_tid((__u32)p->pid), *s = NULL;
 	__u32 cur = current_tid();
 	struct pvs_vm *vm;
 	__u64 now;
@@ -101,12 +101,22 @@ int BPF_PROG(pvs_sched_wakeup, struct task_struct *p)
 	}
 	count_full(PVS_PROG_WAKEUP);
 	now = bpf_ktime_get_ns();
+	if (cur != (__u32)p->pid)
+		s = vcpu_by_tid(cur);
+	/* Counted for every VM (co-scheduling reads it): emulator threads
+	 * (slots from nr_vcpus on) wake vCPUs for I/O, not for each other. */
+	if (s && s->vm_id == v->vm_id) {
+		__u32 vm_id = v->vm_id;
+
+		vm = bpf_map_lookup_elem(&vms, &vm_id);
+		if (vm && s->index < vm->nr_vcpus && v->index < vm->nr_vcpus)
+			v->sib_wakes++;
+	}
 	/* Only a VM that pairs kicks pays for the waker's event (under KVM
 	 * every IPI to a halted vCPU is such a wake-up; under TCG every hand-
 	 * over between sibling vCPU threads). */
-	if (cur != (__u32)p->pid && (vm = kick_vm(v->vm_id))) {
-		s = vcpu_by_tid(cur);
-		if (s && s->vm_id == v->vm_id && kick_sender_counts(s, vm))
+	if (s && (vm = kick_vm(v->vm_id))) {
+		if (s->vm_id == v->vm_id && kick_sender_counts(s, vm))
 			handle_event(s, PVS_EV_KICK, v->index, 0, now, cur);
 	}
 	handle_event(v, PVS_EV_WAKEUP, 0, 0, now, cur);

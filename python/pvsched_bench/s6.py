@@ -16,6 +16,9 @@ initramfs; guest/s6.sh runs them:
 
   cpu         stress-ng --cpu V --cpu-method int64 (control: compute, no
               synchronisation; must not regress)
+  batch       stress-ng --cpu 3V --cpu-method int64 (a batch control with
+              more tasks than vCPUs: the guest's scheduler switches them,
+              still without synchronisation)
   tlb         stress-ng --tlb-shootdown V (TLB-shootdown IPIs)
   membarrier  stress-ng --membarrier V (expedited membarrier IPIs)
   hackbench   hackbench -g 2 -f 10 -l 10 again and again (sockets,
@@ -143,7 +146,7 @@ GUEST_SCRIPT = Path(__file__).resolve().parent / "guest" / "s6.sh"
 # The repository (default binaries and cache).
 REPO = Path(__file__).resolve().parents[2]
 
-WORKLOADS = ("cpu", "tlb", "membarrier", "hackbench", "dbench")
+WORKLOADS = ("cpu", "batch", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
@@ -635,6 +638,12 @@ def run_workload(args, tag, guests, w, variant, daemon):
             if a and b:
                 for k in pol:
                     pol[k] += b[k] - a[k]
+                # Per VM: how much its vCPUs waited for each other (what
+                # co-scheduling serves and what gates it).
+                v = next((v for v in vms if v["vm"] == g.name), None)
+                if v is not None:
+                    v["sync"] = {k: b[k] - a[k] for k in ("sync_halts", "sib_wakes",
+                                                             "sync_wait_ns")}
         row["policy"] = {"boosts": pol["boosts"], "throttles": pol["throttles"],
                          "boosted_s": round(pol["boosted_ns"] / 1e9, 3),
                          "phase_changes": pol["phase_changes"],
@@ -722,15 +731,23 @@ def guest_ipis(fields):
     ipi_res, ipi_cal and ipi_tlb: /proc/interrupts' RES, CAL and TLB lines),
     or None from a guest image that does not count them."""
     try:
-        return {k: int(fields[f"ipi_{k}"]) for k in GUEST_IPIS}
+        out = {k: int(fields[f"ipi_{k}"]) for k in GUEST_IPIS}
     except (KeyError, ValueError):
         return None
+    # Cross-CPU wake-ups and context switches, from images that count them.
+    for k in ("rwk", "csw"):
+        if f"ipi_{k}" in fields:
+            try:
+                out[k] = int(fields[f"ipi_{k}"])
+            except ValueError:
+                pass
+    return out
 
 
 # The unit of each workload's throughput.
-UNITS = {"cpu": "bogo ops/s", "tlb": "bogo ops/s", "membarrier": "bogo ops/s",
+UNITS = {"cpu": "bogo ops/s", "batch": "bogo ops/s", "tlb": "bogo ops/s", "membarrier": "bogo ops/s",
          "hackbench": "messages/s", "dbench": "MB/s"}
-STRESSORS = {"cpu": "cpu", "tlb": "tlb-shootdown", "membarrier": "membarrier"}
+STRESSORS = {"cpu": "cpu", "batch": "cpu", "tlb": "tlb-shootdown", "membarrier": "membarrier"}
 
 
 def throughput(w, out):

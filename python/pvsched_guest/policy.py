@@ -70,7 +70,7 @@ SIZEOF = {
     "pvs_decision": 48,
     "pvs_stats": 208,
     "pvs_tid_hint": 16,
-    "pvs_vcpu": 200,
+    "pvs_vcpu": 232,
     "pvs_vm": 144,
 }
 
@@ -169,6 +169,10 @@ OFFSETOF = {
         "last_kick_ns": 184,
         "ls_prio": 192,
         "phase": 196,
+        "sync_halts": 200,
+        "sib_wakes": 208,
+        "sync_wait_ns": 216,
+        "sync_since": 224,
     },
     "pvs_vm": {
         "active": 0,

@@ -169,12 +169,26 @@ impl PolicyView {
     }
 
     /// Until when (`CLOCK_MONOTONIC` ns) the policy holds the thread
-    /// latency-sensitive (its guest last ran an RT task), read from the
-    /// mapped array: the two halves again until they agree, so a value the
-    /// policy rewrites meanwhile is never read torn.
+    /// latency-sensitive (its guest last ran an RT task).
     pub fn vcpu_ls_until(&self, gid: u32) -> Option<u64> {
+        self.vcpu_u64(gid, std::mem::offset_of!(PvsVcpu, ls_until))
+    }
+
+    /// How much vCPU `gid` waited for its siblings so far: (halts while a
+    /// sibling was preempted, wake-ups by a sibling).
+    pub fn vcpu_sync(&self, gid: u32) -> Option<(u64, u64)> {
+        Some((
+            self.vcpu_u64(gid, std::mem::offset_of!(PvsVcpu, sync_halts))?,
+            self.vcpu_u64(gid, std::mem::offset_of!(PvsVcpu, sib_wakes))?,
+        ))
+    }
+
+    /// The u64 at `field` of thread `gid`'s record, read from the mapped
+    /// array: the two halves again until they agree, so a value the policy
+    /// rewrites meanwhile is never read torn.
+    fn vcpu_u64(&self, gid: u32, field: usize) -> Option<u64> {
         let words = self.vcpus_map.words();
-        let off = vcpu_field(gid, std::mem::offset_of!(PvsVcpu, ls_until))?;
+        let off = vcpu_field(gid, field)?;
         let read = || {
             let lo = words.load(off, std::sync::atomic::Ordering::Acquire);
             let hi = words.load(off + 4, std::sync::atomic::Ordering::Acquire);

@@ -59,7 +59,7 @@ pub struct S6Args {
     /// NxV[,NxV...]: N guests of V vCPUs.
     #[arg(long, default_value = "1x2")]
     pub topology: String,
-    /// Comma-separated, of cpu, tlb, membarrier, hackbench, dbench.
+    /// Comma-separated, of cpu, batch, tlb, membarrier, hackbench, dbench.
     #[arg(long)]
     pub workloads: Option<String>,
     /// Comma-separated, of none, vanilla, pvsched (and its ablations:

@@ -136,7 +136,7 @@ const PER_VM: [Single<VmStatus>; 5] = [
 ];
 
 /// The per-thread families (`vm` and `thread` labels).
-const PER_THREAD: [Single<ThreadStatus>; 10] = [
+const PER_THREAD: [Single<ThreadStatus>; 13] = [
     (
         "pvsched_boosts_total",
         "counter",
@@ -184,6 +184,24 @@ const PER_THREAD: [Single<ThreadStatus>; 10] = [
         "counter",
         "Times a thread left its co-scheduled phase for a host thread woken on its CPU.",
         |t| t.phase_yields as f64,
+    ),
+    (
+        "pvsched_vcpu_sync_halts_total",
+        "counter",
+        "Halts of a vCPU while a sibling vCPU was preempted (what co-scheduling serves).",
+        |t| t.sync_halts as f64,
+    ),
+    (
+        "pvsched_vcpu_sibling_wakeups_total",
+        "counter",
+        "Wake-ups of a vCPU by a sibling vCPU (IPIs to a halted vCPU).",
+        |t| t.sib_wakes as f64,
+    ),
+    (
+        "pvsched_vcpu_sync_wait_seconds_total",
+        "counter",
+        "Time a vCPU spent halted after halting beside a preempted sibling vCPU.",
+        |t| t.sync_wait_ns as f64 / 1e9,
     ),
     (
         "pvsched_corrections_total",

@@ -201,6 +201,16 @@ pub struct ThreadStatus {
     /// woken on its CPU.
     #[serde(default)]
     pub phase_yields: u64,
+    /// Halts of this vCPU while a sibling vCPU was preempted (how much the
+    /// guest's vCPUs wait for each other: what co-scheduling serves).
+    #[serde(default)]
+    pub sync_halts: u64,
+    /// Wake-ups of this vCPU by a sibling vCPU (IPIs to a halted vCPU).
+    #[serde(default)]
+    pub sib_wakes: u64,
+    /// How long those halts beside a preempted sibling lasted, ns.
+    #[serde(default)]
+    pub sync_wait_ns: u64,
 }
 
 /// One VM in [`Reply::Status`].

@@ -525,6 +525,9 @@ fn thread_status(t: &pvsched_agent::agent::ThreadStats) -> ThreadStatus {
         errors: t.errors,
         phase_changes: t.phase_changes,
         phase_yields: t.phase_yields,
+        sync_halts: t.sync_halts,
+        sib_wakes: t.sib_wakes,
+        sync_wait_ns: t.sync_wait_ns,
     }
 }
 

@@ -189,6 +189,9 @@ impl RemoteVm {
             errors: t.errors,
             phase_changes: t.phase_changes,
             phase_yields: t.phase_yields,
+            sync_halts: t.sync_halts,
+            sib_wakes: t.sib_wakes,
+            sync_wait_ns: t.sync_wait_ns,
             boost_prio: t.boost_prio,
             throttled: t.throttled as u32,
             ..Default::default()

@@ -209,6 +209,15 @@ pub struct PvsVcpu {
     /// `PHASE_*` ([`crate::event::PHASE_ON`]): written by the agent, changed
     /// from ON to YIELDED by the policy.
     pub phase: u32,
+    /// Halts of this vCPU while a sibling vCPU was preempted.
+    pub sync_halts: u64,
+    /// Wake-ups of this vCPU's thread by a sibling vCPU's thread (counted
+    /// by the sched_wakeup program, not by the event handler).
+    pub sib_wakes: u64,
+    /// How long those halts lasted, ns (halt to wake-up).
+    pub sync_wait_ns: u64,
+    /// When the current such halt began, 0 = none.
+    pub sync_since: u64,
 }
 
 /// `struct pvs_cpu`: element `cpu` of the BPF `cpus` array.
@@ -266,7 +275,7 @@ pub struct PvsStats {
 const _: () = {
     assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4 + 8);
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 32);
-    assert!(size_of::<PvsVcpu>() == 200);
+    assert!(size_of::<PvsVcpu>() == 232);
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 11 + PROG_MAX as usize) * 8);

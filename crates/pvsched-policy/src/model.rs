@@ -206,9 +206,20 @@ impl VmModel {
                 // An IPI or a kick runs in the vCPU's own thread: it is on
                 // a CPU even if its switch in was never recorded.
                 EV_SWITCH_IN | EV_USER_EXIT | EV_IPI | EV_KICK => v.state = ST_RUNNING,
-                EV_WAKEUP => v.state = ST_WOKEN,
+                EV_WAKEUP => {
+                    v.state = ST_WOKEN;
+                    if v.sync_since != 0 && now > v.sync_since {
+                        v.sync_wait_ns += now - v.sync_since;
+                    }
+                    v.sync_since = 0;
+                }
                 _ => {}
             }
+        }
+        // A halt while a sibling is preempted: what co-scheduling serves.
+        if code == EV_SWITCH_OUT && a == 0 && vcpu < self.nr_vcpus && self.first_preempted(i) != 0 {
+            self.vcpus[i].sync_halts += 1;
+            self.vcpus[i].sync_since = now;
         }
         // Only a vCPU sends IPIs (an emulator thread never runs KVM_RUN).
         if code == EV_IPI && vcpu < self.nr_vcpus {
@@ -408,6 +419,14 @@ impl VmModel {
                 return cur;
             }
         }
+        self.first_preempted(i)
+    }
+
+    /// The first preempted vCPU after `i` in slot order (slot index + 1),
+    /// or 0 (`first_preempted` in ipi.bpf.h).
+    fn first_preempted(&self, i: usize) -> u32 {
+        let nr = self.nr();
+        let s = &self.vcpus[i];
         if !(2..=MAX_VCPUS_PER_VM).contains(&nr) || s.index >= nr {
             return 0;
         }

@@ -37,6 +37,7 @@ if [ "$loader" != none ]; then
 	load
 fi
 echo "@@ probe bound=$(bound)"
+echo 1 >/proc/sys/kernel/sched_schedstats 2>/dev/null || true
 
 uptime_s() {
 	read -r up _ </proc/uptime
@@ -47,6 +48,10 @@ uptime_s() {
 # "res=N cal=N tlb=N": rescheduling (a wake-up on another CPU), function
 # call (smp_call_function*, which TLB flushes use) and TLB shootdowns
 # received. What a workload asks of IPIs is what co-scheduling can speed up.
+# Then "rwk=N csw=N": wake-ups of a task by another CPU than its own
+# (/proc/schedstat's ttwu_count - ttwu_local, summed; schedstats are on for
+# the run) and context switches (/proc/stat ctxt): how much the workload's
+# tasks hand work to each other across vCPUs.
 ipis() {
 	awk '$1 == "RES:" || $1 == "CAL:" || $1 == "TLB:" {
 		s = 0
@@ -54,6 +59,8 @@ ipis() {
 			s += $i
 		printf "%s=%d ", tolower(substr($1, 1, 3)), s
 	}' /proc/interrupts
+	awk '$1 ~ /^cpu[0-9]+$/ { s += $6 - $7 } END { printf "rwk=%d ", s }' /proc/schedstat
+	awk '$1 == "ctxt" { printf "csw=%d ", $2 }' /proc/stat
 }
 
 # The difference of two ipis() readings, in the same form.
@@ -80,9 +87,10 @@ run_workload() {
 	min_iters=${3:-1}
 	iters=1
 	case "$w" in
-	cpu | tlb | membarrier)
+	cpu | batch | tlb | membarrier)
 		case "$w" in
 		cpu) opt="--cpu $ncpu --cpu-method int64" ;;
+		batch) opt="--cpu $((3 * ncpu)) --cpu-method int64" ;;
 		tlb) opt="--tlb-shootdown $ncpu" ;;
 		membarrier) opt="--membarrier $ncpu" ;;
 		esac

@@ -45,6 +45,12 @@ pub struct ThreadStats {
     /// Times the thread left its co-scheduled phase for a host thread
     /// woken on its CPU.
     pub phase_yields: u64,
+    /// Halts of this vCPU while a sibling vCPU was preempted.
+    pub sync_halts: u64,
+    /// Wake-ups of this vCPU by a sibling vCPU (IPIs to a halted vCPU).
+    pub sib_wakes: u64,
+    /// How long those halts beside a preempted sibling lasted, ns.
+    pub sync_wait_ns: u64,
 }
 
 /// Per-VM statistics.
@@ -115,6 +121,9 @@ impl VmHandle {
                         vs.boost = v.boost;
                         vs.boost_prio = v.boost_prio;
                         vs.throttled = v.throttled;
+                        vs.sync_halts = v.sync_halts;
+                        vs.sib_wakes = v.sib_wakes;
+                        vs.sync_wait_ns = v.sync_wait_ns;
                     }
                     vs
                 })

@@ -294,6 +294,9 @@ fn bpf_and_model_agree_on_1000_traces() {
                     b.ls_until,
                     b.last_kick_target,
                     b.last_kick_ns,
+                    b.sync_halts,
+                    b.sync_wait_ns,
+                    b.sync_since,
                 ),
             );
             let ms = (
@@ -324,6 +327,9 @@ fn bpf_and_model_agree_on_1000_traces() {
                     m.ls_until,
                     m.last_kick_target,
                     m.last_kick_ns,
+                    m.sync_halts,
+                    m.sync_wait_ns,
+                    m.sync_since,
                 ),
             );
             assert_eq!(bs, ms, "seed {seed} vcpu {i} final state");

@@ -100,7 +100,11 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             last_kick_target,
             last_kick_ns,
             ls_prio,
-            phase
+            phase,
+            sync_halts,
+            sib_wakes,
+            sync_wait_ns,
+            sync_since
         ]
     );
     layout_struct!(
