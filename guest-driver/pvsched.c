@@ -19,6 +19,9 @@
  *   contention_begin/end         wait_on = PVSCHED_WAIT_ANY: this CPU spins
  *                                on a contended spinlock, rwlock or mutex
  *                                owner (Linux >= 5.19, PVSCHED_F_LOCK_WAIT)
+ *   sched_waking                 wakes: this CPU woke a task that last ran
+ *                                on another CPU (PVSCHED_F_SYNC_COUNTS, with
+ *                                waits: the waits wait_on reported)
  *
  * Slot writes follow the ABI's sequence protocol (seq odd, fields, seq even),
  * are per CPU, take no lock and never touch a device register, so the hot
@@ -121,6 +124,11 @@ module_param(report_lock, bool, 0444);
 MODULE_PARM_DESC(report_lock,
 		 "Report a CPU spinning on a contended lock (wait_on = any) from the lock contention tracepoints (Linux >= 5.19), when the device honours it (default: 1)");
 
+static bool report_sync = true;
+module_param(report_sync, bool, 0444);
+MODULE_PARM_DESC(report_sync,
+		 "Count the wake-ups of tasks that last ran on another CPU and the waits for another CPU, for the host's co-scheduling, when the device reads them (default: 1)");
+
 static uint health_ms = 1000;
 module_param(health_ms, uint, 0444);
 MODULE_PARM_DESC(health_ms,
@@ -158,6 +166,7 @@ struct pvsched_cpu {
 	u64 wait_ends; /* waits of other CPUs this CPU ended */
 	u64 lock_waits; /* contended lock spins reported */
 	u64 rt_sleepers; /* idle entries reported with their RT sleeper */
+	u64 wakes;	 /* wake-ups of a task that last ran on another CPU */
 	/* local_clock() when the RT sleeper reported now last ran. */
 	u64 rt_sleeper_ns;
 };
@@ -184,6 +193,7 @@ struct pvsched_dev {
 	int cpuhp_state;
 	bool wait_on; /* PVSCHED_F_WAIT_ON negotiated */
 	bool lock_wait; /* PVSCHED_F_LOCK_WAIT negotiated */
+	bool sync_counts; /* PVSCHED_F_SYNC_COUNTS negotiated */
 	struct dentry *debugfs;
 	/*
 	 * Validated at DRIVER_OK and never read from the region again: the
@@ -211,6 +221,14 @@ static bool pvsched_claiming;
  * waited for the VMM). Otherwise flags stay 0.
  */
 static bool pvsched_task_flags;
+
+/*
+ * PVSCHED_F_SYNC_COUNTS negotiated: every slot update also writes this
+ * CPU's wakes and waits. The host co-schedules a VM's vCPUs only while
+ * these show that its tasks hand work to, or wait for, other vCPUs: a
+ * batch guest, whose tasks each keep to their CPU, gains nothing from it.
+ */
+static bool pvsched_sync_counts;
 
 /* How long a slot writer waits for another writer to finish its update. */
 #define PVSCHED_CLAIM_SPINS 4096
@@ -313,6 +331,8 @@ static void notrace pvsched_publish(struct pvsched_cpu *pc)
 		WRITE_ONCE(slot->flags, pc->task_flags);
 		WRITE_ONCE(slot->wait_on, READ_ONCE(pc->wait_on));
 		WRITE_ONCE(slot->updates, slot->updates + 1);
+		if (READ_ONCE(pvsched_sync_counts))
+			WRITE_ONCE(slot->waits, pc->waits + pc->lock_waits);
 		smp_wmb();
 		WRITE_ONCE(slot->seq, seq + 1);
 		pc->updates++;
@@ -580,6 +600,35 @@ static void notrace pvsched_lock_end(void *data, void *lock, int ret)
 #endif /* PVSCHED_LOCK_TRACEPOINTS */
 
 /*
+ * sched_waking runs on the waking CPU before the wakee's CPU is chosen: a
+ * task that last ran elsewhere is work handed across CPUs (a message, a
+ * lock released, I/O completed). The count goes to the slot at once, not
+ * at the next slot update: a CPU that runs one busy task makes no update
+ * for seconds, and a count that then arrived all at once would read as a
+ * burst of hand-overs. One u64 store, outside the seq protocol (the host
+ * reads it as a hint); interrupts off, so that a wake-up from an interrupt
+ * cannot store its count between this one's increment and store and have
+ * it overwritten with a lower one (try_to_wake_up() mostly calls this with
+ * them off already).
+ */
+static void notrace pvsched_waking(void *data, struct task_struct *p)
+{
+	struct pvsched_slot_guest *slot;
+	struct pvsched_cpu *pc;
+	unsigned long flags;
+
+	if (task_cpu(p) == raw_smp_processor_id())
+		return;
+	local_irq_save(flags);
+	pc = this_cpu_ptr(&pvsched_pcpu);
+	pc->wakes++;
+	slot = READ_ONCE(pc->slot);
+	if (slot && READ_ONCE(pvsched_sync_counts))
+		WRITE_ONCE(slot->wakes, pc->wakes);
+	local_irq_restore(flags);
+}
+
+/*
  * PVSCHED_TP(name, probe): the pvsched_tps entry of tracepoint @name.
  *
  * The probe is registered through a void pointer (the tracepoint is found
@@ -607,6 +656,7 @@ static struct pvsched_tp pvsched_tps[] = {
 	PVSCHED_TP(irq_handler_exit, pvsched_irq_exit),
 	PVSCHED_TP(softirq_entry, pvsched_softirq_entry),
 	PVSCHED_TP(softirq_exit, pvsched_softirq_exit),
+	PVSCHED_TP(sched_waking, pvsched_waking),
 #if PVSCHED_CSD_TRACEPOINTS
 	/*
 	 * The exit probe goes in first: a wait set once csd_queue_cpu's probe
@@ -634,6 +684,8 @@ static bool pvsched_tp_wanted(const struct pvsched_tp *t,
 {
 	if (!strcmp(t->name, "sched_switch"))
 		return report_sched;
+	if (!strcmp(t->name, "sched_waking"))
+		return pd->sync_counts;
 	if (pvsched_tp_in(t, "csd_"))
 		return pd->wait_on;
 	if (pvsched_tp_in(t, "contention_"))
@@ -753,6 +805,8 @@ static int pvsched_cpu_online(unsigned int cpu)
 	struct pvsched_dev *pd = READ_ONCE(pvsched_active);
 	struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
 	u32 apicid = pvsched_cpu_apicid(cpu);
+	struct pvsched_slot_guest *slot;
+	unsigned long flags;
 	u32 index;
 
 	if (!pd)
@@ -770,8 +824,17 @@ static int pvsched_cpu_online(unsigned int cpu)
 	WRITE_ONCE(pc->wait_csd, NULL);
 	WRITE_ONCE(pc->wait_on, PVSCHED_WAIT_NONE);
 	pvsched_task_state(pc, current);
-	WRITE_ONCE(pc->slot, pd->region + pd->slots_off +
-				     (size_t)index * PVSCHED_SLOT_SIZE);
+	slot = pd->region + pd->slots_off + (size_t)index * PVSCHED_SLOT_SIZE;
+	/*
+	 * The slot takes this CPU's count as it is now (the counters run
+	 * from module load): a host sees it grow from here, not jump by what
+	 * was counted before the slot was there.
+	 */
+	local_irq_save(flags);
+	if (READ_ONCE(pvsched_sync_counts))
+		WRITE_ONCE(slot->wakes, pc->wakes);
+	WRITE_ONCE(pc->slot, slot);
+	local_irq_restore(flags);
 	pvsched_publish(pc);
 	return 0;
 }
@@ -805,21 +868,22 @@ static int pvsched_stats_show(struct seq_file *m, void *v)
 	struct pvsched_dev *pd = m->private;
 	unsigned int cpu;
 
-	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\nlost %d\nwait_on %d\nlock_wait %d\n",
+	seq_printf(m, "mode %s\nnr_vcpus %u\ngeneration %u\nfeatures 0x%llx\nlost %d\nwait_on %d\nlock_wait %d\nsync_counts %d\n",
 		   pd->device_region ? "device" : "guest", pd->nr_vcpus,
 		   pd->generation, pd->features, READ_ONCE(pd->lost),
-		   pd->wait_on, pd->lock_wait);
-	seq_puts(m, "cpu slot updates switches irqs softirqs waits wait_ends lock_waits rt_sleepers\n");
+		   pd->wait_on, pd->lock_wait, pd->sync_counts);
+	seq_puts(m, "cpu slot updates switches irqs softirqs waits wait_ends lock_waits rt_sleepers wakes\n");
 	for_each_possible_cpu(cpu) {
 		const struct pvsched_cpu *pc = per_cpu_ptr(&pvsched_pcpu, cpu);
 		bool attached = READ_ONCE(pc->slot);
 
-		seq_printf(m, "%u %d %llu %llu %llu %llu %llu %llu %llu %llu\n", cpu,
+		seq_printf(m, "%u %d %llu %llu %llu %llu %llu %llu %llu %llu %llu\n", cpu,
 			   attached ? (int)pc->slot_index : -1,
 			   READ_ONCE(pc->updates), READ_ONCE(pc->switches),
 			   READ_ONCE(pc->irqs), READ_ONCE(pc->softirqs),
 			   READ_ONCE(pc->waits), READ_ONCE(pc->wait_ends),
-			   READ_ONCE(pc->lock_waits), READ_ONCE(pc->rt_sleepers));
+			   READ_ONCE(pc->lock_waits), READ_ONCE(pc->rt_sleepers),
+			   READ_ONCE(pc->wakes));
 	}
 	return 0;
 }
@@ -1049,6 +1113,10 @@ static int pvsched_handshake(struct pvsched_dev *pd)
 			dev_info(dev, "lock waits not reported: this kernel has no lock contention tracepoints (Linux < 5.19)\n");
 	}
 	pd->lock_wait = wanted & PVSCHED_F_LOCK_WAIT;
+	if (report_sync && (offered & PVSCHED_F_SYNC_COUNTS) &&
+	    pvsched_have_all("sched_waking", true))
+		wanted |= PVSCHED_F_SYNC_COUNTS;
+	pd->sync_counts = wanted & PVSCHED_F_SYNC_COUNTS;
 	pd->features = wanted;
 	pvsched_wr(pd, PVSCHED_REG_DRV_FEATURES_LO, lower_32_bits(wanted));
 	pvsched_wr(pd, PVSCHED_REG_DRV_FEATURES_HI, upper_32_bits(wanted));
@@ -1090,6 +1158,7 @@ static void pvsched_detach(struct pvsched_dev *pd)
 	pvsched_tp_unregister();
 	WRITE_ONCE(pvsched_claiming, false);
 	WRITE_ONCE(pvsched_task_flags, false);
+	WRITE_ONCE(pvsched_sync_counts, false);
 	if (pd->cpuhp_state > 0)
 		cpuhp_remove_state(pd->cpuhp_state);
 	pd->cpuhp_state = 0;
@@ -1164,6 +1233,7 @@ static int pvsched_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 
 	WRITE_ONCE(pvsched_active, pd);
 	WRITE_ONCE(pvsched_task_flags, pd->features & PVSCHED_F_TASK_FLAGS);
+	WRITE_ONCE(pvsched_sync_counts, pd->features & PVSCHED_F_SYNC_COUNTS);
 	ret = cpuhp_setup_state(CPUHP_AP_ONLINE_DYN, "pvsched:online",
 				pvsched_cpu_online, pvsched_cpu_offline);
 	if (ret < 0)

@@ -30,7 +30,7 @@
  * Minor additions are announced by feature bits; old drivers ignore them.
  */
 #define PVSCHED_ABI_MAJOR 1
-#define PVSCHED_ABI_MINOR 4
+#define PVSCHED_ABI_MINOR 5
 #define PVSCHED_ABI_VERSION ((PVSCHED_ABI_MAJOR << 16) | PVSCHED_ABI_MINOR)
 #define PVSCHED_VERSION_MAJOR(v) (((v) >> 16) & 0xffff)
 #define PVSCHED_VERSION_MINOR(v) ((v) & 0xffff)
@@ -94,9 +94,11 @@
 #define PVSCHED_F_KICK (1ULL << 3)	    /* KICK register is wired to the policy */
 #define PVSCHED_F_TASK_FLAGS (1ULL << 4)    /* slot.flags describes the running task (1.1) */
 #define PVSCHED_F_LOCK_WAIT (1ULL << 5)	    /* slot.wait_on may be PVSCHED_WAIT_ANY (1.2) */
+#define PVSCHED_F_SYNC_COUNTS (1ULL << 6)   /* slot.wakes and slot.waits count (1.5) */
 #define PVSCHED_F_ALL                                                   \
 	(PVSCHED_F_DEVICE_REGION | PVSCHED_F_GUEST_REGION | PVSCHED_F_WAIT_ON | \
-	 PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS | PVSCHED_F_LOCK_WAIT)
+	 PVSCHED_F_KICK | PVSCHED_F_TASK_FLAGS | PVSCHED_F_LOCK_WAIT |       \
+	 PVSCHED_F_SYNC_COUNTS)
 
 /* ------------------------------------------------------------------------ */
 /* STATUS (virtio device status bits and values)                             */
@@ -210,7 +212,12 @@ struct pvsched_slot_guest {
 	__u32 flags;	/* PVSCHED_TASK_F_* with F_TASK_FLAGS, else 0 */
 	__u32 reserved0;
 	__u64 updates;	/* number of completed updates (informational) */
-	__u32 reserved[6];
+	/* With F_SYNC_COUNTS (1.5), counters since the driver attached, each
+	 * written by this vCPU alone, as single stores that may fall outside
+	 * an update's seq (a host reads them as hints): */
+	__u64 wakes;	/* wake-ups of a task that last ran on another vCPU */
+	__u64 waits;	/* waits for another vCPU: wait_on set (calls, lock spins) */
+	__u32 reserved[2];
 };
 
 /* Host half: vcpu_state values. */

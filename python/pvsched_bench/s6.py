@@ -188,7 +188,7 @@ def cosched_caps(nvm, vcpus, hogs):
 
 
 # The guest driver's debugfs counters kept per workload (summed over CPUs).
-GUEST_COUNTERS = ("updates", "waits", "lock_waits")
+GUEST_COUNTERS = ("updates", "waits", "lock_waits", "wakes")
 # The guest's IPIs per run: rescheduling, function call, TLB shootdown.
 GUEST_IPIS = ("res", "cal", "tlb")
 # The slice variant: every vCPU thread SCHED_OTHER nice 0 with this custom
@@ -653,6 +653,11 @@ def run_workload(args, tag, guests, w, variant, daemon):
         phases = [(status_vm(st1, g.name) or {}).get("cosched_now_us", 0) for g in guests]
         if any(phases):
             row["cosched_now_us"] = phases
+        # With "auto": each VM's guest-counted waits per vCPU and second
+        # as the run ended (what opens its phases; absent: no counts).
+        syncs = [(status_vm(st1, g.name) or {}).get("cosched_sync") for g in guests]
+        if any(s is not None for s in syncs):
+            row["cosched_sync"] = syncs
     gc = [v["guest_counters"] for v in vms if v.get("guest_counters")]
     if gc:
         row["guest_counters"] = {k: sum(c[k] for c in gc) for k in GUEST_COUNTERS}

@@ -8,8 +8,8 @@ PVSCHED_BLESS=1 rewrites it.
 """
 
 ABI_MAJOR = 1
-ABI_MINOR = 4
-ABI_VERSION = 65540
+ABI_MINOR = 5
+ABI_VERSION = 65541
 PCI_VENDOR_ID = 20566
 PCI_DEVICE_ID = 23630
 PCI_SUBSYS_VENDOR_ID = 20566
@@ -44,7 +44,8 @@ F_WAIT_ON = 4
 F_KICK = 8
 F_TASK_FLAGS = 16
 F_LOCK_WAIT = 32
-F_ALL = 63
+F_SYNC_COUNTS = 64
+F_ALL = 127
 STATUS_RESET = 0
 STATUS_ACKNOWLEDGE = 1
 STATUS_DRIVER = 2
@@ -139,7 +140,9 @@ OFFSETOF = {
         "flags": 24,
         "reserved0": 28,
         "updates": 32,
-        "reserved": 40,
+        "wakes": 40,
+        "waits": 48,
+        "reserved": 56,
     },
     "pvsched_slot_host": {
         "seq": 0,

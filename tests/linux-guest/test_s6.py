@@ -45,7 +45,7 @@ def test_s6_smoke(bench_report, report):
         # (how many a batch guest gets is not the test's: none is fine).
         for vm in x["vms"]:
             ipis = vm["guest_ipis"]
-            assert set(ipis) == {"res", "cal", "tlb"}, vm
+            assert set(ipis) == {"res", "cal", "tlb", "rwk", "csw"}, vm
             assert all(isinstance(n, int) and n >= 0 for n in ipis.values()), vm
     pv = rows[("pvsched", "cpu")]
     assert pv["policy"] is not None, "no pvschedd statistics for the pvsched run"

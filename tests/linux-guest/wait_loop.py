@@ -193,6 +193,22 @@ class WaitLoop(AgentLoop):
         if a and b:
             samples = [b["slots"][i]["waits"].get("lock", 0) - a["slots"][i]["waits"].get("lock", 0)
                        for i in range(min(len(a["slots"]), len(b["slots"])))]
+        # The counts co-scheduling reads (ABI 1.5): every kernel has
+        # sched_waking, so the driver negotiates them, and the pipe's
+        # hand-overs between CPUs 0 and 1 (a task woken that last ran on
+        # the other CPU) and the lock waits show in the slots' bytes.
+        sync = boot.mark("probe").get("sync_counts")
+        grew = None
+        if a and b:
+            grew = [(b["slots"][i]["wakes"] - a["slots"][i]["wakes"],
+                     b["slots"][i]["sync_waits"] - a["slots"][i]["sync_waits"])
+                    for i in range(min(len(a["slots"]), len(b["slots"])))]
+        if sync != "1":
+            f.append(f"sync: driver reports sync_counts={sync} on {release}")
+        elif not grew or not any(w > 0 for w, _ in grew):
+            f.append(f"sync: no slot's wakes grew during the pipe loop ({grew})")
+        elif has_lock_tracepoints(release) and not any(w > 0 for _, w in grew):
+            f.append(f"sync: no slot's waits grew during the lock loop ({grew})")
         if has_lock_tracepoints(release):
             if driver != "1":
                 f.append(f"lock: driver reports lock_wait={driver} on {release} (the lock "
@@ -207,4 +223,5 @@ class WaitLoop(AgentLoop):
             f.append(f"lock: driver reports lock_wait={driver}, {waits} waits on {release}")
         return f, (f"lock: driver lock_wait={driver}; {end.get('rounds', '?')} pipe rounds on "
                    f"cpus 0,1; {waits} lock waits; device samples of wait_on = any per slot "
-                   f"during the loop {samples}")
+                   f"during the loop {samples}; sync_counts={sync}, (wakes, waits) per slot "
+                   f"during the loop {grew}")

@@ -29,7 +29,7 @@ use core::mem::{offset_of, size_of};
 /// ABI major version. A major mismatch is refused at DRIVER_OK.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version. Minor additions are announced by feature bits.
-pub const ABI_MINOR: u32 = 4;
+pub const ABI_MINOR: u32 = 5;
 /// `(major << 16) | minor`, as found in the VERSION register and region header.
 pub const ABI_VERSION: u32 = (ABI_MAJOR << 16) | ABI_MINOR;
 
@@ -128,9 +128,17 @@ pub const F_TASK_FLAGS: u64 = 1 << 4;
 /// `slot.wait_on` may be [`WAIT_ANY`] (a vCPU spinning on a contended lock);
 /// ABI 1.2.
 pub const F_LOCK_WAIT: u64 = 1 << 5;
+/// `slot.wakes` and `slot.waits` count how much the vCPUs hand work to and
+/// wait for each other; ABI 1.5.
+pub const F_SYNC_COUNTS: u64 = 1 << 6;
 /// Every feature bit ABI v1 defines.
-pub const F_ALL: u64 =
-    F_DEVICE_REGION | F_GUEST_REGION | F_WAIT_ON | F_KICK | F_TASK_FLAGS | F_LOCK_WAIT;
+pub const F_ALL: u64 = F_DEVICE_REGION
+    | F_GUEST_REGION
+    | F_WAIT_ON
+    | F_KICK
+    | F_TASK_FLAGS
+    | F_LOCK_WAIT
+    | F_SYNC_COUNTS;
 
 // ---------------------------------------------------------------------------
 // STATUS: virtio's device status values, taken from virtio-bindings.
@@ -330,8 +338,13 @@ pub struct SlotGuest {
     pub reserved0: u32,
     /// Completed updates (informational).
     pub updates: u64,
+    /// With [`F_SYNC_COUNTS`]: wake-ups of a task that last ran on another
+    /// vCPU, since the driver attached (written outside the seq protocol).
+    pub wakes: u64,
+    /// With [`F_SYNC_COUNTS`]: waits for another vCPU (`wait_on` set).
+    pub waits: u64,
     /// Reserved, zero.
-    pub reserved: [u32; 6],
+    pub reserved: [u32; 2],
 }
 
 /// Host-written half of a slot: one cache line only the host writes.
@@ -393,12 +406,13 @@ const _: () = {
     assert!(size_of::<RegionHeader>() == HEADER_SIZE as usize);
     assert!(size_of::<RegionHeader>() == 9 * 4 + 7 * 4);
     assert!(size_of::<SlotGuest>() == CACHELINE as usize);
-    assert!(size_of::<SlotGuest>() == 8 * 4 + 8 + 6 * 4);
+    assert!(size_of::<SlotGuest>() == 8 * 4 + 3 * 8 + 2 * 4);
     assert!(size_of::<SlotHost>() == CACHELINE as usize);
     assert!(size_of::<SlotHost>() == 6 * 4 + 3 * 8 + 4 * 4);
     assert!(size_of::<Slot>() == SLOT_SIZE as usize);
     assert!(offset_of!(Slot, host) == CACHELINE as usize);
     assert!(offset_of!(SlotGuest, updates) % 8 == 0);
+    assert!(offset_of!(SlotGuest, wakes) % 8 == 0);
     assert!(offset_of!(SlotHost, boosts) % 8 == 0);
     // The largest region still fits the 32-bit REGION_SIZE register.
     assert!(region_size(MAX_VCPUS) as u64 <= u32::MAX as u64);

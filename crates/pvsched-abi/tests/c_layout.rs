@@ -43,7 +43,8 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         "pvsched_slot_guest",
         abi::SlotGuest,
         [
-            seq, kern_cs, policy, nice, rt_prio, wait_on, flags, reserved0, updates, reserved
+            seq, kern_cs, policy, nice, rt_prio, wait_on, flags, reserved0, updates, wakes, waits,
+            reserved
         ]
     );
     layout_struct!(
@@ -103,6 +104,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         PVSCHED_F_KICK => abi::F_KICK,
         PVSCHED_F_TASK_FLAGS => abi::F_TASK_FLAGS,
         PVSCHED_F_LOCK_WAIT => abi::F_LOCK_WAIT,
+        PVSCHED_F_SYNC_COUNTS => abi::F_SYNC_COUNTS,
         PVSCHED_F_ALL => abi::F_ALL,
         PVSCHED_STATUS_RESET => abi::STATUS_RESET,
         PVSCHED_STATUS_ACKNOWLEDGE => abi::STATUS_ACKNOWLEDGE,

@@ -253,6 +253,14 @@ pub struct VmStatus {
     /// what `"auto"` measured.
     #[serde(default)]
     pub cosched_now_us: u64,
+    /// With `cosched_us = "auto"`: how much its vCPUs waited for each
+    /// other over the last second, as its guest driver counts it (ABI 1.5:
+    /// wake-ups of a task that last ran on another vCPU plus 8 × waits,
+    /// per vCPU and second, rounded). It gets phases from 16 and loses them
+    /// after 3 seconds below 12. Absent: not "auto", or a guest that
+    /// reports no counts (it gets no "auto" phase).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cosched_sync: Option<u64>,
 }
 
 impl VmStatus {

@@ -478,6 +478,10 @@ impl Registry {
                     apply_p50_ns: st.apply_p50_ns,
                     apply_p99_ns: st.apply_p99_ns,
                     cosched_now_us: st.cosched_now_us,
+                    cosched_sync: st
+                        .cosched_sync_rate
+                        .filter(|r| r.is_finite() && *r >= 0.0)
+                        .map(|r| r.round() as u64),
                 }
             })
             .collect()

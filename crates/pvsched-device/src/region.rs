@@ -129,6 +129,11 @@ pub struct GuestSlotState {
     pub task_flags: u32,
     /// Completed updates counter, as written.
     pub updates: u64,
+    /// Wake-ups of a task that last ran on another vCPU, as written (0
+    /// unless the guest negotiated `F_SYNC_COUNTS`).
+    pub wakes: u64,
+    /// Waits for another vCPU, as written (the same).
+    pub waits: u64,
     /// Some field was out of range and was clamped.
     pub clamped: bool,
 }
@@ -181,6 +186,8 @@ impl GuestSlotState {
             lock_wait,
             task_flags: raw.flags & TASK_F_ALL,
             updates: raw.updates,
+            wakes: raw.wakes,
+            waits: raw.waits,
             clamped,
         }
     }

@@ -205,6 +205,7 @@ impl RemoteVm {
             apply_p50_ns: vm.apply_p50_ns,
             apply_p99_ns: vm.apply_p99_ns,
             cosched_now_us: vm.cosched_now_us,
+            cosched_sync_rate: vm.cosched_sync.map(|r| r as f64),
             ..Default::default()
         })
     }

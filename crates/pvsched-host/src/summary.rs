@@ -225,6 +225,7 @@ mod tests {
             apply_p99_ns: 40_500,
             tick_gap_max_ns: 5_000_000,
             cosched_now_us: 0,
+            cosched_sync_rate: None,
         }
     }
 

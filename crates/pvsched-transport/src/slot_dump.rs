@@ -76,6 +76,10 @@ pub struct SlotStats {
     pub rt_prio: u32,
     /// Last updates counter.
     pub updates: u64,
+    /// Last wakes counter (`F_SYNC_COUNTS`).
+    pub wakes: u64,
+    /// Last waits counter (`F_SYNC_COUNTS`).
+    pub sync_waits: u64,
     /// Samples with each kern_cs bit set: `[NMI, HARDIRQ, SOFTIRQ, PREEMPT_OFF]`.
     pub cs_set: [u64; 4],
     /// Samples where the slot changed since the previous sample.
@@ -232,6 +236,8 @@ pub fn sample(monitor: &TransportMonitor, dump: &mut Dump) {
                     st.nice = g.nice;
                     st.rt_prio = g.rt_prio;
                     st.updates = g.updates;
+                    st.wakes = g.wakes;
+                    st.sync_waits = g.waits;
                     for (bit, c) in st.cs_set.iter_mut().enumerate() {
                         if g.kern_cs & (1 << bit) != 0 {
                             *c += 1;

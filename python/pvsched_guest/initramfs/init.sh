@@ -335,7 +335,7 @@ if [ "$mode" = wait ]; then
 	# CPU 0 makes synchronous calls to CPU 1 (membarrier) for 3 s, then
 	# CPUs 0 and 1 contend for one pipe's mutex for 3 s (lock waits).
 	load
-	echo "@@ probe bound=$(bound) wait_on=$(stat_of wait_on) lock_wait=$(stat_of lock_wait)"
+	echo "@@ probe bound=$(bound) wait_on=$(stat_of wait_on) lock_wait=$(stat_of lock_wait) sync_counts=$(stat_of sync_counts)"
 	echo "@@ agent-wait"
 	read -t 120 -r answer
 	echo "@@ agent-go answer=$answer"

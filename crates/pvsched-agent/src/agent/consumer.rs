@@ -5,12 +5,13 @@
 //! VMs between their phases at each phase's edge.
 
 use super::fairshare::{self, AutoPhase, Window};
+use super::gate::{self, SyncGate};
 use super::scan::ScanHandle;
 use super::trace_out::TraceOut;
 use super::{AgentConfig, Inner, owned_fd};
 use crate::applier::Phase;
 use crate::intf::{Decision, gid_vm};
-use crate::object::{PolicyView, reevaluate};
+use crate::object::{PolicyView, RegionMmap, reevaluate};
 use crate::sched::{self, SchedAttr};
 use pvsched_policy::event::{R_HOST_DONE, R_HOST_WAKE};
 use pvsched_policy::{Caps, CoschedUs};
@@ -385,8 +386,11 @@ struct Cosched {
     /// The longest phase any VM holds, µs (`[max] max_cosched_phase_us`;
     /// each VM's `max_boost_us` bounds its own too).
     max_phase_us: u64,
-    /// The "auto" VMs' phases.
+    /// The "auto" VMs' phases: only of those whose gate is open.
     auto: HashMap<u32, AutoPhase>,
+    /// Every "auto" VM's gate ([`gate`]): whether its guest's vCPUs wait
+    /// for each other enough for a phase to serve them.
+    gates: HashMap<u32, SyncGate>,
     /// The host-thread scan's windows ([`super::scan`]): taken, never
     /// waited for.
     scan: Option<ScanHandle>,
@@ -589,15 +593,25 @@ impl Cosched {
         pvsched_policy::caps::cosched_phase_max_us(self.max_phase_us, caps.max_boost_us)
     }
 
-    /// Every tick: ends the phase of an "auto" VM that has become
-    /// latency-sensitive and, once the scan thread has a measuring window
-    /// ([`super::scan`]), sets every "auto" VM's share from it
-    /// ([`fairshare`]). Reads no file and never waits for the scan: its
-    /// work is a binary search per "auto" vCPU thread.
+    /// Every tick: opens or closes each "auto" VM's gate from what its
+    /// guest counts ([`gate`]), ends the phase of an "auto" VM that has
+    /// become latency-sensitive and, once the scan thread has a measuring
+    /// window ([`super::scan`]), sets the share of every "auto" VM whose
+    /// gate is open from it ([`fairshare`]). Reads no file and never waits
+    /// for the scan: its work is a binary search per "auto" vCPU thread
+    /// and a read of each "auto" VM's slots.
     fn measure(&mut self, inner: &Inner, view: &PolicyView, now: u64) {
         // (VM id, its live vCPU threads' (gid, tid), halt_always, the
-        // largest share of its period its phase may hold).
-        type AutoSpec = (u32, Vec<(u32, u32)>, bool, f64);
+        // largest share of its period its phase may hold, its device
+        // region, its vCPUs).
+        type AutoSpec = (
+            u32,
+            Vec<(u32, u32)>,
+            bool,
+            f64,
+            Option<Arc<RegionMmap>>,
+            u32,
+        );
         let autos: Vec<AutoSpec> = {
             let reg = inner.reg.lock();
             reg.vms
@@ -617,10 +631,52 @@ impl Cosched {
                     let max_share = self
                         .max_share
                         .min(self.phase_max_us(&v.caps) as f64 / period);
-                    (*id, threads, v.caps.halt_always, max_share)
+                    (
+                        *id,
+                        threads,
+                        v.caps.halt_always,
+                        max_share,
+                        v.region.clone(),
+                        v.vcpus,
+                    )
                 })
                 .collect()
         };
+        self.gates.retain(|id, _| autos.iter().any(|a| a.0 == *id));
+        let mut rates = Vec::with_capacity(autos.len());
+        for (id, .., region, vcpus) in &autos {
+            let counts = region
+                .as_ref()
+                .and_then(|r| gate::guest_counts(&r.words(), *vcpus));
+            let g = self.gates.entry(*id).or_default();
+            let was = g.on();
+            let on = g.update(counts, now, *vcpus);
+            if on != was {
+                log::info!(
+                    "pvsched cosched auto: VM {id}: {} ({:.1} waits and cross-vCPU \
+                     wake-ups per vCPU and second)",
+                    if on {
+                        "co-scheduled"
+                    } else {
+                        "no longer co-scheduled"
+                    },
+                    g.rate()
+                );
+            }
+            rates.push((*id, g.reported_rate()));
+        }
+        {
+            let mut reg = inner.reg.lock();
+            for (id, v) in reg.vms.iter_mut() {
+                v.sync_rate = rates.iter().find(|r| r.0 == *id).and_then(|r| r.1);
+            }
+        }
+        // A VM whose gate is closed holds no phase, and starts afresh when
+        // it opens.
+        let autos: Vec<AutoSpec> = autos
+            .into_iter()
+            .filter(|a| self.gates.get(&a.0).is_some_and(SyncGate::on))
+            .collect();
         self.auto.retain(|id, _| autos.iter().any(|a| a.0 == *id));
         let Some(scan) = &self.scan else {
             return;
@@ -632,7 +688,7 @@ impl Cosched {
         // Each "auto" VM: some vCPU latency-sensitive now.
         let ls: Vec<bool> = autos
             .iter()
-            .map(|(_, threads, always, _)| {
+            .map(|(_, threads, always, ..)| {
                 *always
                     || threads
                         .iter()
@@ -648,7 +704,7 @@ impl Cosched {
         let Some(host) = scan.take() else {
             return;
         };
-        for ((id, threads, _, max_share), ls) in autos.iter().zip(ls) {
+        for ((id, threads, _, max_share, ..), ls) in autos.iter().zip(ls) {
             let phase = self.auto.entry(*id).or_default();
             if !host.complete {
                 // Figures of part of the host: the share stays as it was.

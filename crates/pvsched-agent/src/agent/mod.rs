@@ -15,6 +15,7 @@
 
 mod consumer;
 mod fairshare;
+mod gate;
 mod scan;
 mod stats;
 mod trace_out;
@@ -209,6 +210,12 @@ struct VmEntry {
     /// The co-scheduled phase the VM holds now, µs of its period (0: not
     /// co-scheduled): `cosched_us`, or what "auto" measured.
     cosched_now_us: u64,
+    /// The device region (device-region VMs): where "auto" reads what the
+    /// guest counts of its vCPUs' waits for each other ([`gate`]).
+    region: Option<Arc<RegionMmap>>,
+    /// That count per vCPU and second over the last window, as "auto"
+    /// last measured it (None: not "auto", or its guest reports none).
+    sync_rate: Option<f64>,
 }
 
 #[derive(Default)]
@@ -611,6 +618,7 @@ impl Agent {
                     caps: spec.caps.clone(),
                     threads: all_tids.len() as u32,
                     vcpus: nr as u32,
+                    region: region.clone(),
                     ..Default::default()
                 },
             );

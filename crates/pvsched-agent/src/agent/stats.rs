@@ -82,6 +82,12 @@ pub struct VmStats {
     /// The co-scheduled phase the VM holds now, µs of `cosched_period_us`
     /// (0: not co-scheduled): `cosched_us`, or what `"auto"` measured.
     pub cosched_now_us: u64,
+    /// With `"auto"`: how much its vCPUs waited for each other over the
+    /// last second, as its guest counts it (wake-ups of a task that last
+    /// ran on another vCPU plus 8 × waits, per vCPU and second), what
+    /// decides whether it gets phases. None: not "auto", or its guest
+    /// reports no counts (then it gets none).
+    pub cosched_sync_rate: Option<f64>,
 }
 
 impl VmHandle {
@@ -145,6 +151,7 @@ impl VmHandle {
                     out.decisions = vm.decisions;
                     out.corrections = vm.corrections;
                     out.cosched_now_us = vm.cosched_now_us;
+                    out.cosched_sync_rate = vm.sync_rate;
                     vm.latencies.clone()
                 }
                 None => Vec::new(),

@@ -237,6 +237,16 @@ fn auto_caps() -> Caps {
     }
 }
 
+/// Wake-ups across vCPUs a synchronising guest reports, per vCPU and
+/// second: well above the gate's 10.
+const SYNC_PER_VCPU_S: u64 = 40;
+
+/// `vm`'s 2 vCPUs report `per_vcpu_s` cross-vCPU wake-ups a second, from an
+/// ordinary task.
+fn sync_counts(vm: &pvsched_agent::VmHandle, per_vcpu_s: u64) -> common::SyncCounts {
+    common::SyncCounts::start(vm, 2, per_vcpu_s, Default::default())
+}
+
 #[test]
 fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alone() {
     if !need_bpf("auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alone")
@@ -270,6 +280,14 @@ fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alo
             ..auto_caps()
         },
     );
+    // Every guest reports vCPUs that wait for each other: what keeps the
+    // idle and latency-sensitive VMs from a phase is the share and the
+    // latency, not the gate.
+    let _counts = [
+        sync_counts(&vm, SYNC_PER_VCPU_S),
+        sync_counts(&idle_vm, SYNC_PER_VCPU_S),
+        sync_counts(&latency_vm, SYNC_PER_VCPU_S),
+    ];
     let now_us = wait_for("the busy VM's measured phase", LIMIT, || {
         Some(vm.stats().cosched_now_us).filter(|us| *us > 0)
     });
@@ -356,11 +374,13 @@ fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
     let rt = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
     let base = rt[0].attr();
     let vm = common::device_vm(&agent, &[rt[0].tid, rt[1].tid], &[], auto_caps());
-    let region = vm.region().expect("device-region VM");
-    region.write_guest(
+    // Both of its vCPUs report an RT task (and vCPUs that wait for each
+    // other, so that the gate is not what keeps it from a phase).
+    let _counts = common::SyncCounts::start(
+        &vm,
         2,
-        0,
-        &pvsched_abi::SlotGuest {
+        SYNC_PER_VCPU_S,
+        pvsched_abi::SlotGuest {
             policy: POLICY_FIFO,
             rt_prio: 50,
             ..Default::default()
@@ -370,6 +390,7 @@ fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
     // host is overcommitted enough for one.
     let busy = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
     let control = common::device_vm(&agent, &[busy[0].tid, busy[1].tid], &[], auto_caps());
+    let _control_counts = sync_counts(&control, SYNC_PER_VCPU_S);
     wait_for("the control VM's measured phase", LIMIT, || {
         Some(control.stats().cosched_now_us).filter(|us| *us > 0)
     });
@@ -385,6 +406,62 @@ fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
     assert!(
         rt[0].attr().policy == POLICY_FIFO || rt[0].attr() == base,
         "vCPU 0 at its baseline or the policy's RT boost, never nice 19"
+    );
+}
+
+/// "auto" co-schedules only a VM whose guest reports vCPUs that hand work
+/// to each other: beside hogs, of three equally busy VMs, the one whose
+/// guest reports 40 cross-vCPU wake-ups per vCPU and second gets a phase;
+/// a batch guest (2 a second) and a guest whose driver counts nothing
+/// (no `F_SYNC_COUNTS`) never do, their threads never moved. When the
+/// first guest's reports fall to the batch rate, its phases end after the
+/// gate's quiet windows and its threads are back at their baseline.
+#[test]
+fn auto_co_schedules_only_a_vm_whose_guest_reports_waits() {
+    if !need_bpf("auto_co_schedules_only_a_vm_whose_guest_reports_waits") {
+        return;
+    }
+    let agent = common::agent();
+    let (_, _hogs) = overcommit();
+    let sync = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let batch = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let mute = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let base = sync[0].attr();
+    let sync_vm = common::device_vm(&agent, &[sync[0].tid, sync[1].tid], &[], auto_caps());
+    let batch_vm = common::device_vm(&agent, &[batch[0].tid, batch[1].tid], &[], auto_caps());
+    let mute_vm = common::device_vm(&agent, &[mute[0].tid, mute[1].tid], &[], auto_caps());
+    let counts = sync_counts(&sync_vm, SYNC_PER_VCPU_S);
+    let _batch_counts = sync_counts(&batch_vm, 2);
+    wait_for("the synchronising VM's phase", LIMIT, || {
+        Some(sync_vm.stats().cosched_now_us).filter(|us| *us > 0)
+    });
+    let (on, off, _, n) = sample(&sync[0], &sync[1], Duration::from_millis(300));
+    assert!(
+        on > 0 && off > 0,
+        "its phases run: {on} on, {off} off of {n}"
+    );
+    // Three more windows for the others.
+    std::thread::sleep(Duration::from_millis(3_200));
+    for (what, v) in [("batch", &batch_vm), ("driver without counts", &mute_vm)] {
+        let s = v.stats();
+        let changes: u64 = s.vcpus.iter().map(|t| t.phase_changes).sum();
+        assert_eq!(
+            (s.cosched_now_us, changes),
+            (0, 0),
+            "the {what} VM is never co-scheduled"
+        );
+    }
+    // The guest goes quiet: a batch rate from now on.
+    drop(counts);
+    let _quiet = common::SyncCounts::start(&sync_vm, 2, 2, Default::default());
+    wait_for("the quiet VM's phases to end", LIMIT, || {
+        (sync_vm.stats().cosched_now_us == 0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        (sync[0].attr(), sync[1].attr()),
+        (base, base),
+        "both vCPUs at their baseline once its phases end"
     );
 }
 
@@ -415,6 +492,7 @@ fn an_auto_phase_never_exceeds_the_phase_limit() {
     .expect("agent loads");
     let busy = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
     let vm = common::device_vm(&agent, &[busy[0].tid, busy[1].tid], &[], auto_caps());
+    let _counts = sync_counts(&vm, SYNC_PER_VCPU_S);
     let first = wait_for("the VM's measured phase", LIMIT, || {
         Some(vm.stats().cosched_now_us).filter(|us| *us > 0)
     });
@@ -508,11 +586,13 @@ fn the_host_thread_scan_runs_off_the_applier() {
         Some(agent.applier_tid()).filter(|t| *t != 0)
     });
     let _sleepers = Sleepers::spawn(5_000);
-    // An "auto" VM (the scan reads only while one exists) and a VM whose
+    // An "auto" VM (the scan reads only while one's guest reports vCPUs
+    // that wait for each other) and a VM whose
     // guest asks for a boost forever on a spinning vCPU: throttled again
     // and again, each time by the applier.
     let auto = idle_pair();
-    let _auto_vm = common::device_vm(&agent, &[auto[0].tid, auto[1].tid], &[], auto_caps());
+    let auto_vm = common::device_vm(&agent, &[auto[0].tid, auto[1].tid], &[], auto_caps());
+    let _counts = sync_counts(&auto_vm, SYNC_PER_VCPU_S);
     let spinner = FakeVcpu::spawn_busy(2);
     // Boosted at FIFO 1: below the FIFO-2 samplers of the tests beside
     // this one, which a spinner at their priority would hold off a CPU.

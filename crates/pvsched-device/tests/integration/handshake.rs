@@ -132,6 +132,8 @@ fn guest_region_handshake_reaches_driver_ok() {
             lock_wait: false,
             task_flags: 0,
             updates: 7,
+            wakes: 0,
+            waits: 0,
             clamped: false
         }
     );

@@ -203,7 +203,7 @@ fn clamping() {
             kern_cs: 0xffff_fff5,
             flags: 7,
             reserved0: 1,
-            reserved: [9; 6],
+            reserved: [9; 2],
             ..base
         },
     );

@@ -164,3 +164,60 @@ pub fn one_vcpu_vm(
 ) -> pvsched_agent::VmHandle {
     device_vm(agent, &[tid], &[], caps)
 }
+
+/// Plays the part of a guest driver that negotiated `F_SYNC_COUNTS` (ABI
+/// 1.5) in a device-region VM's real region, as the guest would write it:
+/// the header's magic and driver features, then every 50 ms each slot's
+/// guest half (`slot`, with `wakes` advanced so that each vCPU reports
+/// `per_vcpu_s` wake-ups of a task that last ran on another vCPU a
+/// second). What "auto" reads to tell a guest whose vCPUs hand work to
+/// each other from a batch guest. Stops when dropped.
+pub struct SyncCounts {
+    stop: Arc<AtomicBool>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SyncCounts {
+    pub fn start(
+        vm: &pvsched_agent::VmHandle,
+        vcpus: u32,
+        per_vcpu_s: u64,
+        slot: pvsched_abi::SlotGuest,
+    ) -> SyncCounts {
+        use pvsched_abi::seq::SharedWords;
+        let region = vm.region().expect("a device-region VM");
+        let w = region.words();
+        w.store(0, pvsched_abi::REGION_MAGIC, Ordering::Release);
+        w.store(
+            std::mem::offset_of!(pvsched_abi::RegionHeader, driver_features_lo),
+            (pvsched_abi::F_DEVICE_REGION | pvsched_abi::F_SYNC_COUNTS) as u32,
+            Ordering::Release,
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let join = std::thread::spawn(move || {
+            let mut wakes = 0u64;
+            while !s2.load(Ordering::Relaxed) {
+                for i in 0..vcpus {
+                    let g = pvsched_abi::SlotGuest { wakes, ..slot };
+                    assert!(region.write_guest(vcpus, i, &g));
+                }
+                wakes += per_vcpu_s / 20;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        SyncCounts {
+            stop,
+            join: Some(join),
+        }
+    }
+}
+
+impl Drop for SyncCounts {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
