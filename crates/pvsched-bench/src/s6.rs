@@ -173,6 +173,13 @@ pub struct S6Row {
     /// pvschedd's counters of the VMs (pvsched variants).
     #[serde(default)]
     pub policy: Option<Value>,
+    /// The host's 1-minute load average as the run started.
+    #[serde(default)]
+    pub loadavg_start: Option<f64>,
+    /// With "auto": each VM's guest-counted waits per vCPU and second as
+    /// the run ended (pvschedd's `cosched_sync`).
+    #[serde(default)]
+    pub cosched_sync: Option<Vec<Option<u64>>>,
     /// Per VM: its rate, iterations, CPU and the guest's counters.
     #[serde(default)]
     pub vms: Vec<Value>,
@@ -254,6 +261,10 @@ pub struct VariantStats {
     pub probe_p99_us: Spread,
     /// The host probe's max, µs.
     pub probe_max_us: Spread,
+    /// Co-scheduling phase changes pvschedd applied to the VMs' threads
+    /// in the window (pvsched variants; 0: no phase at all).
+    #[serde(default)]
+    pub phase_changes: Spread,
     /// Against vanilla (not for vanilla itself).
     pub vs_vanilla: Option<Versus>,
     /// Against none (not for none itself).
@@ -369,6 +380,9 @@ impl S6Report {
                             hog_rate: spread_of(&mine, hog_rate),
                             probe_p99_us: spread_of(&mine, |r| r.host_probe.as_ref()?.p99_us),
                             probe_max_us: spread_of(&mine, |r| r.host_probe.as_ref()?.max_us),
+                            phase_changes: spread_of(&mine, |r| {
+                                r.policy.as_ref()?.get("phase_changes")?.as_f64()
+                            }),
                             vs_vanilla: vs("vanilla"),
                             vs_none: vs("none"),
                         }
