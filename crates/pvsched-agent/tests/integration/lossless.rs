@@ -36,8 +36,10 @@ fn a_lost_decision_is_corrected_by_reconciliation() {
         ..AgentConfig::default()
     })
     .expect("agent loads");
-    // Sleeps long: its own scheduler events rarely interleave with the burst.
-    let vcpu = FakeVcpu::spawn(3, Duration::from_millis(200));
+    // Blocked throughout: the policy keeps no cs boost for a vCPU it saw
+    // halt, so a wake-up of this thread during a slow burst would change
+    // the state the test expects.
+    let vcpu = FakeVcpu::spawn_blocked(3);
     let baseline = vcpu.attr();
     let caps = Caps {
         halt_boost: BoostKind::None,

@@ -60,6 +60,13 @@ impl FakeVcpu {
         Self::start(nice, None)
     }
 
+    /// A thread that blocks from its start until it is dropped: no
+    /// scheduler event of its own ever changes its run state in the
+    /// policy, so a test decides alone what the policy sees.
+    pub fn spawn_blocked(nice: i32) -> FakeVcpu {
+        Self::start(nice, Some(Duration::MAX))
+    }
+
     fn start(nice: i32, period: Option<Duration>) -> FakeVcpu {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
@@ -72,6 +79,7 @@ impl FakeVcpu {
             tx.send(tid).unwrap();
             while !s2.load(Ordering::Relaxed) {
                 match period {
+                    Some(Duration::MAX) => std::thread::park(),
                     Some(p) => std::thread::sleep(p),
                     None => std::hint::spin_loop(),
                 }
@@ -94,6 +102,7 @@ impl Drop for FakeVcpu {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(j) = self.join.take() {
+            j.thread().unpark();
             let _ = j.join();
         }
     }
@@ -217,6 +226,7 @@ impl Drop for SyncCounts {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(j) = self.join.take() {
+            j.thread().unpark();
             let _ = j.join();
         }
     }
