@@ -60,7 +60,8 @@
 #define PVS_EV_TICK 7	    /* agent timer or device KICK: re-evaluate */
 #define PVS_EV_EXIT 8	    /* the registered thread exits (sched_process_exit) */
 #define PVS_EV_KICK 9	    /* this vCPU's thread woke sibling vCPU a (slot index) */
-#define PVS_EV_MAX 10
+#define PVS_EV_PHASE_ON 10  /* reeval only: VM gid>>PVS_GID_SHIFT entered its phase, a = CPUs */
+#define PVS_EV_MAX 11
 
 /* Decision reasons. */
 #define PVS_R_NONE 0	   /* the guest no longer asks */
@@ -81,8 +82,10 @@
 /* pvs_vcpu.phase: the agent writes FREE, ON and OFF as it moves the thread
  * between its VM's co-scheduled phases; the policy changes ON to YIELDED
  * (once, compare-and-swap) when a host thread wakes on the CPU the thread
- * holds, and the agent then moves it out of the phase until that host
- * thread has left the CPU (PVS_R_HOST_DONE) or the phase ends. */
+ * holds, or was woken there and still waits when the thread takes the CPU
+ * or enters its phase on it, and the agent then moves it out of the phase
+ * until that host thread has left the CPU (PVS_R_HOST_DONE) or the phase
+ * ends. */
 #define PVS_PHASE_FREE 0
 #define PVS_PHASE_ON 1
 #define PVS_PHASE_OFF 2
@@ -94,6 +97,13 @@
 /* CPUs the `cpus` array covers; a host thread woken on a CPU above them is
  * not seen (it waits for the phase's end, as without the array). */
 #define PVS_MAX_CPUS 1024
+/* A host thread woken onto a CPU longer ago than this and not run there
+ * since is taken to have moved to another CPU (a wake-up's record on the
+ * CPU it left is not cleared): a vCPU entering its phase there does not
+ * leave it for that thread. Two of the host's time slices (EEVDF's base
+ * slice is 0.75 ms times 1 + log2 of the CPUs, at most 3 ms at 8 CPUs and
+ * more) is as long as a woken thread waits behind a CPU-bound one. */
+#define PVS_WAIT_FRESH_NS 6000000ULL
 
 /* Per-VM configuration: admin caps and policy knobs. */
 struct pvs_caps {
@@ -188,7 +198,8 @@ struct pvs_cpu {
 	__u32 run_key;	 /* `vcpus` key + 1 of the registered thread on the CPU, 0 = none */
 	__u32 yield_key; /* `vcpus` key + 1 of the thread that left its phase for ... */
 	__u32 yield_tid; /* ... this host thread (the last woken on the CPU), 0 = none */
-	__u32 pad0;
+	__u32 wait_tid;	 /* the host thread last woken onto the CPU that has not run since, 0 = none */
+	__u64 wait_at;	 /* when it was woken (bpf_ktime_get_ns) */
 };
 
 /* Decision record (`decisions` ring buffer): sent when a thread's boost

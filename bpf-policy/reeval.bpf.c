@@ -7,8 +7,9 @@
  * registered thread (gid PVS_GID_ALL, a = how many VM ids from 0 to scan:
  * throttle ends, windows, latency holds of vCPUs that produce no scheduler
  * events) and the device's KICK doorbell runs it for the vCPU whose guest
- * changed its slot. The differential test drives the same entry with
- * synthetic events of every kind.
+ * changed its slot, and the agent runs PVS_EV_PHASE_ON for a VM whose
+ * co-scheduled phase it has just started. The differential test drives the
+ * same entry with synthetic events of every kind.
  */
 
 struct tick_ctx {
@@ -67,6 +68,11 @@ int pvs_reeval(void *ctx)
 		bpf_loop(vms_to_scan * PVS_THREADS_PER_VM, tick_cb, &t, 0);
 		return t.count;
 	}
+	/* The agent put VM gid >> PVS_GID_SHIFT's vCPUs in their phase: a =
+	 * the host's CPUs; returns how many vCPUs left it for a host thread
+	 * already waiting on their CPU. */
+	if ((__u32)args[0] == PVS_EV_PHASE_ON)
+		return phase_on(gid >> PVS_GID_SHIFT, args[3]);
 	v = registered(gid >> PVS_GID_SHIFT, gid & ((1U << PVS_GID_SHIFT) - 1));
 	if (!v)
 		return 1;

@@ -43,7 +43,8 @@ EV_USER_EXIT = 6
 EV_TICK = 7
 EV_EXIT = 8
 EV_KICK = 9
-EV_MAX = 10
+EV_PHASE_ON = 10
+EV_MAX = 11
 R_NONE = 0
 R_CS = 1
 R_RT_TASK = 2
@@ -66,9 +67,9 @@ MAX_CPUS = 1024
 
 SIZEOF = {
     "pvs_caps": 96,
-    "pvs_cpu": 16,
+    "pvs_cpu": 24,
     "pvs_decision": 48,
-    "pvs_stats": 208,
+    "pvs_stats": 216,
     "pvs_tid_hint": 16,
     "pvs_vcpu": 232,
     "pvs_vm": 144,
@@ -98,7 +99,8 @@ OFFSETOF = {
         "run_key": 0,
         "yield_key": 4,
         "yield_tid": 8,
-        "pad0": 12,
+        "wait_tid": 12,
+        "wait_at": 16,
     },
     "pvs_decision": {
         "ts": 0,
@@ -114,18 +116,18 @@ OFFSETOF = {
     },
     "pvs_stats": {
         "events": 0,
-        "decisions": 80,
-        "dropped": 88,
-        "boosts": 96,
-        "unboosts": 104,
-        "throttles": 112,
-        "ipi_pairs": 120,
-        "slot_hits": 128,
-        "torn_reads": 136,
-        "read_errors": 144,
-        "publish_busy": 152,
-        "full_runs": 160,
-        "phase_yields": 200,
+        "decisions": 88,
+        "dropped": 96,
+        "boosts": 104,
+        "unboosts": 112,
+        "throttles": 120,
+        "ipi_pairs": 128,
+        "slot_hits": 136,
+        "torn_reads": 144,
+        "read_errors": 152,
+        "publish_busy": 160,
+        "full_runs": 168,
+        "phase_yields": 208,
     },
     "pvs_tid_hint": {
         "count": 0,

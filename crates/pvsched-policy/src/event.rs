@@ -20,8 +20,12 @@ pub const EV_EXIT: u32 = 8;
 /// `PVS_EV_*`: the vCPU's thread woke a sibling vCPU's thread (`a` = its
 /// slot index).
 pub const EV_KICK: u32 = 9;
+/// `PVS_EV_*`, re-evaluation only: the VM of the gid has just entered its
+/// co-scheduled phase (`a` = the host's CPUs); its vCPUs leave the phase
+/// for a host thread already waiting on their CPU.
+pub const EV_PHASE_ON: u32 = 10;
 /// Number of event kinds (array size in the statistics).
-pub const EV_MAX: u32 = 10;
+pub const EV_MAX: u32 = 11;
 
 /// `PVS_R_*`: the guest no longer asks.
 pub const R_NONE: u32 = 0;

@@ -231,8 +231,11 @@ pub struct PvsCpu {
     /// The host thread last woken on the CPU while that thread was out of
     /// its phase, 0 for none.
     pub yield_tid: u32,
-    /// Zero.
-    pub pad0: u32,
+    /// The host thread last woken onto the CPU that has not run since, 0
+    /// for none.
+    pub wait_tid: u32,
+    /// When it was woken (CLOCK_MONOTONIC ns).
+    pub wait_at: u64,
 }
 
 /// `struct pvs_tid_hint`: element `tid & (TID_HINTS - 1)` of the BPF
@@ -279,7 +282,7 @@ const _: () = {
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 11 + PROG_MAX as usize) * 8);
-    assert!(size_of::<PvsCpu>() == 16);
+    assert!(size_of::<PvsCpu>() == 24);
 };
 
 #[cfg(feature = "aya")]

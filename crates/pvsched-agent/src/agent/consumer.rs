@@ -200,6 +200,10 @@ pub(super) fn consumer(inner: Arc<Inner>, ends: Ends, cfg: AgentConfig) {
     let mut last_tick = mono_ns();
     let mut cosched = Cosched {
         host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+        // SAFETY: sysconf reads a system constant; no memory is passed.
+        cpu_ids: u64::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) })
+            .unwrap_or(0)
+            .max(1),
         host_permille: u64::from(cfg.cosched_host_pct.min(100)) * 10,
         max_share: f64::from(cfg.cosched_max_pct.min(100)) / 100.0,
         max_phase_us: cfg.cosched_max_phase_us,
@@ -242,7 +246,7 @@ pub(super) fn consumer(inner: Arc<Inner>, ends: Ends, cfg: AgentConfig) {
             }
         }
         if cosched.next_edge.is_some_and(|e| mono_ns() >= e) {
-            cosched.run(&inner, &tfd, false);
+            cosched.run(&inner, &tfd, &reeval_fd, false);
         }
         let now = mono_ns();
         if idle {
@@ -297,7 +301,7 @@ pub(super) fn consumer(inner: Arc<Inner>, ends: Ends, cfg: AgentConfig) {
             cosched.measure(&inner, &view, now);
             // A VM registered, unregistered or given new caps since the
             // last edge: its phases follow within a tick.
-            cosched.run(&inner, &tfd, true);
+            cosched.run(&inner, &tfd, &reeval_fd, true);
             quiet = ticked_vms && !watched(&inner, &view, now);
             next_tick = now + if quiet { quiet_ns } else { tick_ns };
         }
@@ -379,6 +383,9 @@ struct Cosched {
     left_out: Vec<u32>,
     /// CPUs the host gives this process.
     host_cpus: u64,
+    /// CPU numbers the host may use (0 up to this): the CPUs whose records
+    /// a phase's start checks for a host thread waiting there.
+    cpu_ids: u64,
     /// The host-wide limit, per mille of the host's CPUs.
     host_permille: u64,
     /// The largest share of its period an "auto" VM's phase may hold.
@@ -409,7 +416,12 @@ impl Cosched {
     /// in a row. Only the co-scheduling VMs' threads are visited: with
     /// `all` (every tick: new threads, changed caps, a failed system call)
     /// every one of them, else those of the VMs whose phase changed.
-    fn run(&mut self, inner: &Inner, tfd: &OwnedFd, all: bool) {
+    ///
+    /// A VM whose phase starts is then checked by the policy
+    /// ([`EV_PHASE_ON`](pvsched_policy::event::EV_PHASE_ON)): a vCPU that was
+    /// already running on its CPU took no context switch, so a host thread
+    /// woken there before the phase and still waiting is found only so.
+    fn run(&mut self, inner: &Inner, tfd: &OwnedFd, reeval_fd: &OwnedFd, all: bool) {
         let now = mono_ns();
         let mut guard = inner.reg.lock();
         let reg = &mut *guard;
@@ -484,6 +496,7 @@ impl Cosched {
         let mut offset_us: u64 = 0;
         let mut next: Option<u64> = None;
         let mut on_vms = Vec::with_capacity(plan.len());
+        let mut entered = Vec::new();
         for (id, on) in plan {
             let placed = on > 0;
             let Some(vm) = reg.vms.get_mut(&id) else {
@@ -506,6 +519,9 @@ impl Cosched {
             let was = self.on_vms.iter().find(|o| o.0 == id).map(|o| o.1);
             if !all && was == Some(phase) {
                 continue;
+            }
+            if phase == Phase::On && was != Some(Phase::On) {
+                entered.push(id);
             }
             // A VM with more vCPUs than the host has CPUs: the first vCPUs
             // put at FIFO take the CPUs and keep them until they halt (FIFO
@@ -533,6 +549,18 @@ impl Cosched {
             }
         }
         drop(guard);
+        for id in entered {
+            if let Err(e) = reevaluate(
+                reeval_fd,
+                pvsched_policy::event::EV_PHASE_ON,
+                crate::intf::gid(id, 0),
+                pvsched_policy::event::NOW_CLOCK,
+                self.cpu_ids,
+                0,
+            ) {
+                log::warn!("pvsched: phase start of VM {id}: BPF_PROG_TEST_RUN failed: {e}");
+            }
+        }
         if left_out != self.left_out {
             if !left_out.is_empty() {
                 log::warn!(

@@ -40,6 +40,7 @@ fn at_most(took: Duration, period: Duration) -> u64 {
 
 #[test]
 fn applier_sleeps_without_vms_and_wakes_once_per_tick() {
+    let _cpus = common::cpu_bound();
     if !common::need_bpf("applier_sleeps_without_vms_and_wakes_once_per_tick") {
         return;
     }

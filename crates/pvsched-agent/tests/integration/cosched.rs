@@ -75,6 +75,7 @@ fn sample(a: &FakeVcpu, b: &FakeVcpu, d: Duration) -> (u32, u32, u32, u32) {
 
 #[test]
 fn vcpus_move_together_between_the_phases_and_get_their_baselines_back() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("vcpus_move_together_between_the_phases_and_get_their_baselines_back") {
         return;
     }
@@ -125,6 +126,7 @@ fn vcpus_move_together_between_the_phases_and_get_their_baselines_back() {
 /// the one registered after it.
 #[test]
 fn fixed_phases_beyond_the_host_wide_share_are_cut_alike() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("fixed_phases_beyond_the_host_wide_share_are_cut_alike") {
         return;
     }
@@ -186,6 +188,7 @@ fn longest_held(vms: [[u32; 2]; 2], d: Duration) -> (f64, [bool; 2]) {
 
 #[test]
 fn two_vms_phases_are_spread_over_the_period() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("two_vms_phases_are_spread_over_the_period") {
         return;
     }
@@ -249,6 +252,7 @@ fn sync_counts(vm: &pvsched_agent::VmHandle, per_vcpu_s: u64) -> common::SyncCou
 
 #[test]
 fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alone() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alone")
     {
         return;
@@ -320,6 +324,7 @@ fn ran_ns(tid: u32) -> u64 {
 
 #[test]
 fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases") {
         return;
     }
@@ -363,6 +368,7 @@ fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
 
 #[test]
 fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task") {
         return;
     }
@@ -418,6 +424,7 @@ fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
 /// gate's quiet windows and its threads are back at their baseline.
 #[test]
 fn auto_co_schedules_only_a_vm_whose_guest_reports_waits() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("auto_co_schedules_only_a_vm_whose_guest_reports_waits") {
         return;
     }
@@ -472,6 +479,7 @@ fn auto_co_schedules_only_a_vm_whose_guest_reports_waits() {
 /// above it, and the VM is co-scheduled (cut to the limit, not left out).
 #[test]
 fn an_auto_phase_never_exceeds_the_phase_limit() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("an_auto_phase_never_exceeds_the_phase_limit") {
         return;
     }
@@ -562,13 +570,13 @@ impl Drop for Sleepers {
 }
 
 /// The host-thread scan of "auto" runs off the applier: on its own
-/// thread at SCHED_OTHER nice 10 (read back), and with 5 000 more threads
-/// on the host the applier's own CPU time over two reads of them is a
-/// small part of what the scan thread spends on those reads (before, the
-/// applier did them itself at FIFO 99), while a throttle of another VM
-/// is still applied meanwhile.
+/// thread at SCHED_OTHER nice 10 (read back), and 5 000 more threads on
+/// the host add CPU time to the scan thread, hardly any to the applier
+/// (before, the applier did the reads itself at FIFO 99), while a
+/// throttle of another VM is still applied meanwhile.
 #[test]
 fn the_host_thread_scan_runs_off_the_applier() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("the_host_thread_scan_runs_off_the_applier") {
         return;
     }
@@ -585,7 +593,6 @@ fn the_host_thread_scan_runs_off_the_applier() {
     let applier = wait_for("the applier thread", LIMIT, || {
         Some(agent.applier_tid()).filter(|t| *t != 0)
     });
-    let _sleepers = Sleepers::spawn(5_000);
     // An "auto" VM (the scan reads only while one's guest reports vCPUs
     // that wait for each other) and a VM whose
     // guest asks for a boost forever on a spinning vCPU: throttled again
@@ -611,15 +618,16 @@ fn the_host_thread_scan_runs_off_the_applier() {
             ..Default::default()
         },
     );
-    // The scan has read the host once.
+    // The auto VM's gate open (the scan reads only from then on) and the
+    // scan has read the host once.
     wait_for("the scan's first read", LIMIT, || {
         Some(ran_ns(scan)).filter(|ns| *ns > 1_000_000)
     });
     // What is compared is where the reads' CPU is spent, not how fast a
-    // nice-10 thread gets it: on a host as busy as these tests make it
-    // (each spins 2·C hogs), nice 10 would stretch the two reads over many
-    // of the applier's ticks. Lifted to nice 0 (the agent never changes
-    // it back), the scan thread reads as often as the design lets it.
+    // nice-10 thread gets it: on a busy host nice 10 would stretch the
+    // reads over many of the applier's ticks. Lifted to nice 0 (the agent
+    // never changes it back), the scan thread reads as often as the
+    // design lets it.
     sched::set(
         scan,
         &sched::SchedAttr {
@@ -630,26 +638,50 @@ fn the_host_thread_scan_runs_off_the_applier() {
         },
     )
     .expect("the scan thread at nice 0 for the measurement");
-    // Over at least two reads of the host (each some 50 ms of CPU here).
-    let (scan0, applier0) = (ran_ns(scan), ran_ns(applier));
+    // CPU time per second of the scan and the applier over `d`, or until
+    // the scan has spent `scan_ns` more (at most 30 s).
+    let rates = |d: Duration, scan_ns: u64| {
+        let (scan0, applier0) = (ran_ns(scan), ran_ns(applier));
+        let t0 = Instant::now();
+        while (t0.elapsed() < d || ran_ns(scan) - scan0 < scan_ns)
+            && t0.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let s = t0.elapsed().as_secs_f64();
+        (
+            (ran_ns(scan) - scan0) as f64 / s,
+            (ran_ns(applier) - applier0) as f64 / s,
+        )
+    };
+    // The same VMs with a host of few threads, then with 5 000 more, over
+    // at least two reads of them (each some 50 ms of CPU here): the work
+    // those threads add goes to the scan thread, not to the applier (whose
+    // own work, ticking and applying in a debug build, is the same in both).
+    let (scan_few, applier_few) = rates(Duration::from_secs(1), 0);
+    let _sleepers = Sleepers::spawn(5_000);
     let throttles0 = vm.stats().vcpus[0].throttles;
-    let t0 = Instant::now();
-    while ran_ns(scan) - scan0 < 100_000_000 && t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let scan_ns = ran_ns(scan) - scan0;
-    let applier_ns = ran_ns(applier) - applier0;
+    let (scan_many, applier_many) = rates(Duration::from_secs(1), 100_000_000);
     let throttles = vm.stats().vcpus[0].throttles - throttles0;
+    let (scan_more, applier_more) = (scan_many - scan_few, applier_many - applier_few);
     println!(
-        "over {:?} with 5 000 more threads: scan {} µs of CPU, applier {} µs, \
-         {throttles} throttles",
-        t0.elapsed(),
-        scan_ns / 1000,
-        applier_ns / 1000
+        "CPU µs per second, few host threads / 5 000 more: scan {:.0} / {:.0}, applier \
+         {:.0} / {:.0}; {throttles} throttles",
+        scan_few / 1e3,
+        scan_many / 1e3,
+        applier_few / 1e3,
+        applier_many / 1e3
     );
     assert!(
-        applier_ns * 3 < scan_ns,
-        "the applier ({applier_ns} ns) does not read the host's threads (the scan: {scan_ns} ns)"
+        scan_more > 20e6,
+        "the scan thread read the 5 000 threads: {:.0} µs/s more",
+        scan_more / 1e3
+    );
+    assert!(
+        applier_more * 3.0 < scan_more,
+        "the applier ({:.0} µs/s more) does not read the host's threads (the scan: {:.0} µs/s more)",
+        applier_more / 1e3,
+        scan_more / 1e3
     );
     assert!(throttles > 0, "the spinning VM was throttled meanwhile");
     // The scan stays a SCHED_OTHER thread throughout.
@@ -684,6 +716,7 @@ fn sleeper_lateness_us(n: usize) -> Vec<u64> {
 /// under a millisecond, and the yields are counted.
 #[test]
 fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends") {
         return;
     }
@@ -733,4 +766,173 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
     drop(vm);
     let now: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
     assert_eq!(now, base, "every vCPU thread back at its baseline");
+}
+
+/// CLOCK_MONOTONIC now, ns: the clock of the agent's phase edges.
+fn mono_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps until CLOCK_MONOTONIC `at_ns`.
+fn sleep_until(at_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (at_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (at_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: an absolute sleep on a valid timespec; no remainder wanted.
+    unsafe {
+        libc::clock_nanosleep(
+            libc::CLOCK_MONOTONIC,
+            libc::TIMER_ABSTIME,
+            &ts,
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// Pins thread `tid` (0: the caller) to `cpu`.
+fn pin(tid: u32, cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
+    // sched_setaffinity read and write only that set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(tid as libc::pid_t, size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pin thread {tid} to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// The start of a phase at least `ahead_ns` from now: a single VM's
+/// phases start at the multiples of its period on CLOCK_MONOTONIC.
+fn next_phase_start(period_ns: u64, ahead_ns: u64) -> u64 {
+    (mono_now_ns() + ahead_ns).div_ceil(period_ns) * period_ns
+}
+
+/// A host thread woken before a phase starts, and still waiting on its CPU
+/// behind another thread then, is served when the CPU frees, not at the
+/// phase's end (15 ms on, 20 ms period; everything pinned to CPU 0). Both
+/// ways a phased vCPU comes to hold a CPU where such a thread waits are
+/// caused, five times each, and the sleeper's delay from the moment the CPU
+/// frees to the moment it runs is measured:
+/// - `switch`: a SCHED_FIFO 50 host thread holds the CPU from 3 ms before
+///   the phase to 2 ms into it; the sleeper wakes 1 ms before the phase;
+///   when the FIFO thread blocks, the phased vCPU is switched in and must
+///   leave its phase for the sleeper;
+/// - `phase start`: the vCPU itself holds the CPU across the phase's start
+///   (the guest's critical section boosts it to FIFO 2), so it takes no
+///   context switch there; its boost ends 2 ms into the phase, when the
+///   vCPU, out of its phase for the sleeper, must not keep the CPU at FIFO 1.
+///
+/// Without either check the sleeper runs at the phase's end, 13 ms after
+/// the CPU frees.
+#[test]
+fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
+    let _cpus = common::cpu_bound();
+    if !need_bpf("a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees") {
+        return;
+    }
+    use pvsched_abi::{CS_HARDIRQ, SlotGuest};
+    let agent = Agent::load(AgentConfig {
+        handle_signals: false,
+        cosched_host_pct: 100,
+        ..AgentConfig::default()
+    })
+    .expect("agent loads");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus > 1 {
+        pin(0, 1);
+    }
+    let vcpu = FakeVcpu::spawn_busy(0);
+    pin(vcpu.tid, 0);
+    let base = vcpu.attr();
+    let vm = common::one_vcpu_vm(
+        &agent,
+        vcpu.tid,
+        Caps {
+            cs_rt_prio: 2,
+            ..caps(15_000)
+        },
+    );
+    let region = vm.region().expect("a device-region VM");
+    let cs = |on: bool| {
+        region.write_guest(
+            1,
+            0,
+            &SlotGuest {
+                kern_cs: if on { CS_HARDIRQ } else { 0 },
+                ..Default::default()
+            },
+        );
+        vm.kick(0);
+    };
+    wait_for("the phase placed", LIMIT, || {
+        Some(vm.stats().cosched_now_us).filter(|&us| us == 15_000)
+    });
+    const PERIOD_NS: u64 = 20_000_000;
+    const MS: u64 = 1_000_000;
+    let mut delays: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    for rep in 0..10 {
+        let by_switch = rep % 2 == 0;
+        let t = next_phase_start(PERIOD_NS, 10 * MS);
+        let freed = t + 2 * MS;
+        // The sleeper: pinned to the vCPU's CPU, woken 1 ms before the
+        // phase; the time it runs is what is measured.
+        let sleeper = std::thread::spawn(move || {
+            pin(0, 0);
+            sleep_until(t - MS);
+            mono_now_ns()
+        });
+        if by_switch {
+            let blocker = std::thread::spawn(move || {
+                pin(0, 0);
+                sched::set(
+                    sched::gettid(),
+                    &sched::SchedAttr {
+                        policy: POLICY_FIFO,
+                        priority: 50,
+                        nice: 0,
+                        flags: 0,
+                    },
+                )
+                .expect("SCHED_FIFO 50");
+                sleep_until(t - 3 * MS);
+                while mono_now_ns() < freed {
+                    std::hint::spin_loop();
+                }
+            });
+            blocker.join().unwrap();
+        } else {
+            sleep_until(t - 3 * MS);
+            cs(true);
+            sleep_until(freed);
+            cs(false);
+        }
+        let ran = sleeper.join().unwrap();
+        delays[usize::from(!by_switch)].push(ran.saturating_sub(freed) / 1000);
+    }
+    let yields: u64 = vm.stats().vcpus.iter().map(|v| v.phase_yields).sum();
+    drop(vm);
+    assert_eq!(vcpu.attr(), base, "the vCPU thread back at its baseline");
+    for (name, d) in ["switch", "phase start"].iter().zip(&mut delays) {
+        d.sort_unstable();
+        println!(
+            "host sleeper queued before the phase, {name}: delays {d:?} µs after its CPU freed; {yields} yields"
+        );
+        // The median: one repetition may lose its CPU to the hypervisor
+        // of a host that is itself a VM (up to ~14 ms).
+        assert!(
+            d[d.len() / 2] < 5_000,
+            "{name}: the sleeper waited for the phase's end: {d:?} µs"
+        );
+    }
 }

@@ -26,6 +26,7 @@ fn fifo(prio: u32) -> SchedAttr {
 
 #[test]
 fn a_lost_decision_is_corrected_by_reconciliation() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("a_lost_decision_is_corrected_by_reconciliation") {
         return;
     }

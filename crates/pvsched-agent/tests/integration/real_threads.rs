@@ -95,6 +95,7 @@ fn guest_rt_prio_99_is_capped_and_drop_restores() {
 
 #[test]
 fn asking_forever_and_spinning_is_throttled_and_reported() {
+    let _cpus = common::cpu_bound();
     if !need_bpf("asking_forever_and_spinning_is_throttled_and_reported") {
         return;
     }

@@ -131,7 +131,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         cov,
         "pvs_cpu",
         PvsCpu,
-        [run_key, yield_key, yield_tid, pad0]
+        [run_key, yield_key, yield_tid, wait_tid, wait_at]
     );
     layout_struct!(
         e,
@@ -171,6 +171,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         PVS_EV_WAKEUP => ev::EV_WAKEUP, PVS_EV_VCPU_WAKEUP => ev::EV_VCPU_WAKEUP,
         PVS_EV_IPI => ev::EV_IPI, PVS_EV_USER_EXIT => ev::EV_USER_EXIT,
         PVS_EV_TICK => ev::EV_TICK, PVS_EV_EXIT => ev::EV_EXIT, PVS_EV_KICK => ev::EV_KICK,
+        PVS_EV_PHASE_ON => ev::EV_PHASE_ON,
         PVS_EV_MAX => ev::EV_MAX,
         PVS_R_NONE => ev::R_NONE, PVS_R_CS => ev::R_CS, PVS_R_RT_TASK => ev::R_RT_TASK,
         PVS_R_NICE_TASK => ev::R_NICE_TASK, PVS_R_HALT => ev::R_HALT, PVS_R_YIELD => ev::R_YIELD,

@@ -129,6 +129,15 @@ pub fn vcpu_with_tid(tid: u32) -> Option<FakeVcpu> {
 /// Held from a write of `ns_last_pid` to the clone it is for.
 static NS_LAST_PID: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Held by each test that keeps CPUs busy at an RT priority (spinning
+/// threads in co-scheduled phases, SCHED_FIFO spinners) or measures how
+/// long a thread waits for a CPU: they run one at a time, so that a wait
+/// one of them measures is the one it causes, not another test's spinner.
+pub fn cpu_bound() -> std::sync::MutexGuard<'static, ()> {
+    static CPU_BOUND: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    CPU_BOUND.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[allow(unused_imports)] // not every test binary polls
 pub use pvsched_testkit::wait_for;
 
