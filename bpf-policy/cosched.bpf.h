@@ -4,21 +4,22 @@
  *
  * A phase holds its VM's vCPU threads at SCHED_FIFO 1, so an ordinary host
  * thread woken on a CPU a phased vCPU holds would wait for the phase's end.
- * These programs only record: the sched_switch program notes which
- * registered thread runs on each CPU (`cpus`) and which host thread woken
- * there has not run yet; the sched_wakeup program, for a host thread placed
+ * These programs only record. Per CPU (`cpus`): which registered thread
+ * runs there, and which host threads were woken there and have not run
+ * yet (the waiters). The sched_wakeup program, for a host thread placed
  * on a CPU whose phased vCPU runs, marks that vCPU YIELDED (once per phase,
  * compare-and-swap) and wakes the agent with a PVS_R_HOST_WAKE record. A
  * host thread woken before the phase (behind a CPU-bound thread, as an
  * ordinary wake-up often waits a time slice) is as urgent: the same record
- * goes out when a phased vCPU takes a CPU where such a thread waits
- * (sched_switch), or when its phase starts while it runs there (the
- * agent's PVS_EV_PHASE_ON re-evaluation). The agent moves the vCPU out of
- * its phase (the host thread then runs) and back in at the PVS_R_HOST_DONE
- * record the sched_switch program sends when that host thread leaves the
- * CPU, or at the phase's end. A CPU-bound host thread is never woken (it
- * is preempted and keeps its place on the run queue), so it keeps its
- * share of the period as before; only a sleeper's wake-up cuts a phase.
+ * goes out when a phased vCPU takes a CPU where a waiter is (sched_switch),
+ * or when its phase starts while it runs there (the agent's
+ * PVS_EV_PHASE_ON re-evaluation). The agent moves the vCPU out of its
+ * phase (the waiters then run) and back in at the PVS_R_HOST_DONE record
+ * the sched_switch program sends when a host thread leaves that CPU and no
+ * waiter is left there, or at the phase's end. A CPU-bound host thread is
+ * never woken (it is preempted and keeps its place on the run queue), so
+ * it keeps its share of the period as before; only a sleeper's wake-up
+ * cuts a phase.
  */
 #ifndef PVSCHED_COSCHED_BPF_H
 #define PVSCHED_COSCHED_BPF_H
@@ -48,98 +49,128 @@ static __always_inline struct pvs_cpu *this_cpu_entry(void)
 	return bpf_map_lookup_elem(&cpus, &cpu);
 }
 
+/* Whether `tid`, woken at `at`, still counts as waiting at `now`. */
+static __always_inline bool fresh(__u32 tid, __u64 at, __u64 now)
+{
+	return tid && now >= at && now - at <= PVS_WAIT_FRESH_NS;
+}
+
+/* Whether a host thread woken on CPU entry `c` still waits there. The
+ * words are read without a lock (wake-ups onto a CPU run on any CPU): a
+ * race costs at most one late or one needless yield. */
+static __always_inline bool any_waiter(struct pvs_cpu *c, __u64 now)
+{
+	for (int i = 0; i < PVS_CPU_WAITERS; i++)
+		if (fresh(READ_ONCE(c->wait_tid[i]), READ_ONCE(c->wait_at[i]), now))
+			return true;
+	return false;
+}
+
+/* Host thread `tid` was woken onto CPU entry `c` at `now`: its own slot if
+ * it has one, else a free or stale one, else the one woken first. */
+static __always_inline void add_waiter(struct pvs_cpu *c, __u32 tid, __u64 now)
+{
+	__u64 first = ~0ULL;
+	int pick = 0;
+
+	for (int i = 0; i < PVS_CPU_WAITERS; i++) {
+		__u32 t = READ_ONCE(c->wait_tid[i]);
+		__u64 at = READ_ONCE(c->wait_at[i]);
+
+		if (t == tid) {
+			pick = i;
+			break;
+		}
+		if (!fresh(t, at, now))
+			at = 0;
+		if (at < first) {
+			first = at;
+			pick = i;
+		}
+	}
+	WRITE_ONCE(c->wait_at[pick], now);
+	WRITE_ONCE(c->wait_tid[pick], tid);
+}
+
+/* `next_tid` takes the CPU of entry `c`: it waits no more; none waits on a
+ * CPU that goes idle (next_tid 0). */
+static __always_inline void waiter_ran(struct pvs_cpu *c, __u32 next_tid)
+{
+	for (int i = 0; i < PVS_CPU_WAITERS; i++) {
+		__u32 t = READ_ONCE(c->wait_tid[i]);
+
+		if (t && (t == next_tid || !next_tid))
+			WRITE_ONCE(c->wait_tid[i], 0);
+	}
+}
+
 /*
- * On CPU entry `c`, `prev_tid` leaves the CPU: when it is the host thread a
- * phased vCPU left the CPU for, the agent is told to put that vCPU back in
- * its phase.
+ * A host thread left the CPU of entry `c`: if a vCPU is out of its phase
+ * for this CPU's waiters and none is left, the agent is told to put it
+ * back.
  */
-static __always_inline void host_thread_left(struct pvs_cpu *c, __u32 prev_tid)
+static __always_inline void host_thread_left(struct pvs_cpu *c)
 {
 	struct pvs_vcpu *y;
-	__u32 key;
+	__u32 key = READ_ONCE(c->yield_key);
+	__u64 now;
 
-	if (!prev_tid || READ_ONCE(c->yield_tid) != prev_tid)
-		return;
-	key = READ_ONCE(c->yield_key);
-	WRITE_ONCE(c->yield_tid, 0);
 	if (!key)
 		return;
+	now = bpf_ktime_get_ns();
+	if (any_waiter(c, now))
+		return;
+	WRITE_ONCE(c->yield_key, 0);
 	key -= 1;
 	y = bpf_map_lookup_elem(&vcpus, &key);
 	if (y && READ_ONCE(y->phase) == PVS_PHASE_YIELDED)
-		emit_reason(y, PVS_EV_SWITCH_OUT, PVS_R_HOST_DONE, bpf_ktime_get_ns(), 0);
+		emit_reason(y, PVS_EV_SWITCH_OUT, PVS_R_HOST_DONE, now, 0);
 }
 
-/* On CPU entry `c`, `next_tid` takes the CPU: a host thread woken there
- * waits no more once it runs, and none waits on a CPU that goes idle. */
-static __always_inline void waiter_ran(struct pvs_cpu *c, __u32 next_tid)
-{
-	__u32 w = READ_ONCE(c->wait_tid);
-
-	if (w && (w == next_tid || !next_tid))
-		WRITE_ONCE(c->wait_tid, 0);
-}
-
-/* A switch between two host threads: only the end of a yield can be due
- * (the CPU's running thread is already none). */
-static __always_inline void cpu_switch_host(__u32 prev_tid, __u32 next_tid)
+/* A switch between two host threads: a waiter may have got the CPU, and
+ * a yield may be over (the CPU's running thread is already none). */
+static __always_inline void cpu_switch_host(__u32 next_tid)
 {
 	struct pvs_cpu *c = this_cpu_entry();
 
 	if (!c)
 		return;
+	/* First: a waiter that takes the CPU now keeps the yield until it
+	 * leaves the CPU itself. */
+	host_thread_left(c);
 	waiter_ran(c, next_tid);
-	host_thread_left(c, prev_tid);
 }
 
 /*
  * The vCPU `v` (`vcpus` key `key`), in its phase, is the running thread of
- * CPU entry `c`: it leaves the phase for host thread `tid` (the first host
- * thread of the phase to want the CPU sends the record; a later one while
- * the vCPU is out only becomes the host thread whose leaving ends the
- * yield).
+ * CPU entry `c` and a host thread waits there: the vCPU leaves the phase
+ * (once; while it is out, later waiters only keep it out).
  */
-static __always_inline void leave_phase_for(struct pvs_cpu *c, struct pvs_vcpu *v, __u32 key,
-					    __u32 tid)
+static __always_inline void leave_phase(struct pvs_cpu *c, struct pvs_vcpu *v, __u32 key, __u64 now)
 {
-	__u32 phase = READ_ONCE(v->phase);
-
-	if (phase == PVS_PHASE_YIELDED) {
-		if (READ_ONCE(c->yield_key) == key + 1)
-			WRITE_ONCE(c->yield_tid, tid);
-		return;
-	}
-	if (phase != PVS_PHASE_ON ||
+	if (READ_ONCE(v->phase) != PVS_PHASE_ON ||
 	    __sync_val_compare_and_swap(&v->phase, PVS_PHASE_ON, PVS_PHASE_YIELDED) != PVS_PHASE_ON)
 		return;
 	WRITE_ONCE(c->yield_key, key + 1);
-	WRITE_ONCE(c->yield_tid, tid);
 	STAT_INC(phase_yields);
-	emit_reason(v, PVS_EV_WAKEUP, PVS_R_HOST_WAKE, bpf_ktime_get_ns(), 0);
+	emit_reason(v, PVS_EV_WAKEUP, PVS_R_HOST_WAKE, now, 0);
 }
 
-/* The vCPU `v` (key `key`) runs on CPU entry `c` in its phase: if a host
- * thread woken there has waited since (and not too long ago to still be
- * queued there), the vCPU leaves its phase for it. The two words are read
- * without a lock: a wake-up racing with this read costs at most one late
- * or one needless yield. */
+/* The vCPU `v` (key `key`) runs on CPU entry `c`: in its phase, with a
+ * waiter there, it leaves the phase. Returns 1 if it did. */
 static __always_inline int yield_to_waiter(struct pvs_cpu *c, struct pvs_vcpu *v, __u32 key,
 					   __u64 now)
 {
-	__u32 tid = READ_ONCE(c->wait_tid);
-	__u64 at = READ_ONCE(c->wait_at);
-
-	if (!tid || tid == READ_ONCE(v->tid) || READ_ONCE(v->phase) != PVS_PHASE_ON ||
-	    now < at || now - at > PVS_WAIT_FRESH_NS)
+	if (READ_ONCE(v->phase) != PVS_PHASE_ON || !any_waiter(c, now))
 		return 0;
-	leave_phase_for(c, v, key, tid);
+	leave_phase(c, v, key, now);
 	return 1;
 }
 
-/* A switch from or to a registered thread: `in` (NULL for a host thread)
- * is the CPU's running thread from now on. */
-static __always_inline void cpu_switch(__u32 prev_tid, __u32 next_tid, struct pvs_vcpu *in,
-				       __u64 now)
+/* A switch from or to a registered thread (`out` and `in`, NULL for a
+ * host thread): `in` is the CPU's running thread from now on. */
+static __always_inline void cpu_switch(const struct pvs_vcpu *out, __u32 next_tid,
+				       struct pvs_vcpu *in, __u64 now)
 {
 	struct pvs_cpu *c = this_cpu_entry();
 	__u32 key;
@@ -148,8 +179,9 @@ static __always_inline void cpu_switch(__u32 prev_tid, __u32 next_tid, struct pv
 		return;
 	key = in ? vcpu_key(in->vm_id, in->index) : 0;
 	WRITE_ONCE(c->run_key, in ? key + 1 : 0);
+	if (!out)
+		host_thread_left(c);
 	waiter_ran(c, next_tid);
-	host_thread_left(c, prev_tid);
 	if (in)
 		yield_to_waiter(c, in, key, now);
 }
@@ -161,9 +193,10 @@ static __always_inline void cpu_switch(__u32 prev_tid, __u32 next_tid, struct pv
  */
 static __always_inline void host_wakeup(struct task_struct *p)
 {
-	__u32 cpu, key, tid = (__u32)p->pid;
+	__u32 cpu, key;
 	struct pvs_cpu *c;
 	struct pvs_vcpu *v;
+	__u64 now;
 
 	/* An RT thread above the phase preempts it anyway. */
 	if (p->prio < PVS_PHASE_KPRIO)
@@ -172,16 +205,15 @@ static __always_inline void host_wakeup(struct task_struct *p)
 	c = bpf_map_lookup_elem(&cpus, &cpu);
 	if (!c)
 		return;
-	WRITE_ONCE(c->wait_at, bpf_ktime_get_ns());
-	WRITE_ONCE(c->wait_tid, tid);
+	now = bpf_ktime_get_ns();
+	add_waiter(c, (__u32)p->pid, now);
 	key = READ_ONCE(c->run_key);
 	if (!key)
 		return;
 	key -= 1;
 	v = bpf_map_lookup_elem(&vcpus, &key);
-	if (!v || !READ_ONCE(v->tid))
-		return;
-	leave_phase_for(c, v, key, tid);
+	if (v && READ_ONCE(v->tid))
+		leave_phase(c, v, key, now);
 }
 
 struct phase_on_ctx {

@@ -104,6 +104,10 @@
  * slice is 0.75 ms times 1 + log2 of the CPUs, at most 3 ms at 8 CPUs and
  * more) is as long as a woken thread waits behind a CPU-bound one. */
 #define PVS_WAIT_FRESH_NS 6000000ULL
+/* Woken host threads a CPU's record holds at once; a fifth replaces the
+ * one woken first (which then waits for the phase's end, as without the
+ * record). */
+#define PVS_CPU_WAITERS 4
 
 /* Per-VM configuration: admin caps and policy knobs. */
 struct pvs_caps {
@@ -196,10 +200,11 @@ struct pvs_vcpu {
  * programs running on that CPU and read by a wakeup on any CPU. */
 struct pvs_cpu {
 	__u32 run_key;	 /* `vcpus` key + 1 of the registered thread on the CPU, 0 = none */
-	__u32 yield_key; /* `vcpus` key + 1 of the thread that left its phase for ... */
-	__u32 yield_tid; /* ... this host thread (the last woken on the CPU), 0 = none */
-	__u32 wait_tid;	 /* the host thread last woken onto the CPU that has not run since, 0 = none */
-	__u64 wait_at;	 /* when it was woken (bpf_ktime_get_ns) */
+	__u32 yield_key; /* `vcpus` key + 1 of the thread out of its phase for this CPU's waiters */
+	/* Host threads woken onto the CPU that have not run there since
+	 * (0 = free), and when each was woken (bpf_ktime_get_ns). */
+	__u32 wait_tid[PVS_CPU_WAITERS];
+	__u64 wait_at[PVS_CPU_WAITERS];
 };
 
 /* Decision record (`decisions` ring buffer): sent when a thread's boost

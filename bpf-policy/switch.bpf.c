@@ -14,12 +14,12 @@ int BPF_PROG(pvs_sched_switch, bool preempt, struct task_struct *prev, struct ta
 
 	/* Most switches on a host are of other threads: no clock read. */
 	if (!out && !in) {
-		cpu_switch_host(cur, (__u32)next->pid);
+		cpu_switch_host((__u32)next->pid);
 		return 0;
 	}
 	count_full(PVS_PROG_SWITCH);
 	now = bpf_ktime_get_ns();
-	cpu_switch(cur, (__u32)next->pid, in, now);
+	cpu_switch(out, (__u32)next->pid, in, now);
 	if (out)
 		/* Still runnable (TASK_RUNNING) = preempted; else it blocked. */
 		handle_event(out, PVS_EV_SWITCH_OUT, preempt || prev_state == 0, 0, now, cur);

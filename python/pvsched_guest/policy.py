@@ -64,10 +64,11 @@ PHASE_OFF = 2
 PHASE_YIELDED = 3
 COSCHED_RT_PRIO = 1
 MAX_CPUS = 1024
+CPU_WAITERS = 4
 
 SIZEOF = {
     "pvs_caps": 96,
-    "pvs_cpu": 24,
+    "pvs_cpu": 56,
     "pvs_decision": 48,
     "pvs_stats": 216,
     "pvs_tid_hint": 16,
@@ -98,9 +99,8 @@ OFFSETOF = {
     "pvs_cpu": {
         "run_key": 0,
         "yield_key": 4,
-        "yield_tid": 8,
-        "wait_tid": 12,
-        "wait_at": 16,
+        "wait_tid": 8,
+        "wait_at": 24,
     },
     "pvs_decision": {
         "ts": 0,

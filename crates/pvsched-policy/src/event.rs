@@ -75,6 +75,8 @@ pub const PHASE_YIELDED: u32 = 3;
 pub const COSCHED_RT_PRIO: u32 = 1;
 /// CPUs the policy's `cpus` array covers.
 pub const MAX_CPUS: u32 = 1024;
+/// `PVS_CPU_WAITERS`: woken host threads a CPU's record holds at once.
+pub const CPU_WAITERS: u32 = 4;
 
 /// `PVS_ST_*` run states.
 pub const ST_UNKNOWN: u32 = 0;

@@ -7,7 +7,7 @@
 //! [`crate::event`]).
 
 use crate::caps::Caps;
-use crate::event::{Decision, EV_MAX, PROG_MAX};
+use crate::event::{CPU_WAITERS, Decision, EV_MAX, PROG_MAX};
 
 /// `PVS_MODE_NONE`: no region.
 pub const MODE_NONE: u32 = 0;
@@ -226,16 +226,14 @@ pub struct PvsVcpu {
 pub struct PvsCpu {
     /// `vcpus` key + 1 of the registered thread on the CPU, 0 for none.
     pub run_key: u32,
-    /// `vcpus` key + 1 of the thread that left its phase for `yield_tid`.
+    /// `vcpus` key + 1 of the thread out of its phase for this CPU's
+    /// waiters, 0 for none.
     pub yield_key: u32,
-    /// The host thread last woken on the CPU while that thread was out of
-    /// its phase, 0 for none.
-    pub yield_tid: u32,
-    /// The host thread last woken onto the CPU that has not run since, 0
-    /// for none.
-    pub wait_tid: u32,
-    /// When it was woken (CLOCK_MONOTONIC ns).
-    pub wait_at: u64,
+    /// Host threads woken onto the CPU that have not run there since (0:
+    /// a free entry).
+    pub wait_tid: [u32; CPU_WAITERS as usize],
+    /// When each was woken (CLOCK_MONOTONIC ns).
+    pub wait_at: [u64; CPU_WAITERS as usize],
 }
 
 /// `struct pvs_tid_hint`: element `tid & (TID_HINTS - 1)` of the BPF
@@ -282,7 +280,7 @@ const _: () = {
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 11 + PROG_MAX as usize) * 8);
-    assert!(size_of::<PvsCpu>() == 24);
+    assert!(size_of::<PvsCpu>() == 8 + 12 * CPU_WAITERS as usize);
 };
 
 #[cfg(feature = "aya")]
