@@ -94,20 +94,20 @@ fn drain(
     n
 }
 
-/// Whether anything a tick must end on time or measure is under way: a
-/// registered thread boosted (in the policy's state or as last applied),
-/// throttled, held latency-sensitive or co-scheduled, or a VM that
-/// co-schedules. While nothing is, the applier ticks at the quiet period.
+/// Whether anything a tick must end on time is under way: a registered
+/// thread boosted (in the policy's state, or as last applied outside a
+/// co-scheduled phase), throttled or held latency-sensitive. While nothing
+/// is, the applier ticks at the quiet period. Co-scheduling alone needs no
+/// tick: its edges come from the timer fd, the policy's records move a
+/// thread out of its phase and back, and what a tick measures for it (the
+/// sync gate's and the scan's windows) spans a second; it would otherwise
+/// cost a tick every few milliseconds for as long as a VM co-schedules.
 fn watched(inner: &Inner, view: &PolicyView, now: u64) -> bool {
     let reg = inner.reg.lock();
-    if reg.vms.values().any(|v| v.caps.cosched_us.is_on()) {
-        return true;
-    }
     reg.threads.iter().any(|(&gid, t)| {
         !t.exited
-            && (t.applied.is_some()
+            && ((t.applied.is_some() && t.phase == Phase::Free)
                 || t.decided.0 != pvsched_abi::BOOST_NONE
-                || t.phase != Phase::Free
                 || view
                     .vcpu_boost(gid)
                     .is_some_and(|(_, b, _)| b != pvsched_abi::BOOST_NONE)
