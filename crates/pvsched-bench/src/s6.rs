@@ -196,6 +196,14 @@ impl S6Row {
         (total > 0.0).then_some(work / total)
     }
 
+    /// pvschedd's CPU over the window, % of one CPU per VM of the run.
+    pub fn pvschedd_pct_per_vm(&self) -> Option<f64> {
+        let window = self.window_s.filter(|w| *w > 0.0)?;
+        let vms = self.vms.len();
+        let pvschedd = self.cost_cpu_s?.pvschedd;
+        (vms > 0).then(|| pvschedd / window / vms as f64 * 100.0)
+    }
+
     fn ok(&self) -> bool {
         self.error.is_none() && self.throughput.is_some()
     }
@@ -255,6 +263,11 @@ pub struct VariantStats {
     pub cost_pvschedd_s: Spread,
     /// See [`CostCpu::bpf`].
     pub cost_bpf_s: Spread,
+    /// pvschedd's CPU over the window per VM, % of one CPU: what the
+    /// daemon (its applier and scan included, the BPF programs not) costs
+    /// the host for each VM it serves.
+    #[serde(default)]
+    pub pvschedd_pct_per_vm: Spread,
     /// The hogs' rate, bogo ops/s.
     pub hog_rate: Spread,
     /// The host probe's p99, µs.
@@ -377,6 +390,7 @@ impl S6Report {
                             cost_device_s: cost(|c| c.device),
                             cost_pvschedd_s: cost(|c| c.pvschedd),
                             cost_bpf_s: cost(|c| c.bpf),
+                            pvschedd_pct_per_vm: spread_of(&mine, S6Row::pvschedd_pct_per_vm),
                             hog_rate: spread_of(&mine, hog_rate),
                             probe_p99_us: spread_of(&mine, |r| r.host_probe.as_ref()?.p99_us),
                             probe_max_us: spread_of(&mine, |r| r.host_probe.as_ref()?.max_us),
@@ -450,8 +464,8 @@ impl Render for S6Report {
         for c in &self.cells {
             let _ = writeln!(s, "### {} {} ({})\n", c.topology, c.workload, c.unit);
             s.push_str(
-                "| variant | n (failed) | throughput | per CPU-s | CPU s qemu / device / pvschedd / bpf | hog rate | probe p99 / max µs | per CPU-s vs vanilla | vs none | hogs vs vanilla |\n\
-                 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+                "| variant | n (failed) | throughput | per CPU-s | CPU s qemu / device / pvschedd / bpf | hog rate | pvschedd % of a CPU per VM | probe p99 / max µs | per CPU-s vs vanilla | vs none | hogs vs vanilla |\n\
+                 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
             );
             for v in &c.variants {
                 // Verdicts are the targets' (below), not the cells'.
@@ -463,7 +477,7 @@ impl Render for S6Report {
                 };
                 let _ = writeln!(
                     s,
-                    "| {} | {} ({}) | {} | {} | {} / {} / {} / {} | {} | {} / {} | {} | {} | {} |",
+                    "| {} | {} ({}) | {} | {} | {} / {} / {} / {} | {} | {} | {} / {} | {} | {} | {} |",
                     v.variant,
                     v.n,
                     v.failed,
@@ -474,6 +488,7 @@ impl Render for S6Report {
                     v.cost_pvschedd_s.median_cell(2),
                     v.cost_bpf_s.median_cell(3),
                     v.hog_rate.cell(0),
+                    v.pvschedd_pct_per_vm.median_cell(2),
                     v.probe_p99_us.median_cell(0),
                     v.probe_max_us.median_cell(0),
                     vs(&v.vs_vanilla, false),
