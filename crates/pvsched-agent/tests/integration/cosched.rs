@@ -688,6 +688,16 @@ fn the_host_thread_scan_runs_off_the_applier() {
     assert_eq!(sched::get(scan).unwrap().policy, POLICY_NORMAL);
 }
 
+/// An agent whose phases may hold every CPU of the host.
+fn whole_host_agent() -> Agent {
+    Agent::load(AgentConfig {
+        handle_signals: false,
+        cosched_host_pct: 100,
+        ..AgentConfig::default()
+    })
+    .expect("agent loads")
+}
+
 /// How late each of `n` sleeps of 1–4 ms ends, µs, for a SCHED_OTHER
 /// nice-0 thread (an ordinary host service).
 fn sleeper_lateness_us(n: usize) -> Vec<u64> {
@@ -720,12 +730,7 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
     if !need_bpf("a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends") {
         return;
     }
-    let agent = Agent::load(AgentConfig {
-        handle_signals: false,
-        cosched_host_pct: 100,
-        ..AgentConfig::default()
-    })
-    .expect("agent loads");
+    let agent = whole_host_agent();
     let cpus = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(8);
@@ -842,12 +847,7 @@ fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
         return;
     }
     use pvsched_abi::{CS_HARDIRQ, SlotGuest};
-    let agent = Agent::load(AgentConfig {
-        handle_signals: false,
-        cosched_host_pct: 100,
-        ..AgentConfig::default()
-    })
-    .expect("agent loads");
+    let agent = whole_host_agent();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cpus > 1 {
         pin(0, 1);
