@@ -306,11 +306,14 @@ class Guest:
         self.last_result_at = -1
         # The driver's counters at the last `stats` (cumulative since load).
         self.counters = {}
-        dev, transport, load = None, "vfio-user", "modprobe"
+        # Every variant with a device samples alike (vanilla's device too:
+        # its CPU is part of the VM's cost on both sides of a ratio).
+        sample = ["--sample-us", str(DEVICE_SAMPLE_US)]
+        dev, transport, load = [str(args.device_bin), *sample], "vfio-user", "modprobe"
         if variant == "none":
-            transport, load = "none", "none"
+            dev, transport, load = None, "none", "none"
         elif variant.startswith("pvsched"):
-            dev = daemon.device_cmd(name) + ["--sample-us", str(DEVICE_SAMPLE_US)]
+            dev = daemon.device_cmd(name) + sample
             caps = daemon.vms / f"{name}.toml"
             if variant == "pvsched-cosched":
                 caps.write_text(cosched_caps(nvm, vcpus, args.hogs))
