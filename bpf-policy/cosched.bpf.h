@@ -144,27 +144,30 @@ static __always_inline void cpu_switch_host(__u32 next_tid)
 /*
  * The vCPU `v` (`vcpus` key `key`), in its phase, is the running thread of
  * CPU entry `c` and a host thread waits there: the vCPU leaves the phase
- * (once; while it is out, later waiters only keep it out).
+ * (once; while it is out, later waiters only keep it out). Returns 1 if
+ * this call moved it out.
  */
-static __always_inline void leave_phase(struct pvs_cpu *c, struct pvs_vcpu *v, __u32 key, __u64 now)
+static __always_inline int leave_phase(struct pvs_cpu *c, struct pvs_vcpu *v, __u32 key, __u64 now)
 {
 	if (READ_ONCE(v->phase) != PVS_PHASE_ON ||
 	    __sync_val_compare_and_swap(&v->phase, PVS_PHASE_ON, PVS_PHASE_YIELDED) != PVS_PHASE_ON)
-		return;
+		return 0;
 	WRITE_ONCE(c->yield_key, key + 1);
 	STAT_INC(phase_yields);
 	emit_reason(v, PVS_EV_WAKEUP, PVS_R_HOST_WAKE, now, 0);
+	return 1;
 }
 
 /* The vCPU `v` (key `key`) runs on CPU entry `c`: in its phase, with a
- * waiter there, it leaves the phase. Returns 1 if it did. */
+ * waiter there, it leaves the phase. Returns 1 if it did. (The phase is
+ * read first: most switches are of vCPUs outside a phase, and they skip
+ * the scan of the waiters.) */
 static __always_inline int yield_to_waiter(struct pvs_cpu *c, struct pvs_vcpu *v, __u32 key,
 					   __u64 now)
 {
 	if (READ_ONCE(v->phase) != PVS_PHASE_ON || !any_waiter(c, now))
 		return 0;
-	leave_phase(c, v, key, now);
-	return 1;
+	return leave_phase(c, v, key, now);
 }
 
 /* A switch from or to a registered thread (`out` and `in`, NULL for a

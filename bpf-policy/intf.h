@@ -76,16 +76,16 @@
 #define PVS_R_EXITED 9	   /* the thread exited: its TID is forgotten, nothing to restore */
 #define PVS_R_VM_BUDGET 10 /* throttled: the VM's budget of the window used up (vm_budget_ns) */
 /* Co-scheduling records (the thread's boost is unchanged): */
-#define PVS_R_HOST_WAKE 11 /* a host thread woke on the CPU this phased vCPU holds: leave it */
-#define PVS_R_HOST_DONE 12 /* that host thread left the CPU: the phase again */
+#define PVS_R_HOST_WAKE 11 /* a host thread waits for the CPU this phased vCPU holds: leave it */
+#define PVS_R_HOST_DONE 12 /* no woken host thread waits there any more: the phase again */
 
 /* pvs_vcpu.phase: the agent writes FREE, ON and OFF as it moves the thread
  * between its VM's co-scheduled phases; the policy changes ON to YIELDED
  * (once, compare-and-swap) when a host thread wakes on the CPU the thread
  * holds, or was woken there and still waits when the thread takes the CPU
  * or enters its phase on it, and the agent then moves it out of the phase
- * until that host thread has left the CPU (PVS_R_HOST_DONE) or the phase
- * ends. */
+ * until a host thread leaves that CPU with no woken one still waiting there
+ * (PVS_R_HOST_DONE) or the phase ends. */
 #define PVS_PHASE_FREE 0
 #define PVS_PHASE_ON 1
 #define PVS_PHASE_OFF 2

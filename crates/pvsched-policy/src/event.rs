@@ -51,10 +51,12 @@ pub const R_EXITED: u32 = 9;
 /// `PVS_R_*`: throttled, the VM's budget of the window (`vm_budget_us`)
 /// used up.
 pub const R_VM_BUDGET: u32 = 10;
-/// `PVS_R_*`: a host thread woke on the CPU a co-scheduled vCPU holds; the
-/// vCPU leaves its phase for it (the record changes no boost).
+/// `PVS_R_*`: a host thread waits for the CPU a co-scheduled vCPU holds
+/// (woken there while the vCPU runs, or before); the vCPU leaves its phase
+/// for it (the record changes no boost).
 pub const R_HOST_WAKE: u32 = 11;
-/// `PVS_R_*`: that host thread left the CPU; the vCPU's phase again.
+/// `PVS_R_*`: a host thread left the CPU and no woken one waits there any
+/// more; the vCPU's phase again.
 pub const R_HOST_DONE: u32 = 12;
 /// The reasons of a throttle at one of the caps' limits (the continuous
 /// limit, the thread's budget, the VM's budget), as against a unit

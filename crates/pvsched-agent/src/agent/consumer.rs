@@ -52,7 +52,7 @@ fn handle(inner: &Inner, d: &Decision) {
     };
     if d.reason == R_HOST_WAKE || d.reason == R_HOST_DONE {
         // These records change no boost: the thread leaves its phase for
-        // a host thread woken on its CPU, or that thread has left the CPU.
+        // host threads waiting for its CPU, or none waits there any more.
         // One that arrives after the phase's edge finds the thread in
         // another phase and changes nothing.
         let (from, to) = if d.reason == R_HOST_WAKE {
