@@ -68,7 +68,11 @@ repetition: repetition r starts at variant r mod k):
   pvsched-cosched, pvsched-coauto, pvsched-coauto10, pvsched-coauto5
             co-scheduling: a fixed phase at the VM's fair share (cosched_us
             computed from the topology, 20 ms period), or cosched_us =
-            "auto" at the default 20 ms period, at 10 ms or at 5 ms
+            "auto" (the default since 2026-12-03) at the default 20 ms
+            period, at 10 ms or at 5 ms
+  pvsched-nocosched
+            the default caps but cosched_us = 0 (the default before
+            2026-12-03: boosts only)
   pvsched-coauto-noyield
             "auto" with pvschedd's cosched_yield = false: a host thread
             woken in a phase waits for its end (the yield's ablation)
@@ -150,7 +154,7 @@ WORKLOADS = ("cpu", "batch", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
-            "pvsched-coauto-noyield", "fifo1", "weight", "slice")
+            "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-clamped is the
 # control: registered, every boost clamped to nothing.
@@ -166,7 +170,8 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  # VM's work and saves a host thread's wake-ups.
                  "pvsched-coauto10": "cosched_us = \"auto\"\ncosched_period_us = 10000\n",
                  "pvsched-coauto5": "cosched_us = \"auto\"\ncosched_period_us = 5000\n",
-                 "pvsched-coauto-noyield": "cosched_us = \"auto\"\n"}
+                 "pvsched-coauto-noyield": "cosched_us = \"auto\"\n",
+                 "pvsched-nocosched": "cosched_us = 0\n"}
 # Ablations of pvschedd's own settings (top-level pvschedd.toml lines).
 ABLATION_DAEMON = {"pvsched-coauto-noyield": "cosched_yield = false\n"}
 # pvsched-cosched: the period of the co-scheduled phase, µs.
@@ -558,6 +563,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
         aux0 = host_aux_cpu_s(guests, daemon)
         bpf0 = policy_bpf() if daemon is not None else None
         st0 = daemon.status() if daemon is not None else None
+        log0 = daemon.log_size() if daemon is not None else None
         la = loadavg()
         if args.host_probe:
             probe_dir = args.out / "probe"
@@ -657,6 +663,16 @@ def run_workload(args, tag, guests, w, variant, daemon):
                          "phase_changes": pol["phase_changes"],
                          "phase_yields": pol["phase_yields"],
                          "bpf_runs": bpf1["runs"] - bpf0["runs"]}
+        # Each VM's gate over the run: every window's score and whether
+        # its phases were on (why a VM got phases, or did not).
+        gates = daemon.gate_windows(log0)
+        for g in guests:
+            v = next((v for v in vms if v["vm"] == g.name), None)
+            st = status_vm(st1, g.name)
+            if v is not None and st is not None and st["vm_id"] in gates:
+                wins = gates[st["vm_id"]]
+                v["gate"] = {"scores": [round(r, 1) for r, _ in wins],
+                             "on": [on for _, on in wins]}
         # Each VM's co-scheduled phase as the run ended (what "auto" measured).
         phases = [(status_vm(st1, g.name) or {}).get("cosched_now_us", 0) for g in guests]
         if any(phases):

@@ -6,6 +6,7 @@ pick instead of pvsched (static SCHED_FIFO 1 vCPUs, a cgroup weight)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,9 @@ from .host import Failure, die_with_parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Seconds pvschedd may take to answer its first `pvsched status`.
 DAEMON_READY_S = 20.0
+# One window of the co-scheduling gate in pvschedd's log (agent consumer,
+# debug): VM id, score per vCPU and second, on/off.
+GATE_LINE = re.compile(r"pvsched cosched gate: VM (\d+): ([0-9.]+) per vCPU and second, (on|off)")
 # The host's autogroup switch (CONFIG_SCHED_AUTOGROUP).
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 AUTOGROUP_MODES = ("off", "on", "host")
@@ -59,11 +63,11 @@ class Proc:
 
     live = []
 
-    def __init__(self, name, cmd, logfile, cwd=None):
+    def __init__(self, name, cmd, logfile, cwd=None, env=None):
         self.name = name
         self.logf = open(logfile, "w")
         self.p = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, cwd=cwd,
-                                  preexec_fn=_session_and_pdeathsig)
+                                  env=env, preexec_fn=_session_and_pdeathsig)
         Proc.live.append(self)
 
     def wait(self, timeout):
@@ -239,8 +243,14 @@ class Daemon:
                        f'metrics_listen = ""\n' + settings + (extra.read_text() if extra else ""))
         if self.socket.exists():
             self.socket.unlink()
+        self.log = self.dir / "pvschedd.log"
+        # The co-scheduling gate's score of every window (debug lines of
+        # the agent's consumer, one per VM and second): which VM got
+        # phases when, and why (gate_windows).
+        env = {**os.environ}
+        env.setdefault("RUST_LOG", "info,pvsched_agent::agent::consumer=debug")
         self.proc = Proc("pvschedd", [str(args.pvschedd_bin), "--config", str(cfg)],
-                         self.dir / "pvschedd.log")
+                         self.log, env=env)
         deadline = time.monotonic() + DAEMON_READY_S
         while self.pvsched("status", check=False).returncode != 0:
             if self.proc.p.poll() is not None or time.monotonic() > deadline:
@@ -257,6 +267,27 @@ class Daemon:
 
     def status(self):
         return json.loads(self.pvsched("status", "--json").stdout)
+
+    def log_size(self):
+        """Bytes in pvschedd's log so far (where gate_windows starts)."""
+        try:
+            return self.log.stat().st_size
+        except OSError:
+            return 0
+
+    def gate_windows(self, since):
+        """The co-scheduling gate's windows logged after byte `since`, by
+        VM id: [(score per vCPU and second, phases on)], oldest first."""
+        out = {}
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(since)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return out
+        for m in GATE_LINE.finditer(text):
+            out.setdefault(int(m[1]), []).append((float(m[2]), m[3] == "on"))
+        return out
 
     def device_cmd(self, name):
         return [str(self.args.pvsched_bin), "device", "--daemon-region", name,

@@ -75,3 +75,36 @@ def test_s6_smoke(bench_report, report):
     report(f"s6 smoke: {doc['raw']['seconds']} s; pvsched/vanilla per CPU-s "
            f"{vs['per_cpu_s']['ratio']}, cost {pv['cost_cpu_s']}, policy {pv['policy']}, "
            f"hogs {pv['hogs']}")
+
+
+def test_s6_default_caps_phase_only_the_synchronising_guest(bench_report, report):
+    """Co-scheduling is on by default (`cosched_us = "auto"`, no caps
+    file) and its gate decides from what the guest driver counts: the
+    batch guest (`cpu`: stress-ng --cpu, one worker per vCPU) gets no
+    phase at all, the guest running hackbench (tasks woken across its
+    vCPUs all the time) gets phases. One 2-vCPU guest beside one host
+    hog on the 2-CPU host, so the host is overcommitted (three runnable
+    threads on two CPUs) and "auto" has a share to give. The assertions
+    are on pvschedd's own counts and each window's gate score, not on a
+    time or a ratio."""
+    doc = bench_report("s6", "--kernel", KERNEL, "--topology", "1x2", "--workloads",
+                       "cpu,hackbench", "--variants", "pvsched", "--reps", "1",
+                       "--duration", "15", "--hogs", "1")
+    assert doc["failed"] == 0, doc["failed"]
+    assert doc["raw"]["caps"]["pvsched"]["source"] == "default"
+    assert doc["raw"]["caps"]["pvsched"]["cosched_us"] == "auto"
+    rows = {x["workload"]: x for x in doc["raw"]["rows"]}
+    for w, x in rows.items():
+        assert x["error"] is None, x
+        (vm,) = x["vms"]
+        # Every second of the run is a window of the gate, in the log.
+        assert len(vm["gate"]["scores"]) >= 10, (w, vm.get("gate"))
+    batch, sync = rows["cpu"], rows["hackbench"]
+    bg, sg = batch["vms"][0]["gate"], sync["vms"][0]["gate"]
+    report(f"s6 default caps: cpu gate {bg['scores']}, phase changes "
+           f"{batch['policy']['phase_changes']}; hackbench gate {sg['scores']}, phase changes "
+           f"{sync['policy']['phase_changes']}, phase {sync.get('cosched_now_us')}")
+    assert not any(bg["on"]) and batch["policy"]["phase_changes"] == 0, batch
+    assert "cosched_now_us" not in batch, batch
+    assert any(sg["on"]), sg
+    assert sync["policy"]["phase_changes"] > 0, sync["policy"]

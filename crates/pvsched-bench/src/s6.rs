@@ -180,6 +180,10 @@ pub struct S6Row {
     /// the run ended (pvschedd's `cosched_sync`).
     #[serde(default)]
     pub cosched_sync: Option<Vec<Option<u64>>>,
+    /// Each VM's co-scheduled phase as the run ended, µs (absent: none
+    /// held one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cosched_now_us: Option<Vec<u64>>,
     /// Per VM: its rate, iterations, CPU and the guest's counters.
     #[serde(default)]
     pub vms: Vec<Value>,

@@ -311,15 +311,21 @@ pub enum CoschedUs {
     Us(u64),
     /// The agent measures the VM's fair share of the host and co-schedules
     /// it for that share, within `[max] max_cosched_pct` of the period and
-    /// the phase bound ([`cosched_phase_max_us`]), while the host is
-    /// overcommitted and none of the VM's vCPUs is latency-sensitive
-    /// (docs/operating.md, "Co-scheduling").
+    /// the phase bound ([`cosched_phase_max_us`]; a bound of 0: no
+    /// phase), while the host is overcommitted, the guest counts waits for
+    /// its siblings (ABI `F_SYNC_COUNTS`) often enough, and none of the
+    /// VM's vCPUs is latency-sensitive (docs/operating.md,
+    /// "Co-scheduling"). The default.
     Auto,
 }
 
 impl Default for CoschedUs {
+    /// `"auto"`: the agent co-schedules a VM only while its guest reports
+    /// that its vCPUs wait for each other, at its fair share, and a phase
+    /// yields to host threads woken on its CPUs (docs/operating.md,
+    /// "Co-scheduling"), so a VM that gains nothing costs the host nothing.
     fn default() -> Self {
-        CoschedUs::Us(0)
+        CoschedUs::Auto
     }
 }
 
@@ -433,12 +439,13 @@ pub struct Caps {
     /// Co-scheduling: for this long in every `cosched_period_us`, µs, all
     /// the VM's vCPU threads run together at SCHED_FIFO 1 (within
     /// `allow_rt`/`max_rt_prio`), and for the rest of the period at nice
-    /// 19, unless a boost holds them higher; 0 (the default) = off. Set to
-    /// the VM's fair share of the host, it gives the VM no more CPU than
-    /// without it, in bursts in which its vCPUs run at the same time:
-    /// what a vCPU waits for (an IPI's answer, a lock holder, a TLB
-    /// shootdown) is then running (docs/operating.md, "Co-scheduling").
-    /// `"auto"`: the VM's measured fair share (see [`CoschedUs::Auto`]).
+    /// 19, unless a boost holds them higher; 0 = off. Set to the VM's
+    /// fair share of the host, it gives the VM no more CPU than without
+    /// it, in bursts in which its vCPUs run at the same time: what a vCPU
+    /// waits for (an IPI's answer, a lock holder, a TLB shootdown) is then
+    /// running (docs/operating.md, "Co-scheduling"). `"auto"` (the
+    /// default): the VM's measured fair share, only while its guest
+    /// reports waits for its siblings (see [`CoschedUs::Auto`]).
     /// A phase is one continuous FIFO run, like a boost: at most
     /// `[max] max_cosched_phase_us` and this VM's `max_boost_us` (unless
     /// 0), and at most `[max] max_cosched_pct` of the period.
@@ -471,7 +478,7 @@ impl Default for Caps {
             kick_pairs: KickPairs::Auto,
             wait_on: true,
             lock_wait: false,
-            cosched_us: CoschedUs::Us(0),
+            cosched_us: CoschedUs::default(),
             cosched_period_us: 20_000,
         }
     }
@@ -638,14 +645,15 @@ impl Caps {
                 );
             }
         }
-        // "auto" is held to the same share when the agent sets its phase;
-        // an operator who allows no co-scheduling refuses it here.
+        // "auto" is held to the same share when the agent sets its phase:
+        // under a limit of 0 it means no phase (it is the default, so a
+        // host that allows no co-scheduling must not refuse every VM).
         let cosched_above = match self.cosched_us {
             CoschedUs::Us(us) => {
                 u128::from(us) * 100
                     > u128::from(lim.max_cosched_pct) * u128::from(self.cosched_period_us)
             }
-            CoschedUs::Auto => lim.max_cosched_pct == 0,
+            CoschedUs::Auto => false,
         };
         if cosched_above {
             return above(
@@ -665,11 +673,11 @@ impl Caps {
         // A phase is one continuous FIFO run of every vCPU: bounded like a
         // boost, by the operator's phase limit and by the VM's own
         // max_boost_us. "auto" is held to both when the agent sets its
-        // phase; a limit of 0 refuses it.
+        // phase (a limit of 0: no phase).
         let phase_max = self.cosched_phase_max_us(lim);
         let phase_above = match self.cosched_us {
             CoschedUs::Us(us) => us > phase_max,
-            CoschedUs::Auto => phase_max == 0,
+            CoschedUs::Auto => false,
         };
         if phase_above {
             return above(
@@ -872,7 +880,8 @@ mod tests {
     }
 
     /// A co-scheduled phase is bounded by its period and by the operator's
-    /// share; a limit of 0 refuses every co-scheduling VM, naming the key.
+    /// share; a limit of 0 refuses every VM asking a phase in µs, naming
+    /// the key.
     #[test]
     fn the_cosched_phase_is_bounded_by_its_period_and_the_limit() {
         let on = |us, period| Caps {
@@ -906,7 +915,8 @@ mod tests {
         };
         auto.validate().unwrap();
         auto.check_within(&CapsLimit::default()).unwrap();
-        assert!(auto.check_within(&none).is_err());
+        // The default: a host that allows no phase accepts it (no phase).
+        auto.check_within(&none).unwrap();
         assert!(
             CapsLimit {
                 max_cosched_pct: 101,
@@ -1081,7 +1091,8 @@ mod tests {
         };
         unlimited(20_000).check_within(&no_boost_limit).unwrap();
         assert_eq!(refused(&unlimited(20_001), &no_boost_limit).0, "cosched_us");
-        // "auto" is held to the bound by the agent; a bound of 0 refuses it.
+        // "auto" is held to the bound by the agent; under a bound of 0 it
+        // is accepted and means no phase.
         let auto = Caps {
             cosched_us: CoschedUs::Auto,
             max_boost_us: 1_000,
@@ -1093,7 +1104,8 @@ mod tests {
             ..CapsLimit::default()
         };
         none.validate().unwrap();
-        assert_eq!(refused(&auto, &none).0, "cosched_us");
+        auto.check_within(&none).unwrap();
+        assert_eq!(auto.cosched_phase_max_us(&none), 0);
         assert_eq!(refused(&on(1, 20_000), &none).0, "cosched_us");
         on(0, 20_000).check_within(&none).unwrap();
         assert_eq!(auto.cosched_phase_max_us(&lim), 1_000);
@@ -1240,7 +1252,7 @@ mod tests {
 
     #[test]
     fn cosched_us_is_a_number_or_auto_everywhere() {
-        assert_eq!(Caps::default().cosched_us, CoschedUs::Us(0));
+        assert_eq!(Caps::default().cosched_us, CoschedUs::Auto);
         for (text, want) in [
             ("cosched_us = 5000", CoschedUs::Us(5000)),
             ("cosched_us = 0", CoschedUs::Us(0)),

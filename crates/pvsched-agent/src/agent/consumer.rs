@@ -677,8 +677,17 @@ impl Cosched {
                 .as_ref()
                 .and_then(|r| gate::guest_counts(&r.words(), *vcpus));
             let g = self.gates.entry(*id).or_default();
-            let was = g.on();
+            let (was, windows) = (g.on(), g.windows());
             let on = g.update(counts, now, *vcpus);
+            if g.windows() != windows {
+                // Every window's score, for a benchmark that explains which
+                // VM got phases when (RUST_LOG=pvsched_agent=debug).
+                log::debug!(
+                    "pvsched cosched gate: VM {id}: {:.1} per vCPU and second, {}",
+                    g.rate(),
+                    if on { "on" } else { "off" }
+                );
+            }
             if on != was {
                 log::info!(
                     "pvsched cosched auto: VM {id}: {} ({:.1} waits and cross-vCPU \
