@@ -666,7 +666,11 @@ mod tests {
 
     #[test]
     fn a_boost_outranks_the_cosched_phase_either_way() {
-        let c = Caps::default();
+        // A phase set as a number ("auto" has its own rule, below).
+        let c = Caps {
+            cosched_us: CoschedUs::Us(10_000),
+            ..Caps::default()
+        };
         // The policy's halt boost (FIFO 1) and yield boost (FIFO 2) hold in
         // the phase outside the co-scheduled one, and FIFO 2 beats it.
         let halt = effective(&normal(0), BOOST_RT, 1, Phase::Off, &c);
