@@ -14,6 +14,7 @@
 //! (`fairshare`), off the applier.
 
 mod consumer;
+mod cosched;
 mod fairshare;
 mod gate;
 mod scan;
