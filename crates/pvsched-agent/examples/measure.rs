@@ -102,7 +102,11 @@ fn main() {
     for v in &st.vcpus {
         println!(
             "vcpu tid {} boosts {} applied {} throttles {} boosted_ns {}",
-            v.tid, v.boosts, v.boosts_applied, v.throttles, v.boosted_ns
+            v.tid,
+            v.counters.boosts,
+            v.counters.boosts_applied,
+            v.counters.throttles,
+            v.counters.boosted_ns
         );
     }
     stop.store(true, Ordering::Relaxed);

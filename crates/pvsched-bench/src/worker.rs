@@ -560,7 +560,7 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
         policy_s,
         boosted_ns: stats
             .as_ref()
-            .map(|s| s.vcpus.iter().map(|v| v.boosted_ns).collect()),
+            .map(|s| s.vcpus.iter().map(|v| v.counters.boosted_ns).collect()),
         caps,
         prog_stats,
         prefilter_stats,

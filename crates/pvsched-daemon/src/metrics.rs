@@ -11,6 +11,7 @@
 //! writing to a slow scraper happen after).
 
 use crate::proto::{DaemonStatus, ThreadStatus, VmStatus};
+use pvsched_agent::agent::ThreadCounters;
 use std::fmt::Write as _;
 
 /// One metric family: name, type, help, and its samples as (labels,
@@ -135,32 +136,9 @@ const PER_VM: [Single<VmStatus>; 5] = [
     ),
 ];
 
-/// The per-thread families (`vm` and `thread` labels).
-const PER_THREAD: [Single<ThreadStatus>; 13] = [
-    (
-        "pvsched_boosts_total",
-        "counter",
-        "Boosts the policy decided per thread.",
-        |t| t.boosts as f64,
-    ),
-    (
-        "pvsched_boosts_applied_total",
-        "counter",
-        "sched_setattr calls that put the thread in a boosted state, per thread (a boost whose priority changes while it lasts counts again, so this can exceed pvsched_boosts_total).",
-        |t| t.boosts_applied as f64,
-    ),
-    (
-        "pvsched_throttles_total",
-        "counter",
-        "Throttles (continuous or budget limit) per thread.",
-        |t| t.throttles as f64,
-    ),
-    (
-        "pvsched_boosted_seconds_total",
-        "counter",
-        "Boosted on-CPU time per thread.",
-        |t| t.boosted_ns as f64 / 1e9,
-    ),
+/// The per-thread gauges (`vm` and `thread` labels); the counters are
+/// [`ThreadCounters::ALL`].
+const PER_THREAD: [Single<ThreadStatus>; 2] = [
     (
         "pvsched_boosted",
         "gauge",
@@ -172,48 +150,6 @@ const PER_THREAD: [Single<ThreadStatus>; 13] = [
         "gauge",
         "1 while the thread is throttled.",
         |t| t.throttled as u8 as f64,
-    ),
-    (
-        "pvsched_cosched_phase_changes_total",
-        "counter",
-        "Co-scheduling phase changes applied per thread (caps cosched_us).",
-        |t| t.phase_changes as f64,
-    ),
-    (
-        "pvsched_cosched_phase_yields_total",
-        "counter",
-        "Times a thread left its co-scheduled phase for a host thread woken on its CPU.",
-        |t| t.phase_yields as f64,
-    ),
-    (
-        "pvsched_vcpu_sync_halts_total",
-        "counter",
-        "Halts of a vCPU while a sibling vCPU was preempted (what co-scheduling serves).",
-        |t| t.sync_halts as f64,
-    ),
-    (
-        "pvsched_vcpu_sibling_wakeups_total",
-        "counter",
-        "Wake-ups of a vCPU by a sibling vCPU (IPIs to a halted vCPU).",
-        |t| t.sib_wakes as f64,
-    ),
-    (
-        "pvsched_vcpu_sync_wait_seconds_total",
-        "counter",
-        "Time a vCPU spent halted after halting beside a preempted sibling vCPU.",
-        |t| t.sync_wait_ns as f64 / 1e9,
-    ),
-    (
-        "pvsched_corrections_total",
-        "counter",
-        "Reconciliation corrections per thread.",
-        |t| t.corrections as f64,
-    ),
-    (
-        "pvsched_setattr_errors_total",
-        "counter",
-        "Failed sched_setattr calls per thread.",
-        |t| t.errors as f64,
     ),
 ];
 
@@ -260,11 +196,22 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
         }
         f.write(&mut out);
     }
+    let thread_label =
+        |vm: &VmStatus, thread: &str| format!("vm=\"{}\",thread=\"{thread}\"", vm.name);
+    for c in ThreadCounters::ALL {
+        let mut f = Family::new(c.metric, "counter", c.help);
+        for vm in &vms {
+            for (thread, t) in vm.threads() {
+                f.add(thread_label(vm, &thread), (c.value)(&t.counters));
+            }
+        }
+        f.write(&mut out);
+    }
     for (name, kind, help, value) in PER_THREAD {
         let mut f = Family::new(name, kind, help);
         for vm in &vms {
             for (thread, t) in vm.threads() {
-                f.add(format!("vm=\"{}\",thread=\"{thread}\"", vm.name), value(t));
+                f.add(thread_label(vm, &thread), value(t));
             }
         }
         f.write(&mut out);

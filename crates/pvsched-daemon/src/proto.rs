@@ -12,6 +12,7 @@
 //! ```
 
 use pvsched_agent::RegionSpec;
+use pvsched_agent::agent::ThreadCounters;
 use pvsched_agent::intf::{MAX_EMULATORS, MAX_VCPUS_PER_VM};
 use pvsched_policy::Caps;
 use serde::{Deserialize, Serialize};
@@ -176,41 +177,16 @@ pub enum Request {
 pub struct ThreadStatus {
     /// Thread id.
     pub tid: u32,
-    /// Boosts the policy decided.
-    pub boosts: u64,
-    /// Throttles the policy decided.
-    pub throttles: u64,
-    /// Boosts applied with sched_setattr.
-    pub boosts_applied: u64,
-    /// Boosted on-CPU time, ns.
-    pub boosted_ns: u64,
     /// Current boost (`none`, `nice`, `rt`).
     pub boost: String,
     /// Its priority (nice or RT priority).
     pub boost_prio: i32,
     /// Throttled now.
     pub throttled: bool,
-    /// Reconciliation corrections.
-    pub corrections: u64,
-    /// Failed sched_setattr calls.
-    pub errors: u64,
-    /// Co-scheduling phase changes applied (caps `cosched_us`).
-    #[serde(default)]
-    pub phase_changes: u64,
-    /// Times the thread left its co-scheduled phase for a host thread
-    /// woken on its CPU.
-    #[serde(default)]
-    pub phase_yields: u64,
-    /// Halts of this vCPU while a sibling vCPU was preempted (how much the
-    /// guest's vCPUs wait for each other: what co-scheduling serves).
-    #[serde(default)]
-    pub sync_halts: u64,
-    /// Wake-ups of this vCPU by a sibling vCPU (IPIs to a halted vCPU).
-    #[serde(default)]
-    pub sib_wakes: u64,
-    /// How long those halts beside a preempted sibling lasted, ns.
-    #[serde(default)]
-    pub sync_wait_ns: u64,
+    /// What pvsched counted for it: one field each (`boosts`,
+    /// `boosted_ns`, `phase_yields`, ...), absent ones 0.
+    #[serde(flatten)]
+    pub counters: ThreadCounters,
 }
 
 /// One VM in [`Reply::Status`].
@@ -716,6 +692,36 @@ mod tests {
             Err(ProtoError::TooLarge(MAX_REQUEST + 1))
         );
         assert!(parse_request(&serde_json::to_vec(&register(65)).unwrap()).is_err());
+    }
+
+    /// A thread's counters are plain fields of its status, under the names
+    /// clients (pvsched status --json, the benchmarks) read, and a status
+    /// from a daemon that did not have a counter yet reads it as 0.
+    #[test]
+    fn thread_counters_are_flat_fields_of_the_status() {
+        let t = ThreadStatus {
+            tid: 7,
+            boost: "rt".into(),
+            boost_prio: 1,
+            throttled: false,
+            counters: ThreadCounters {
+                boosts: 3,
+                phase_yields: 5,
+                ..ThreadCounters::default()
+            },
+        };
+        let v = serde_json::to_value(&t).unwrap();
+        assert_eq!(v["boosts"], 3);
+        assert_eq!(v["phase_yields"], 5);
+        assert_eq!(v["sync_wait_ns"], 0);
+        assert!(v.get("counters").is_none(), "{v}");
+        assert_eq!(serde_json::from_value::<ThreadStatus>(v).unwrap(), t);
+        let old = serde_json::json!({
+            "tid": 7, "boosts": 3, "throttles": 0, "boosts_applied": 0, "boosted_ns": 0,
+            "boost": "none", "boost_prio": 0, "throttled": false, "corrections": 0, "errors": 0
+        });
+        let t = serde_json::from_value::<ThreadStatus>(old).unwrap();
+        assert_eq!((t.counters.boosts, t.counters.phase_yields), (3, 0));
     }
 
     #[test]

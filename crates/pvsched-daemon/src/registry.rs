@@ -518,20 +518,10 @@ pub(crate) fn unknown_vm(name: &str) -> Reply {
 fn thread_status(t: &pvsched_agent::agent::ThreadStats) -> ThreadStatus {
     ThreadStatus {
         tid: t.tid,
-        boosts: t.boosts,
-        throttles: t.throttles,
-        boosts_applied: t.boosts_applied,
-        boosted_ns: t.boosted_ns,
         boost: boost_name(t.boost).into(),
         boost_prio: t.boost_prio,
         throttled: t.throttled != 0,
-        corrections: t.corrections,
-        errors: t.errors,
-        phase_changes: t.phase_changes,
-        phase_yields: t.phase_yields,
-        sync_halts: t.sync_halts,
-        sib_wakes: t.sib_wakes,
-        sync_wait_ns: t.sync_wait_ns,
+        counters: t.counters,
     }
 }
 

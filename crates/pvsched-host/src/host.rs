@@ -181,17 +181,7 @@ impl RemoteVm {
         let vm = vms.into_iter().find(|v| v.name == self.name)?;
         let conv = |t: &ThreadStatus| ThreadStats {
             tid: t.tid,
-            boosts: t.boosts,
-            throttles: t.throttles,
-            boosted_ns: t.boosted_ns,
-            boosts_applied: t.boosts_applied,
-            corrections: t.corrections,
-            errors: t.errors,
-            phase_changes: t.phase_changes,
-            phase_yields: t.phase_yields,
-            sync_halts: t.sync_halts,
-            sib_wakes: t.sib_wakes,
-            sync_wait_ns: t.sync_wait_ns,
+            counters: t.counters,
             boost_prio: t.boost_prio,
             throttled: t.throttled as u32,
             ..Default::default()

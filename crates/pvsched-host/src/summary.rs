@@ -100,15 +100,15 @@ impl PolicySummary {
                 .map(|(i, v)| VcpuSummary {
                     index: i,
                     tid: v.tid,
-                    boosts: v.boosts,
-                    boosts_applied: v.boosts_applied,
-                    throttles: v.throttles,
-                    boosted_ms: ms(v.boosted_ns),
+                    boosts: v.counters.boosts,
+                    boosts_applied: v.counters.boosts_applied,
+                    throttles: v.counters.throttles,
+                    boosted_ms: ms(v.counters.boosted_ns),
                     ipis: v.ipis,
                     last_ipi_target: plus_one(v.last_ipi_target),
                     slot_hits: v.slot_hits,
                     yield_slot: plus_one(v.yield_slot),
-                    errors: v.errors,
+                    errors: v.counters.errors,
                 })
                 .collect(),
             emulators: s
@@ -116,11 +116,11 @@ impl PolicySummary {
                 .iter()
                 .map(|v| EmulatorSummary {
                     tid: v.tid,
-                    boosts: v.boosts,
-                    boosts_applied: v.boosts_applied,
-                    throttles: v.throttles,
-                    boosted_ms: ms(v.boosted_ns),
-                    errors: v.errors,
+                    boosts: v.counters.boosts,
+                    boosts_applied: v.counters.boosts_applied,
+                    throttles: v.counters.throttles,
+                    boosted_ms: ms(v.counters.boosted_ns),
+                    errors: v.counters.errors,
                 })
                 .collect(),
         }
@@ -164,10 +164,10 @@ pub fn print_table(out: &mut impl Write, name: &str, s: &VmStats) -> std::io::Re
             "{:>4} {:>8} {:>7} {:>7} {:>9} {:>11.1} {:>6} {:>8} {:>9} {:>6}",
             i,
             v.tid,
-            v.boosts,
-            v.boosts_applied,
-            v.throttles,
-            v.boosted_ns as f64 / 1e6,
+            v.counters.boosts,
+            v.counters.boosts_applied,
+            v.counters.throttles,
+            v.counters.boosted_ns as f64 / 1e6,
             v.ipis,
             opt(plus_one(v.last_ipi_target)),
             v.slot_hits,
@@ -180,10 +180,10 @@ pub fn print_table(out: &mut impl Write, name: &str, s: &VmStats) -> std::io::Re
             "{:>4} {:>8} {:>7} {:>7} {:>9} {:>11.1}",
             format!("emu{j}"),
             v.tid,
-            v.boosts,
-            v.boosts_applied,
-            v.throttles,
-            v.boosted_ns as f64 / 1e6,
+            v.counters.boosts,
+            v.counters.boosts_applied,
+            v.counters.throttles,
+            v.counters.boosted_ns as f64 / 1e6,
         )?;
     }
     writeln!(
@@ -208,7 +208,10 @@ mod tests {
             vcpus: vec![
                 ThreadStats {
                     tid: 7,
-                    boosts: 3,
+                    counters: pvsched_agent::agent::ThreadCounters {
+                        boosts: 3,
+                        ..Default::default()
+                    },
                     last_ipi_target: 2,
                     yield_slot: 2,
                     ipis: 5,

@@ -173,7 +173,7 @@ fn write_table(
             let rate = match prev {
                 Some((p, secs)) if secs > 0.0 => p
                     .get(&(vm.name.clone(), name.clone()))
-                    .map(|&b| format!("{:.1}", t.boosts.saturating_sub(b) as f64 / secs))
+                    .map(|&b| format!("{:.1}", t.counters.boosts.saturating_sub(b) as f64 / secs))
                     .unwrap_or_else(|| "-".into()),
                 _ => "-".into(),
             };
@@ -191,11 +191,11 @@ fn write_table(
                 } else {
                     boost_label(t)
                 },
-                t.boosts,
+                t.counters.boosts,
                 rate,
-                t.throttles,
-                t.boosted_ns as f64 / 1e9,
-                t.errors
+                t.counters.throttles,
+                t.counters.boosted_ns as f64 / 1e9,
+                t.counters.errors
             )?;
         }
     }
@@ -228,7 +228,7 @@ pub fn top(a: &TopArgs) -> Exit {
             .iter()
             .flat_map(|vm| {
                 vm.threads()
-                    .map(|(name, t)| ((vm.name.clone(), name), t.boosts))
+                    .map(|(name, t)| ((vm.name.clone(), name), t.counters.boosts))
                     .collect::<Vec<_>>()
             })
             .collect();

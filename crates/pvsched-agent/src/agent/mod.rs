@@ -21,7 +21,7 @@ mod scan;
 mod stats;
 mod trace_out;
 
-pub use stats::{ThreadStats, VmStats};
+pub use stats::{Counter, ThreadCounters, ThreadStats, VmStats};
 
 use crate::applier::ThreadState;
 use crate::ident::ThreadIdent;

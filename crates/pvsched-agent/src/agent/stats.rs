@@ -3,18 +3,126 @@
 
 use super::VmHandle;
 use crate::intf::gid;
+use serde::{Deserialize, Serialize};
 
-/// Statistics of one registered thread (a vCPU or an emulator thread).
+/// What pvsched counts for one registered thread, defined once: the agent
+/// fills it, pvschedd's status carries it (flattened: one JSON field per
+/// counter, under these names), its metrics expose every counter in
+/// [`ThreadCounters::ALL`], and `pvsched status`, `pvsched run` and the
+/// benchmarks read it. A new per-thread figure is a field here and a line
+/// in `ALL`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ThreadCounters {
+    /// Boosts the policy decided.
+    pub boosts: u64,
+    /// Throttles (continuous or budget limit) the policy decided.
+    pub throttles: u64,
+    /// sched_setattr calls that put the thread in a boosted state (a
+    /// boost whose priority changes while it lasts counts again).
+    pub boosts_applied: u64,
+    /// Boosted on-CPU time, ns (charged at the vCPU's events).
+    pub boosted_ns: u64,
+    /// Times reconciliation corrected the thread (lost decision record,
+    /// failed syscall, outside change while boosted).
+    pub corrections: u64,
+    /// Failed sched_setattr calls.
+    pub errors: u64,
+    /// Co-scheduling phase changes the agent applied (caps `cosched_us`).
+    pub phase_changes: u64,
+    /// Times the thread left its co-scheduled phase for a host thread
+    /// woken on its CPU.
+    pub phase_yields: u64,
+    /// Halts of this vCPU while a sibling vCPU was preempted (how much the
+    /// guest's vCPUs wait for each other: what co-scheduling serves).
+    pub sync_halts: u64,
+    /// Wake-ups of this vCPU by a sibling vCPU (IPIs to a halted vCPU).
+    pub sib_wakes: u64,
+    /// How long those halts beside a preempted sibling lasted, ns.
+    pub sync_wait_ns: u64,
+}
+
+/// One counter of [`ThreadCounters`] as a metric family.
+#[derive(Clone, Copy, Debug)]
+pub struct Counter {
+    /// The metric family's name.
+    pub metric: &'static str,
+    /// Its help text.
+    pub help: &'static str,
+    /// The counter's value in the family's unit.
+    pub value: fn(&ThreadCounters) -> f64,
+}
+
+impl ThreadCounters {
+    /// Every counter as a Prometheus counter family (`vm` and `thread`
+    /// labels), in exposition order.
+    pub const ALL: [Counter; 11] = [
+        Counter {
+            metric: "pvsched_boosts_total",
+            help: "Boosts the policy decided per thread.",
+            value: |c| c.boosts as f64,
+        },
+        Counter {
+            metric: "pvsched_boosts_applied_total",
+            help: "sched_setattr calls that put the thread in a boosted state, per thread (a boost whose priority changes while it lasts counts again, so this can exceed pvsched_boosts_total).",
+            value: |c| c.boosts_applied as f64,
+        },
+        Counter {
+            metric: "pvsched_throttles_total",
+            help: "Throttles (continuous or budget limit) per thread.",
+            value: |c| c.throttles as f64,
+        },
+        Counter {
+            metric: "pvsched_boosted_seconds_total",
+            help: "Boosted on-CPU time per thread.",
+            value: |c| c.boosted_ns as f64 / 1e9,
+        },
+        Counter {
+            metric: "pvsched_cosched_phase_changes_total",
+            help: "Co-scheduling phase changes applied per thread (caps cosched_us).",
+            value: |c| c.phase_changes as f64,
+        },
+        Counter {
+            metric: "pvsched_cosched_phase_yields_total",
+            help: "Times a thread left its co-scheduled phase for a host thread woken on its CPU.",
+            value: |c| c.phase_yields as f64,
+        },
+        Counter {
+            metric: "pvsched_vcpu_sync_halts_total",
+            help: "Halts of a vCPU while a sibling vCPU was preempted (what co-scheduling serves).",
+            value: |c| c.sync_halts as f64,
+        },
+        Counter {
+            metric: "pvsched_vcpu_sibling_wakeups_total",
+            help: "Wake-ups of a vCPU by a sibling vCPU (IPIs to a halted vCPU).",
+            value: |c| c.sib_wakes as f64,
+        },
+        Counter {
+            metric: "pvsched_vcpu_sync_wait_seconds_total",
+            help: "Time a vCPU spent halted after halting beside a preempted sibling vCPU.",
+            value: |c| c.sync_wait_ns as f64 / 1e9,
+        },
+        Counter {
+            metric: "pvsched_corrections_total",
+            help: "Reconciliation corrections per thread.",
+            value: |c| c.corrections as f64,
+        },
+        Counter {
+            metric: "pvsched_setattr_errors_total",
+            help: "Failed sched_setattr calls per thread.",
+            value: |c| c.errors as f64,
+        },
+    ];
+}
+
+/// Statistics of one registered thread (a vCPU or an emulator thread):
+/// its counters and the policy's state of it now.
 #[derive(Clone, Debug, Default)]
 pub struct ThreadStats {
     /// Thread.
     pub tid: u32,
-    /// Boosts decided by BPF.
-    pub boosts: u64,
-    /// Throttles decided by BPF.
-    pub throttles: u64,
-    /// Boosted on-CPU nanoseconds (charged at the vCPU's events).
-    pub boosted_ns: u64,
+    /// What pvsched counted for it.
+    pub counters: ThreadCounters,
     /// Boosted on-CPU nanoseconds charged to the current budget window.
     pub budget_used_ns: u64,
     /// Boosted on-CPU nanoseconds since the vCPU last blocked or halted.
@@ -33,24 +141,6 @@ pub struct ThreadStats {
     pub boost_prio: i32,
     /// 1 while throttled.
     pub throttled: u32,
-    /// sched_setattr boosts the agent applied.
-    pub boosts_applied: u64,
-    /// Times reconciliation corrected the thread (lost decision record,
-    /// failed syscall, outside change while boosted).
-    pub corrections: u64,
-    /// Failed syscalls.
-    pub errors: u64,
-    /// Co-scheduling phase changes the agent applied (caps `cosched_us`).
-    pub phase_changes: u64,
-    /// Times the thread left its co-scheduled phase for a host thread
-    /// woken on its CPU.
-    pub phase_yields: u64,
-    /// Halts of this vCPU while a sibling vCPU was preempted.
-    pub sync_halts: u64,
-    /// Wake-ups of this vCPU by a sibling vCPU (IPIs to a halted vCPU).
-    pub sib_wakes: u64,
-    /// How long those halts beside a preempted sibling lasted, ns.
-    pub sync_wait_ns: u64,
 }
 
 /// Per-VM statistics.
@@ -115,9 +205,9 @@ impl VmHandle {
                         ..Default::default()
                     };
                     if let Ok(v) = obj.vcpu(gid) {
-                        vs.boosts = v.boosts;
-                        vs.throttles = v.throttles;
-                        vs.boosted_ns = v.boosted_ns;
+                        vs.counters.boosts = v.boosts;
+                        vs.counters.throttles = v.throttles;
+                        vs.counters.boosted_ns = v.boosted_ns;
                         vs.budget_used_ns = v.budget_used;
                         vs.cont_ns = v.cont_ns;
                         vs.ipis = v.ipis;
@@ -127,9 +217,9 @@ impl VmHandle {
                         vs.boost = v.boost;
                         vs.boost_prio = v.boost_prio;
                         vs.throttled = v.throttled;
-                        vs.sync_halts = v.sync_halts;
-                        vs.sib_wakes = v.sib_wakes;
-                        vs.sync_wait_ns = v.sync_wait_ns;
+                        vs.counters.sync_halts = v.sync_halts;
+                        vs.counters.sib_wakes = v.sib_wakes;
+                        vs.counters.sync_wait_ns = v.sync_wait_ns;
                     }
                     vs
                 })
@@ -139,11 +229,11 @@ impl VmHandle {
             let reg = self.inner.reg.lock();
             for (vs, (_, gid)) in threads.iter_mut().zip(&gids) {
                 if let Some(t) = reg.threads.get(gid) {
-                    vs.boosts_applied = t.boosts_applied;
-                    vs.corrections = t.corrections;
-                    vs.errors = t.errors;
-                    vs.phase_changes = t.phase_changes;
-                    vs.phase_yields = t.phase_yields;
+                    vs.counters.boosts_applied = t.boosts_applied;
+                    vs.counters.corrections = t.corrections;
+                    vs.counters.errors = t.errors;
+                    vs.counters.phase_changes = t.phase_changes;
+                    vs.counters.phase_yields = t.phase_yields;
                 }
             }
             match reg.vms.get(&self.vm_id) {

@@ -136,9 +136,9 @@ fn stats_json(pid: u32, stats: &VmStats, why: &str) -> serde_json::Value {
         list.iter()
             .map(|v| {
                 serde_json::json!({
-                    "tid": v.tid, "boosts": v.boosts, "throttles": v.throttles,
-                    "boosted_ns": v.boosted_ns, "ipis": v.ipis, "slot_hits": v.slot_hits,
-                    "boosts_applied": v.boosts_applied, "errors": v.errors,
+                    "tid": v.tid, "boosts": v.counters.boosts, "throttles": v.counters.throttles,
+                    "boosted_ns": v.counters.boosted_ns, "ipis": v.ipis, "slot_hits": v.slot_hits,
+                    "boosts_applied": v.counters.boosts_applied, "errors": v.counters.errors,
                 })
             })
             .collect()

@@ -107,7 +107,12 @@ fn vcpus_move_together_between_the_phases_and_get_their_baselines_back() {
         "the threads move together: {apart} of {n} apart"
     );
     assert_eq!(emu.attr(), base.2, "an emulator thread is not co-scheduled");
-    let changes: u64 = vm.stats().vcpus.iter().map(|v| v.phase_changes).sum();
+    let changes: u64 = vm
+        .stats()
+        .vcpus
+        .iter()
+        .map(|v| v.counters.phase_changes)
+        .sum();
     assert!(changes >= 4, "phase changes counted: {changes}");
     // Off again: the baselines come back within a tick.
     vm.set_caps(caps(0)).expect("caps change");
@@ -309,7 +314,7 @@ fn auto_co_schedules_a_busy_vm_for_its_share_and_leaves_idle_and_latency_vms_alo
     for (what, v) in [("idle", &idle_vm), ("latency-sensitive", &latency_vm)] {
         let s = v.stats();
         assert_eq!(s.cosched_now_us, 0, "the {what} VM has no phase");
-        let changes: u64 = s.vcpus.iter().map(|t| t.phase_changes).sum();
+        let changes: u64 = s.vcpus.iter().map(|t| t.counters.phase_changes).sum();
         assert_eq!(changes, 0, "the {what} VM's threads were never moved");
     }
     assert_eq!((idle[0].attr(), latency[0].attr()), base);
@@ -346,7 +351,7 @@ fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
             vm.stats()
                 .vcpus
                 .iter()
-                .map(|t| t.phase_changes)
+                .map(|t| t.counters.phase_changes)
                 .sum::<u64>(),
         )
         .filter(|c| *c > 0)
@@ -407,7 +412,7 @@ fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
     // Two more windows for the RT VM.
     std::thread::sleep(Duration::from_millis(2_200));
     let s = vm.stats();
-    let changes: u64 = s.vcpus.iter().map(|t| t.phase_changes).sum();
+    let changes: u64 = s.vcpus.iter().map(|t| t.counters.phase_changes).sum();
     assert_eq!(
         (s.cosched_now_us, changes),
         (0, 0),
@@ -455,7 +460,7 @@ fn auto_co_schedules_only_a_vm_whose_guest_reports_waits() {
     std::thread::sleep(Duration::from_millis(3_200));
     for (what, v) in [("batch", &batch_vm), ("driver without counts", &mute_vm)] {
         let s = v.stats();
-        let changes: u64 = s.vcpus.iter().map(|t| t.phase_changes).sum();
+        let changes: u64 = s.vcpus.iter().map(|t| t.counters.phase_changes).sum();
         assert_eq!(
             (s.cosched_now_us, changes),
             (0, 0),
@@ -664,9 +669,9 @@ fn the_host_thread_scan_runs_off_the_applier() {
     // own work, ticking and applying in a debug build, is the same in both).
     let (scan_few, applier_few) = rates(Duration::from_secs(1), 0);
     let _sleepers = Sleepers::spawn(5_000);
-    let throttles0 = vm.stats().vcpus[0].throttles;
+    let throttles0 = vm.stats().vcpus[0].counters.throttles;
     let (scan_many, applier_many) = rates(Duration::from_secs(1), 100_000_000);
-    let throttles = vm.stats().vcpus[0].throttles - throttles0;
+    let throttles = vm.stats().vcpus[0].counters.throttles - throttles0;
     let (scan_more, applier_more) = (scan_many - scan_few, applier_many - applier_few);
     println!(
         "CPU µs per second, few host threads / 5 000 more: scan {:.0} / {:.0}, applier \
@@ -750,7 +755,12 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
     let mut late = sleeper_lateness_us(300);
     late.sort_unstable();
     let q = |p: usize| late[(late.len() - 1) * p / 100];
-    let yields: u64 = vm.stats().vcpus.iter().map(|v| v.phase_yields).sum();
+    let yields: u64 = vm
+        .stats()
+        .vcpus
+        .iter()
+        .map(|v| v.counters.phase_yields)
+        .sum();
     let placed = vm.stats().cosched_now_us;
     println!(
         "host sleeper beside {cpus} phased vCPUs ({placed} µs of 20 ms): lateness p50 {} p90 {} \
@@ -924,7 +934,12 @@ fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
         let ran = sleeper.join().unwrap();
         delays[usize::from(!by_switch)].push(ran.saturating_sub(freed) / 1000);
     }
-    let yields: u64 = vm.stats().vcpus.iter().map(|v| v.phase_yields).sum();
+    let yields: u64 = vm
+        .stats()
+        .vcpus
+        .iter()
+        .map(|v| v.counters.phase_yields)
+        .sum();
     drop(vm);
     assert_eq!(vcpu.attr(), base, "the vCPU thread back at its baseline");
     for (name, d) in ["switch", "phase start"].iter().zip(&mut delays) {

@@ -63,7 +63,7 @@ fn hardirq_boosts_and_clearing_restores_exact_baseline() {
         "apply latency: p50 {} ns p99 {} ns over {} samples; decisions {}",
         st.apply_p50_ns, st.apply_p99_ns, st.apply_samples, st.decisions
     );
-    assert!(st.vcpus[0].boosts >= 1 && st.vcpus[0].boosts_applied >= 1);
+    assert!(st.vcpus[0].counters.boosts >= 1 && st.vcpus[0].counters.boosts_applied >= 1);
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn asking_forever_and_spinning_is_throttled_and_reported() {
         Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
     });
     wait_for("throttle", LIMIT, || {
-        Some(vm.stats()).filter(|s| s.vcpus[0].throttles >= 1)
+        Some(vm.stats()).filter(|s| s.vcpus[0].counters.throttles >= 1)
     });
     // Throttled while the guest still asks: back at baseline, reported in
     // the stats and in the host half of the slot.
@@ -133,7 +133,7 @@ fn asking_forever_and_spinning_is_throttled_and_reported() {
         (s.vcpus[0].throttled == 1 && vcpu.attr() == baseline).then_some(s)
     });
     println!("throttle test stats: {:?}", st.vcpus[0]);
-    assert!(st.vcpus[0].throttles >= 1);
+    assert!(st.vcpus[0].counters.throttles >= 1);
     assert_eq!(region.read_host(1, 0).unwrap().throttled, 1);
 }
 
@@ -352,7 +352,7 @@ fn emulator_thread_follows_the_latency_sensitive_vcpu() {
     let st = vm.stats();
     assert_eq!(st.emulators.len(), 1);
     assert_eq!(st.emulators[0].tid, emu.tid);
-    assert!(st.emulators[0].boosts >= 1 && st.emulators[0].boosts_applied >= 1);
+    assert!(st.emulators[0].counters.boosts >= 1 && st.emulators[0].counters.boosts_applied >= 1);
     // The guest stops asking: after the 200 ms hold the boost is gone.
     region.write_guest(1, 0, &SlotGuest::default());
     let back = wait_for("hold lapses", LIMIT, || {

@@ -97,7 +97,7 @@ fn a_reused_tid_is_never_boosted() {
     println!(
         "TID {tid} reused by a new thread: never boosted over {samples} samples in 500 ms \
          (decisions {}, applied boosts {})",
-        st.decisions, st.vcpus[0].boosts_applied
+        st.decisions, st.vcpus[0].counters.boosts_applied
     );
     drop(vm);
     assert_eq!(new.attr().policy, POLICY_NORMAL);

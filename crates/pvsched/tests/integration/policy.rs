@@ -188,7 +188,7 @@ fn guest_critical_section_boosts_and_clearing_restores_exact_baseline() {
     });
     assert_eq!(back, baseline, "exact prior policy, priority, nice, flags");
     let st = g.stats();
-    assert!(st.vcpus[0].boosts >= 1 && st.vcpus[0].boosts_applied >= 1);
+    assert!(st.vcpus[0].counters.boosts >= 1 && st.vcpus[0].counters.boosts_applied >= 1);
     let Guest { vm, policy, .. } = g;
     drop(vm);
     drop(policy);
@@ -228,15 +228,17 @@ fn rt_99_is_capped_and_spinning_forever_is_throttled() {
         });
         let st = wait_for("throttled at baseline", LIMIT, || {
             let s = g.stats();
-            (s.vcpus[0].throttles >= 1 && s.vcpus[0].throttled == 1 && attr(tid) == baseline)
+            (s.vcpus[0].counters.throttles >= 1
+                && s.vcpus[0].throttled == 1
+                && attr(tid) == baseline)
                 .then_some(s)
         });
         (capped, st)
     });
     assert_eq!(capped.priority, 7, "rt_prio 99 capped to max_rt_prio 7");
-    assert!(st.vcpus[0].throttles >= 1);
+    assert!(st.vcpus[0].counters.throttles >= 1);
     assert!(
-        st.vcpus[0].boosted_ns >= 200_000_000,
+        st.vcpus[0].counters.boosted_ns >= 200_000_000,
         "throttled only after max_boost of on-CPU time: {:?}",
         st.vcpus[0]
     );
@@ -314,7 +316,7 @@ fn a_halted_rt_guest_holds_its_boost_and_spends_no_budget() {
     );
     assert_eq!(later.vcpus[0].boost_prio, 1);
     assert_eq!(later.vcpus[0].throttled, 0);
-    assert_eq!(later.vcpus[0].throttles, 0);
+    assert_eq!(later.vcpus[0].counters.throttles, 0);
     // 300 ms of wall-clock time halted; only what the thread really ran
     // (brief wake-ups, if any) may be charged, never the halted time.
     let charged = later.vcpus[0].budget_used_ns - boosted.vcpus[0].budget_used_ns;
@@ -326,7 +328,7 @@ fn a_halted_rt_guest_holds_its_boost_and_spends_no_budget() {
     );
     assert!(charged < 5_000_000, "a halted vCPU's budget does not move");
     assert_eq!(
-        later.vcpus[0].boosted_ns - boosted.vcpus[0].boosted_ns,
+        later.vcpus[0].counters.boosted_ns - boosted.vcpus[0].counters.boosted_ns,
         charged
     );
     assert_eq!(later.corrections, 0, "nothing to correct: {later:?}");
@@ -408,7 +410,7 @@ fn a_vm_budget_bounds_all_its_vcpus_together() {
         g.stats()
             .vcpus
             .iter()
-            .all(|v| v.boosts_applied >= 1)
+            .all(|v| v.counters.boosts_applied >= 1)
             .then_some(())
     });
     let t0 = Instant::now();
@@ -435,7 +437,7 @@ fn a_vm_budget_bounds_all_its_vcpus_together() {
     let recs = pvsched_agent::trace::read(&path).expect("the trace reads back");
     let _ = std::fs::remove_file(&path);
     let boosted: u64 = (0..2)
-        .map(|i| last.vcpus[i].boosted_ns - first.vcpus[i].boosted_ns)
+        .map(|i| last.vcpus[i].counters.boosted_ns - first.vcpus[i].counters.boosted_ns)
         .sum();
     let windows = elapsed.div_ceil(WINDOW_NS) + 1;
     let vm_throttled: Vec<u32> = (0..2)
@@ -503,7 +505,7 @@ fn a_waiting_pair_is_never_split_in_a_recorded_trace() {
     );
     wait_for("pairs throttled as a unit", LIMIT, || {
         let s = g.stats();
-        (s.vcpus.iter().map(|v| v.throttles).sum::<u64>() >= 10).then_some(())
+        (s.vcpus.iter().map(|v| v.counters.throttles).sum::<u64>() >= 10).then_some(())
     });
     std::thread::sleep(Duration::from_secs(2));
     let Guest { vm, policy, .. } = g;
