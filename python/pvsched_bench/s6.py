@@ -70,6 +70,8 @@ repetition: repetition r starts at variant r mod k):
             computed from the topology, 20 ms period), or cosched_us =
             "auto" (the default since 2026-12-03) at the default 20 ms
             period, at 10 ms or at 5 ms
+  pvsched-coauto40
+            "auto" at a 40 ms period
   pvsched-nocosched
             the default caps but cosched_us = 0 (the default before
             2026-12-03: boosts only)
@@ -154,7 +156,7 @@ WORKLOADS = ("cpu", "batch", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
-            "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice")
+            "pvsched-coauto40", "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-clamped is the
 # control: registered, every boost clamped to nothing.
@@ -170,6 +172,9 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  # VM's work and saves a host thread's wake-ups.
                  "pvsched-coauto10": "cosched_us = \"auto\"\ncosched_period_us = 10000\n",
                  "pvsched-coauto5": "cosched_us = \"auto\"\ncosched_period_us = 5000\n",
+                 # Twice the default period: half the phase changes a
+                 # second, each phase twice as long for the yield to serve.
+                 "pvsched-coauto40": "cosched_us = \"auto\"\ncosched_period_us = 40000\n",
                  "pvsched-coauto-noyield": "cosched_us = \"auto\"\n",
                  "pvsched-nocosched": "cosched_us = 0\n"}
 # Ablations of pvschedd's own settings (top-level pvschedd.toml lines).

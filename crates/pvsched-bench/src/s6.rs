@@ -202,10 +202,21 @@ impl S6Row {
 
     /// pvschedd's CPU over the window, % of one CPU per VM of the run.
     pub fn pvschedd_pct_per_vm(&self) -> Option<f64> {
+        self.pct_per_vm(self.cost_cpu_s?.pvschedd)
+    }
+
+    /// pvsched's own CPU over the window, pvschedd's and its BPF
+    /// programs', % of one CPU per VM of the run.
+    pub fn own_pct_per_vm(&self) -> Option<f64> {
+        let c = self.cost_cpu_s?;
+        self.pct_per_vm(c.pvschedd + c.bpf)
+    }
+
+    /// `cpu_s` over the window, % of one CPU per VM of the run.
+    fn pct_per_vm(&self, cpu_s: f64) -> Option<f64> {
         let window = self.window_s.filter(|w| *w > 0.0)?;
         let vms = self.vms.len();
-        let pvschedd = self.cost_cpu_s?.pvschedd;
-        (vms > 0).then(|| pvschedd / window / vms as f64 * 100.0)
+        (vms > 0).then(|| cpu_s / window / vms as f64 * 100.0)
     }
 
     fn ok(&self) -> bool {
@@ -272,6 +283,10 @@ pub struct VariantStats {
     /// the host for each VM it serves.
     #[serde(default)]
     pub pvschedd_pct_per_vm: Spread,
+    /// pvsched's own CPU per VM, % of one CPU: pvschedd's and its BPF
+    /// programs' (which run in the context of the threads they trace).
+    #[serde(default)]
+    pub own_pct_per_vm: Spread,
     /// The hogs' rate, bogo ops/s.
     pub hog_rate: Spread,
     /// The host probe's p99, µs.
@@ -395,6 +410,7 @@ impl S6Report {
                             cost_pvschedd_s: cost(|c| c.pvschedd),
                             cost_bpf_s: cost(|c| c.bpf),
                             pvschedd_pct_per_vm: spread_of(&mine, S6Row::pvschedd_pct_per_vm),
+                            own_pct_per_vm: spread_of(&mine, S6Row::own_pct_per_vm),
                             hog_rate: spread_of(&mine, hog_rate),
                             probe_p99_us: spread_of(&mine, |r| r.host_probe.as_ref()?.p99_us),
                             probe_max_us: spread_of(&mine, |r| r.host_probe.as_ref()?.max_us),
