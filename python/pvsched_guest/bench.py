@@ -245,10 +245,10 @@ class Daemon:
             self.socket.unlink()
         self.log = self.dir / "pvschedd.log"
         # The co-scheduling gate's score of every window (debug lines of
-        # the agent's consumer, one per VM and second): which VM got
+        # the agent's co-scheduler, one per VM and second): which VM got
         # phases when, and why (gate_windows).
         env = {**os.environ}
-        env.setdefault("RUST_LOG", "info,pvsched_agent::agent::consumer=debug")
+        env.setdefault("RUST_LOG", "info,pvsched_agent::agent::cosched=debug")
         self.proc = Proc("pvschedd", [str(args.pvschedd_bin), "--config", str(cfg)],
                          self.log, env=env)
         deadline = time.monotonic() + DAEMON_READY_S

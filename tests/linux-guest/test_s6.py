@@ -28,8 +28,9 @@ def test_s6_smoke(bench_report, report):
         # Only the variants that have them pay for a device, the daemon
         # and its BPF programs (which the kernel's statistics count while
         # pvschedd runs, in ns). Process CPU is counted in clock ticks
-        # (10 ms): the daemon's few ms of a 5 s run may round to none.
-        assert (cost["device"] > 0) == (v != "none"), x
+        # (10 ms): the daemon's few ms of a 5 s run may round to none, and
+        # so may the device's (it samples its slots every 100 ms).
+        assert cost["device"] >= 0 and (v != "none" or cost["device"] == 0), x
         assert cost["pvschedd"] >= 0 and (v == "pvsched" or cost["pvschedd"] == 0), x
         assert (cost["bpf"] > 0) == (v == "pvsched"), x
         # The hogs started before the workload and stopped after its last

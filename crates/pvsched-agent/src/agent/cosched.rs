@@ -301,7 +301,7 @@ impl Cosched {
             let on = g.update(counts, now, *vcpus);
             if g.windows() != windows {
                 // Every window's score, for a benchmark that explains which
-                // VM got phases when (RUST_LOG=pvsched_agent=debug).
+                // VM got phases when (RUST_LOG=pvsched_agent::agent::cosched=debug).
                 log::debug!(
                     "pvsched cosched gate: VM {id}: {:.1} per vCPU and second, {}",
                     g.rate(),
