@@ -180,6 +180,16 @@ pub struct VmStats {
     pub cosched_sync_rate: Option<f64>,
 }
 
+impl VmStats {
+    /// One counter summed over the VM's vCPU threads.
+    pub fn vcpu_sum(&self, counter: impl Fn(&ThreadCounters) -> u64) -> u64 {
+        self.vcpus
+            .iter()
+            .map(|t| counter(&t.counters))
+            .fold(0, u64::saturating_add)
+    }
+}
+
 impl VmHandle {
     /// Statistics. The policy's maps are read first, under the object's
     /// lock alone; the applier's figures are then copied under the

@@ -107,12 +107,7 @@ fn vcpus_move_together_between_the_phases_and_get_their_baselines_back() {
         "the threads move together: {apart} of {n} apart"
     );
     assert_eq!(emu.attr(), base.2, "an emulator thread is not co-scheduled");
-    let changes: u64 = vm
-        .stats()
-        .vcpus
-        .iter()
-        .map(|v| v.counters.phase_changes)
-        .sum();
+    let changes: u64 = vm.stats().vcpu_sum(|c| c.phase_changes);
     assert!(changes >= 4, "phase changes counted: {changes}");
     // Off again: the baselines come back within a tick.
     vm.set_caps(caps(0)).expect("caps change");
@@ -347,14 +342,7 @@ fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
     let tids: Vec<u32> = vcpus.iter().map(|v| v.tid).collect();
     let vm = common::device_vm(&agent, &tids, &[], caps(10_000));
     wait_for("the first co-scheduled phase", LIMIT, || {
-        Some(
-            vm.stats()
-                .vcpus
-                .iter()
-                .map(|t| t.counters.phase_changes)
-                .sum::<u64>(),
-        )
-        .filter(|c| *c > 0)
+        Some(vm.stats().vcpu_sum(|c| c.phase_changes)).filter(|c| *c > 0)
     });
     let before: Vec<u64> = tids.iter().map(|t| ran_ns(*t)).collect();
     std::thread::sleep(Duration::from_secs(1));
@@ -755,12 +743,7 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
     let mut late = sleeper_lateness_us(300);
     late.sort_unstable();
     let q = |p: usize| late[(late.len() - 1) * p / 100];
-    let yields: u64 = vm
-        .stats()
-        .vcpus
-        .iter()
-        .map(|v| v.counters.phase_yields)
-        .sum();
+    let yields: u64 = vm.stats().vcpu_sum(|c| c.phase_yields);
     let placed = vm.stats().cosched_now_us;
     println!(
         "host sleeper beside {cpus} phased vCPUs ({placed} µs of 20 ms): lateness p50 {} p90 {} \
@@ -934,12 +917,7 @@ fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
         let ran = sleeper.join().unwrap();
         delays[usize::from(!by_switch)].push(ran.saturating_sub(freed) / 1000);
     }
-    let yields: u64 = vm
-        .stats()
-        .vcpus
-        .iter()
-        .map(|v| v.counters.phase_yields)
-        .sum();
+    let yields: u64 = vm.stats().vcpu_sum(|c| c.phase_yields);
     drop(vm);
     assert_eq!(vcpu.attr(), base, "the vCPU thread back at its baseline");
     for (name, d) in ["switch", "phase start"].iter().zip(&mut delays) {
