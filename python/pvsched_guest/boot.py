@@ -22,9 +22,12 @@ from .qmp import qmp
 # length is what counts).
 SUN_PATH_MAX = 108
 
-# Hooked tracepoints every tested kernel has (sched_switch, irq_handler_entry
-# and _exit, softirq_entry and _exit); init.sh enables each in two instances.
-PINNED_MIN = 5
+# Hooked tracepoints every tested kernel (6.1 and later) has: sched_switch,
+# sched_waking, irq_handler_entry and _exit, softirq_entry and _exit, and the
+# lock contention_begin and _end (Linux 5.19); init.sh enables each in two
+# instances. tests/linux-guest/test_pin_list.py checks that init.sh pins
+# every tracepoint the driver hooks.
+PINNED_MIN = 8
 # Seconds of serial output kept after a guest soft lockup is reported.
 LOCKUP_REPORT_S = 15
 # How many times a boot that oopsed on a stale INT3 before init ran is

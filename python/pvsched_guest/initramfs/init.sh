@@ -89,9 +89,11 @@ pin_events() {
 	for d in $t $t/instances/pvpin; do
 		echo 0 > $d/tracing_on
 		echo 4 > $d/buffer_size_kb
-		for e in sched/sched_switch irq/irq_handler_entry \
-			irq/irq_handler_exit irq/softirq_entry irq/softirq_exit \
-			csd/csd_queue_cpu csd/csd_function_exit; do
+		for e in sched/sched_switch sched/sched_waking \
+			irq/irq_handler_entry irq/irq_handler_exit \
+			irq/softirq_entry irq/softirq_exit \
+			csd/csd_queue_cpu csd/csd_function_exit \
+			lock/contention_begin lock/contention_end; do
 			[ -e "$d/events/$e/enable" ] || continue
 			echo 1 > "$d/events/$e/enable" && pinned=$((pinned + 1))
 		done
