@@ -76,7 +76,7 @@ repetition: repetition r starts at variant r mod k):
             the default caps but cosched_us = 0 (the default before
             2026-12-03: boosts only)
   pvsched-coauto-noyield
-            "auto" with pvschedd's cosched_yield = false: a host thread
+            "auto" with pvschedd's [cosched] yield = false: a host thread
             woken in a phase waits for its end (the yield's ablation)
   fifo1     every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
             libvirt's <vcpusched scheduler='fifo' priority='1'/>)
@@ -177,8 +177,8 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  "pvsched-coauto40": "cosched_us = \"auto\"\ncosched_period_us = 40000\n",
                  "pvsched-coauto-noyield": "cosched_us = \"auto\"\n",
                  "pvsched-nocosched": "cosched_us = 0\n"}
-# Ablations of pvschedd's own settings (top-level pvschedd.toml lines).
-ABLATION_DAEMON = {"pvsched-coauto-noyield": "cosched_yield = false\n"}
+# Ablations of pvschedd's own settings (pvschedd.toml text, appended).
+ABLATION_DAEMON = {"pvsched-coauto-noyield": "[cosched]\nyield = false\n"}
 # pvsched-cosched: the period of the co-scheduled phase, µs.
 COSCHED_PERIOD_US = 20_000
 

@@ -228,8 +228,8 @@ class Daemon:
     variant writes NAME.toml there."""
 
     def __init__(self, args, out, settings=""):
-        """`settings`: top-level pvschedd.toml lines of this daemon only
-        (before the tables of --daemon-toml)."""
+        """`settings`: pvschedd.toml text of this daemon only, after
+        --daemon-toml's (it may open a table: [cosched])."""
         self.args, self.dir = args, out / "pvschedd"
         # Each variant's caps, as pvschedd reports them (printed once).
         self.caps = {}
@@ -240,7 +240,7 @@ class Daemon:
         cfg = self.dir / "pvschedd.toml"
         extra = getattr(args, "daemon_toml", None)
         cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
-                       f'metrics_listen = ""\n' + settings + (extra.read_text() if extra else ""))
+                       f'metrics_listen = ""\n' + (extra.read_text() if extra else "") + "\n" + settings)
         if self.socket.exists():
             self.socket.unlink()
         self.log = self.dir / "pvschedd.log"

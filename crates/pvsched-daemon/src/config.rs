@@ -16,6 +16,10 @@
 //! max_clients_per_uid = 32      # connections of one uid other than root
 //! max_vms_per_uid = 16          # VMs of one uid other than root
 //!
+//! [cosched]                     # co-scheduling, host-wide
+//! yield = true                  # a phase yields to host threads woken on its CPUs
+//! host_pct = 80                 # all VMs' phases together <= 80 % of the CPUs
+//!
 //! [max]                         # no VM's caps may exceed these
 //! max_rt_prio = 10
 //!
@@ -112,14 +116,87 @@ pub struct Config {
     /// below it for the few µs a decision takes: a host whose own RT
     /// threads must not wait for it sets it below theirs.
     pub applier_rt_prio: u32,
-    /// A co-scheduled phase yields to an ordinary host thread woken on a
-    /// CPU it holds, so host services are not kept waiting for the
-    /// phase's end. `false` only to measure what that costs or gains.
-    pub cosched_yield: bool,
+    /// The host's co-scheduling settings (`[cosched]`).
+    pub cosched: CoschedConfig,
     /// The operator's maximum for every VM's caps.
     pub max: CapsLimit,
     /// Caps of a VM that has no file and sent none.
     pub defaults: Caps,
+    /// Old spellings the file used, each with its new one: pvschedd logs
+    /// them at start and `--check` prints them.
+    #[serde(skip)]
+    pub deprecated: Vec<String>,
+}
+
+/// `[cosched]`: how co-scheduling treats the host as a whole. What one VM
+/// may ask (`cosched_us`, `cosched_period_us`) is a cap, bounded per VM
+/// by `[max] max_cosched_pct`, `max_cosched_period_us` and
+/// `max_cosched_phase_us`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoschedConfig {
+    /// A co-scheduled phase yields to an ordinary host thread woken on a
+    /// CPU it holds, so host services are not kept waiting for the
+    /// phase's end. `false` only to measure what that costs or gains.
+    #[serde(rename = "yield")]
+    pub yield_to_host: bool,
+    /// Largest share of the host's CPUs all co-scheduling VMs together
+    /// may hold in their phases, percent (0..=100): when they do not fit,
+    /// every phase is cut in the same proportion, so many VMs, each
+    /// within `[max] max_cosched_pct`, cannot starve the host.
+    pub host_pct: u32,
+}
+
+impl Default for CoschedConfig {
+    fn default() -> Self {
+        CoschedConfig {
+            yield_to_host: true,
+            host_pct: 80,
+        }
+    }
+}
+
+/// Keys of earlier releases, still read: (table or "" for the top level,
+/// old key, `[cosched]` key).
+const COSCHED_ALIASES: [(&str, &str, &str); 2] = [
+    ("", "cosched_yield", "yield"),
+    ("max", "max_cosched_host_pct", "host_pct"),
+];
+
+/// Moves each old spelling of a `[cosched]` key in `table` to `[cosched]`;
+/// returns a line per key moved. A key set both ways is an error: which
+/// one the operator meant cannot be told.
+fn move_cosched_aliases(table: &mut toml::Table) -> Result<Vec<String>, String> {
+    let mut moved = Vec::new();
+    for (section, old, new) in COSCHED_ALIASES {
+        let from = if section.is_empty() {
+            Some(&mut *table)
+        } else {
+            table.get_mut(section).and_then(|v| v.as_table_mut())
+        };
+        let Some(value) = from.and_then(|t| t.remove(old)) else {
+            continue;
+        };
+        let old_name = if section.is_empty() {
+            old.to_string()
+        } else {
+            format!("[{section}] {old}")
+        };
+        let cosched = table
+            .entry("cosched")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(cosched) = cosched.as_table_mut() else {
+            return Err("cosched must be a table ([cosched])".into());
+        };
+        if cosched.contains_key(new) {
+            return Err(format!(
+                "{old_name} and [cosched] {new} are the same setting; keep [cosched] {new} only"
+            ));
+        }
+        cosched.insert(new.to_string(), value);
+        moved.push(format!("{old_name} is now spelled [cosched] {new}"));
+    }
+    Ok(moved)
 }
 
 impl Default for Config {
@@ -137,9 +214,10 @@ impl Default for Config {
             max_clients_per_uid: 32,
             max_vms_per_uid: 16,
             applier_rt_prio: pvsched_agent::guardian::RESTORER_RT_PRIO,
-            cosched_yield: true,
+            cosched: CoschedConfig::default(),
             max: CapsLimit::default(),
             defaults: Caps::default(),
+            deprecated: Vec::new(),
         }
     }
 }
@@ -167,10 +245,23 @@ impl Config {
 
     /// Parses the text of `path` and checks it.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let c: Config = toml::from_str(text).map_err(|source| ConfigError::Toml {
+        let toml_err = |source| ConfigError::Toml {
             path: path.into(),
             source,
+        };
+        let mut table: toml::Table = toml::from_str(text).map_err(toml_err)?;
+        let deprecated = move_cosched_aliases(&mut table).map_err(|what| ConfigError::Invalid {
+            path: path.into(),
+            what,
         })?;
+        let mut c: Config = table.try_into().map_err(toml_err)?;
+        c.deprecated = deprecated;
+        if c.cosched.host_pct > 100 {
+            return Err(ConfigError::Invalid {
+                path: path.into(),
+                what: format!("[cosched] host_pct {} must be 0..=100", c.cosched.host_pct),
+            });
+        }
         let caps_err = |source| ConfigError::Caps {
             path: path.into(),
             source,
@@ -374,6 +465,41 @@ mod tests {
         let text = include_str!("../../../dist/pvschedd.toml");
         let c = Config::parse(text, Path::new("dist/pvschedd.toml")).unwrap();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn cosched_settings_are_one_section_and_the_old_spellings_still_work() {
+        let p = Path::new("x.toml");
+        let c = Config::parse("[cosched]\nyield = false\nhost_pct = 50\n", p).unwrap();
+        assert_eq!((c.cosched.yield_to_host, c.cosched.host_pct), (false, 50));
+        assert!(c.deprecated.is_empty());
+        // Written as earlier releases documented them: read, and named.
+        let c = Config::parse(
+            "cosched_yield = false\n[max]\nmax_rt_prio = 10\nmax_cosched_host_pct = 40\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!((c.cosched.yield_to_host, c.cosched.host_pct), (false, 40));
+        assert_eq!(c.max.max_rt_prio, 10);
+        assert_eq!(c.deprecated.len(), 2, "{:?}", c.deprecated);
+        assert!(c.deprecated[1].contains("[max] max_cosched_host_pct"));
+        // One setting spelled both ways, or out of range: refused, named.
+        for (text, what) in [
+            (
+                "cosched_yield = true\n[cosched]\nyield = false\n",
+                "cosched_yield",
+            ),
+            (
+                "[max]\nmax_cosched_host_pct = 50\n[cosched]\nhost_pct = 60\n",
+                "host_pct",
+            ),
+            ("[cosched]\nhost_pct = 101\n", "host_pct 101"),
+            ("cosched = 1\ncosched_yield = true\n", "[cosched]"),
+            ("[cosched]\nperiod_us = 5\n", "period_us"),
+        ] {
+            let e = Config::parse(text, p).unwrap_err().to_string();
+            assert!(e.contains(what), "{text:?}: {e}");
+        }
     }
 
     #[test]

@@ -180,10 +180,10 @@ impl Server {
         // restored inside Agent::load, before the policy loads.
         let agent = Agent::load(AgentConfig {
             consumer_rt_prio: cfg.applier_rt_prio,
-            cosched_host_pct: cfg.max.max_cosched_host_pct,
+            cosched_host_pct: cfg.cosched.host_pct,
             cosched_max_pct: cfg.max.max_cosched_pct,
             cosched_max_phase_us: cfg.max.max_cosched_phase_us,
-            cosched_yield: cfg.cosched_yield,
+            cosched_yield: cfg.cosched.yield_to_host,
             handle_signals: false,
             ledger: Some(crate::persist::ledger_path(&runtime_dir)),
             ..AgentConfig::default()

@@ -107,11 +107,6 @@ pub struct CapsLimit {
     /// SCHED_FIFO, so this bounds what a VM can take from the host's
     /// other work.
     pub max_cosched_pct: u32,
-    /// Largest share of the host's CPUs all co-scheduling VMs together may
-    /// hold in their co-scheduled phases, percent: a VM whose phase would
-    /// take the sum above it is not co-scheduled (the agent logs it), so
-    /// many VMs, each within `max_cosched_pct`, cannot starve the host.
-    pub max_cosched_host_pct: u32,
     /// Longest co-scheduling period (`cosched_period_us`) a VM may set,
     /// µs, 1 000..=1 000 000: the off part of a period holds every vCPU
     /// of the VM at nice 19, so a long period is a long wait for a guest.
@@ -139,7 +134,6 @@ impl Default for CapsLimit {
             max_halt_hold_us: 1_000_000,
             max_ipi_window_us: 100_000,
             max_cosched_pct: 75,
-            max_cosched_host_pct: 80,
             // Five times the default period: room for a longer period
             // without the off part (nice 19) growing past 0.1 s.
             max_cosched_period_us: 100_000,
@@ -172,10 +166,8 @@ impl CapsLimit {
         if self.max_window_us == 0 {
             return Err(CapsError::Range("[max] max_window_us must be > 0"));
         }
-        if self.max_cosched_pct > 100 || self.max_cosched_host_pct > 100 {
-            return Err(CapsError::Range(
-                "[max] max_cosched_pct and max_cosched_host_pct must be 0..=100",
-            ));
+        if self.max_cosched_pct > 100 {
+            return Err(CapsError::Range("[max] max_cosched_pct must be 0..=100"));
         }
         if !(1_000..=1_000_000).contains(&self.max_cosched_period_us) {
             return Err(CapsError::Range(

@@ -185,7 +185,7 @@ impl Cosched {
             if !left_out.is_empty() {
                 log::warn!(
                     "pvsched: VM id(s) {left_out:?} not co-scheduled: their phases, cut to \
-                     fit {} % of the host's CPUs ([max] max_cosched_host_pct), would be \
+                     fit {} % of the host's CPUs ([cosched] host_pct), would be \
                      shorter than {MIN_FITTED_US} µs",
                     self.host_permille / 10
                 );
@@ -196,7 +196,7 @@ impl Cosched {
             if !cut.is_empty() {
                 log::warn!(
                     "pvsched: VM id(s) {cut:?}: co-scheduled phases cut, each in the same \
-                     proportion, to fit {} % of the host's CPUs ([max] max_cosched_host_pct)",
+                     proportion, to fit {} % of the host's CPUs ([cosched] host_pct)",
                     self.host_permille / 10
                 );
             }

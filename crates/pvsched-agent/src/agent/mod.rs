@@ -123,7 +123,7 @@ pub struct AgentConfig {
     /// VMs together may hold in their co-scheduled phases (caps
     /// `cosched_us`): phases set as a number come first, each cut in the
     /// same proportion when together they do not fit; "auto" phases share
-    /// the rest, cut the same way. pvschedd: `[max] max_cosched_host_pct`.
+    /// the rest, cut the same way. pvschedd: `[cosched] host_pct`.
     pub cosched_host_pct: u32,
     /// Largest share of its period, percent, that one VM's phase may
     /// hold when its `cosched_us` is `"auto"` (a number is checked when
@@ -139,7 +139,7 @@ pub struct AgentConfig {
     /// CPU it holds (the vCPU there leaves the phase until that thread
     /// leaves the CPU). False: the host thread waits for the phase's end,
     /// as before this existed; for measuring what the yield does.
-    /// pvschedd: `cosched_yield`.
+    /// pvschedd: `[cosched] yield`.
     pub cosched_yield: bool,
 }
 

@@ -26,6 +26,12 @@ fn main() -> ExitCode {
             return Exit::PolicyFile.into();
         }
     };
+    for d in &cfg.deprecated {
+        tracing::warn!(
+            "{}: {d}; the old spelling still works",
+            args.config.display()
+        );
+    }
     if let Some(s) = args.socket {
         cfg.socket = s;
     }
