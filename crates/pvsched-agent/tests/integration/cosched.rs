@@ -326,6 +326,69 @@ fn ran_ns(tid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// A guest that fakes waits gets no more than its share: its driver
+/// reports, for ever, that every vCPU waits for a sibling (`wait_on` any,
+/// wake-ups across vCPUs at ten times what opens the gate) while its vCPUs
+/// only spin. With the default caps its gate opens and it is co-scheduled,
+/// but a phase is its max-min share of the host and what the policy's
+/// boosts add outside it is nothing, so over three seconds its vCPU threads
+/// run no more than every spinning thread's equal part of the CPU time
+/// all of them got, plus 5 %.
+#[test]
+fn a_guest_that_fakes_waits_gets_no_more_than_its_share() {
+    let _cpus = common::cpu_bound();
+    if !need_bpf("a_guest_that_fakes_waits_gets_no_more_than_its_share") {
+        return;
+    }
+    let agent = common::agent();
+    let (_, hogs) = overcommit();
+    let vcpus = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let vm = common::device_vm(&agent, &[vcpus[0].tid, vcpus[1].tid], &[], Caps::default());
+    assert_eq!(
+        vm.caps().cosched_us,
+        pvsched_policy::CoschedUs::Auto,
+        "the default caps co-schedule"
+    );
+    let faked = pvsched_abi::SlotGuest {
+        wait_on: pvsched_abi::WAIT_ANY,
+        ..Default::default()
+    };
+    let _counts = common::SyncCounts::start(&vm, 2, 10 * SYNC_PER_VCPU_S, faked);
+    wait_for("the faking VM's phase", LIMIT, || {
+        Some(vm.stats().cosched_now_us).filter(|us| *us > 0)
+    });
+    // Past the first windows of the share's measurement.
+    std::thread::sleep(Duration::from_secs(2));
+    let tids: Vec<u32> = vcpus.iter().chain(&hogs).map(|t| t.tid).collect();
+    let before: Vec<u64> = tids.iter().map(|t| ran_ns(*t)).collect();
+    let changes = vm.stats().vcpu_sum(|c| c.phase_changes);
+    std::thread::sleep(Duration::from_secs(3));
+    let ran: Vec<u64> = tids
+        .iter()
+        .zip(&before)
+        .map(|(t, b)| ran_ns(*t).saturating_sub(*b))
+        .collect();
+    let changes = vm.stats().vcpu_sum(|c| c.phase_changes) - changes;
+    let equal = ran.iter().sum::<u64>() as f64 / ran.len() as f64;
+    let got = (ran[0] + ran[1]) as f64 / 2.0;
+    println!(
+        "faked waits: vCPUs ran {:?} ns, hogs {:?} ns over 3 s; {:.3} of an equal part; \
+         {changes} phase changes; phase {} µs",
+        &ran[..2],
+        &ran[2..],
+        got / equal,
+        vm.stats().cosched_now_us
+    );
+    assert!(changes > 0, "the VM was co-scheduled meanwhile");
+    assert!(
+        got <= 1.05 * equal,
+        "a guest faking waits got {:.3} of its equal part (at most 1.05)",
+        got / equal
+    );
+    drop(vm);
+    assert_eq!(vcpus[0].attr().nice, 0, "baseline back at unregistration");
+}
+
 #[test]
 fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
     let _cpus = common::cpu_bound();
