@@ -326,6 +326,17 @@ fn ran_ns(tid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time, ns, each of threads `tids` of this process runs in the next
+/// `d`.
+fn ran_during(tids: &[u32], d: Duration) -> Vec<u64> {
+    let before: Vec<u64> = tids.iter().map(|t| ran_ns(*t)).collect();
+    std::thread::sleep(d);
+    tids.iter()
+        .zip(&before)
+        .map(|(t, b)| ran_ns(*t).saturating_sub(*b))
+        .collect()
+}
+
 /// A guest that fakes waits gets no more than its share: its driver
 /// reports, for ever, that every vCPU waits for a sibling (`wait_on` any,
 /// wake-ups across vCPUs at ten times what opens the gate) while its vCPUs
@@ -360,14 +371,8 @@ fn a_guest_that_fakes_waits_gets_no_more_than_its_share() {
     // Past the first windows of the share's measurement.
     std::thread::sleep(Duration::from_secs(2));
     let tids: Vec<u32> = vcpus.iter().chain(&hogs).map(|t| t.tid).collect();
-    let before: Vec<u64> = tids.iter().map(|t| ran_ns(*t)).collect();
     let changes = vm.stats().vcpu_sum(|c| c.phase_changes);
-    std::thread::sleep(Duration::from_secs(3));
-    let ran: Vec<u64> = tids
-        .iter()
-        .zip(&before)
-        .map(|(t, b)| ran_ns(*t).saturating_sub(*b))
-        .collect();
+    let ran = ran_during(&tids, Duration::from_secs(3));
     let changes = vm.stats().vcpu_sum(|c| c.phase_changes) - changes;
     let equal = ran.iter().sum::<u64>() as f64 / ran.len() as f64;
     let got = (ran[0] + ran[1]) as f64 / 2.0;
@@ -407,13 +412,7 @@ fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
     wait_for("the first co-scheduled phase", LIMIT, || {
         Some(vm.stats().vcpu_sum(|c| c.phase_changes)).filter(|c| *c > 0)
     });
-    let before: Vec<u64> = tids.iter().map(|t| ran_ns(*t)).collect();
-    std::thread::sleep(Duration::from_secs(1));
-    let ran: Vec<u64> = tids
-        .iter()
-        .zip(&before)
-        .map(|(t, b)| ran_ns(*t).saturating_sub(*b))
-        .collect();
+    let ran = ran_during(&tids, Duration::from_secs(1));
     println!("vCPUs' run time over 1 s, ns: {ran:?}");
     let (least, most) = (*ran.iter().min().unwrap(), *ran.iter().max().unwrap());
     // In turn, each runs about half of C / (C + 2) of the time; without
