@@ -25,6 +25,12 @@ initramfs; guest/s6.sh runs them:
               wakeups), at least MIN_ITERS times and for the duration
   dbench      dbench 2V on tmpfs (VFS, locks)
 
+A workload A+B+... gives the VMs different ones: VM i runs the i-th part,
+the parts taken again from the first when there are more VMs than parts
+(`--topology 3x2 --workloads hackbench+cpu+cpu`: one IPI-heavy VM beside
+two batch ones, each batch VM's work and CPU against vanilla's). Its row
+has no summed throughput (the units differ); each VM's is in `vms`.
+
 The host's autogroup is off for the run (`--autogroup`; put back
 afterwards), so that every thread of the root cgroup is one nice-0 share:
 with autogroup on, the VMs (in the harness's session) and the hogs (in a
@@ -582,8 +588,8 @@ def run_workload(args, tag, guests, w, variant, daemon):
                 trace_mark(f"s6 vm {g.name} " + ",".join(str(t) for t in g.vcpu_tids()))
         t0 = time.monotonic()
         trace_mark(f"s6 start {tag} {w}")
-        for g in guests:
-            g.cmd.put(f"run {w} {dur} {MIN_ITERS}")
+        for g, gw in zip(guests, vm_workloads(w, len(guests))):
+            g.cmd.put(f"run {gw} {dur} {MIN_ITERS}")
         for g in guests:
             g.wait_ready(dur + PROGRESS_S)
         t1 = time.monotonic()
@@ -608,18 +614,20 @@ def run_workload(args, tag, guests, w, variant, daemon):
         except (OSError, ValueError, KeyError) as e:
             raise BenchError(f"host probe gave no result: {e} (see {probe_dir})")
     vms, failed = [], []
-    for g, c0, c1, s0, s1 in zip(guests, cpu0, cpu1, thr0, thr1):
+    for g, gw, c0, c1, s0, s1 in zip(guests, vm_workloads(w, len(guests)), cpu0, cpu1, thr0,
+                                     thr1):
         if not g.results:
             raise BenchError(f"{g.name}: no result for {w} (see {g.boot.dir}/serial.log)")
         # Every guest's counters, a failed one's too: the next workload's
         # are taken against them.
         counters = g.guest_counters() if variant.startswith("pvsched") else None
         fields, out = g.results[-1]
-        if fields.get("w") != w or fields.get("rc") != "0":
-            failed.append(f"{g.name}: {w} failed: {fields} {out[-5:]}")
+        if fields.get("w") != gw or fields.get("rc") != "0":
+            failed.append(f"{g.name}: {gw} failed: {fields} {out[-5:]}")
             continue
-        rate, iters = throughput(w, out)
-        vms.append({"vm": g.name, "throughput": round(rate, 3), "iterations": iters,
+        rate, iters = throughput(gw, out)
+        vms.append({"vm": g.name, "workload": gw, "unit": UNITS[gw],
+                    "throughput": round(rate, 3), "iterations": iters,
                     "guest_secs": float(fields["secs"]), "cpu_s": round(c1 - c0, 3),
                     "threads_cpu_s": {k: round(s1[k] - s0[k], 3) for k in s0}})
         ipis = guest_ipis(fields)
@@ -644,7 +652,8 @@ def run_workload(args, tag, guests, w, variant, daemon):
         raise BenchError("no BPF run-time statistics of the policy's programs (bpftool, "
                          "kernel.bpf_stats_enabled)")
     row = {"workload": w, "variant": variant, "tag": tag, "error": None,
-           "throughput": round(tp, 3), "unit": UNITS[w],
+           "throughput": None if mixed(w) else round(tp, 3),
+           "unit": "mixed" if mixed(w) else UNITS[w],
            "iterations": sum(v["iterations"] for v in vms), "window_s": round(t1 - t0, 3),
            "cost_cpu_s": cost, "hogs": hog_fig, "loadavg_start": la, "vms": vms,
            "host_probe": probe_fig}
@@ -695,7 +704,9 @@ def run_workload(args, tag, guests, w, variant, daemon):
         row["guest_ipis"] = {k: sum(c[k] for c in gi) for k in GUEST_IPIS}
     split = {k: round(sum(v["threads_cpu_s"][k] for v in vms), 1)
              for k in ("vcpus", "main", "other")}
-    row["brief"] = (f"throughput {tp:.1f} {UNITS[w]} ({row['iterations']} iterations), "
+    work = ("; ".join(f"{v['workload']} {v['throughput']:.1f} {v['unit']}" for v in vms)
+            if mixed(w) else f"{tp:.1f} {UNITS[w]}")
+    row["brief"] = (f"throughput {work} ({row['iterations']} iterations), "
                     f"cost CPU s {cost} {split}, hogs {hog_fig}"
                     + (f", policy {row['policy']}" if "policy" in row else "")
                     + (f", guest {row['guest_counters']}" if "guest_counters" in row else "")
@@ -782,6 +793,20 @@ def guest_ipis(fields):
 UNITS = {"cpu": "bogo ops/s", "batch": "bogo ops/s", "tlb": "bogo ops/s", "membarrier": "bogo ops/s",
          "hackbench": "messages/s", "dbench": "MB/s"}
 STRESSORS = {"cpu": "cpu", "batch": "cpu", "tlb": "tlb-shootdown", "membarrier": "membarrier"}
+
+
+def mixed(w):
+    """Whether `w` gives its VMs different workloads (A+B+...)."""
+    return "+" in w
+
+
+def vm_workloads(w, n):
+    """The workload of each of `n` VMs: `w` for all of them, or for a mix
+    A+B+... the i-th part for VM i, the parts taken again from the first
+    when there are more VMs than parts (hackbench+cpu+cpu: one IPI-heavy
+    VM beside two batch ones)."""
+    parts = w.split("+")
+    return [parts[i % len(parts)] for i in range(n)]
 
 
 def throughput(w, out):
@@ -910,7 +935,7 @@ def measure():
     args.workloads = args.workloads.split(",")
     variants = args.variants.split(",")
     for w in args.workloads:
-        if w not in WORKLOADS:
+        if any(part not in WORKLOADS for part in w.split("+")):
             ap.error(f"unknown workload {w}")
     for v in variants:
         if v not in VARIANTS:

@@ -7,7 +7,7 @@
 
 use super::BenchError;
 use super::docgen::Render;
-use super::paired::{Paired, paired};
+use super::paired::{Paired, Verdict, paired};
 use super::plot_spread::Panel;
 use super::s4::{self, Spread};
 use serde::{Deserialize, Serialize};
@@ -59,7 +59,9 @@ pub struct S6Args {
     /// NxV[,NxV...]: N guests of V vCPUs.
     #[arg(long, default_value = "1x2")]
     pub topology: String,
-    /// Comma-separated, of cpu, batch, tlb, membarrier, hackbench, dbench.
+    /// Comma-separated, of cpu, batch, tlb, membarrier, hackbench, dbench;
+    /// A+B+... gives VM i the i-th part (hackbench+cpu+cpu: one IPI-heavy
+    /// VM beside two batch ones, judged VM by VM).
     #[arg(long)]
     pub workloads: Option<String>,
     /// Comma-separated, of none, vanilla, pvsched (and its ablations:
@@ -219,8 +221,30 @@ impl S6Row {
         (vms > 0).then(|| cpu_s / window / vms as f64 * 100.0)
     }
 
+    /// Whether the VMs ran different workloads (A+B+...): the row has no
+    /// summed throughput, only each VM's.
+    pub fn mixed(&self) -> bool {
+        self.workload.contains('+')
+    }
+
     fn ok(&self) -> bool {
-        self.error.is_none() && self.throughput.is_some()
+        self.error.is_none() && (self.throughput.is_some() || self.mixed())
+    }
+
+    /// VM `i`'s figure `key` (`throughput`, `cpu_s`: its QEMU process's).
+    fn vm_fig(&self, i: usize, key: &str) -> Option<f64> {
+        self.vms.get(i)?.get(key)?.as_f64()
+    }
+
+    /// VM `i`'s work per CPU-second of its QEMU process: its tool's
+    /// iterations (bogo ops, hackbench invocations, dbench operations) over
+    /// that CPU. Not its rate times the run's window: in a mix, a VM whose
+    /// workload ended early waited idle for the others, so the window is
+    /// not its own. (The shared pvschedd and BPF time is the row's, not
+    /// one VM's.)
+    pub fn vm_per_cpu_s(&self, i: usize) -> Option<f64> {
+        let cpu = self.vm_fig(i, "cpu_s").filter(|c| *c > 0.0)?;
+        Some(self.vm_fig(i, "iterations")? / cpu)
     }
 }
 
@@ -297,10 +321,92 @@ pub struct VariantStats {
     /// in the window (pvsched variants; 0: no phase at all).
     #[serde(default)]
     pub phase_changes: Spread,
+    /// Of them, the changes that moved a vCPU out of its phase for a host
+    /// thread woken on its CPU and back (two per yield), as a share of all.
+    #[serde(default)]
+    pub yield_share: Spread,
+    /// pvschedd's CPU per phase change, µs (runs with at least one): what
+    /// one change costs, its wake-up and system calls.
+    #[serde(default)]
+    pub pvschedd_us_per_change: Spread,
     /// Against vanilla (not for vanilla itself).
     pub vs_vanilla: Option<Versus>,
     /// Against none (not for none itself).
     pub vs_none: Option<Versus>,
+    /// With a mix of workloads (A+B+...): each VM's figures, VM by VM.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_vm: Vec<VmFigures>,
+}
+
+/// One VM of a run that gave its VMs different workloads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmFigures {
+    /// Its place among the run's VMs.
+    pub index: usize,
+    /// Its workload.
+    pub workload: String,
+    /// Its tool's rate.
+    pub throughput: Spread,
+    /// Its QEMU process's CPU seconds over the window.
+    pub cpu_s: Spread,
+    /// Its work per CPU-second of its QEMU process
+    /// ([`S6Row::vm_per_cpu_s`]).
+    pub per_cpu_s: Spread,
+    /// Its co-scheduling gate's windows (about a second each) that found
+    /// its vCPUs waiting for each other, per run (pvsched variants).
+    #[serde(default)]
+    pub gate_open_windows: Spread,
+    /// Against the same VM in vanilla, repetition by repetition: its rate.
+    pub vs_vanilla_throughput: Option<Paired>,
+    /// Its CPU.
+    pub vs_vanilla_cpu_s: Option<Paired>,
+    /// Its work per CPU-second.
+    pub vs_vanilla_per_cpu_s: Option<Paired>,
+}
+
+/// Each VM's figures of `variant` in a cell of mixed workloads (none for
+/// one workload on every VM: the row's sums say it).
+fn per_vm(rows: &[&S6Row], variant: &str, reps: usize) -> Vec<VmFigures> {
+    let mine: Vec<&S6Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.variant == variant && r.mixed())
+        .collect();
+    let nvm = mine.iter().map(|r| r.vms.len()).max().unwrap_or(0);
+    let has_vanilla = variant != "vanilla" && rows.iter().any(|r| r.variant == "vanilla");
+    (0..nvm)
+        .map(|i| {
+            let pair = |f: &dyn Fn(&S6Row) -> Option<f64>| {
+                has_vanilla.then(|| {
+                    paired(
+                        &by_rep(rows, "vanilla", reps, f),
+                        &by_rep(rows, variant, reps, f),
+                    )
+                })
+            };
+            let tp = move |r: &S6Row| r.vm_fig(i, "throughput");
+            let cpu = move |r: &S6Row| r.vm_fig(i, "cpu_s");
+            let pcs = move |r: &S6Row| r.vm_per_cpu_s(i);
+            let gate = move |r: &S6Row| {
+                let on = r.vms.get(i)?.get("gate")?.get("on")?.as_array()?;
+                Some(on.iter().filter(|w| w.as_bool() == Some(true)).count() as f64)
+            };
+            VmFigures {
+                index: i,
+                workload: mine
+                    .iter()
+                    .find_map(|r| r.vms.get(i)?.get("workload")?.as_str().map(String::from))
+                    .unwrap_or_default(),
+                throughput: spread_of(&mine, tp),
+                cpu_s: spread_of(&mine, cpu),
+                per_cpu_s: spread_of(&mine, pcs),
+                gate_open_windows: spread_of(&mine, gate),
+                vs_vanilla_throughput: pair(&tp),
+                vs_vanilla_cpu_s: pair(&cpu),
+                vs_vanilla_per_cpu_s: pair(&pcs),
+            }
+        })
+        .collect()
 }
 
 /// One topology and workload.
@@ -349,6 +455,11 @@ fn by_rep(
                 .and_then(|r| f(r))
         })
         .collect()
+}
+
+/// pvschedd's counter `key` of the run's VMs.
+fn policy_fig(r: &S6Row, key: &str) -> Option<f64> {
+    r.policy.as_ref()?.get(key)?.as_f64()
 }
 
 fn hog_rate(r: &S6Row) -> Option<f64> {
@@ -414,11 +525,20 @@ impl S6Report {
                             hog_rate: spread_of(&mine, hog_rate),
                             probe_p99_us: spread_of(&mine, |r| r.host_probe.as_ref()?.p99_us),
                             probe_max_us: spread_of(&mine, |r| r.host_probe.as_ref()?.max_us),
-                            phase_changes: spread_of(&mine, |r| {
-                                r.policy.as_ref()?.get("phase_changes")?.as_f64()
+                            phase_changes: spread_of(&mine, |r| policy_fig(r, "phase_changes")),
+                            yield_share: spread_of(&mine, |r| {
+                                let changes =
+                                    policy_fig(r, "phase_changes").filter(|c| *c > 0.0)?;
+                                Some(2.0 * policy_fig(r, "phase_yields")? / changes)
+                            }),
+                            pvschedd_us_per_change: spread_of(&mine, |r| {
+                                let changes =
+                                    policy_fig(r, "phase_changes").filter(|c| *c > 0.0)?;
+                                Some(r.cost_cpu_s?.pvschedd * 1e6 / changes)
                             }),
                             vs_vanilla: vs("vanilla"),
                             vs_none: vs("none"),
+                            per_vm: per_vm(&rows, v, reps),
                         }
                     })
                     .collect();
@@ -517,10 +637,43 @@ impl Render for S6Report {
                 );
             }
             s.push('\n');
+            s.push_str(&per_vm_markdown(c));
         }
         s.push_str(&self.targets_markdown());
         s
     }
+}
+
+/// A mixed cell's VMs, each against the same VM in vanilla.
+fn per_vm_markdown(c: &S6Cell) -> String {
+    let mut s = String::new();
+    if c.variants.iter().all(|v| v.per_vm.is_empty()) {
+        return s;
+    }
+    s.push_str(
+        "| variant | VM | workload | throughput | CPU s | per CPU-s | throughput vs vanilla | CPU vs vanilla | per CPU-s vs vanilla |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let ratio = |p: &Option<Paired>| p.as_ref().map_or_else(|| "-".into(), s4::ratio_cell);
+    for v in &c.variants {
+        for m in &v.per_vm {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                v.variant,
+                m.index,
+                m.workload,
+                m.throughput.cell(1),
+                m.cpu_s.cell(2),
+                m.per_cpu_s.cell(2),
+                ratio(&m.vs_vanilla_throughput),
+                ratio(&m.vs_vanilla_cpu_s),
+                ratio(&m.vs_vanilla_per_cpu_s),
+            );
+        }
+    }
+    s.push('\n');
+    s
 }
 
 impl S6Report {
@@ -533,7 +686,11 @@ impl S6Report {
         );
         for &(name, goal, workloads, on_hogs, limit) in TARGETS {
             for c in &self.cells {
-                if !workloads.is_empty() && !workloads.contains(&c.workload.as_str()) {
+                // A mix has no summed work; its VMs are judged below.
+                let mixed = c.workload.contains('+');
+                if (mixed && !on_hogs)
+                    || (!workloads.is_empty() && !workloads.contains(&c.workload.as_str()))
+                {
                     continue;
                 }
                 for v in c
@@ -555,9 +712,53 @@ impl S6Report {
                 }
             }
         }
+        for c in &self.cells {
+            for v in c
+                .variants
+                .iter()
+                .filter(|v| v.variant.starts_with("pvsched"))
+            {
+                for m in v
+                    .per_vm
+                    .iter()
+                    .filter(|m| BATCH.contains(&m.workload.as_str()))
+                {
+                    for (what, p) in [
+                        ("work", &m.vs_vanilla_throughput),
+                        ("CPU", &m.vs_vanilla_cpu_s),
+                    ] {
+                        let Some(p) = p else { continue };
+                        let word = match (p.at_least(1.0 - FAIR_BAND), p.at_most(1.0 + FAIR_BAND)) {
+                            (Verdict::Met, Verdict::Met) => Verdict::Met,
+                            (Verdict::NotMet, _) | (_, Verdict::NotMet) => Verdict::NotMet,
+                            _ => Verdict::Unresolved,
+                        };
+                        let _ = writeln!(
+                            s,
+                            "| s6_batch_fair | a batch VM beside a co-scheduled one: its {what} within ±{:.0} % of vanilla's | {} | {} {} VM {} ({}) | {} | {} |",
+                            FAIR_BAND * 100.0,
+                            v.variant,
+                            c.topology,
+                            c.workload,
+                            m.index,
+                            m.workload,
+                            s4::ratio_cell(p),
+                            word.word()
+                        );
+                    }
+                }
+            }
+        }
         s
     }
 }
+
+/// The batch workloads: no synchronisation, nothing to gain.
+const BATCH: &[&str] = &["cpu", "batch"];
+
+/// How far a batch VM's work and CPU beside a co-scheduled VM may be from
+/// vanilla's.
+const FAIR_BAND: f64 = 0.05;
 
 /// Runs S6 and writes its report; the exit code.
 pub fn main(a: &S6Args) -> u8 {
@@ -638,5 +839,55 @@ mod tests {
         assert!(md.contains("x2.000 [2.00-2.00] (p "), "{md}");
         assert!(md.contains(", n 2, failed 1)"), "{md}");
         assert_eq!(r.panels()[0].groups[2].1, vec![200.0, 200.0]);
+    }
+
+    fn mixed_row(variant: &str, rep: usize, batch_tp: f64, batch_cpu: f64) -> Value {
+        let vm = |w: &str, tp: f64, cpu: f64| {
+            json!({"vm": "v", "workload": w, "unit": "u", "throughput": tp,
+                   "iterations": 1, "cpu_s": cpu})
+        };
+        json!({"topology": "3x2", "workload": "hackbench+cpu+cpu", "variant": variant,
+               "rep": rep, "order": 0, "tag": "t", "error": null, "throughput": null,
+               "unit": "mixed", "iterations": 3, "window_s": 10.0,
+               "cost_cpu_s": {"qemu": 30.0, "device": 0.0, "pvschedd": 0.0, "bpf": 0.0},
+               "hogs": {"n": 2, "ops": 100, "elapsed_s": 11.0, "rate": 10.0,
+                        "lead_s": 1.0, "tail_s": 0.1},
+               "host_probe": null,
+               "vms": [vm("hackbench", 1000.0, 10.0), vm("cpu", batch_tp, batch_cpu),
+                       vm("cpu", batch_tp, batch_cpu)]})
+    }
+
+    #[test]
+    fn a_mix_is_judged_vm_by_vm_against_the_same_vm_in_vanilla() {
+        let raw: S6Raw = serde_json::from_value(json!({
+            "reps": 2, "duration_s": 5, "hogs": 2, "kernel": "7.3-cloud",
+            "variants": ["vanilla", "pvsched"],
+            "rows": [mixed_row("vanilla", 0, 100.0, 10.0), mixed_row("vanilla", 1, 100.0, 10.0),
+                     mixed_row("pvsched", 0, 99.0, 10.0), mixed_row("pvsched", 1, 101.0, 10.0)]
+        }))
+        .unwrap();
+        let r = S6Report::new(raw, "pvsched-bench s6".into());
+        assert_eq!(r.failed, 0);
+        let pv = &r.cells[0].variants[1];
+        assert_eq!(pv.n, 2);
+        let names: Vec<&str> = pv.per_vm.iter().map(|m| m.workload.as_str()).collect();
+        assert_eq!(names, ["hackbench", "cpu", "cpu"]);
+        let tp = pv.per_vm[1].vs_vanilla_throughput.as_ref().unwrap();
+        assert_eq!((tp.n, tp.min, tp.max), (2, Some(0.99), Some(1.01)));
+        assert_eq!(
+            pv.per_vm[1].vs_vanilla_cpu_s.as_ref().unwrap().ratio,
+            Some(1.0)
+        );
+        assert!(
+            r.cells[0].variants[0]
+                .per_vm
+                .iter()
+                .all(|m| m.vs_vanilla_cpu_s.is_none())
+        );
+        let md = r.markdown();
+        assert!(md.contains("| s6_batch_fair |"), "{md}");
+        assert!(md.contains("3x2 hackbench+cpu+cpu VM 1 (cpu)"), "{md}");
+        // The summed targets skip the mix: it has no summed work.
+        assert!(!md.contains("| s6_no_loss |"), "{md}");
     }
 }
