@@ -175,6 +175,8 @@ class Matrix:
         self.memo = {}
         self.version = next(l.split('"')[1] for l in (REPO / "guest-driver" / "dkms.conf")
                             .read_text().splitlines() if l.startswith("PACKAGE_VERSION="))
+        # The ABI the driver speaks (its `modinfo` abi field).
+        self.abi = f"{abi.ABI_MAJOR}.{abi.ABI_MINOR}"
         # The module alias udev loads the driver by: the ABI's IDs (a
         # vendor's own are added through new_id at run time,
         # docs/guest-driver.md).

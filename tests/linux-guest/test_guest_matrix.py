@@ -62,6 +62,11 @@ def test_dkms(matrix, report, suite):
             vermagic = matrix.run(suite, "modinfo", "-k", r, "-F", "vermagic", "pvsched").stdout
             assert any(l.startswith(f"{r} ") for l in vermagic.splitlines()), \
                 f"modinfo -k {r} pvsched does not show vermagic {r}: {vermagic!r}"
+            # The package's version and the ABI it speaks, as scripts/version
+            # and include/pvsched_abi.h say.
+            for field, want in (("version", v), ("abi", matrix.abi)):
+                got = matrix.run(suite, "modinfo", "-k", r, "-F", field, "pvsched").stdout.strip()
+                assert got == want, f"modinfo -k {r} -F {field} pvsched: {got!r}, expected {want!r}"
             alias = matrix.run(suite, "modinfo", "-k", r, "-F", "alias", "pvsched").stdout.rstrip("\n")
             indexed = (ch / "lib" / "modules" / r / "modules.alias").read_text().splitlines()
             assert alias == matrix.alias and f"alias {matrix.alias} pvsched" in indexed, \
@@ -72,7 +77,8 @@ def test_dkms(matrix, report, suite):
         shutil.rmtree(ch / "usr" / "src" / f"pvsched-{v}", ignore_errors=True)
     assert removed.returncode == 0, f"dkms remove: {removed.stdout}{removed.stderr}"
     report(f"dkms-{suite}: {', '.join(matrix.releases[suite])}: dkms build without a warning, "
-           f"install, vermagic and the ABI's alias, remove; {time.monotonic() - t0:.1f}s")
+           f"install, vermagic, version {v}, ABI {matrix.abi} and the ABI's alias, remove; "
+           f"{time.monotonic() - t0:.1f}s")
 
 
 def test_deb_install(matrix, report, suite):
