@@ -37,9 +37,20 @@ pub struct Args {
     /// Socket group (overrides `socket_group`; "" = root only).
     #[arg(long)]
     pub socket_group: Option<String>,
-    /// Check the configuration and exit.
+    /// Check the configuration and exit: the file, every VM file of
+    /// `vm_dir` and every flavor file of `--flavor-dir`, against `[max]`.
     #[arg(long)]
     pub check: bool,
+    /// With --check: once the check passed, send SIGHUP to the pvschedd
+    /// of this pid so that it reads the configuration again (the unit's
+    /// ExecReload, `systemctl reload pvschedd`, which then fails with the
+    /// check's message instead of leaving the old configuration silently).
+    #[arg(long, value_name = "PID", requires = "check")]
+    pub reload: Option<u32>,
+    /// The flavor caps files `pvsched qemu-attach` sends for Nova
+    /// domains, checked by `--check` and at every reload (SIGHUP).
+    #[arg(long, value_name = "DIR", default_value = "/etc/pvsched/flavors")]
+    pub flavor_dir: PathBuf,
     /// Put back every thread the ledger in the runtime directory still
     /// lists as boosted, then exit (after a stop, however pvschedd and its
     /// guardian ended: the unit's ExecStopPost). Waits for a guardian

@@ -91,19 +91,46 @@ pub struct Registered {
 pub struct Client {
     fd: OwnedFd,
     buf: Vec<u8>,
+    daemon_version: Option<String>,
 }
 
 impl Client {
-    /// Connects to the daemon at `path`.
+    /// Connects to the daemon at `path` and says this client's protocol
+    /// ([`Request::Hello`]): a pvschedd of another protocol refuses it
+    /// here ([`ClientError::Refused`], its message naming both releases),
+    /// before any request it could misread. A pvschedd older than the
+    /// hello (1.1.0) answers it as an unknown request; it speaks protocol
+    /// 1, and the connection goes on.
     pub fn connect(path: &Path) -> Result<Client> {
         let fd = wire::connect_to(path).map_err(|source| ClientError::Connect {
             path: path.into(),
             source,
         })?;
-        Ok(Client {
+        let mut c = Client {
             fd,
             buf: vec![0; 8 << 20],
-        })
+            daemon_version: None,
+        };
+        let hello = Request::Hello {
+            proto: crate::proto::PROTOCOL,
+            version: crate::proto::VERSION.into(),
+        };
+        match c.request(&hello) {
+            Ok((Reply::Hello { version, .. }, _)) => c.daemon_version = Some(version),
+            Ok((r, _)) => return Err(ClientError::Protocol(format!("{r:?}"))),
+            Err(ClientError::Refused {
+                kind: ErrorKind::Malformed,
+                ..
+            }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(c)
+    }
+
+    /// The daemon's release, as its hello said (None: a pvschedd older
+    /// than 1.1.0).
+    pub fn daemon_version(&self) -> Option<&str> {
+        self.daemon_version.as_deref()
     }
 
     /// Sends one request and returns the reply (and an fd that came with

@@ -128,6 +128,33 @@ pub struct Config {
     pub deprecated: Vec<String>,
 }
 
+/// What pvschedd's command line sets over the file (`--socket`,
+/// `--metrics-listen`, `--socket-group`), at start and at every reload.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--socket`.
+    pub socket: Option<PathBuf>,
+    /// `--metrics-listen`.
+    pub metrics_listen: Option<String>,
+    /// `--socket-group`.
+    pub socket_group: Option<String>,
+}
+
+impl Overrides {
+    /// `c` with these set over it.
+    pub fn apply(&self, c: &mut Config) {
+        if let Some(s) = &self.socket {
+            c.socket = s.clone();
+        }
+        if let Some(m) = &self.metrics_listen {
+            c.metrics_listen = m.clone();
+        }
+        if let Some(g) = &self.socket_group {
+            c.socket_group = g.clone();
+        }
+    }
+}
+
 /// `[cosched]`: how co-scheduling treats the host as a whole. What one VM
 /// may ask (`cosched_us`, `cosched_period_us`) is a cap, bounded per VM
 /// by `[max] max_cosched_pct`, `max_cosched_period_us` and
@@ -256,6 +283,14 @@ impl Config {
         })?;
         let mut c: Config = table.try_into().map_err(toml_err)?;
         c.deprecated = deprecated;
+        c.validate(path)?;
+        Ok(c)
+    }
+
+    /// Checks the values against each other (`path` names the file in a
+    /// message): what [`Config::parse`] refuses.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let c = self;
         if c.cosched.host_pct > 100 {
             return Err(ConfigError::Invalid {
                 path: path.into(),
@@ -291,7 +326,7 @@ impl Config {
                 ),
             });
         }
-        Ok(c)
+        Ok(())
     }
 
     /// The runtime directory: `runtime_dir`, or the socket's directory.
@@ -329,6 +364,105 @@ impl Config {
     /// The client timeout.
     pub fn client_timeout(&self) -> Duration {
         Duration::from_millis(self.client_timeout_ms)
+    }
+
+    /// Checks every `*.toml` of the VM directory (a VM file: caps and
+    /// owners) and of `flavor_dir` (caps only, which `pvsched qemu-attach`
+    /// sends) against this file's `[max]`: a file pvschedd or the hook
+    /// would refuse at a VM's registration is named now. Returns how many
+    /// files of each it read; a directory that does not exist holds none.
+    pub fn check_dirs(&self, flavor_dir: &Path) -> Result<(usize, usize), ConfigError> {
+        let files = |dir: &Path| -> Result<Vec<PathBuf>, ConfigError> {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(source) => {
+                    return Err(ConfigError::Read {
+                        path: dir.into(),
+                        source,
+                    });
+                }
+            };
+            let mut out: Vec<PathBuf> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .collect();
+            out.sort();
+            Ok(out)
+        };
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.into(),
+                source,
+            })
+        };
+        let within = |caps: &Caps, path: &Path| {
+            caps.check_within(&self.max)
+                .map_err(|source| ConfigError::Caps {
+                    path: path.into(),
+                    source,
+                })
+        };
+        let vms = files(&self.vm_dir)?;
+        for path in &vms {
+            let f = VmFile::parse(&read(path)?, path)?;
+            within(&f.caps, path)?;
+        }
+        let flavors = files(flavor_dir)?;
+        for path in &flavors {
+            let caps = Caps::from_toml(&read(path)?).map_err(|source| ConfigError::Caps {
+                path: path.clone(),
+                source,
+            })?;
+            within(&caps, path)?;
+        }
+        Ok((vms.len(), flavors.len()))
+    }
+
+    /// The settings a running pvschedd cannot take from a reloaded file
+    /// (what it bound, loaded or started with), named as in the file, with
+    /// `new`'s value where it differs from this one's.
+    pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.socket != new.socket {
+            out.push("socket");
+        }
+        if self.runtime_dir != new.runtime_dir {
+            out.push("runtime_dir");
+        }
+        if self.socket_group != new.socket_group {
+            out.push("socket_group");
+        }
+        if self.metrics_listen != new.metrics_listen {
+            out.push("metrics_listen");
+        }
+        if self.applier_rt_prio != new.applier_rt_prio {
+            out.push("applier_rt_prio");
+        }
+        if self.cosched != new.cosched {
+            out.push("[cosched]");
+        }
+        if self.max.max_cosched_pct != new.max.max_cosched_pct
+            || self.max.max_cosched_phase_us != new.max.max_cosched_phase_us
+        {
+            out.push("[max] max_cosched_pct / max_cosched_phase_us");
+        }
+        out
+    }
+
+    /// `new` with what a running pvschedd cannot change
+    /// ([`Config::restart_only_changes`]) kept at this configuration's values.
+    pub fn keep_restart_only(&self, mut new: Config) -> Config {
+        new.socket = self.socket.clone();
+        new.runtime_dir = self.runtime_dir.clone();
+        new.socket_group = self.socket_group.clone();
+        new.metrics_listen = self.metrics_listen.clone();
+        new.applier_rt_prio = self.applier_rt_prio;
+        new.cosched = self.cosched.clone();
+        new.max.max_cosched_pct = self.max.max_cosched_pct;
+        new.max.max_cosched_phase_us = self.max.max_cosched_phase_us;
+        new
     }
 
     /// The caps file of VM `name` (a valid name: no path separators).

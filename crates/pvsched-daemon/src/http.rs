@@ -28,7 +28,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// A peer's whole request head must arrive within this of its accept
@@ -63,6 +63,29 @@ impl EndpointState {
 /// A snapshot of the daemon's figures and every VM's status.
 pub type Snapshot = dyn Fn() -> (DaemonStatus, Vec<VmStatus>) + Send + Sync;
 
+/// The bearer token scrapers must present (`metrics_token_file`), shared
+/// with the endpoint's thread so that a reload (SIGHUP) changes it for the
+/// next scrape. None: no token, VMs labelled by id.
+#[derive(Clone, Debug, Default)]
+pub struct MetricsToken(Arc<RwLock<Option<String>>>);
+
+impl MetricsToken {
+    /// A token cell holding `token`.
+    pub fn new(token: Option<String>) -> MetricsToken {
+        MetricsToken(Arc::new(RwLock::new(token)))
+    }
+
+    /// The token now.
+    pub fn get(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces it.
+    pub fn set(&self, token: Option<String>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = token;
+    }
+}
+
 /// Starts the endpoint's thread: binds `addr` (again and again while it
 /// is taken), then serves scrapes of `snapshot` for the daemon's life.
 /// With `token` (`metrics_token_file`) a request must carry
@@ -71,17 +94,17 @@ pub type Snapshot = dyn Fn() -> (DaemonStatus, Vec<VmStatus>) + Send + Sync;
 pub fn spawn(
     addr: String,
     snapshot: Box<Snapshot>,
-    token: Option<String>,
+    token: MetricsToken,
     state: EndpointState,
 ) -> io::Result<()> {
     state.set(format!("binding {addr}"));
     std::thread::Builder::new()
         .name("pvschedd-metrics".into())
-        .spawn(move || run(&addr, &*snapshot, token.as_deref(), &state))
+        .spawn(move || run(&addr, &*snapshot, &token, &state))
         .map(drop)
 }
 
-fn run(addr: &str, snapshot: &Snapshot, token: Option<&str>, state: &EndpointState) {
+fn run(addr: &str, snapshot: &Snapshot, token: &MetricsToken, state: &EndpointState) {
     let mut wait = Duration::from_millis(250);
     let mut logged: Option<io::ErrorKind> = None;
     loop {
@@ -132,7 +155,7 @@ struct Conn {
 }
 
 /// Serves until the listener fails.
-fn serve(l: &TcpListener, snapshot: &Snapshot, token: Option<&str>) -> io::Result<()> {
+fn serve(l: &TcpListener, snapshot: &Snapshot, token: &MetricsToken) -> io::Result<()> {
     let mut conns: Vec<Conn> = Vec::new();
     loop {
         let now = Instant::now();
@@ -225,7 +248,7 @@ fn accept_all(l: &TcpListener, conns: &mut Vec<Conn>) -> io::Result<()> {
 
 /// Reads or writes what connection `c` is ready for; true when it is
 /// done with (answered, closed by its peer, or failed).
-fn step(c: &mut Conn, snapshot: &Snapshot, token: Option<&str>) -> bool {
+fn step(c: &mut Conn, snapshot: &Snapshot, token: &MetricsToken) -> bool {
     if let Some((bytes, at)) = &mut c.out {
         return match c.stream.write(&bytes[*at..]) {
             Ok(n) => {
@@ -259,7 +282,9 @@ fn step(c: &mut Conn, snapshot: &Snapshot, token: Option<&str>) -> bool {
 }
 
 /// The whole HTTP answer to request head `head`.
-fn answer(head: &[u8], snapshot: &Snapshot, token: Option<&str>) -> Vec<u8> {
+fn answer(head: &[u8], snapshot: &Snapshot, token: &MetricsToken) -> Vec<u8> {
+    let token = token.get();
+    let token = token.as_deref();
     let text = String::from_utf8_lossy(head);
     let mut lines = text.lines();
     let line = lines.next().unwrap_or_default();
@@ -334,17 +359,19 @@ mod tests {
 
     #[test]
     fn answers_say_what_to_do() {
-        let ok = answer(b"GET /metrics HTTP/1.0\r\n\r\n", &snapshot, None);
+        let none = MetricsToken::default();
+        let ok = answer(b"GET /metrics HTTP/1.0\r\n\r\n", &snapshot, &none);
         assert!(ok.starts_with(b"HTTP/1.0 200 OK"));
-        let no = answer(b"GET /metrics HTTP/1.0\r\n\r\n", &snapshot, Some("t"));
+        let t = MetricsToken::new(Some("t".into()));
+        let no = answer(b"GET /metrics HTTP/1.0\r\n\r\n", &snapshot, &t);
         assert!(no.starts_with(b"HTTP/1.0 401"));
-        let yes = answer(
-            b"GET /metrics HTTP/1.0\r\nAuthorization: Bearer t\r\n\r\n",
-            &snapshot,
-            Some("t"),
-        );
+        let with_t = b"GET /metrics HTTP/1.0\r\nAuthorization: Bearer t\r\n\r\n";
+        let yes = answer(with_t, &snapshot, &t);
         assert!(yes.starts_with(b"HTTP/1.0 200 OK"));
-        let other = answer(b"GET /x HTTP/1.0\r\n\r\n", &snapshot, None);
+        // A reload's new token holds from the next scrape on.
+        t.set(Some("u".into()));
+        assert!(answer(with_t, &snapshot, &t).starts_with(b"HTTP/1.0 401"));
+        let other = answer(b"GET /x HTTP/1.0\r\n\r\n", &snapshot, &none);
         assert!(other.starts_with(b"HTTP/1.0 404"));
     }
 

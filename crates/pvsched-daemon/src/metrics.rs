@@ -54,7 +54,7 @@ impl Family {
 type Single<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
 
 /// The daemon-wide families (the VM count from the status list).
-const DAEMON: [Single<(DaemonStatus, usize)>; 8] = [
+const DAEMON: [Single<(DaemonStatus, usize)>; 10] = [
     ("pvsched_vms", "gauge", "VMs registered.", |(_, n)| {
         *n as f64
     }),
@@ -95,6 +95,18 @@ const DAEMON: [Single<(DaemonStatus, usize)>; 8] = [
         |(d, _)| d.uptime_s as f64,
     ),
     (
+        "pvsched_config_reloads_total",
+        "counter",
+        "Configurations read again on SIGHUP (systemctl reload) and taken.",
+        |(d, _)| d.reloads as f64,
+    ),
+    (
+        "pvsched_config_reload_errors_total",
+        "counter",
+        "SIGHUPs whose files were refused: the running configuration stayed (the journal says why).",
+        |(d, _)| d.reload_errors as f64,
+    ),
+    (
         "pvsched_restore_errors_total",
         "counter",
         "Threads whose baseline could not be put back when their VM's registration ended.",
@@ -103,7 +115,7 @@ const DAEMON: [Single<(DaemonStatus, usize)>; 8] = [
 ];
 
 /// The per-VM families with one series per VM.
-const PER_VM: [Single<VmStatus>; 5] = [
+const PER_VM: [Single<VmStatus>; 3] = [
     (
         "pvsched_vcpus",
         "gauge",
@@ -115,18 +127,6 @@ const PER_VM: [Single<VmStatus>; 5] = [
         "counter",
         "Decisions applied per VM.",
         |v| v.decisions as f64,
-    ),
-    (
-        "pvsched_apply_latency_p50_seconds",
-        "gauge",
-        "Decision to sched_setattr latency per VM, median of its recent decisions.",
-        |v| v.apply_p50_ns as f64 / 1e9,
-    ),
-    (
-        "pvsched_apply_latency_p99_seconds",
-        "gauge",
-        "Decision to sched_setattr latency per VM, 99th percentile of its recent decisions.",
-        |v| v.apply_p99_ns as f64 / 1e9,
     ),
     (
         "pvsched_cosched_phase_seconds",
@@ -179,6 +179,23 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
         f.add(String::new(), value(&d));
         f.write(&mut out);
     }
+    // The running release and the guest ABI it speaks, as labels (the
+    // `*_build_info` convention): `pvsched_build_info * on (instance)`
+    // joins them to any series, and a change of value marks an upgrade.
+    let mut build = Family::new(
+        "pvsched_build_info",
+        "gauge",
+        "1, labelled with pvschedd's release (version) and the guest ABI it speaks (abi).",
+    );
+    build.add(
+        format!(
+            "version=\"{}\",abi=\"{}\"",
+            crate::proto::VERSION,
+            crate::proto::abi()
+        ),
+        1.0,
+    );
+    build.write(&mut out);
     let mut gone = Family::new(
         "pvsched_unregistrations_total",
         "counter",
@@ -188,6 +205,22 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
         gone.add(format!("reason=\"{reason}\""), n as f64);
     }
     gone.write(&mut out);
+    let mut ended = Family::new(
+        "pvsched_vm_unregistered_timestamp_seconds",
+        "gauge",
+        "When a VM's registration ended lately (the last 15 minutes), by reason: a VM that vanished from pvsched_vcpus without one of these (vmm_exited, request) left while its VMM may still run.",
+    );
+    for e in &d.0.ended {
+        let vm = match label {
+            VmLabel::Name => e.name.clone(),
+            VmLabel::Id => e.vm_id.to_string(),
+        };
+        ended.add(
+            format!("vm=\"{vm}\",reason=\"{}\"", e.reason),
+            e.at_unix_s as f64,
+        );
+    }
+    ended.write(&mut out);
     let vm_label = |vm: &VmStatus| format!("vm=\"{}\"", vm.name);
     for (name, kind, help, value) in PER_VM {
         let mut f = Family::new(name, kind, help);
@@ -195,6 +228,27 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
             f.add(vm_label(vm), value(vm));
         }
         f.write(&mut out);
+    }
+    // A histogram is three kinds of sample under one family; written out
+    // here rather than through Family, which holds one value per series.
+    let hist = "pvsched_apply_latency_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {hist} Decision to sched_setattr latency per VM, every decision since it registered.\n# TYPE {hist} histogram"
+    );
+    for vm in &vms {
+        let h = &vm.apply_latency;
+        for (bound, n) in h.cumulative() {
+            let le = bound.map_or_else(|| "+Inf".to_string(), |ns| format!("{}", ns as f64 / 1e9));
+            let _ = writeln!(out, "{hist}_bucket{{{},le=\"{le}\"}} {n}", vm_label(vm));
+        }
+        let _ = writeln!(
+            out,
+            "{hist}_sum{{{}}} {}",
+            vm_label(vm),
+            h.sum_ns as f64 / 1e9
+        );
+        let _ = writeln!(out, "{hist}_count{{{}}} {}", vm_label(vm), h.count());
     }
     let thread_label =
         |vm: &VmStatus, thread: &str| format!("vm=\"{}\",thread=\"{thread}\"", vm.name);
@@ -242,11 +296,16 @@ mod tests {
         for want in [
             "pvsched_vms 0",
             "pvsched_uptime_seconds 42",
+            &format!(
+                "pvsched_build_info{{version=\"{}\",abi=\"{}\"}} 1",
+                crate::proto::VERSION,
+                crate::proto::abi()
+            ),
             "pvsched_restore_errors_total 2",
             "pvsched_unregistrations_total{reason=\"vmm_exited\"} 2",
             "pvsched_unregistrations_total{reason=\"request\"} 1",
             "pvsched_unregistrations_total{reason=\"connection_closed\"} 0",
-            "# TYPE pvsched_apply_latency_p99_seconds gauge",
+            "# TYPE pvsched_apply_latency_seconds histogram",
         ] {
             assert!(lines.contains(&want), "no line {want:?} in\n{text}");
         }

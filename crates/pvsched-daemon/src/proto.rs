@@ -18,6 +18,22 @@ use pvsched_policy::Caps;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The protocol's version. A change an older peer would misread (a
+/// field's meaning, a request's effect) bumps it; a new optional field or
+/// request does not. A client says its version in [`Request::Hello`], and
+/// pvschedd refuses one of another version with a message naming both
+/// packages' versions.
+pub const PROTOCOL: u32 = 1;
+
+/// The pvsched release this build is (the workspace's one version,
+/// `scripts/version`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The guest ABI this build speaks, `major.minor`.
+pub fn abi() -> String {
+    format!("{}.{}", pvsched_abi::ABI_MAJOR, pvsched_abi::ABI_MINOR)
+}
+
 /// Largest request, bytes (a 64-vCPU registration with caps is ~4 KiB).
 pub const MAX_REQUEST: usize = 64 * 1024;
 /// Largest reply message; a longer reply is sent as [`Reply::Chunked`].
@@ -170,6 +186,19 @@ pub enum Request {
     Status,
     /// Prometheus text exposition of the same.
     Metrics,
+    /// The client's protocol and release ([`Client::connect`] sends it
+    /// first): pvschedd answers [`Reply::Hello`], or refuses a client of
+    /// another [`PROTOCOL`]. A client that sends none is taken to speak
+    /// version 1 (every client before the field existed).
+    ///
+    /// [`Client::connect`]: crate::Client::connect
+    Hello {
+        /// Its [`PROTOCOL`].
+        proto: u32,
+        /// Its release, for the message.
+        #[serde(default)]
+        version: String,
+    },
 }
 
 /// Statistics of one registered thread.
@@ -224,6 +253,10 @@ pub struct VmStatus {
     pub apply_p50_ns: u64,
     /// p99, ns.
     pub apply_p99_ns: u64,
+    /// Every decision → applied latency since the VM registered, by
+    /// bucket (the metrics' `pvsched_apply_latency_seconds` histogram).
+    #[serde(default)]
+    pub apply_latency: pvsched_agent::agent::LatencyHistogram,
     /// The co-scheduled phase the VM holds now, µs of its
     /// `cosched_period_us` (0: not co-scheduled): its `cosched_us`, or
     /// what `"auto"` measured.
@@ -260,6 +293,12 @@ impl VmStatus {
 /// Daemon-wide figures in [`Reply::Status`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DaemonStatus {
+    /// pvschedd's release ([`VERSION`]; empty from a pvschedd before 1.1.0).
+    #[serde(default)]
+    pub version: String,
+    /// The guest ABI it speaks ([`abi`]).
+    #[serde(default)]
+    pub abi: String,
     /// pvschedd's pid.
     pub pid: u32,
     /// Seconds since it started.
@@ -286,6 +325,36 @@ pub struct DaemonStatus {
     /// listening (a port taken: pvschedd binds again with back-off).
     #[serde(default)]
     pub metrics: String,
+    /// Configurations read again on SIGHUP and taken.
+    #[serde(default)]
+    pub reloads: u64,
+    /// SIGHUPs whose files were refused (the running configuration stayed;
+    /// the log says why).
+    #[serde(default)]
+    pub reload_errors: u64,
+    /// Registrations that ended in the last [`ENDED_KEEP_S`] seconds, the
+    /// latest last (at most [`ENDED_KEEP`]): what tells a VM that shut
+    /// down from one that vanished while its VMM ran on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ended: Vec<Ended>,
+}
+
+/// How long a registration that ended stays in [`DaemonStatus::ended`].
+pub const ENDED_KEEP_S: u64 = 15 * 60;
+/// How many ended registrations it holds at most.
+pub const ENDED_KEEP: usize = 256;
+
+/// A registration that ended ([`DaemonStatus::ended`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ended {
+    /// The VM's name.
+    pub name: String,
+    /// Its VM id then.
+    pub vm_id: u32,
+    /// Why ([`UnregisterReason::label`]).
+    pub reason: String,
+    /// When, seconds since the epoch.
+    pub at_unix_s: u64,
 }
 
 /// Registrations ended since pvschedd started, by why
@@ -330,6 +399,20 @@ pub enum UnregisterReason {
     Superseded,
 }
 
+impl UnregisterReason {
+    /// Its label in metrics and status.
+    pub fn label(self) -> &'static str {
+        match self {
+            UnregisterReason::VmmExited => "vmm_exited",
+            UnregisterReason::ConnectionClosed => "connection_closed",
+            UnregisterReason::Request => "request",
+            UnregisterReason::Failed => "failed",
+            UnregisterReason::Shutdown => "shutdown",
+            UnregisterReason::Superseded => "superseded",
+        }
+    }
+}
+
 impl Unregistrations {
     /// Counts one registration ended for `why`.
     pub fn count(&mut self, why: UnregisterReason) {
@@ -346,13 +429,14 @@ impl Unregistrations {
 
     /// `(reason label, count)` for each reason, in a fixed order.
     pub fn by_reason(&self) -> [(&'static str, u64); 6] {
+        use UnregisterReason as R;
         [
-            ("vmm_exited", self.vmm_exited),
-            ("connection_closed", self.connection_closed),
-            ("request", self.request),
-            ("failed", self.failed),
-            ("shutdown", self.shutdown),
-            ("superseded", self.superseded),
+            (R::VmmExited.label(), self.vmm_exited),
+            (R::ConnectionClosed.label(), self.connection_closed),
+            (R::Request.label(), self.request),
+            (R::Failed.label(), self.failed),
+            (R::Shutdown.label(), self.shutdown),
+            (R::Superseded.label(), self.superseded),
         ]
     }
 }
@@ -396,6 +480,15 @@ pub enum Reply {
     Metrics {
         /// The exposition (text format 0.0.4).
         text: String,
+    },
+    /// The daemon speaks the client's protocol.
+    Hello {
+        /// Its [`PROTOCOL`].
+        proto: u32,
+        /// Its release.
+        version: String,
+        /// The guest ABI it speaks, `major.minor`.
+        abi: String,
     },
     /// The reply is `bytes` bytes of JSON too large for one message: it
     /// follows in `parts` messages of at most [`MAX_PART`] bytes each,
@@ -607,6 +700,15 @@ fn check(req: &Request) -> Result<(), ProtoError> {
             Ok(())
         }
         Request::Status | Request::Metrics => Ok(()),
+        Request::Hello { version, .. } => {
+            if version.len() > MAX_NAME {
+                return Err(ProtoError::Invalid(format!(
+                    "a version of {} bytes (at most {MAX_NAME})",
+                    version.len()
+                )));
+            }
+            Ok(())
+        }
     }
 }
 

@@ -10,8 +10,8 @@
 
 use crate::config::Config;
 use crate::proto::{
-    DaemonStatus, ErrorKind, Region, RegisterVm, Reply, ThreadStatus, UnregisterReason,
-    Unregistrations, VmStatus,
+    DaemonStatus, ENDED_KEEP, ENDED_KEEP_S, Ended, ErrorKind, Region, RegisterVm, Reply,
+    ThreadStatus, UnregisterReason, Unregistrations, VmStatus,
 };
 use crate::wire;
 use pvsched_agent::{Agent, RegionMmap, VmHandle, VmSpec};
@@ -60,6 +60,11 @@ pub(crate) struct Registry {
     registrations: u64,
     refused: u64,
     unregistrations: Unregistrations,
+    /// SIGHUP reloads taken and refused.
+    reloads: (u64, u64),
+    /// Registrations that ended lately, each with its VMM's uid (who may
+    /// see it).
+    ended: std::collections::VecDeque<(Ended, u32)>,
     /// The metrics endpoint's state, for status.
     endpoint: crate::http::EndpointState,
 }
@@ -81,8 +86,33 @@ impl Registry {
             registrations: 0,
             refused: 0,
             unregistrations: Unregistrations::default(),
+            reloads: (0, 0),
+            ended: std::collections::VecDeque::new(),
             endpoint: crate::http::EndpointState::default(),
         }
+    }
+
+    /// Counts a SIGHUP whose files were refused.
+    pub(crate) fn count_reload_error(&mut self) {
+        self.reloads.1 += 1;
+    }
+
+    /// A reloaded configuration: VM files, `[max]`, the defaults and the
+    /// quotas from now on. A registered VM keeps its caps; returns each
+    /// whose caps are above the new maximum, with why.
+    pub(crate) fn set_config(&mut self, cfg: Config) -> Vec<(String, String)> {
+        self.cfg = cfg;
+        self.reloads.0 += 1;
+        self.vms
+            .iter()
+            .filter_map(|(name, vm)| {
+                vm.handle
+                    .caps()
+                    .check_within(&self.cfg.max)
+                    .err()
+                    .map(|e| (name.clone(), e.to_string()))
+            })
+            .collect()
     }
 
     /// The metrics endpoint's state, which its thread keeps up to date.
@@ -392,8 +422,26 @@ impl Registry {
     /// (None: no such VM); dropping it restores its threads.
     pub(crate) fn unregister(&mut self, name: &str, why: UnregisterReason) -> Option<Vm> {
         let vm = self.vms.remove(name);
-        if vm.is_some() {
+        if let Some(v) = &vm {
             self.unregistrations.count(why);
+            let now = unix_now_s();
+            while self.ended.len() >= ENDED_KEEP
+                || self
+                    .ended
+                    .front()
+                    .is_some_and(|(e, _)| e.at_unix_s + ENDED_KEEP_S < now)
+            {
+                self.ended.pop_front();
+            }
+            self.ended.push_back((
+                Ended {
+                    name: name.into(),
+                    vm_id: v.handle.vm_id(),
+                    reason: why.label().into(),
+                    at_unix_s: now,
+                },
+                v.uid,
+            ));
         }
         vm
     }
@@ -451,7 +499,7 @@ impl Registry {
     /// (None: every VM): plain data, for a `status` reply or a metrics
     /// exposition, taken under one lock so that they agree.
     pub(crate) fn snapshot(&self, uid: Option<u32>) -> (DaemonStatus, Vec<VmStatus>) {
-        (self.daemon_status(), self.vm_statuses(uid))
+        (self.daemon_status(uid), self.vm_statuses(uid))
     }
 
     /// The status of every VM `uid` registered (None: every VM) with its
@@ -476,6 +524,7 @@ impl Registry {
                     corrections: st.corrections,
                     apply_samples: st.apply_samples as u64,
                     apply_p50_ns: st.apply_p50_ns,
+                    apply_latency: st.apply_hist.clone(),
                     apply_p99_ns: st.apply_p99_ns,
                     cosched_now_us: st.cosched_now_us,
                     cosched_sync: st
@@ -487,9 +536,13 @@ impl Registry {
             .collect()
     }
 
-    /// The daemon-wide figures.
-    fn daemon_status(&self) -> DaemonStatus {
+    /// The daemon-wide figures, with the ended registrations of `uid`'s
+    /// VMs (None: every VM's).
+    fn daemon_status(&self, uid: Option<u32>) -> DaemonStatus {
+        let now = unix_now_s();
         DaemonStatus {
+            version: crate::proto::VERSION.into(),
+            abi: crate::proto::abi(),
             pid: std::process::id(),
             uptime_s: self.started.elapsed().as_secs(),
             dropped: self.agent.bpf_stats().map(|b| b.dropped).unwrap_or(0),
@@ -503,6 +556,14 @@ impl Registry {
                 s if s.is_empty() => "off".into(),
                 s => s,
             },
+            reloads: self.reloads.0,
+            reload_errors: self.reloads.1,
+            ended: self
+                .ended
+                .iter()
+                .filter(|(e, u)| uid.is_none_or(|x| x == *u) && e.at_unix_s + ENDED_KEEP_S >= now)
+                .map(|(e, _)| e.clone())
+                .collect(),
         }
     }
 }
@@ -545,4 +606,11 @@ fn rss_kib() -> u64 {
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// Seconds since the epoch (0 before it, on a clock that is wrong).
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -146,6 +146,20 @@ pub struct Server {
     buf: Vec<u8>,
     /// Detached registrations, recorded for the next pvschedd.
     detached: crate::persist::Detached,
+    /// Where SIGHUP reads the configuration again (None: it only logs).
+    reload: Option<Reload>,
+}
+
+/// What a SIGHUP reads again, and where its results go.
+pub struct Reload {
+    /// The configuration file.
+    pub path: PathBuf,
+    /// The command line's settings over it.
+    pub overrides: crate::config::Overrides,
+    /// The flavor caps files `pvsched qemu-attach` sends, checked too.
+    pub flavor_dir: PathBuf,
+    /// The metrics endpoint's token, replaced by the file's.
+    pub token: crate::http::MetricsToken,
 }
 
 impl Server {
@@ -157,8 +171,9 @@ impl Server {
         let mut mask = SigSet::empty();
         mask.add(Signal::SIGINT);
         mask.add(Signal::SIGTERM);
+        mask.add(Signal::SIGHUP);
         mask.thread_block()
-            .map_err(sys("blocking SIGINT/SIGTERM"))?;
+            .map_err(sys("blocking SIGINT/SIGTERM/SIGHUP"))?;
         let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
             .map_err(sys("signalfd"))?;
         raise_fd_limit();
@@ -216,9 +231,15 @@ impl Server {
             next_id: 1,
             buf: vec![0; proto::MAX_REQUEST + 1],
             detached: crate::persist::Detached::new(&runtime_dir),
+            reload: None,
         };
         server.readopt_detached();
         Ok(server)
+    }
+
+    /// Has SIGHUP read the configuration again as `r` says.
+    pub fn reload_with(&mut self, r: Reload) {
+        self.reload = Some(r);
     }
 
     /// The metrics endpoint's state, shown in status: its thread
@@ -250,7 +271,11 @@ impl Server {
                 match Token::decode(ev.data()) {
                     Token::Listener => self.accept_all(),
                     Token::Signal => {
-                        if let Ok(Some(s)) = self.signals.read_signal() {
+                        while let Ok(Some(s)) = self.signals.read_signal() {
+                            if s.ssi_signo == Signal::SIGHUP as u32 {
+                                self.reload();
+                                continue;
+                            }
                             tracing::info!(
                                 signal = s.ssi_signo,
                                 "stopping: unregistering every VM"
@@ -681,7 +706,59 @@ impl Server {
                 let text = crate::metrics::render(daemon, vms, crate::metrics::VmLabel::Name);
                 (Reply::Metrics { text }, None)
             }
+            Request::Hello { proto, version } => (hello(proto, &version), None),
         }
+    }
+
+    /// SIGHUP: the configuration file, the VM files and the flavor files
+    /// read and checked again; all of it taken, or none (a bad file keeps
+    /// the running configuration, and the log says why). What pvschedd
+    /// bound or loaded at start keeps its running value until a restart.
+    fn reload(&mut self) {
+        let Some(r) = &self.reload else {
+            tracing::warn!("SIGHUP: no configuration file to read again; ignored");
+            return;
+        };
+        let read = crate::config::Config::load(&r.path).and_then(|mut c| {
+            r.overrides.apply(&mut c);
+            let files = c.check_dirs(&r.flavor_dir)?;
+            let token = c.metrics_token()?;
+            let kept = self.cfg.keep_restart_only(c.clone());
+            kept.validate(&r.path)?;
+            Ok((c, kept, files, token))
+        });
+        let (file, cfg, (vm_files, flavor_files), token) = match read {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!("SIGHUP: configuration not reloaded, the running one stays: {e}");
+                lock(&self.registry).count_reload_error();
+                return;
+            }
+        };
+        for what in self.cfg.restart_only_changes(&file) {
+            tracing::warn!(
+                "SIGHUP: {what} changed in {}: it takes effect when pvschedd restarts",
+                r.path.display()
+            );
+        }
+        for d in &file.deprecated {
+            tracing::warn!("{}: {d}; the old spelling still works", r.path.display());
+        }
+        r.token.set(token);
+        let above = lock(&self.registry).set_config(cfg.clone());
+        for (name, why) in above {
+            tracing::warn!(
+                vm = %name,
+                "its caps are above the reloaded [max] ({why}); they stay until it registers \
+                 again or `pvsched vm set` lowers them"
+            );
+        }
+        tracing::info!(
+            "configuration reloaded from {} ({vm_files} VM file(s), {flavor_files} flavor \
+             file(s) checked)",
+            r.path.display()
+        );
+        self.cfg = cfg;
     }
 
     fn shutdown(&mut self) {
@@ -794,4 +871,26 @@ fn set_socket_mode(path: &std::path::Path, gid: Option<u32>) -> io::Result<()> {
         std::os::unix::fs::chown(path, None, Some(g))?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// The reply to a client's [`Request::Hello`]: this daemon's versions, or
+/// a refusal of a client of another protocol, naming both releases.
+fn hello(proto: u32, version: &str) -> Reply {
+    if proto != crate::proto::PROTOCOL {
+        return Reply::error(
+            ErrorKind::Invalid,
+            format!(
+                "this client speaks pvschedd protocol {proto} (pvsched {}), pvschedd {} \
+                 speaks {}: use the pvsched of the package pvschedd came with",
+                if version.is_empty() { "?" } else { version },
+                crate::proto::VERSION,
+                crate::proto::PROTOCOL
+            ),
+        );
+    }
+    Reply::Hello {
+        proto: crate::proto::PROTOCOL,
+        version: crate::proto::VERSION.into(),
+        abi: crate::proto::abi(),
+    }
 }

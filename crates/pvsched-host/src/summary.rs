@@ -229,6 +229,7 @@ mod tests {
             tick_gap_max_ns: 5_000_000,
             cosched_now_us: 0,
             cosched_sync_rate: None,
+            apply_hist: Default::default(),
         }
     }
 

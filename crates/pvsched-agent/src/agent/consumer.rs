@@ -65,6 +65,7 @@ fn handle(inner: &Inner, d: &Decision) {
     vm.decisions += 1;
     if t.apply(d.kind, d.prio, d.reason, &vm.caps) {
         let lat = mono_ns().saturating_sub(d.ts);
+        vm.apply_hist.observe(lat);
         if vm.latencies.len() < LAT_SAMPLES {
             vm.latencies.push(lat);
         } else {

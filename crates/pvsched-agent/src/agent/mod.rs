@@ -21,7 +21,9 @@ mod scan;
 mod stats;
 mod trace_out;
 
-pub use stats::{Counter, ThreadCounters, ThreadStats, VmStats};
+pub use stats::{
+    APPLY_BUCKETS_NS, Counter, LatencyHistogram, ThreadCounters, ThreadStats, VmStats,
+};
 
 use crate::applier::ThreadState;
 use crate::ident::ThreadIdent;
@@ -206,6 +208,7 @@ struct VmEntry {
     vcpus: u32,
     latencies: Vec<u64>,
     lat_next: usize,
+    apply_hist: stats::LatencyHistogram,
     decisions: u64,
     corrections: u64,
     /// The co-scheduled phase the VM holds now, µs of its period (0: not

@@ -143,6 +143,52 @@ pub struct ThreadStats {
     pub throttled: u32,
 }
 
+/// Upper bounds of the decision → applied latency buckets, ns (the
+/// histogram's `le`; one more bucket holds the rest).
+pub const APPLY_BUCKETS_NS: [u64; 10] = [
+    10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+
+/// Every decision → applied latency of a VM since it registered, in the
+/// buckets of [`APPLY_BUCKETS_NS`] (not cumulative: `counts[i]` are those
+/// above bucket i-1's bound and at most bucket i's; the last, above all).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyHistogram {
+    /// Per bucket, then the overflow.
+    pub counts: Vec<u64>,
+    /// Sum of every latency, ns.
+    pub sum_ns: u64,
+}
+
+impl LatencyHistogram {
+    /// Counts one latency of `ns`.
+    pub fn observe(&mut self, ns: u64) {
+        if self.counts.len() != APPLY_BUCKETS_NS.len() + 1 {
+            self.counts = vec![0; APPLY_BUCKETS_NS.len() + 1];
+        }
+        let i = APPLY_BUCKETS_NS.partition_point(|&b| b < ns);
+        self.counts[i] = self.counts[i].saturating_add(1);
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+    }
+
+    /// How many latencies it counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// `(bound ns, cumulative count)` per bucket, the last with no bound
+    /// (`+Inf`): what a Prometheus histogram exposes.
+    pub fn cumulative(&self) -> Vec<(Option<u64>, u64)> {
+        let mut acc = 0;
+        (0..=APPLY_BUCKETS_NS.len())
+            .map(|i| {
+                acc += self.counts.get(i).copied().unwrap_or(0);
+                (APPLY_BUCKETS_NS.get(i).copied(), acc)
+            })
+            .collect()
+    }
+}
+
 /// Per-VM statistics.
 #[derive(Clone, Debug, Default)]
 pub struct VmStats {
@@ -164,6 +210,8 @@ pub struct VmStats {
     pub apply_p50_ns: u64,
     /// p99, ns.
     pub apply_p99_ns: u64,
+    /// Every decision → applied latency since the VM registered.
+    pub apply_hist: LatencyHistogram,
     /// The longest time between two of the agent's ticks since it started
     /// (all VMs), ns: how late it may have been to end a boost that ran
     /// past a cap (a tick every 5 ms by default; longer when the host
@@ -252,6 +300,7 @@ impl VmHandle {
                     out.corrections = vm.corrections;
                     out.cosched_now_us = vm.cosched_now_us;
                     out.cosched_sync_rate = vm.sync_rate;
+                    out.apply_hist = vm.apply_hist.clone();
                     vm.latencies.clone()
                 }
                 None => Vec::new(),
@@ -268,5 +317,29 @@ impl VmHandle {
         out.emulators = threads.split_off(self.spec.vcpu_tids.len().min(threads.len()));
         out.vcpus = threads;
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latencies_fall_in_the_bucket_of_their_bound_and_add_up() {
+        let mut h = LatencyHistogram::default();
+        for ns in [1, 10_000, 10_001, 60_000, 20_000_000] {
+            h.observe(ns);
+        }
+        assert_eq!(h.count(), 5);
+        assert_eq!(h.sum_ns, 1 + 10_000 + 10_001 + 60_000 + 20_000_000);
+        let c = h.cumulative();
+        assert_eq!(c.len(), APPLY_BUCKETS_NS.len() + 1);
+        // le 10 µs holds 1 and 10 000 ns; le 25 µs adds 10 001; le 100 µs
+        // adds 60 µs; only +Inf holds 20 ms.
+        assert_eq!(c[0], (Some(10_000), 2));
+        assert_eq!(c[1], (Some(25_000), 3));
+        assert_eq!(c[3], (Some(100_000), 4));
+        assert_eq!(c[APPLY_BUCKETS_NS.len() - 1], (Some(10_000_000), 4));
+        assert_eq!(c[APPLY_BUCKETS_NS.len()], (None, 5));
     }
 }

@@ -3,6 +3,9 @@
 
 use clap::Parser;
 use pvsched_daemon::cli::Args;
+use pvsched_daemon::config::Overrides;
+use pvsched_daemon::http::MetricsToken;
+use pvsched_daemon::server::Reload;
 use pvsched_daemon::{Config, Server};
 use pvsched_util::exit::Exit;
 use std::process::ExitCode;
@@ -32,15 +35,12 @@ fn main() -> ExitCode {
             args.config.display()
         );
     }
-    if let Some(s) = args.socket {
-        cfg.socket = s;
-    }
-    if let Some(m) = args.metrics_listen {
-        cfg.metrics_listen = m;
-    }
-    if let Some(g) = args.socket_group {
-        cfg.socket_group = g;
-    }
+    let overrides = Overrides {
+        socket: args.socket,
+        metrics_listen: args.metrics_listen,
+        socket_group: args.socket_group,
+    };
+    overrides.apply(&mut cfg);
     let token = match cfg.metrics_token() {
         Ok(t) => t,
         Err(e) => {
@@ -49,8 +49,24 @@ fn main() -> ExitCode {
         }
     };
     if args.check {
-        println!("{}: OK", args.config.display());
-        return ExitCode::SUCCESS;
+        return match cfg.check_dirs(&args.flavor_dir) {
+            Ok((vms, flavors)) => {
+                println!(
+                    "{}: OK; {vms} VM file(s) in {}, {flavors} flavor file(s) in {}: OK",
+                    args.config.display(),
+                    cfg.vm_dir.display(),
+                    args.flavor_dir.display()
+                );
+                if let Some(pid) = args.reload {
+                    return signal_reload(pid);
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                Exit::PolicyFile.into()
+            }
+        };
     }
     if args.restore {
         return restore(&cfg);
@@ -63,7 +79,8 @@ fn main() -> ExitCode {
         std::process::abort();
     }));
     let metrics = cfg.metrics_listen.clone();
-    let server = match Server::new(cfg) {
+    let token = MetricsToken::new(token);
+    let mut server = match Server::new(cfg) {
         Ok(s) => s,
         // Only a policy that cannot load is exit code 6 (not restarted by
         // the unit); a ledger held by another pvschedd, say, is 1.
@@ -76,6 +93,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    server.reload_with(Reload {
+        path: args.config.clone(),
+        overrides,
+        flavor_dir: args.flavor_dir.clone(),
+        token: token.clone(),
+    });
     // A port another process holds is not fatal: the endpoint's thread
     // binds it again with back-off, and status says why it is down.
     if !metrics.is_empty() {
@@ -96,6 +119,27 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--check --reload PID`: SIGHUP to pvschedd `pid`, which reads the
+/// configuration again (it logs what it took, or why it kept the old one).
+fn signal_reload(pid: u32) -> ExitCode {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if comm.trim() != "pvschedd" {
+        tracing::error!("--reload {pid}: not a running pvschedd (its name is {comm:?})");
+        return ExitCode::FAILURE;
+    }
+    let target = nix::unistd::Pid::from_raw(pid as i32);
+    match nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGHUP) {
+        Ok(()) => {
+            println!("pvschedd {pid}: reloading (its log says what it took)");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("--reload {pid}: kill(SIGHUP): {e}");
             ExitCode::FAILURE
         }
     }

@@ -11,6 +11,7 @@ mod support;
 mod daemon;
 mod hostile;
 mod hostile_metrics;
+mod reload;
 mod restart;
 mod systemd;
 mod systemd_unit;

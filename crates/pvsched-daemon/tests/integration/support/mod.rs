@@ -84,9 +84,14 @@ impl Daemon {
 /// The pvschedd just built, with configuration file `cfg` (warnings only
 /// on stderr). The caller owns the child and waits for its socket.
 pub fn spawn_pvschedd(cfg: &std::path::Path) -> Child {
+    // The flavor files beside it (none unless a test writes some), not
+    // the host's /etc/pvsched/flavors.
+    let flavors = cfg.parent().map(|d| d.join("flavors")).unwrap_or_default();
     Command::new(env!("CARGO_BIN_EXE_pvschedd"))
         .arg("--config")
         .arg(cfg)
+        .arg("--flavor-dir")
+        .arg(flavors)
         .env("RUST_LOG", "warn")
         .spawn()
         .unwrap()
