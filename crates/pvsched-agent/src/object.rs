@@ -235,7 +235,80 @@ fn sum_stats<T: std::borrow::Borrow<MapData>>(a: &PerCpuArray<T, PvsStats>) -> R
     Ok(s)
 }
 
+/// Loads every tracepoint program of `ebpf` (the kernel's verifier checks
+/// each) and, with `attach`, attaches it.
+fn load_tracepoints(ebpf: &mut Ebpf, btf: &Btf, attach: bool) -> Result<()> {
+    for (name, tp) in TRACEPOINTS {
+        let p: &mut BtfTracePoint = ebpf
+            .program_mut(name)
+            .ok_or(ObjectError::NoProgram(name))?
+            .try_into()
+            .map_err(|source| ObjectError::Program {
+                name,
+                what: "type",
+                source,
+            })?;
+        p.load(tp, btf).map_err(|source| ObjectError::Program {
+            name,
+            what: "load",
+            source,
+        })?;
+        if attach {
+            p.attach().map_err(|source| ObjectError::Program {
+                name,
+                what: "attach",
+                source,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Loads the re-evaluation entry (never attached: the agent test-runs it)
+/// and returns a descriptor of it of its own.
+fn load_reeval(ebpf: &mut Ebpf) -> Result<OwnedFd> {
+    let p: &mut RawTracePoint = ebpf
+        .program_mut(REEVAL_PROG)
+        .ok_or(ObjectError::NoProgram(REEVAL_PROG))?
+        .try_into()
+        .map_err(|source| ObjectError::Program {
+            name: REEVAL_PROG,
+            what: "type",
+            source,
+        })?;
+    p.load().map_err(|source| ObjectError::Program {
+        name: REEVAL_PROG,
+        what: "load",
+        source,
+    })?;
+    p.fd()
+        .map_err(|source| ObjectError::Program {
+            name: REEVAL_PROG,
+            what: "fd",
+            source,
+        })?
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| ObjectError::Sys {
+            what: "dup program fd",
+            source,
+        })
+}
+
 impl PolicyObject {
+    /// Loads every program of the policy into the kernel without attaching
+    /// any, and unloads them as it returns: whether this kernel accepts
+    /// the policy (`pvsched doctor`), without touching the host's events.
+    pub fn verify() -> Result<()> {
+        let btf = Btf::from_sys_fs().map_err(ObjectError::Btf)?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .load(OBJECT)
+            .map_err(ObjectError::Load)?;
+        load_tracepoints(&mut ebpf, &btf, false)?;
+        load_reeval(&mut ebpf).map(drop)
+    }
+
     /// Loads the object; loads and attaches the tracepoint programs if
     /// `attach`, and always loads (never attaches) the re-evaluation entry.
     pub fn load(attach: bool) -> Result<PolicyObject> {
@@ -257,55 +330,9 @@ impl PolicyObject {
             .load(OBJECT)
             .map_err(ObjectError::Load)?;
         if attach {
-            for (name, tp) in TRACEPOINTS {
-                let p: &mut BtfTracePoint = ebpf
-                    .program_mut(name)
-                    .ok_or(ObjectError::NoProgram(name))?
-                    .try_into()
-                    .map_err(|source| ObjectError::Program {
-                        name,
-                        what: "type",
-                        source,
-                    })?;
-                p.load(tp, &btf).map_err(|source| ObjectError::Program {
-                    name,
-                    what: "load",
-                    source,
-                })?;
-                p.attach().map_err(|source| ObjectError::Program {
-                    name,
-                    what: "attach",
-                    source,
-                })?;
-            }
+            load_tracepoints(&mut ebpf, &btf, true)?;
         }
-        let p: &mut RawTracePoint = ebpf
-            .program_mut(REEVAL_PROG)
-            .ok_or(ObjectError::NoProgram(REEVAL_PROG))?
-            .try_into()
-            .map_err(|source| ObjectError::Program {
-                name: REEVAL_PROG,
-                what: "type",
-                source,
-            })?;
-        p.load().map_err(|source| ObjectError::Program {
-            name: REEVAL_PROG,
-            what: "load",
-            source,
-        })?;
-        let reeval_fd = p
-            .fd()
-            .map_err(|source| ObjectError::Program {
-                name: REEVAL_PROG,
-                what: "fd",
-                source,
-            })?
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|source| ObjectError::Sys {
-                what: "dup program fd",
-                source,
-            })?;
+        let reeval_fd = load_reeval(&mut ebpf)?;
         let ring = RingBuf::try_from(
             ebpf.take_map("decisions")
                 .ok_or(ObjectError::NoMap("decisions"))?,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 #[derive(Args, Clone, Debug)]
 pub struct SocketArg {
     /// pvschedd's socket.
-    #[arg(long, env = "PVSCHED_SOCKET", default_value = pvsched_daemon::config::DEFAULT_SOCKET)]
+    #[arg(long, global = true, alias = "daemon-socket", env = "PVSCHED_SOCKET", default_value = pvsched_daemon::config::DEFAULT_SOCKET)]
     pub socket: PathBuf,
 }
 
@@ -65,7 +65,7 @@ enum VmCommand {
     Set {
         /// The VM.
         name: String,
-        /// `key=value` caps (see bpf-policy/caps.example.toml).
+        /// `key=value` caps (see /usr/share/doc/pvsched/caps.example.toml).
         #[arg(required = true)]
         settings: Vec<String>,
     },
@@ -135,9 +135,14 @@ fn write_table(
     vms: &[VmStatus],
     prev: Option<(&Previous, f64)>,
 ) -> std::io::Result<()> {
+    let release = if d.version.is_empty() {
+        String::new()
+    } else {
+        format!(" {} (ABI {})", d.version, d.abi)
+    };
     writeln!(
         out,
-        "pvschedd pid {}, up {}, {} VM(s), {} client(s), {} registrations, {} refused, {} ring drops, RSS {:.1} MiB",
+        "pvschedd{release} pid {}, up {}, {} VM(s), {} client(s), {} registrations, {} refused, {} ring drops, RSS {:.1} MiB",
         d.pid,
         humantime::format_duration(Duration::from_secs(d.uptime_s)),
         vms.len(),
@@ -152,9 +157,12 @@ fn write_table(
     if !d.metrics.is_empty() && d.metrics != "off" && !d.metrics.starts_with("listening") {
         writeln!(out, "metrics endpoint down: {}", d.metrics)?;
     }
+    // As wide as the longest name (Nova's are instance-XXXXXXXX, 17), so
+    // the columns stay aligned.
+    let w = vms.iter().map(|v| v.name.len()).max().unwrap_or(0).max(16);
     writeln!(
         out,
-        "{:<16} {:>7} {:<6} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10} {:>6}",
+        "{:<w$} {:>7} {:<6} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10} {:>6}",
         "VM",
         "PID",
         "REGION",
@@ -179,7 +187,7 @@ fn write_table(
             };
             writeln!(
                 out,
-                "{:<16} {:>7} {:<6} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10.3} {:>6}",
+                "{:<w$} {:>7} {:<6} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10.3} {:>6}",
                 vm.name,
                 vm.pid,
                 vm.region,

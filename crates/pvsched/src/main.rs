@@ -4,6 +4,7 @@
 mod compare;
 mod daemon_cli;
 mod device_cmd;
+mod doctor;
 mod exit;
 mod man;
 mod qemu_attach;
@@ -44,6 +45,10 @@ enum Command {
     /// pvschedd's Prometheus metrics (text exposition).
     #[command(after_help = exit::help(&exit::Exit::ALL))]
     Metrics(daemon_cli::MetricsArgs),
+    /// Check whether this host can run pvsched: kernel, BTF, the BPF
+    /// policy, RT bandwidth, QEMU, the libvirt hook, pvschedd and its VMs.
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
+    Doctor(doctor::DoctorArgs),
     /// Write the manual pages of pvsched and pvschedd (for packagers).
     #[command(hide = true)]
     Man(man::ManArgs),
@@ -58,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Command::Vm(args) => daemon_cli::vm(&args),
         Command::Metrics(args) => daemon_cli::metrics(&args),
         Command::QemuAttach(args) => qemu_attach::main(&args),
+        Command::Doctor(args) => doctor::main(&args),
         Command::Man(args) => man::main(&args, Cli::command()),
         Command::Device(cmd) => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))

@@ -99,8 +99,8 @@ pub struct QemuAttachArgs {
     #[arg(long, required_unless_present = "libvirt")]
     name: Option<String>,
     /// Caps to ask for when the VM has no caps file (TOML); with
-    /// --libvirt, instead of the metadata's.
-    #[arg(long)]
+    /// --libvirt, instead of the metadata's. (`--caps` is the same.)
+    #[arg(long, alias = "caps")]
     policy_file: Option<PathBuf>,
     /// Do not register QEMU's main-loop thread as the emulator thread.
     #[arg(long)]

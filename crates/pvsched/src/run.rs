@@ -97,7 +97,7 @@ pub struct RunArgs {
     pub policy: Policy,
     /// Admin caps of the VM for the policy (TOML, see
     /// bpf-policy/caps.example.toml); default: the built-in caps.
-    #[arg(long)]
+    #[arg(long, alias = "caps")]
     pub policy_file: Option<PathBuf>,
     /// Run twice on a loaded host, first without the host policy, then
     /// with it, and print both side by side: latency, boosts, throttles

@@ -102,7 +102,8 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     emulator_tids: Vec<u32>,
     /// Admin caps (TOML, see pvsched_policy::caps); default caps otherwise.
-    #[arg(long)]
+    /// (`--policy-file` is the same, as `pvsched run` spells it.)
+    #[arg(long, alias = "policy-file")]
     caps: Option<PathBuf>,
     /// Write the VM's statistics here (JSON) on exit.
     #[arg(long)]
