@@ -156,6 +156,8 @@ def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, 
         "usr/share/man/man1/pvsched-run.1.gz": 0o644,
         "usr/share/man/man1/pvsched-qemu-attach.1.gz": 0o644,
         "usr/share/doc/pvsched/copyright": 0o644,
+        "usr/share/doc/pvsched/caps.example.toml": 0o644,
+        "usr/share/doc/pvsched/operating.md": 0o644,
         "usr/share/pvsched/prometheus/pvsched.rules.yml": 0o644,
     }
     for path, mode in expect.items():

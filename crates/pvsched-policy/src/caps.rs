@@ -745,7 +745,7 @@ impl Caps {
                 why,
             };
             if !table.contains_key(key) {
-                return Err(bad("no such cap (see bpf-policy/caps.example.toml)".into()));
+                return Err(bad("no such cap (see /usr/share/doc/pvsched/caps.example.toml, bpf-policy/caps.example.toml in the source)".into()));
             }
             let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
                 .ok()
