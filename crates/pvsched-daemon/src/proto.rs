@@ -783,6 +783,12 @@ mod tests {
                 "max_rt_prio",
             ),
             (r#"{"op":"set","name":"a","settings":{}}"#, "0 settings"),
+            (r#"{"op":"hello"}"#, "missing field `proto`"),
+            (r#"{"op":"hello","proto":1,"x":1}"#, "unknown field"),
+            (
+                &format!(r#"{{"op":"hello","proto":1,"version":"{}"}}"#, "9".repeat(65)),
+                "version of 65 bytes",
+            ),
         ];
         for (text, why) in cases {
             let e = parse_request(text.as_bytes()).unwrap_err().to_string();
@@ -794,6 +800,14 @@ mod tests {
             Err(ProtoError::TooLarge(MAX_REQUEST + 1))
         );
         assert!(parse_request(&serde_json::to_vec(&register(65)).unwrap()).is_err());
+        // A client before the version field: protocol 1, no version.
+        assert_eq!(
+            parse_request(br#"{"op":"hello","proto":1}"#),
+            Ok(Request::Hello {
+                proto: 1,
+                version: String::new()
+            })
+        );
     }
 
     /// A thread's counters are plain fields of its status, under the names

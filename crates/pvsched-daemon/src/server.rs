@@ -894,3 +894,28 @@ fn hello(proto: u32, version: &str) -> Reply {
         abi: crate::proto::abi(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_of_another_protocol_is_refused_naming_both_releases() {
+        match hello(crate::proto::PROTOCOL + 1, "9.9.9") {
+            Reply::Error { kind, message } => {
+                assert_eq!(kind, ErrorKind::Invalid);
+                assert!(message.contains("pvsched 9.9.9"), "{message}");
+                assert!(message.contains(crate::proto::VERSION), "{message}");
+            }
+            r => panic!("{r:?}"),
+        }
+        match hello(crate::proto::PROTOCOL, "") {
+            Reply::Hello { proto, version, abi } => {
+                assert_eq!(proto, crate::proto::PROTOCOL);
+                assert_eq!(version, crate::proto::VERSION);
+                assert_eq!(abi, crate::proto::abi());
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+}
