@@ -190,11 +190,13 @@ fn process_families(out: &mut String) {
     let open_fds = std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count() as f64)
         .ok();
-    let max_fds = std::fs::read_to_string("/proc/self/limits").ok().and_then(|t| {
-        t.lines()
-            .find(|l| l.starts_with("Max open files"))
-            .and_then(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok())
-    });
+    let max_fds = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok())
+        });
     let series = [
         (
             "process_cpu_seconds_total",

@@ -786,7 +786,10 @@ mod tests {
             (r#"{"op":"hello"}"#, "missing field `proto`"),
             (r#"{"op":"hello","proto":1,"x":1}"#, "unknown field"),
             (
-                &format!(r#"{{"op":"hello","proto":1,"version":"{}"}}"#, "9".repeat(65)),
+                &format!(
+                    r#"{{"op":"hello","proto":1,"version":"{}"}}"#,
+                    "9".repeat(65)
+                ),
                 "version of 65 bytes",
             ),
         ];

@@ -910,7 +910,11 @@ mod tests {
             r => panic!("{r:?}"),
         }
         match hello(crate::proto::PROTOCOL, "") {
-            Reply::Hello { proto, version, abi } => {
+            Reply::Hello {
+                proto,
+                version,
+                abi,
+            } => {
                 assert_eq!(proto, crate::proto::PROTOCOL);
                 assert_eq!(version, crate::proto::VERSION);
                 assert_eq!(abi, crate::proto::abi());
