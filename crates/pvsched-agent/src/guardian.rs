@@ -533,6 +533,20 @@ pub fn start_time(tid: u32) -> Option<u64> {
     parse_start_time(&buf[..r as usize])
 }
 
+/// When process (or thread) `pid` started, seconds since the epoch: its
+/// [`start_time`] over the clock-tick rate, after the boot time of
+/// `/proc/stat`. None if it is gone or /proc says neither.
+pub fn start_unix_s(pid: u32) -> Option<f64> {
+    // SAFETY: sysconf takes a constant and reads no memory of ours.
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let btime: f64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    let ticks = start_time(pid)?;
+    (tck > 0).then(|| btime + ticks as f64 / tck as f64)
+}
+
 /// Field 22 of a `/proc/TID/stat` line (fields counted after the comm in
 /// parentheses, which may itself hold spaces and parentheses).
 fn parse_start_time(stat: &[u8]) -> Option<u64> {

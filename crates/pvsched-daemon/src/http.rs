@@ -77,12 +77,12 @@ impl MetricsToken {
 
     /// The token now.
     pub fn get(&self) -> Option<String> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        pvsched_util::read(&self.0).clone()
     }
 
     /// Replaces it.
     pub fn set(&self, token: Option<String>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = token;
+        *pvsched_util::write(&self.0) = token;
     }
 }
 

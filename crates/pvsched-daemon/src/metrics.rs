@@ -182,11 +182,6 @@ fn process_families(out: &mut String) {
     let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     // SAFETY: as above.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as f64;
-    let btime = std::fs::read_to_string("/proc/stat").ok().and_then(|t| {
-        t.lines()
-            .find_map(|l| l.strip_prefix("btime "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    });
     let open_fds = std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count() as f64)
         .ok();
@@ -235,10 +230,7 @@ fn process_families(out: &mut String) {
             "process_start_time_seconds",
             "gauge",
             "Start time of the process since unix epoch in seconds.",
-            field(22)
-                .zip(btime)
-                .filter(|_| tck > 0.0)
-                .map(|(start, b)| b + start / tck),
+            pvsched_agent::guardian::start_unix_s(std::process::id()),
         ),
     ];
     for (name, kind, help, value) in series {

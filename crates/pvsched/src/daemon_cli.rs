@@ -157,7 +157,7 @@ fn write_table(
     if !d.metrics.is_empty() && d.metrics != "off" && !d.metrics.starts_with("listening") {
         writeln!(out, "metrics endpoint down: {}", d.metrics)?;
     }
-    // As wide as the longest name (Nova's are instance-XXXXXXXX, 17), so
+    // As wide as the longest name (a Nova instance's, instance-0000002a, has 17), so
     // the columns stay aligned.
     let w = vms.iter().map(|v| v.name.len()).max().unwrap_or(0).max(16);
     writeln!(

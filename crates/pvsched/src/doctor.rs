@@ -407,19 +407,6 @@ fn in_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Seconds since the epoch at which process `pid` started.
-fn process_start(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22, counted after the command's closing parenthesis.
-    let after = stat.rsplit_once(')')?.1;
-    let ticks: u64 = after.split_whitespace().nth(19)?.parse().ok()?;
-    let btime: u64 = fs::read_to_string("/proc/stat")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
-    Some(btime + ticks / 100)
-}
-
 /// The running libvirt daemon that runs QEMU hooks and when it started.
 fn libvirt_daemon() -> Option<(String, u64)> {
     for e in fs::read_dir("/proc").ok()?.flatten() {
@@ -429,7 +416,8 @@ fn libvirt_daemon() -> Option<(String, u64)> {
         let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         let comm = comm.trim();
         if comm == "libvirtd" || comm == "virtqemud" {
-            return process_start(pid).map(|s| (comm.to_string(), s));
+            return pvsched_agent::guardian::start_unix_s(pid)
+                .map(|s| (comm.to_string(), s as u64));
         }
     }
     None
