@@ -97,3 +97,23 @@ def release_bins(need_real):
     release = REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release"
     return SimpleNamespace(device=release / "pvsched-device", agent=release / "pvsched-agent-attach",
                            pvsched=release / "pvsched", pvschedd=release / "pvschedd")
+
+
+@pytest.fixture(scope="session")
+def next_tree(repo, tmp_path_factory, need_real):
+    """A copy of this tree (without .git, target, .cache) at the next
+    patch version, made by `scripts/version bump`: what the upgrade tests
+    build release N+1 from. .version is N+1, .current is N."""
+    if shutil.which("cargo") is None and not (Path.home() / ".cargo" / "bin" / "cargo").exists():
+        need_real("cargo", "install Rust with rustup (scripts/setup says how)")
+    current = run([str(repo / "scripts" / "version")], cwd=repo).strip()
+    major, minor, patch = (int(x) for x in current.split("."))
+    version = f"{major}.{minor}.{patch + 1}"
+    tree = tmp_path_factory.mktemp("next") / "pvsched"
+    shutil.copytree(repo, tree, symlinks=True,
+                    ignore=lambda d, names: [n for n in names if Path(d) == repo and n in
+                                             (".git", "target", ".cache")])
+    env = {**os.environ, "PATH": f"{Path.home() / '.cargo' / 'bin'}:{os.environ['PATH']}"}
+    run([str(tree / "scripts" / "version"), "bump", version], cwd=tree, env=env)
+    run([str(tree / "scripts" / "version"), "check"], cwd=tree, env=env)
+    return SimpleNamespace(path=tree, version=version, current=current)

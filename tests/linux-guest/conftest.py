@@ -4,6 +4,7 @@ capabilities the scenarios need, and `report`, whose result lines are
 printed after the tests in a "linux-guest results" section."""
 
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -194,7 +195,8 @@ class Matrix:
             in_chroot(ch, "sh", "-c", "; ".join([
                 "apt-get purge -y -qq pvsched-dkms >/dev/null 2>&1",
                 f"dkms remove -m pvsched -v {v} --all >/dev/null 2>&1",
-                f"rm -rf /usr/src/pvsched-{v} /var/lib/dkms/pvsched /tmp/pvsched-src /tmp/pvsched-deb",
+                "rm -rf /usr/src/pvsched-* /var/lib/dkms/pvsched /tmp/pvsched-src /tmp/pvsched-deb "
+                "/tmp/pvsched-next-src /tmp/pvsched-next-src-deb",
                 f"for r in {' '.join(rels)}; do rm -f /lib/modules/$r/updates/dkms/pvsched.ko*; done",
                 "true"]))
             src = ch / "tmp" / "pvsched-src"
@@ -214,39 +216,68 @@ class Matrix:
         return self.run(suite, "dkms", verb, "-m", "pvsched", "-v", self.version, *args, check=check)
 
     @once
-    def deb(self):
-        """pvsched-dkms_VERSION_all.deb, built once by `make deb`
-        (dpkg-buildpackage, dh-dkms) in the first chroot that has dh-dkms
-        (bookworm's dkms has no dh-sequence-dkms); the same .deb goes to
+    def deb_suite(self):
+        """The first chroot with dh-dkms (bookworm's dkms has no
+        dh-sequence-dkms), where the .debs are built; the same .deb goes to
         every suite."""
         suite = next((s for s in sorted(self.releases)
                       if self.run(s, "dpkg", "-s", "dh-dkms", check=False).returncode == 0), None)
         if suite is None:
             raise Failure(f"no chroot of {', '.join(sorted(self.releases))} has dh-dkms to build the "
                           f".deb (scripts/setup installs it in trixie's)")
-        r = self.run(suite, "make", "-s", "-C", "/tmp/pvsched-src/guest-driver", "deb",
-                     "DEB_OUT=/tmp/pvsched-deb", check=False)
+        return suite
+
+    def build_deb(self, src, version):
+        """pvsched-dkms_VERSION_all.deb by `make deb` (dpkg-buildpackage,
+        dh-dkms) of the driver source at SRC/guest-driver in the
+        deb_suite chroot, copied to CACHE/guest-matrix/deb."""
+        suite = self.deb_suite()
+        out = f"{src}-deb"
+        r = self.run(suite, "make", "-s", "-C", f"{src}/guest-driver", "deb", f"DEB_OUT={out}",
+                     check=False)
+        name = f"pvsched-dkms_{version}_all.deb"
         if r.returncode != 0:
-            raise Failure(f"building pvsched-dkms_{self.version}_all.deb in the {suite} chroot "
-                          f"failed:\n{r.stdout}{r.stderr}")
-        self.deb_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.chroot(suite) / "tmp" / "pvsched-deb" / self.deb_path.name, self.deb_path)
-        info = [l.strip() for l in run(["dpkg-deb", "--info", str(self.deb_path)]).splitlines()
+            raise Failure(f"building {name} in the {suite} chroot failed:\n{r.stdout}{r.stderr}")
+        path = self.cache / "guest-matrix" / "deb" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.chroot(suite) / out.lstrip("/") / name, path)
+        info = [l.strip() for l in run(["dpkg-deb", "--info", str(path)]).splitlines()
                 if l.startswith((" Package:", " Version:", " Depends:"))]
-        self.report(f"{self.deb_path.name} built in the {suite} chroot: {'; '.join(info)}")
-        return self.deb_path
+        self.report(f"{name} built in the {suite} chroot: {'; '.join(info)}")
+        return path
+
+    @once
+    def deb(self):
+        """This tree's pvsched-dkms_VERSION_all.deb, built once."""
+        return self.build_deb("/tmp/pvsched-src", self.version)
+
+    @once
+    def next_deb(self, tree, version):
+        """pvsched-dkms_N+1_all.deb of the next-version copy of this tree
+        (tests/conftest.py, next_tree) at path `tree`."""
+        src = self.chroot(self.deb_suite()) / "tmp" / "pvsched-next-src"
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.copytree(Path(tree) / "guest-driver", src / "guest-driver",
+                        ignore=shutil.ignore_patterns("deb"))
+        shutil.copytree(Path(tree) / "include", src / "include")
+        return self.build_deb("/tmp/pvsched-next-src", version)
+
+    def apt_install(self, suite, deb, *opts):
+        """`apt-get install OPTS ./DEB` in the suite's chroot; `dkms status`
+        of pvsched (every version) for each kernel there after it."""
+        shutil.copy(deb, self.chroot(suite) / "tmp" / deb.name)
+        apt = self.run(suite, "apt-get", "install", "-y", "-qq", *opts, f"/tmp/{deb.name}")
+        print("\n".join(l for l in (apt.stdout + apt.stderr).splitlines()
+                        if not l.startswith("(Reading database")))
+        return {r: self.run(suite, "dkms", "status", "-m", "pvsched", "-k", r).stdout.strip()
+                for r in self.releases[suite]}
 
     @once
     def install(self, suite):
         """`apt install ./pvsched-dkms_VERSION_all.deb` in the suite's
         chroot: its postinst builds and installs the module with DKMS for
         each kernel there. `dkms status` of each kernel's module after it."""
-        deb = self.deb()
-        shutil.copy(deb, self.chroot(suite) / "tmp" / deb.name)
-        apt = self.run(suite, "apt-get", "install", "-y", "-qq", f"/tmp/{deb.name}")
-        print("\n".join(l for l in (apt.stdout + apt.stderr).splitlines()
-                        if not l.startswith("(Reading database")))
-        return {r: self.dkms(suite, "status", "-k", r).stdout.strip() for r in self.releases[suite]}
+        return self.apt_install(suite, self.deb())
 
     @once
     def guest(self, name):
@@ -261,6 +292,42 @@ class Matrix:
         initrd = build_initramfs(None, out, extra_files=modprobe_files(chroot, release))
         self.report(f"kernel {name}: {release}, the module DKMS installed in {chroot}, "
                     f"loaded with modprobe")
+        return SimpleNamespace(**{**vars(self.base), "vmlinuz": vmlinuz, "initrd": initrd,
+                                  "out": out, "tag": f"@{name}", "load_append": "pvload=modprobe"})
+
+
+    @once
+    def upgraded(self, suite, tree, version):
+        """The suite's chroot upgraded from this tree's package (N) to
+        `version` (N+1) with `apt-get install` (the prerm of N removes it
+        from DKMS, the postinst of N+1 builds and installs N+1). Returns
+        `dkms status` of each kernel after it, and release N's module of
+        each kernel as DKMS had built it (uncompressed, for busybox's
+        insmod; DKMS xz-compresses it where the kernel's own modules are)."""
+        self.install(suite)
+        prev = {}
+        for r in self.releases[suite]:
+            mdir = self.chroot(suite) / "lib" / "modules" / r / "updates" / "dkms"
+            ko = sorted(mdir.glob("pvsched.ko*"))
+            if not ko:
+                raise Failure(f"no DKMS-installed pvsched {self.version} in {mdir}")
+            data = ko[0].read_bytes()
+            prev[r] = self.base.out / f"pvsched-{self.version}-{r}.ko"
+            prev[r].parent.mkdir(parents=True, exist_ok=True)
+            prev[r].write_bytes(lzma.decompress(data) if ko[0].suffix == ".xz" else data)
+        return self.apt_install(suite, self.next_deb(tree, version)), prev
+
+    @once
+    def upgrade_guest(self, name, tree, version):
+        """Kernel NAME's guest for the upgrade scenario: release N's module
+        as /pvsched-prev.ko, and the module tree after the upgrade to N+1,
+        loaded by modprobe."""
+        release, chroot, vmlinuz = matrix_kernel(self.cache, name)
+        _, prev = self.upgraded(chroot.name.removeprefix("chroot-"), tree, version)
+        out = self.base.out / f"{name}-upgrade"
+        out.mkdir(parents=True, exist_ok=True)
+        initrd = build_initramfs(None, out, extra_files={
+            **modprobe_files(chroot, release), "/pvsched-prev.ko": prev[release]})
         return SimpleNamespace(**{**vars(self.base), "vmlinuz": vmlinuz, "initrd": initrd,
                                   "out": out, "tag": f"@{name}", "load_append": "pvload=modprobe"})
 

@@ -374,6 +374,47 @@ def hostile(g, report):
     return f
 
 
+def upgrade(g, report, old, new):
+    """`pvtest=upgrade`: the guest runs release `old`'s module (g.prev_ko,
+    packed as /pvsched-prev.ko), then, as after its package is upgraded to
+    `new` (DKMS installed it in the module tree g packs), rmmod and
+    modprobe: the new module must negotiate with the device again (a new
+    DRIVER_OK, generation one higher) and write every slot."""
+    b = Boot(g, "upgrade-smp2", 2, "upgrade",
+             hooks={"upgrade-old": answer_go, "upgrade-new": answer_go}).run()
+    f = []
+    b.mark("done")
+    o, rm, n = b.mark("upgrade-old"), b.mark("upgrade-rmmod"), b.mark("upgrade-new")
+    check(o == {"rc": "0", "bound": "1", "version": old},
+          f"{b.name}: release {old}'s module: {o}", f)
+    check(rm == {"rc": "0", "bound": "0"}, f"{b.name}: rmmod of release {old}: {rm}", f)
+    check(n == {"rc": "0", "bound": "1", "version": new},
+          f"{b.name}: modprobe after the upgrade to {new}: {n}", f)
+    s0, s1 = b.snapshots.get("upgrade-old"), b.snapshots.get("upgrade-new")
+    gens = "?"
+    if check(s0 and s1, f"{b.name}: no device view at upgrade-old/upgrade-new", f):
+        for s, v in ((s0, old), (s1, new)):
+            check(s["attached"] and s["device"]["status"] & abi.STATUS_DRIVER_OK,
+                  f"{b.name}: release {v}'s driver did not reach DRIVER_OK", f)
+        g0, g1 = s0["device"]["generation"], s1["device"]["generation"]
+        gens = f"{g0} -> {g1}"
+        check(g1 == g0 + 1, f"{b.name}: GENERATION {gens} across the upgrade, expected +1", f)
+        for i in range(2):
+            u0, u1 = s0["slots"][i]["updates"], s1["slots"][i]["updates"]
+            check(u1 > 0 and u1 != u0,
+                  f"{b.name}: slot {i} not written by release {new} ({u0} -> {u1})", f)
+    check(not b.final["device"]["errors_seen"],
+          f"{b.name}: device refused something: {b.final['device']['errors_seen']}", f)
+    final_rm = b.mark("rmmod")
+    check(final_rm.get("rc") == "0" and final_rm.get("bound") == "0",
+          f"{b.name}: rmmod of release {new}: {final_rm}", f)
+    dmesg_clean(b, f)
+    report(f"{b.name}: {b.seconds:.1f}s; release {old}'s module bound, rmmod, release {new} "
+           f"(DKMS) modprobed and bound, DRIVER_OK again (generation {gens}), both slots "
+           f"written, no oops")
+    return f
+
+
 def loop_boot(g, loop, name, mode, **boot_kw):
     """A 2-vCPU boot driven by `loop`'s hooks (agent_loop.py and its kin),
     whose agent is stopped however the boot ends."""

@@ -21,6 +21,11 @@ module apt and DKMS installed, loaded by `modprobe` (scenarios.py): main
 vendor's modalias with the documented modprobe.d lines), wait (wait_on with
 the policy in the loop) and hostile (hostile region headers).
 
+Last, upgrade and rollback: the package of the next version (N+1, built
+from a bumped copy of this tree, tests/conftest.py next_tree) installed
+over N in each suite chroot, a guest running N's module reloading it as
+N+1 (scenarios.upgrade), then N installed back over N+1.
+
 pytest runs a module's tests in the order written here, which this needs:
 a suite's DKMS checks add and remove the module by hand before its package
 is installed. A boot installs the package itself if no test did.
@@ -32,6 +37,7 @@ import time
 import pytest
 
 import scenarios
+from pvsched_guest.kernel import matrix_kernel
 
 
 def test_dkms(matrix, report, suite):
@@ -103,3 +109,38 @@ def test_wait(matrix_guest, report):
 def test_hostile(matrix_guest, report):
     failures = scenarios.hostile(matrix_guest, report)
     assert not failures, "\n".join(failures)
+
+
+def test_deb_upgrade(matrix, report, kernel, next_tree):
+    """Release N → N+1 of the DKMS package: `apt-get install` of N+1 over N
+    in the kernel's suite chroot (DKMS builds N+1, N leaves), then a guest
+    running N's module reloads it as N+1 and the device re-negotiates
+    (scenarios.upgrade)."""
+    g = matrix.upgrade_guest(kernel, str(next_tree.path), next_tree.version)
+    release, chroot, _ = matrix_kernel(matrix.cache, kernel)
+    suite = chroot.name.removeprefix("chroot-")
+    status, _ = matrix.upgraded(suite, str(next_tree.path), next_tree.version)
+    line = status[release]
+    assert f"pvsched/{next_tree.version}" in line and "installed" in line, \
+        f"after the upgrade, dkms status for {release}: {line!r}"
+    assert f"pvsched/{next_tree.current}" not in line, f"release N left in DKMS: {line!r}"
+    got = matrix.run(suite, "modinfo", "-k", release, "-F", "version", "pvsched").stdout.strip()
+    assert got == next_tree.version, f"modinfo -k {release} -F version pvsched: {got!r}"
+    failures = scenarios.upgrade(g, report, next_tree.current, next_tree.version)
+    assert not failures, "\n".join(failures)
+
+
+def test_deb_rollback(matrix, report, suite, next_tree):
+    """Back from N+1 to N: `apt-get install --allow-downgrades` of N's
+    package; DKMS has N again (and not N+1) for every kernel of the suite,
+    which leaves the chroot as the tests above found it."""
+    matrix.upgraded(suite, str(next_tree.path), next_tree.version)
+    status = matrix.apt_install(suite, matrix.deb(), "--allow-downgrades")
+    for r, line in status.items():
+        assert f"pvsched/{next_tree.current}" in line and "installed" in line, \
+            f"after the rollback, dkms status for {r}: {line!r}"
+        assert f"pvsched/{next_tree.version}" not in line, f"N+1 left in DKMS: {line!r}"
+        got = matrix.run(suite, "modinfo", "-k", r, "-F", "version", "pvsched").stdout.strip()
+        assert got == next_tree.current, f"modinfo -k {r} -F version pvsched: {got!r}"
+    report(f"deb-{suite}: {next_tree.current} -> {next_tree.version} -> {next_tree.current} with "
+           f"apt-get install: dkms status {'; '.join(status.values())}")

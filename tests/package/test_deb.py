@@ -15,119 +15,20 @@ purge` must stop it and leave none of its files or symlinks behind.
 import hashlib
 import os
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
-import pytest
-
-# Liveness bound of every wait (not a timing assertion).
-LIMIT = 60
+from pkgroot import Booted, nspawn, ok, wait
 
 
 def sha256(p):
     return hashlib.sha256(Path(p).read_bytes()).hexdigest()
 
 
-def sh(args, **kw):
-    return subprocess.run(args, capture_output=True, text=True, **kw)
-
-
-def ok(args, **kw):
-    r = sh(args, **kw)
-    assert r.returncode == 0, f"{args}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
-    return r.stdout
-
-
-@pytest.fixture
-def root_fs(cache, need_real, tmp_path):
-    """A writable overlay over the cached bookworm+systemd chroot."""
-    if os.geteuid() != 0:
-        need_real("root", "mounting an overlay and running systemd-nspawn need root")
-    for tool in ("systemd-nspawn", "dpkg-buildpackage", "dh", "nsenter"):
-        if shutil.which(tool) is None:
-            need_real(tool, "run scripts/setup (systemd-container, debhelper)")
-    lower = cache / "systemd-bookworm"
-    if not (lower / ".pvsched-ready").exists():
-        need_real("the bookworm systemd chroot", f"{lower} is missing: run scripts/setup")
-    up, work, merged = tmp_path / "upper", tmp_path / "work", tmp_path / "root"
-    for d in (up, work, merged):
-        d.mkdir()
-    ok(["mount", "-t", "overlay", "overlay", "-o",
-        f"lowerdir={lower},upperdir={up},workdir={work}", str(merged)])
-    try:
-        yield merged
-    finally:
-        sh(["umount", "-l", str(merged)])
-
-
-def nspawn(root, *cmd):
-    """Runs cmd in the (not booted) root, as `apt` would be run there."""
-    return sh(["systemd-nspawn", "-q", "--register=no", "--keep-unit", "--private-network",
-               f"--directory={root}", "--setenv=DEBIAN_FRONTEND=noninteractive", *cmd])
-
-
-def container_init(nspawn_pid):
-    """The booted container's PID 1 (host pid) among nspawn's descendants."""
-    todo = [nspawn_pid]
-    while todo:
-        p = todo.pop()
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-        except OSError:
-            continue
-        nspid = next((l.split()[1:] for l in status.splitlines() if l.startswith("NSpid:")), [])
-        if len(nspid) > 1 and nspid[-1] == "1":
-            return p
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    return None
-
-
-class Booted:
-    """`root` booted by systemd-nspawn, with BPF allowed as pvschedd needs."""
-
-    def __init__(self, root, log):
-        self.proc = subprocess.Popen(
-            ["systemd-nspawn", "--boot", "--console=read-only", "--register=no",
-             "--keep-unit", "--private-network", f"--directory={root}",
-             f"--machine=pvsched-deb-{os.getpid()}",
-             "--capability=CAP_BPF,CAP_PERFMON", "--system-call-filter=bpf perf_event_open"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        self.leader = wait("the container's systemd", lambda: container_init(self.proc.pid))
-        wait("the container's boot", lambda: self.run("systemctl", "is-system-running").stdout.strip()
-             in ("running", "degraded") or None)
-
-    def run(self, *cmd):
-        return sh(["nsenter", "-t", str(self.leader), "-a", *cmd])
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.run("systemctl", "poweroff")
-            try:
-                self.proc.wait(timeout=LIMIT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def wait(what, probe):
-    end = time.monotonic() + LIMIT
-    while time.monotonic() < end:
-        v = probe()
-        if v:
-            return v
-        time.sleep(0.2)
-    pytest.fail(f"{what}: not there after {LIMIT} s")
-
-
-def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    deb = Path(ok([str(repo / "scripts" / "package"), "--out", str(a)], cwd=repo).splitlines()[-1])
-    deb_b = Path(ok([str(repo / "scripts" / "package"), "--out", str(b)], cwd=repo).splitlines()[-1])
+def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, package_n,
+                                                                tmp_path):
+    deb = package_n
+    deb_b = Path(ok([str(repo / "scripts" / "package"), "--out", str(tmp_path / "b")],
+                    cwd=repo).splitlines()[-1])
     assert deb.name == deb_b.name and deb.name.startswith("pvsched_")
     assert sha256(deb) == sha256(deb_b), "two builds of the package differ"
 

@@ -317,22 +317,37 @@ fn daemon(socket: &Path) -> Vec<Check> {
             )];
         }
     };
-    let mut out = vec![check(
-        "pvschedd",
-        Level::Ok,
-        format!(
-            "pid {} answers on {}: {} VM(s), metrics {}",
-            d.pid,
-            socket.display(),
-            vms.len(),
-            if d.metrics.is_empty() {
-                "-"
-            } else {
-                &d.metrics
-            }
-        ),
-        None,
-    )];
+    let answers = format!(
+        "pvschedd {} (ABI {}) pid {} answers on {}: {} VM(s), metrics {}",
+        d.version,
+        d.abi,
+        d.pid,
+        socket.display(),
+        vms.len(),
+        if d.metrics.is_empty() {
+            "-"
+        } else {
+            &d.metrics
+        }
+    );
+    // A package upgrade whose restart did not happen (or failed) leaves
+    // the old daemon serving: worth saying, not blocking.
+    let mut out = vec![if d.version == pvsched_daemon::proto::VERSION {
+        check("pvschedd", Level::Ok, answers, None)
+    } else {
+        check(
+            "pvschedd",
+            Level::Warn,
+            format!(
+                "{answers}; this pvsched is {}",
+                pvsched_daemon::proto::VERSION
+            ),
+            Some(
+                "the running daemon is not the installed one: `systemctl restart pvschedd` \
+                 (detached VMs, those of libvirt and qemu-attach, are registered again)",
+            ),
+        )
+    }];
     for vm in &vms {
         out.push(vm_check(&vm.name, &vm.region, vm.guest_features));
     }

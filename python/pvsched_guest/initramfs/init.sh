@@ -16,6 +16,8 @@
 #   pvtest=hostile   the device corrupts the region header (--fault
 #                    hostile-header): four probes refused, the fifth binds and
 #                    has its header overwritten after validation
+#   pvtest=upgrade   release N's module (/pvsched-prev.ko) runs, then the
+#                    installed N+1 replaces it as after a package upgrade
 #   pvtest=foreign   BAR2 is pvschedd's region (vfio-user, --daemon-region);
 #                    another host process maps the same region and writes
 #                    garbage over its header and the host halves, once
@@ -287,6 +289,25 @@ if [ "$mode" = loss ]; then
 	dmesg | grep -E 'pvsched' | tail -n 5
 	rmmod pvsched
 	echo "@@ loss-rmmod rc=$? bound=$(bound)"
+	finish
+fi
+
+if [ "$mode" = upgrade ]; then
+	# A guest running release N's module when its package is upgraded to
+	# N+1 (DKMS installed N+1 in the module tree): rmmod, then modprobe
+	# loads N+1, which must negotiate with the device again.
+	insmod /pvsched-prev.ko $modargs
+	rc=$?
+	switch_each_cpu
+	host_sync upgrade-old rc=$rc bound=$(bound) version=$(cat /sys/module/pvsched/version)
+	rmmod pvsched
+	echo "@@ upgrade-rmmod rc=$? bound=$(bound)"
+	load
+	rc=$?
+	switch_each_cpu
+	host_sync upgrade-new rc=$rc bound=$(bound) version=$(cat /sys/module/pvsched/version)
+	rmmod pvsched
+	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
 fi
 
