@@ -189,8 +189,7 @@ fn main() -> std::process::ExitCode {
         Command::Doc(a) => return std::process::ExitCode::from(doc(&a)),
         Command::Run(a) => return std::process::ExitCode::from(worker::main(&a) as u8),
         Command::Device(a) => {
-            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-                .init();
+            pvsched_util::logging::init("info", pvsched_util::logging::Clock::Time);
             return pvsched_transport::cli::main("pvsched-bench device", &a);
         }
     };
@@ -329,9 +328,7 @@ pub struct BenchArgs {
 
 /// Runs scenario `s`; returns the exit code.
 fn run(s: ScenarioArg, a: &BenchArgs) -> u8 {
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp(None)
-        .try_init();
+    pvsched_util::logging::init("warn", pvsched_util::logging::Clock::NoTime);
     match bench(s, a) {
         Ok(()) => 0,
         Err(e) => {

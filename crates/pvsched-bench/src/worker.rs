@@ -429,9 +429,7 @@ pub struct WorkerArgs {
 
 /// Runs and prints the JSON; returns the exit code.
 pub fn main(a: &WorkerArgs) -> Exit {
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp(None)
-        .try_init();
+    pvsched_util::logging::init("warn", pvsched_util::logging::Clock::NoTime);
     match run(a) {
         Ok(code) => code,
         Err(e) => {

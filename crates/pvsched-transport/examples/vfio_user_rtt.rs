@@ -60,7 +60,7 @@ fn main() -> ExitCode {
     let mut argv = std::env::args();
     let me = argv.next().unwrap_or_default();
     if argv.next().as_deref() == Some("device") {
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+        pvsched_util::logging::init("warn", pvsched_util::logging::Clock::Time);
         let cli = DeviceCli::parse_from(std::iter::once(me).chain(argv));
         return pvsched_transport::cli::main("vfio_user_rtt device", &cli.args);
     }

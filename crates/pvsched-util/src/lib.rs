@@ -10,10 +10,12 @@
 //! - [`mono_ns`]: CLOCK_MONOTONIC, the clock of BPF's `bpf_ktime_get_ns`
 //!   and of a tracefs trace with `trace_clock` mono;
 //! - [`exit`]: the exit-code table every pvsched binary shares;
+//! - [`logging`]: the one logging setup of every pvsched program;
 //! - [`pi::PiMutex`]: a mutex whose waiters lend their priority to its
 //!   holder, for state a SCHED_FIFO thread shares with ordinary ones.
 
 pub mod exit;
+pub mod logging;
 pub mod pi;
 
 use std::io;

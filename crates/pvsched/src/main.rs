@@ -66,8 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Doctor(args) => doctor::main(&args),
         Command::Man(args) => man::main(&args, Cli::command()),
         Command::Device(cmd) => {
-            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-                .init();
+            pvsched_util::logging::init("info", pvsched_util::logging::Clock::Time);
             return device_cmd::main(cmd);
         }
     };

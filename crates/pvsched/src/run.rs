@@ -228,9 +228,7 @@ impl RunError {
 /// Run the subcommand; returns the exit code.
 pub fn main(args: &RunArgs) -> Exit {
     // Warnings and errors (e.g. the device process dying) on stderr.
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp(None)
-        .try_init();
+    pvsched_util::logging::init("warn", pvsched_util::logging::Clock::NoTime);
     match run(args) {
         Ok(code) => code,
         Err(e) => {

@@ -273,7 +273,7 @@ fn run(args: Args) -> Result<(), AttachError> {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    pvsched_util::logging::init("warn", pvsched_util::logging::Clock::Time);
     let args = Args::parse();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,15 +11,8 @@ use pvsched_util::exit::Exit;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init(); // also routes the agent's `log` records here
+    // Also routes the agent's `log` records here.
+    pvsched_util::logging::init("info", pvsched_util::logging::Clock::Time);
 
     let args = Args::parse();
     let mut cfg = match Config::load(&args.config) {

@@ -16,7 +16,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    pvsched_util::logging::init("info", pvsched_util::logging::Clock::Time);
     let cli = Cli::parse();
     pvsched_transport::cli::main("pvsched-device", &cli.args)
 }
