@@ -1309,7 +1309,7 @@ module_pci_driver(pvsched_driver);
 MODULE_DESCRIPTION("pvsched paravirtual scheduling hints (guest driver)");
 MODULE_AUTHOR("pvsched developers");
 MODULE_LICENSE("GPL");
-MODULE_VERSION("1.1.0");
+MODULE_VERSION("1.2.0");
 /* The ABI this driver speaks (`modinfo pvsched`): a device of the same
  * major accepts it; a newer minor's features stay off. */
 MODULE_INFO(abi, __stringify(PVSCHED_ABI_MAJOR) "." __stringify(PVSCHED_ABI_MINOR));

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
 /*
- * pvsched guest/host ABI, version 1 (minor 2).
+ * pvsched guest/host ABI, version 1 (PVSCHED_ABI_MINOR below).
  *
  * This header is the single C definition of the ABI. It is used by the Linux
  * guest driver (guest-driver/), by the BPF policy (bpf-policy/) and, through
@@ -30,7 +30,7 @@
  * Minor additions are announced by feature bits; old drivers ignore them.
  */
 #define PVSCHED_ABI_MAJOR 1
-#define PVSCHED_ABI_MINOR 5
+#define PVSCHED_ABI_MINOR 6
 #define PVSCHED_ABI_VERSION ((PVSCHED_ABI_MAJOR << 16) | PVSCHED_ABI_MINOR)
 #define PVSCHED_VERSION_MAJOR(v) (((v) >> 16) & 0xffff)
 #define PVSCHED_VERSION_MINOR(v) ((v) & 0xffff)
@@ -158,7 +158,8 @@ struct pvsched_region_header {
 	__u32 host_flags;	 /* PVSCHED_HOST_F_* */
 	__u32 driver_features_lo; /* features the driver set at FEATURES_OK (1.3) */
 	__u32 driver_features_hi;
-	__u32 reserved[5];
+	__u32 driver_version;	 /* DRIVER_VERSION the driver wrote (1.6) */
+	__u32 reserved[4];
 };
 
 /* header.host_flags */

@@ -8,8 +8,8 @@ PVSCHED_BLESS=1 rewrites it.
 """
 
 ABI_MAJOR = 1
-ABI_MINOR = 5
-ABI_VERSION = 65541
+ABI_MINOR = 6
+ABI_VERSION = 65542
 PCI_VENDOR_ID = 20566
 PCI_DEVICE_ID = 23630
 PCI_SUBSYS_VENDOR_ID = 20566
@@ -124,7 +124,8 @@ OFFSETOF = {
         "host_flags": 32,
         "driver_features_lo": 36,
         "driver_features_hi": 40,
-        "reserved": 44,
+        "driver_version": 44,
+        "reserved": 48,
     },
     "pvsched_slot": {
         "guest": 0,

@@ -24,6 +24,7 @@ import subprocess
 import time
 
 from agent_loop import BASE_NICE, CAPS, AgentFailure, AgentLoop, Sampler
+from pvsched_guest import abi
 from pvsched_guest.host import attrs
 from pvsched_guest.qmp import qmp
 
@@ -122,6 +123,7 @@ class DaemonLoop(AgentLoop):
         # pc/q35 with -smp N: the APIC ID of cpu-index N is N.
         apic = list(range(len(tids)))
         self.info = {"qemu_pid": pid, "tids": tids, "apic_ids": apic, "region": vm["region"],
+                     "guest_abi": vm.get("guest_abi"),
                      "bar2_bpf_maps": [hex(e - s) for s, e in self.bpf_maps],
                      "qemu_attach": r.stdout.strip()}
         self.rc = None
@@ -154,5 +156,10 @@ class DaemonLoop(AgentLoop):
             f.append("daemon: QEMU has no anon_inode:bpf-map mapping: BAR2 is not pvschedd's region")
         if self.info.get("region") != "device":
             f.append(f"daemon: VM registered with region {self.info.get('region')}, not device")
+        # The attached driver's ABI, as the device copied it into the header.
+        want = f"{abi.ABI_MAJOR}.{abi.ABI_MINOR}"
+        if self.info.get("guest_abi") != want:
+            f.append(f"daemon: status shows guest ABI {self.info.get('guest_abi')!r}, "
+                     f"the driver speaks {want}")
         summary = summary.replace("agent:", "daemon:", 1).replace("agent rc", "unregister rc")
         return f, summary

@@ -29,7 +29,7 @@ use core::mem::{offset_of, size_of};
 /// ABI major version. A major mismatch is refused at DRIVER_OK.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version. Minor additions are announced by feature bits.
-pub const ABI_MINOR: u32 = 5;
+pub const ABI_MINOR: u32 = 6;
 /// `(major << 16) | minor`, as found in the VERSION register and region header.
 pub const ABI_VERSION: u32 = (ABI_MAJOR << 16) | ABI_MINOR;
 
@@ -312,8 +312,12 @@ pub struct RegionHeader {
     pub driver_features_lo: u32,
     /// High 32 bits of the same.
     pub driver_features_hi: u32,
+    /// The DRIVER_VERSION register as the driver wrote it, the ABI it
+    /// speaks (1.6; 0 from an older device). As informative as the
+    /// features: the guest can overwrite it.
+    pub driver_version: u32,
     /// Zero.
-    pub reserved: [u32; 5],
+    pub reserved: [u32; 4],
 }
 
 /// Guest-written half of a slot: one cache line only the guest writes.

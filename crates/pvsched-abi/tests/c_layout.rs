@@ -34,6 +34,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             host_flags,
             driver_features_lo,
             driver_features_hi,
+            driver_version,
             reserved
         ]
     );

@@ -308,6 +308,25 @@ pub fn render(daemon: DaemonStatus, mut vms: Vec<VmStatus>, label: VmLabel) -> S
         }
         f.write(&mut out);
     }
+    // The guest side of each VM as labels, as build_info is for the
+    // daemon: which driver ABI a fleet's guests run.
+    let mut guest = Family::new(
+        "pvsched_vm_guest_info",
+        "gauge",
+        "1 per VM, labelled with its region mode and the guest ABI its driver says it speaks (guest_abi; empty without a device region or before a driver attached; the guest writes it, so it is shown, never acted on).",
+    );
+    for vm in &vms {
+        guest.add(
+            format!(
+                "{},region=\"{}\",guest_abi=\"{}\"",
+                vm_label(vm),
+                vm.region,
+                vm.guest_abi.as_deref().unwrap_or("")
+            ),
+            1.0,
+        );
+    }
+    guest.write(&mut out);
     // A histogram is three kinds of sample under one family; written out
     // here rather than through Family, which holds one value per series.
     let hist = "pvsched_apply_latency_seconds";

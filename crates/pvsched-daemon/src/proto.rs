@@ -235,6 +235,12 @@ pub struct VmStatus {
     /// device older than ABI 1.3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_features: Option<u64>,
+    /// The guest ABI its driver says it speaks, `MAJOR.MINOR` (the
+    /// region header's `driver_version`, ABI 1.6; the guest can write
+    /// anything there, so it is shown, never acted on); absent as
+    /// `guest_features`, or from a device older than 1.6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_abi: Option<String>,
     /// Where its caps came from (`file`, `client`, `default`, `set`).
     pub caps_source: String,
     /// Caps in force.

@@ -396,6 +396,7 @@ impl PvschedDevice {
                     generation,
                     self.sink.host_flags(),
                     self.regs.state().drv_features,
+                    self.regs.state().driver_version,
                 );
                 mapping.initialize(&header, &self.apic_ids);
                 self.regs.attached(generation);

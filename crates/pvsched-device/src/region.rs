@@ -379,12 +379,14 @@ fn from_words<T: ByteValued + Default>(words: &[u32]) -> T {
 
 /// Region header for `nr_vcpus` slots at `generation`, recording the
 /// features the driver negotiated so the host policy can tell what this
-/// guest reports (a guest without `F_WAIT_ON` cannot say whom it waits on).
+/// guest reports (a guest without `F_WAIT_ON` cannot say whom it waits on),
+/// and the ABI version the driver said it speaks (shown to operators).
 pub(crate) fn header(
     nr_vcpus: u32,
     generation: u32,
     host_flags: u32,
     driver_features: u64,
+    driver_version: u32,
 ) -> RegionHeader {
     RegionHeader {
         magic: pvsched_abi::REGION_MAGIC,
@@ -398,7 +400,8 @@ pub(crate) fn header(
         host_flags,
         driver_features_lo: driver_features as u32,
         driver_features_hi: (driver_features >> 32) as u32,
-        reserved: [0; 5],
+        driver_version,
+        reserved: [0; 4],
     }
 }
 

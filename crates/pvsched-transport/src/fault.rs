@@ -81,7 +81,8 @@ impl HostileHeader {
             host_flags: u32::MAX,
             driver_features_lo: u32::MAX,
             driver_features_hi: u32::MAX,
-            reserved: [u32::MAX; 5],
+            driver_version: u32::MAX,
+            reserved: [u32::MAX; 4],
         }
     }
 }

@@ -162,10 +162,11 @@ fn write_table(
     let w = vms.iter().map(|v| v.name.len()).max().unwrap_or(0).max(16);
     writeln!(
         out,
-        "{:<w$} {:>7} {:<6} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10} {:>6}",
+        "{:<w$} {:>7} {:<6} {:<5} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10} {:>6}",
         "VM",
         "PID",
         "REGION",
+        "GUEST",
         "CAPS",
         "THREAD",
         "TID",
@@ -187,10 +188,11 @@ fn write_table(
             };
             writeln!(
                 out,
-                "{:<w$} {:>7} {:<6} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10.3} {:>6}",
+                "{:<w$} {:>7} {:<6} {:<5} {:<7} {:<6} {:>7} {:<7} {:>9} {:>9} {:>9} {:>10.3} {:>6}",
                 vm.name,
                 vm.pid,
                 vm.region,
+                vm.guest_abi.as_deref().unwrap_or("-"),
                 vm.caps_source,
                 name,
                 t.tid,

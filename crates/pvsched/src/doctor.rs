@@ -349,13 +349,23 @@ fn daemon(socket: &Path) -> Vec<Check> {
         )
     }];
     for vm in &vms {
-        out.push(vm_check(&vm.name, &vm.region, vm.guest_features));
+        out.push(vm_check(
+            &vm.name,
+            &vm.region,
+            vm.guest_features,
+            vm.guest_abi.as_deref(),
+        ));
     }
     out
 }
 
 /// One VM's guest side: whether its guest driver reports.
-pub fn vm_check(name: &str, region: &str, guest_features: Option<u64>) -> Check {
+pub fn vm_check(
+    name: &str,
+    region: &str,
+    guest_features: Option<u64>,
+    guest_abi: Option<&str>,
+) -> Check {
     let what = format!("vm {name}");
     match (region, guest_features) {
         ("none", _) => check(
@@ -367,7 +377,10 @@ pub fn vm_check(name: &str, region: &str, guest_features: Option<u64>) -> Check 
         (_, Some(f)) => check(
             &what,
             Level::Ok,
-            format!("region {region}, guest driver features {f:#x}"),
+            format!(
+                "region {region}, guest driver ABI {}, features {f:#x}",
+                guest_abi.unwrap_or("unknown (device before 1.6)")
+            ),
             None,
         ),
         (_, None) => check(
@@ -585,9 +598,11 @@ mod tests {
 
     #[test]
     fn a_vm_without_its_guest_driver_warns() {
-        assert_eq!(vm_check("a", "device", None).level, Level::Warn);
-        assert_eq!(vm_check("a", "device", Some(0x7)).level, Level::Ok);
-        assert_eq!(vm_check("a", "none", None).level, Level::Info);
+        assert_eq!(vm_check("a", "device", None, None).level, Level::Warn);
+        let ok = vm_check("a", "device", Some(0x7), Some("1.6"));
+        assert_eq!(ok.level, Level::Ok);
+        assert!(ok.found.contains("ABI 1.6"), "{}", ok.found);
+        assert_eq!(vm_check("a", "none", None, None).level, Level::Info);
     }
 
     #[test]

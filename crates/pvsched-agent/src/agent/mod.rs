@@ -731,23 +731,34 @@ impl VmHandle {
     /// The guest can overwrite the header: this is what the policy sees,
     /// not a verified fact.
     pub fn guest_features(&self) -> Option<u64> {
-        use pvsched_abi::seq::SharedWords;
-        let region = self.region.as_ref()?;
-        let w = region.words();
-        let field = |off: usize| w.load(off, Ordering::Acquire);
-        if field(0) != pvsched_abi::REGION_MAGIC {
-            return None;
-        }
-        let lo = field(std::mem::offset_of!(
-            pvsched_abi::RegionHeader,
-            driver_features_lo
-        ));
-        let hi = field(std::mem::offset_of!(
-            pvsched_abi::RegionHeader,
-            driver_features_hi
-        ));
+        use pvsched_abi::RegionHeader as H;
+        let lo = self.header_word(std::mem::offset_of!(H, driver_features_lo))?;
+        let hi = self.header_word(std::mem::offset_of!(H, driver_features_hi))?;
         let f = u64::from(hi) << 32 | u64::from(lo);
         (f != 0).then_some(f)
+    }
+
+    /// The ABI version the guest's driver says it speaks (its
+    /// DRIVER_VERSION register, which the device copies into the header
+    /// since ABI 1.6): for operators, never for a decision. None as for
+    /// [`Self::guest_features`], or from a device older than 1.6.
+    pub fn guest_abi(&self) -> Option<u32> {
+        let v = self.header_word(std::mem::offset_of!(
+            pvsched_abi::RegionHeader,
+            driver_version
+        ))?;
+        (v != 0).then_some(v)
+    }
+
+    /// Word `off` of the device region's header, if the device has
+    /// written one (its magic is there).
+    fn header_word(&self, off: usize) -> Option<u32> {
+        use pvsched_abi::seq::SharedWords;
+        let w = self.region.as_ref()?.words();
+        if w.load(0, Ordering::Acquire) != pvsched_abi::REGION_MAGIC {
+            return None;
+        }
+        Some(w.load(off, Ordering::Acquire))
     }
 
     /// Baselines captured so far (tid, attributes).

@@ -54,8 +54,11 @@ fn check_layout(bytes: &[u8], generation: u32, features: u64) {
         (features >> 32) as u32,
         "driver_features_hi"
     );
+    // The ABI the driver said it speaks, for operators (1.6): the
+    // handshakes write this build's DRIVER_VERSION.
+    assert_eq!(le32(bytes, 44), abi::ABI_VERSION, "driver_version");
     assert!(
-        bytes[44..64].iter().all(|&b| b == 0),
+        bytes[48..64].iter().all(|&b| b == 0),
         "reserved header words zero"
     );
     for i in 0..NR as usize {
