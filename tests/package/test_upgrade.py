@@ -22,7 +22,9 @@ container. Must hold:
   registered again with its file's caps, and its threads are boosted
   again (samples show SCHED_FIFO: the check above is not vacuous);
 - `pvsched doctor` on this root says what it finds (printed), and exits
-  1 only for what blocks (nothing here: pvschedd and BPF work).
+  1 only for what blocks (nothing here: pvschedd and BPF work);
+- with the unit's watchdog at 2 s (a drop-in), systemd never restarted
+  pvschedd for a missed ping through all of it.
 """
 
 import json
@@ -123,6 +125,12 @@ def test_upgrade_and_rollback_keep_the_vm_and_leave_nothing_boosted(
     r = nspawn(root, "--chdir=/root", "apt-get", "install", "-y", f"./{package_n.name}")
     assert r.returncode == 0, f"apt-get install ./{package_n.name}:\n{r.stdout}\n{r.stderr}"
     (root / "etc/pvsched/vms/web1.toml").write_text(CAPS)
+    # The watchdog at 2 s instead of the unit's 30 s: every step below must
+    # find the request loop pinging (a missed ping restarts pvschedd, which
+    # NRestarts counts).
+    dropin = root / "etc/systemd/system/pvschedd.service.d"
+    dropin.mkdir(parents=True)
+    (dropin / "watchdog.conf").write_text("[Service]\nWatchdogSec=2s\n")
 
     log = open(tmp_path / "console.log", "w")
     c = Booted(root, log, kvm=True)
@@ -168,6 +176,8 @@ def test_upgrade_and_rollback_keep_the_vm_and_leave_nothing_boosted(
             got = c.run("dpkg-query", "-W", "-f=${Version}", "pvsched").stdout
             assert got == version, f"dpkg says pvsched {got}, expected {version}"
 
+        show = c.run("systemctl", "show", "-p", "WatchdogUSec", "-p", "NRestarts", "pvschedd")
+        assert show.stdout.split() == ["WatchdogUSec=2s", "NRestarts=0"], show.stdout
         sampler.era = "stop"
         r = c.run("systemctl", "stop", "pvschedd")
         assert r.returncode == 0, r.stderr

@@ -421,47 +421,21 @@ impl Config {
     }
 
     /// The settings a running pvschedd cannot take from a reloaded file
-    /// (what it bound, loaded or started with), named as in the file, with
-    /// `new`'s value where it differs from this one's.
+    /// ([`RESTART_ONLY`]) where `new` differs from this configuration.
     pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        if self.socket != new.socket {
-            out.push("socket");
-        }
-        if self.runtime_dir != new.runtime_dir {
-            out.push("runtime_dir");
-        }
-        if self.socket_group != new.socket_group {
-            out.push("socket_group");
-        }
-        if self.metrics_listen != new.metrics_listen {
-            out.push("metrics_listen");
-        }
-        if self.applier_rt_prio != new.applier_rt_prio {
-            out.push("applier_rt_prio");
-        }
-        if self.cosched != new.cosched {
-            out.push("[cosched]");
-        }
-        if self.max.max_cosched_pct != new.max.max_cosched_pct
-            || self.max.max_cosched_phase_us != new.max.max_cosched_phase_us
-        {
-            out.push("[max] max_cosched_pct / max_cosched_phase_us");
-        }
-        out
+        RESTART_ONLY
+            .iter()
+            .filter(|k| (k.differs)(self, new))
+            .map(|k| k.key)
+            .collect()
     }
 
-    /// `new` with what a running pvschedd cannot change
-    /// ([`Config::restart_only_changes`]) kept at this configuration's values.
+    /// `new` with what a running pvschedd cannot change ([`RESTART_ONLY`])
+    /// kept at this configuration's values.
     pub fn keep_restart_only(&self, mut new: Config) -> Config {
-        new.socket = self.socket.clone();
-        new.runtime_dir = self.runtime_dir.clone();
-        new.socket_group = self.socket_group.clone();
-        new.metrics_listen = self.metrics_listen.clone();
-        new.applier_rt_prio = self.applier_rt_prio;
-        new.cosched = self.cosched.clone();
-        new.max.max_cosched_pct = self.max.max_cosched_pct;
-        new.max.max_cosched_phase_us = self.max.max_cosched_phase_us;
+        for k in &RESTART_ONLY {
+            (k.keep)(&mut new, self);
+        }
         new
     }
 
@@ -481,6 +455,43 @@ impl Config {
         }
     }
 }
+
+/// A setting a running pvschedd keeps until it restarts: what it bound
+/// (the sockets), loaded or started with (the applier, the co-scheduling
+/// planner).
+pub struct RestartOnly {
+    /// The key as the file names it.
+    pub key: &'static str,
+    /// Whether two configurations differ in it.
+    differs: fn(&Config, &Config) -> bool,
+    /// Sets it in the first configuration to the second's value.
+    keep: fn(&mut Config, &Config),
+}
+
+/// One [`RestartOnly`] per field path, each named once.
+macro_rules! restart_only {
+    ($($key:literal => $($field:ident).+;)*) => {
+        [$(RestartOnly {
+            key: $key,
+            differs: |a, b| a.$($field).+ != b.$($field).+,
+            keep: |new, old| new.$($field).+ = Clone::clone(&old.$($field).+),
+        }),*]
+    };
+}
+
+/// Every setting a reload (SIGHUP) does not change: it warns, naming the
+/// key, and keeps the running value; `pvsched man` lists them in
+/// pvschedd.toml(5).
+pub const RESTART_ONLY: [RestartOnly; 8] = restart_only! {
+    "socket" => socket;
+    "runtime_dir" => runtime_dir;
+    "socket_group" => socket_group;
+    "metrics_listen" => metrics_listen;
+    "applier_rt_prio" => applier_rt_prio;
+    "[cosched]" => cosched;
+    "[max] max_cosched_pct" => max.max_cosched_pct;
+    "[max] max_cosched_phase_us" => max.max_cosched_phase_us;
+};
 
 /// A per-VM file: the VM's caps (the format of
 /// `bpf-policy/caps.example.toml`) and the processes that may be its VMM.
@@ -592,6 +603,27 @@ mod tests {
         let c = Config::parse("", Path::new("x.toml")).unwrap();
         assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));
         assert_eq!(c.defaults, Caps::default());
+    }
+
+    #[test]
+    fn every_restart_only_key_is_seen_and_kept_and_nothing_else() {
+        let p = Path::new("x.toml");
+        let old = Config::default();
+        let new = Config::parse(
+            "socket = \"/x/s.sock\"\nruntime_dir = \"/x\"\nsocket_group = \"\"\n\
+             metrics_listen = \"\"\napplier_rt_prio = 98\nmax_clients = 7\n\
+             [cosched]\nhost_pct = 50\n\
+             [max]\nmax_cosched_pct = 50\nmax_cosched_phase_us = 10000\nmax_rt_prio = 8\n",
+            p,
+        )
+        .unwrap();
+        let keys: Vec<_> = RESTART_ONLY.iter().map(|k| k.key).collect();
+        assert_eq!(old.restart_only_changes(&new), keys);
+        let kept = old.keep_restart_only(new.clone());
+        assert!(old.restart_only_changes(&kept).is_empty());
+        // What a reload may change, it changes.
+        assert_eq!((kept.max_clients, kept.max.max_rt_prio), (7, 8));
+        assert_eq!(old.keep_restart_only(old.clone()), old);
     }
 
     #[test]

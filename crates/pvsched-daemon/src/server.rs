@@ -258,10 +258,23 @@ impl Server {
 
     /// Serves until SIGINT/SIGTERM; then unregisters every VM (restoring
     /// its threads) and removes the socket.
+    ///
+    /// Under a systemd unit with `WatchdogSec=`, this loop pings the
+    /// watchdog at half that period: a loop stuck (a lock never released,
+    /// a request that never ends) is killed and restarted by systemd, and
+    /// the guardian restores every boosted thread.
     pub fn run(mut self) -> Result<(), ServerError> {
         let mut events = vec![EpollEvent::empty(); 64];
+        let ping = sd_notify::watchdog_enabled().map(|period| period / 2);
+        let mut next_ping = Instant::now();
         loop {
-            let timeout = self.next_timeout();
+            if let Some(every) = ping
+                && Instant::now() >= next_ping
+            {
+                notify(sd_notify::NotifyState::Watchdog);
+                next_ping = Instant::now() + every;
+            }
+            let timeout = self.next_timeout(ping.map(|_| next_ping));
             let n = match self.epoll.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(nix::Error::EINTR) => continue,
@@ -300,12 +313,14 @@ impl Server {
         }
     }
 
-    fn next_timeout(&self) -> EpollTimeout {
+    /// Until the next client deadline or `also` (the watchdog's next ping).
+    fn next_timeout(&self, also: Option<Instant>) -> EpollTimeout {
         let now = Instant::now();
         let next = self
             .clients
             .values()
             .filter_map(|c| c.deadline)
+            .chain(also)
             .min()
             .map(|d| d.saturating_duration_since(now))
             .unwrap_or(Duration::from_secs(60));
@@ -762,6 +777,7 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
+        notify(sd_notify::NotifyState::Stopping);
         // Detached VMs are unregistered (restored) like every VM, and kept
         // on record: the next pvschedd registers them again.
         self.detached.keep_all();
@@ -892,6 +908,14 @@ fn hello(proto: u32, version: &str) -> Reply {
         proto: crate::proto::PROTOCOL,
         version: crate::proto::VERSION.into(),
         abi: crate::proto::abi(),
+    }
+}
+
+/// A state change for systemd (`Type=notify`); nothing without
+/// `NOTIFY_SOCKET`. A failure to tell systemd is logged, never fatal.
+pub fn notify(state: sd_notify::NotifyState) {
+    if let Err(e) = sd_notify::notify(&[state]) {
+        tracing::warn!("sd_notify to $NOTIFY_SOCKET failed: {e}");
     }
 }
 

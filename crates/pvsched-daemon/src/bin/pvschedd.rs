@@ -106,7 +106,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    notify_ready();
+    pvsched_daemon::server::notify(sd_notify::NotifyState::Ready);
     tracing::info!("ready");
     match server.run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -166,24 +166,5 @@ fn restore(cfg: &Config) -> ExitCode {
             tracing::error!("{e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// `sd_notify(READY=1)` for systemd's `Type=notify` (no-op without
-/// `NOTIFY_SOCKET`).
-fn notify_ready() {
-    use std::os::linux::net::SocketAddrExt;
-    use std::os::unix::net::{SocketAddr, UnixDatagram};
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let path = path.to_string_lossy().into_owned();
-    let addr = match path.strip_prefix('@') {
-        Some(abs) => SocketAddr::from_abstract_name(abs.as_bytes()),
-        None => SocketAddr::from_pathname(&path),
-    };
-    let sent = UnixDatagram::unbound().and_then(|s| s.send_to_addr(b"READY=1", &addr?));
-    if let Err(e) = sent {
-        tracing::warn!("sd_notify READY=1 to {path} failed: {e}");
     }
 }
