@@ -31,7 +31,18 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The guest ABI this build speaks, `major.minor`.
 pub fn abi() -> String {
-    format!("{}.{}", pvsched_abi::ABI_MAJOR, pvsched_abi::ABI_MINOR)
+    abi_of(pvsched_abi::ABI_VERSION)
+}
+
+/// An ABI version word (`(major << 16) | minor`, as DRIVER_VERSION and
+/// the region header hold it) as `major.minor`: two numbers, whatever
+/// word a guest wrote.
+pub fn abi_of(version: u32) -> String {
+    format!(
+        "{}.{}",
+        pvsched_abi::version_major(version),
+        pvsched_abi::version_minor(version)
+    )
 }
 
 /// Largest request, bytes (a 64-vCPU registration with caps is ~4 KiB).

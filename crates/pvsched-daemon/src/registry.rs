@@ -516,13 +516,7 @@ impl Registry {
                     pid: vm.pid,
                     region: vm.region.into(),
                     guest_features: vm.handle.guest_features(),
-                    guest_abi: vm.handle.guest_abi().map(|v| {
-                        format!(
-                            "{}.{}",
-                            pvsched_abi::version_major(v),
-                            pvsched_abi::version_minor(v)
-                        )
-                    }),
+                    guest_abi: vm.handle.guest_abi().map(crate::proto::abi_of),
                     caps_source: vm.caps_source.into(),
                     caps: vm.handle.caps(),
                     vcpus: st.vcpus.iter().map(thread_status).collect(),
