@@ -381,7 +381,7 @@ def upgrade(g, report, old, new):
     modprobe: the new module must negotiate with the device again (a new
     DRIVER_OK, generation one higher) and write every slot."""
     b = Boot(g, "upgrade-smp2", 2, "upgrade",
-             hooks={"upgrade-old": answer_go, "upgrade-new": answer_go}).run()
+             hooks={k: answer_go for k in ("upgrade-old", "upgrade-new", "upgrade-written")}).run()
     f = []
     b.mark("done")
     o, rm, n = b.mark("upgrade-old"), b.mark("upgrade-rmmod"), b.mark("upgrade-new")
@@ -390,19 +390,22 @@ def upgrade(g, report, old, new):
     check(rm == {"rc": "0", "bound": "0"}, f"{b.name}: rmmod of release {old}: {rm}", f)
     check(n == {"rc": "0", "bound": "1", "version": new},
           f"{b.name}: modprobe after the upgrade to {new}: {n}", f)
-    s0, s1 = b.snapshots.get("upgrade-old"), b.snapshots.get("upgrade-new")
+    s0, s1, s2 = (b.snapshots.get(k) for k in ("upgrade-old", "upgrade-new", "upgrade-written"))
     gens = "?"
-    if check(s0 and s1, f"{b.name}: no device view at upgrade-old/upgrade-new", f):
+    if check(s0 and s1 and s2, f"{b.name}: no device view at upgrade-old/-new/-written", f):
         for s, v in ((s0, old), (s1, new)):
             check(s["attached"] and s["device"]["status"] & abi.STATUS_DRIVER_OK,
                   f"{b.name}: release {v}'s driver did not reach DRIVER_OK", f)
         g0, g1 = s0["device"]["generation"], s1["device"]["generation"]
         gens = f"{g0} -> {g1}"
         check(g1 == g0 + 1, f"{b.name}: GENERATION {gens} across the upgrade, expected +1", f)
+        # The guest switched on every CPU between the two views, with only
+        # release `new`'s module loaded.
         for i in range(2):
-            u0, u1 = s0["slots"][i]["updates"], s1["slots"][i]["updates"]
-            check(u1 > 0 and u1 != u0,
-                  f"{b.name}: slot {i} not written by release {new} ({u0} -> {u1})", f)
+            u1, u2 = s1["slots"][i]["updates"], s2["slots"][i]["updates"]
+            check(u2 > u1, f"{b.name}: slot {i} not written by release {new} ({u1} -> {u2})", f)
+    check(b.mark("upgrade-written").get("bound") == "1",
+          f"{b.name}: release {new} unbound while switching", f)
     check(not b.final["device"]["errors_seen"],
           f"{b.name}: device refused something: {b.final['device']['errors_seen']}", f)
     final_rm = b.mark("rmmod")

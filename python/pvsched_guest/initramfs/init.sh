@@ -303,9 +303,11 @@ if [ "$mode" = upgrade ]; then
 	rmmod pvsched
 	echo "@@ upgrade-rmmod rc=$? bound=$(bound)"
 	load
-	rc=$?
+	host_sync upgrade-new rc=$? bound=$(bound) version=$(cat /sys/module/pvsched/version)
+	# Every CPU switches: the new module's slots must move from the
+	# host's view at upgrade-new to the one at upgrade-written.
 	switch_each_cpu
-	host_sync upgrade-new rc=$rc bound=$(bound) version=$(cat /sys/module/pvsched/version)
+	host_sync upgrade-written bound=$(bound)
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
