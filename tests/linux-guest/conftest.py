@@ -295,7 +295,6 @@ class Matrix:
         return SimpleNamespace(**{**vars(self.base), "vmlinuz": vmlinuz, "initrd": initrd,
                                   "out": out, "tag": f"@{name}", "load_append": "pvload=modprobe"})
 
-
     @once
     def upgraded(self, suite, tree, version):
         """The suite's chroot upgraded from this tree's package (N) to

@@ -375,8 +375,8 @@ def hostile(g, report):
 
 
 def upgrade(g, report, old, new):
-    """`pvtest=upgrade`: the guest runs release `old`'s module (g.prev_ko,
-    packed as /pvsched-prev.ko), then, as after its package is upgraded to
+    """`pvtest=upgrade`: the guest runs release `old`'s module (packed as
+    /pvsched-prev.ko by Matrix.upgrade_guest), then, as after its package is upgraded to
     `new` (DKMS installed it in the module tree g packs), rmmod and
     modprobe: the new module must negotiate with the device again (a new
     DRIVER_OK, generation one higher) and write every slot."""

@@ -182,7 +182,9 @@ def test_upgrade_and_rollback_keep_the_vm_and_leave_nothing_boosted(
         r = c.run("systemctl", "stop", "pvschedd")
         assert r.returncode == 0, r.stderr
         wait("pvschedd gone", lambda: not c.host_pids("pvschedd"))
-        time.sleep(0.2)
+        wait("a sample with pvschedd gone", lambda: any(
+            e == "stop" and not before and not after
+            for e, before, after, _ in list(sampler.samples)))
     finally:
         if sampler is not None:
             sampler.stop()

@@ -751,6 +751,14 @@ mod tests {
         })
     }
 
+    /// Any word a guest wrote reads as two numbers.
+    #[test]
+    fn an_abi_word_is_major_dot_minor() {
+        assert_eq!(abi_of(0x0001_0006), "1.6");
+        assert_eq!(abi_of(u32::MAX), "65535.65535");
+        assert_eq!(abi(), abi_of(pvsched_abi::ABI_VERSION));
+    }
+
     #[test]
     fn a_request_round_trips() {
         let r = register(4);

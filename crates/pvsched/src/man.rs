@@ -139,6 +139,16 @@ pub fn main(args: &ManArgs, pvsched: clap::Command) -> Exit {
 mod tests {
     use super::*;
 
+    /// A file's lines stay text in the page: a leading `.` or `'` is
+    /// escaped, and so is every backslash.
+    #[test]
+    fn literal_lines_are_never_requests() {
+        assert_eq!(
+            roff_literal(".x = 1\n'y\na\\b\nkey = 2"),
+            "\\&.x = 1\n\\&'y\na\\eb\nkey = 2\n"
+        );
+    }
+
     /// Every page is written, with its section, and names its options.
     #[test]
     fn pages_for_pvsched_its_subcommands_and_pvschedd() {
