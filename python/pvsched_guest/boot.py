@@ -82,7 +82,8 @@ class Boot:
         self.args, self.name, self.smp, self.mode, self.fault = args, name, smp, mode, fault
         self.transport = transport
         self.mem_mib = mem_mib
-        # vfio-user: put the device behind a PCIe root port (hot-pluggable).
+        # A PCIe root port (hot-pluggable): vfio-user puts the device behind
+        # it; with no device, it stays empty for one plugged later.
         self.hotplug = hotplug
         self.dev = None
         # False once a hook took the device away: no fresh dump will come,
@@ -172,10 +173,11 @@ class Boot:
             "-kernel", str(self.args.vmlinuz), "-initrd", str(self.args.initrd),
             "-append", append, "-serial", "stdio", "-no-reboot",
         ]
+        if self.hotplug:
+            # An empty PCIe root port: where a device can be hot-plugged.
+            qemu_cmd += ["-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1"]
         if device_arg is not None:
             qemu_cmd += ["-device", device_arg]
-        if self.hotplug:
-            qemu_cmd[-2:-2] = ["-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1"]
         # QMP for the hooks, and for the vCPU registers of a boot that
         # hangs (cpus_at_timeout).
         self.qmp_path = self.socket_path("qmp.sock")

@@ -18,6 +18,7 @@ process however the boot ends; the agent and pvschedd are stopped in
 `finally` blocks here.
 """
 
+import os
 import re
 import signal
 import time
@@ -26,6 +27,7 @@ from pvsched_guest import abi
 from pvsched_guest.boot import Boot
 from pvsched_guest.qmp import qmp
 from agent_loop import AgentLoop
+from attach_loop import AttachLoop
 from daemon_loop import VM_NAME as DAEMON_VM, DaemonLoop
 from foreign_writer import ForeignWriter
 from wait_loop import WaitLoop
@@ -531,6 +533,38 @@ def wait(g, report):
     f, summary = loop.check(b)
     dmesg_clean(b, f)
     report(f"{b.name}: {b.seconds:.1f}s; {summary}")
+    return f
+
+
+def attach(g, report, cycles=5, smp="2", apic_ids=(0, 1)):
+    """`pvsched attach` / `pvsched detach` `cycles` times on a running
+    guest started with no device (attach_loop.py), QEMU's `-smp SMP`
+    giving the vCPUs `apic_ids`."""
+    name = f"attach-smp{smp.split(',')[0]}"
+    loop = AttachLoop(g, g.out / (name + "-host" + g.tag), cycles, list(apic_ids))
+    loop.start_daemon()
+    b = Boot(g, name, smp, "attach", hooks=loop.hooks(), transport="none", hotplug=True)
+    try:
+        b.run()
+    finally:
+        loop.stop_daemon()
+        for pid in loop.device_pids():
+            os.kill(pid, signal.SIGKILL)
+    f = list(loop.errors)
+    check(len(loop.results) == cycles and "detach_s" in loop.results[-1],
+          f"{b.name}: {len(loop.results)} of {cycles} attach/detach cycles done", f)
+    rm = b.mark("rmmod")
+    check(rm.get("rc") == "0", f"{b.name}: rmmod {rm}", f)
+    dmesg_clean(b, f)
+    per = "; ".join(f"{r['cycle']}: attach {r.get('attach_s')} s, slots' seq "
+                    f"+{r.get('slot_updates')}, {r.get('boosts')} boosts, "
+                    f"detach {r.get('detach_s')} s, unbound in {r.get('unbound_ms')} ms"
+                    for r in loop.results)
+    again = loop.results[0].get("again", "") if loop.results else ""
+    report(f"{b.name}: {b.seconds:.1f}s; -smp {smp}; {cycles} cycle(s) of attach/detach with "
+           f"QEMU 11 and pvschedd, device APIC IDs "
+           f"{loop.results[0].get('apic') if loop.results else '?'}: {per}; "
+           f"attach again: {again!r}")
     return f
 
 

@@ -111,6 +111,22 @@ def test_hostile(matrix_guest, report):
     assert not failures, "\n".join(failures)
 
 
+def test_attach(matrix_guest, report, root):
+    """`pvsched attach` and `detach`, 5 times, on a running guest whose
+    QEMU 11 has no pvsched device on its command line."""
+    failures = scenarios.attach(matrix_guest, report)
+    assert not failures, "\n".join(failures)
+
+
+def test_attach_topology(matrix_guest, report, root):
+    """`pvsched attach` to a QEMU whose topology gives non-contiguous APIC
+    IDs (2 sockets of 3 cores, 4 present: 0, 1, 2 and 4): the device's
+    table is QEMU's, and the guest finds a slot for every CPU."""
+    failures = scenarios.attach(matrix_guest, report, cycles=1,
+                                smp="4,sockets=2,cores=3,maxcpus=6", apic_ids=(0, 1, 2, 4))
+    assert not failures, "\n".join(failures)
+
+
 def test_deb_upgrade(matrix, report, kernel, next_tree):
     """Release N → N+1 of the DKMS package: `apt-get install` of N+1 over N
     in the kernel's suite chroot (DKMS builds N+1, N leaves), then a guest

@@ -145,6 +145,19 @@ pub struct DeviceArgs {
     /// reference VMM passes it, QEMU does not).
     #[arg(long)]
     pub event_fd: Option<i32>,
+    /// vfio-user: give the socket to UID:GID, mode 0600, before its path
+    /// appears (for a VMM running as another user, e.g. libvirt's QEMU as
+    /// libvirt-qemu): nothing has to chown it after the fact.
+    #[arg(long, value_name = "UID:GID", value_parser = parse_owner, requires = "socket")]
+    pub socket_owner: Option<(u32, u32)>,
+}
+
+/// Parses `UID:GID` (numbers).
+fn parse_owner(s: &str) -> Result<(u32, u32), String> {
+    let (u, g) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected UID:GID (numbers)"))?;
+    Ok((parse_u32(u)?, parse_u32(g)?))
 }
 
 impl DeviceArgs {
@@ -164,6 +177,7 @@ impl DeviceArgs {
             test_trigger: self.test_trigger.map(TestTrigger::from),
             bar2_fd: self.bar2_fd,
             event_fd: self.event_fd,
+            socket_owner: self.socket_owner,
         }
     }
 }

@@ -121,6 +121,9 @@ pub struct DeviceOptions {
     /// happens to the VMM that started it (vfio-user; see
     /// [`crate::events`]); `None`: no events (QEMU).
     pub event_fd: Option<RawFd>,
+    /// vfio-user: give the socket to this uid and gid (mode 0600) before
+    /// its path appears, for a VMM that runs as another user.
+    pub socket_owner: Option<(u32, u32)>,
 }
 
 impl DeviceOptions {
@@ -140,6 +143,7 @@ impl DeviceOptions {
             test_trigger: None,
             bar2_fd: None,
             event_fd: None,
+            socket_owner: None,
         }
     }
 }
@@ -303,7 +307,7 @@ pub fn run_vfio_user(socket: &Path, opts: &DeviceOptions) -> Result<(), RunError
     if let Some(d) = open_dumper(opts)? {
         backend.set_dumper(d);
     }
-    let mut server = VfioUserServer::bind(socket, backend)?;
+    let mut server = VfioUserServer::bind_for(socket, backend, opts.socket_owner)?;
     log::info!("vfio-user: listening on {}", socket.display());
     server.wait_for_client()?;
     if opts.sandbox {

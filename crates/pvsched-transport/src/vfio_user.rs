@@ -165,6 +165,16 @@ struct DmaRange {
     offset: u64,
 }
 
+/// Makes the socket at `path` `owner`'s alone (uid, gid; mode 0600).
+fn give_to(path: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
 /// A [`TransportDevice`] as a `vfio_user::ServerBackend`.
 pub struct VfioUserDevice<D: TransportDevice> {
     dev: D,
@@ -691,6 +701,17 @@ impl<D: TransportDevice> VfioUserServer<D> {
     /// Bind `path` (which must not exist) and prepare to serve `dev`. The
     /// path appears only once the socket is listening.
     pub fn bind(path: &Path, dev: VfioUserDevice<D>) -> Result<Self, VfioUserError> {
+        Self::bind_for(path, dev, None)
+    }
+
+    /// [`bind`](Self::bind), with the socket given to `owner` (uid, gid;
+    /// mode 0600) before its path appears: a VMM that runs as another
+    /// user (libvirt's QEMU) can connect, and no one else ever could.
+    pub fn bind_for(
+        path: &Path,
+        dev: VfioUserDevice<D>,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Self, VfioUserError> {
         if path.exists() {
             return Err(VfioUserError::SocketExists(path.to_owned()));
         }
@@ -719,13 +740,18 @@ impl<D: TransportDevice> VfioUserServer<D> {
         let listener = if tmp.as_os_str().len() < SUN_PATH_MAX {
             let _ = std::fs::remove_file(&tmp);
             let listener = UnixListener::bind(&tmp).map_err(bind_err)?;
-            if let Err(e) = std::fs::rename(&tmp, path) {
+            if let Err(e) = give_to(&tmp, owner).and_then(|()| std::fs::rename(&tmp, path)) {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(bind_err(e));
             }
             listener
         } else {
-            UnixListener::bind(path).map_err(bind_err)?
+            let listener = UnixListener::bind(path).map_err(bind_err)?;
+            if let Err(e) = give_to(path, owner) {
+                let _ = std::fs::remove_file(path);
+                return Err(bind_err(e));
+            }
+            listener
         };
         let listener_fd = listener.as_raw_fd();
         let regions = dev.server_regions();

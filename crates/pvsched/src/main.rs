@@ -1,12 +1,14 @@
 //! `pvsched` command line. Each subcommand lives in its own module; this
 //! file only parses and dispatches.
 
+mod attach;
 mod compare;
 mod daemon_cli;
 mod device_cmd;
 mod doctor;
 mod exit;
 mod man;
+mod monitor;
 mod qemu_attach;
 mod run;
 
@@ -42,6 +44,14 @@ enum Command {
     /// socket.
     #[command(name = "qemu-attach", after_help = exit::help(&exit::Exit::ALL))]
     QemuAttach(qemu_attach::QemuAttachArgs),
+    /// Give a running QEMU the pvsched device: start the sandboxed device
+    /// process, hot-plug it, register the VM with pvschedd (root).
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
+    Attach(attach::AttachArgs),
+    /// Take the pvsched device away from a running QEMU: unregister the
+    /// VM, unplug the device, stop its process (root).
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
+    Detach(attach::DetachArgs),
     /// pvschedd's Prometheus metrics (text exposition).
     #[command(after_help = exit::help(&exit::Exit::ALL))]
     Metrics(daemon_cli::MetricsArgs),
@@ -63,6 +73,8 @@ fn main() -> std::process::ExitCode {
         Command::Vm(args) => daemon_cli::vm(&args),
         Command::Metrics(args) => daemon_cli::metrics(&args),
         Command::QemuAttach(args) => qemu_attach::main(&args),
+        Command::Attach(args) => attach::attach(&args),
+        Command::Detach(args) => attach::detach(&args),
         Command::Doctor(args) => doctor::main(&args),
         Command::Man(args) => man::main(&args, Cli::command()),
         Command::Device(cmd) => {

@@ -44,15 +44,14 @@
 
 use crate::daemon_cli::SocketArg;
 use crate::exit::Exit;
+use crate::monitor::{Qmp, Virsh};
 use clap::Args;
 use pvsched_daemon::RegisterVm;
 use pvsched_daemon::proto::{Region, Vcpu};
 use pvsched_host::host::{HostError, PolicyHost, Registration};
-use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
+use serde_json::Value;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// `pvsched qemu-attach`.
 #[derive(Args, Debug)]
@@ -60,13 +59,13 @@ pub struct QemuAttachArgs {
     /// QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`), a socket
     /// of QEMU's own (for a libvirt domain use --libvirt).
     #[arg(long, required_unless_present = "libvirt", conflicts_with = "libvirt")]
-    qmp: Option<PathBuf>,
+    pub(crate) qmp: Option<PathBuf>,
     /// A running libvirt domain: its vCPU threads come from the monitor
     /// libvirt holds (`virsh qemu-monitor-command DOMAIN
     /// '{"execute":"query-cpus-fast"}'`), its caps and region mode from
     /// its XML's <metadata> (<pvsched:vm>, see docs/operating.md).
     #[arg(long, value_name = "DOMAIN")]
-    libvirt: Option<String>,
+    pub(crate) libvirt: Option<String>,
     /// The domain's XML, with its <metadata> (`-`: standard input, as the
     /// libvirt hook gets it); default: `virsh dumpxml DOMAIN`.
     #[arg(long, value_name = "FILE", requires = "libvirt")]
@@ -76,7 +75,7 @@ pub struct QemuAttachArgs {
     /// --flavor-dir (the libvirt hook's opt-in); otherwise say so and
     /// exit 0.
     #[arg(long, requires = "libvirt")]
-    require_metadata: bool,
+    pub(crate) require_metadata: bool,
     /// Per-flavor caps for domains Nova started: a domain with no
     /// <pvsched:vm> whose <metadata> names Nova flavor F is registered
     /// with the caps of DIR/F.toml, if that file exists (configuration
@@ -97,7 +96,7 @@ pub struct QemuAttachArgs {
     /// The VM's name with pvschedd (its caps file is
     /// /etc/pvsched/vms/NAME.toml); default with --libvirt: the domain's.
     #[arg(long, required_unless_present = "libvirt")]
-    name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Caps to ask for when the VM has no caps file (TOML); with
     /// --libvirt, instead of the metadata's. (`--caps` is the same.)
     #[arg(long, alias = "caps")]
@@ -112,143 +111,21 @@ pub struct QemuAttachArgs {
     /// started (default: the pid in /run/libvirt/qemu/DOMAIN.pid), whose
     /// threads the vCPU threads must be.
     #[arg(long, required_unless_present = "libvirt")]
-    pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     /// QEMU's pvsched device serves pvschedd's region for NAME as BAR2
     /// (`pvsched device --daemon-region NAME`): register the VM with it.
     #[arg(long)]
-    device_region: bool,
+    pub(crate) device_region: bool,
     #[command(flatten)]
-    socket: SocketArg,
+    pub(crate) socket: SocketArg,
 }
 
-/// Errors of this command.
-#[derive(Debug, thiserror::Error)]
-// Each field is named by its variant's #[error] message.
-#[allow(missing_docs)]
-pub enum QemuAttachError {
-    /// The QMP socket could not be used.
-    #[error("QMP {path}: {what}: {source}")]
-    Qmp {
-        /// The socket.
-        path: PathBuf,
-        /// What failed.
-        what: &'static str,
-        /// The error the system call returned (errno).
-        #[source]
-        source: std::io::Error,
-    },
-    /// QMP answered something unexpected.
-    #[error("QMP {path}: {what}")]
-    Answer {
-        /// The socket.
-        path: PathBuf,
-        what: String,
-    },
-}
-
-/// Longest QMP message read (QEMU's answers here are a few KiB).
-const MAX_QMP_LINE: usize = 1 << 20;
-/// Messages (events) skipped at most while waiting for a command's answer.
-const MAX_QMP_SKIPPED: usize = 10_000;
-/// Longest wait for a command's answer.
-const QMP_DEADLINE: Duration = Duration::from_secs(10);
-
-/// A QMP session (after the capabilities negotiation).
-struct Qmp {
-    path: PathBuf,
-    out: UnixStream,
-    input: BufReader<UnixStream>,
-}
-
-impl Qmp {
-    fn open(path: &std::path::Path) -> Result<Qmp, QemuAttachError> {
-        let io = |what| {
-            move |source| QemuAttachError::Qmp {
-                path: path.into(),
-                what,
-                source,
-            }
-        };
-        let out = UnixStream::connect(path).map_err(io("connect"))?;
-        out.set_read_timeout(Some(Duration::from_secs(5)))
-            .map_err(io("set timeout"))?;
-        let input = BufReader::new(out.try_clone().map_err(io("dup"))?);
-        let mut q = Qmp {
-            path: path.into(),
-            out,
-            input,
-        };
-        let greeting = q.read()?;
-        if greeting.get("QMP").is_none() {
-            return Err(q.answer(format!("no QMP greeting: {greeting}")));
+impl QemuAttachArgs {
+    pub(crate) fn virsh(&self) -> Virsh {
+        Virsh {
+            program: self.virsh.clone(),
+            connect: self.connect.clone(),
         }
-        q.execute("qmp_capabilities")?;
-        Ok(q)
-    }
-
-    fn answer(&self, what: String) -> QemuAttachError {
-        QemuAttachError::Answer {
-            path: self.path.clone(),
-            what,
-        }
-    }
-
-    fn read(&mut self) -> Result<Value, QemuAttachError> {
-        let mut line = String::new();
-        let n = (&mut self.input)
-            .take(MAX_QMP_LINE as u64 + 1)
-            .read_line(&mut line)
-            .map_err(|source| QemuAttachError::Qmp {
-                path: self.path.clone(),
-                what: "read",
-                source,
-            })?;
-        if n == 0 {
-            return Err(self.answer("QEMU closed the connection".into()));
-        }
-        if n > MAX_QMP_LINE {
-            return Err(self.answer(format!(
-                "a QMP message longer than {MAX_QMP_LINE} bytes (not QEMU?)"
-            )));
-        }
-        serde_json::from_str(&line).map_err(|e| self.answer(format!("not JSON ({e}): {line}")))
-    }
-
-    /// Runs a command; its `return` value (events in between are skipped).
-    fn execute(&mut self, cmd: &str) -> Result<Value, QemuAttachError> {
-        let req = json!({ "execute": cmd }).to_string();
-        writeln!(self.out, "{req}").map_err(|source| QemuAttachError::Qmp {
-            path: self.path.clone(),
-            what: "write",
-            source,
-        })?;
-        let start = std::time::Instant::now();
-        for _ in 0..MAX_QMP_SKIPPED {
-            let v = self.read()?;
-            if let Some(r) = v.get("return") {
-                return Ok(r.clone());
-            }
-            if let Some(e) = v.get("error") {
-                return Err(self.answer(format!("{cmd}: {e}")));
-            }
-            if start.elapsed() > QMP_DEADLINE {
-                break;
-            }
-        }
-        Err(self.answer(format!(
-            "{cmd}: no answer within {QMP_DEADLINE:?} or {MAX_QMP_SKIPPED} messages"
-        )))
-    }
-
-    /// QEMU's pid: the peer of the QMP socket.
-    fn peer_pid(&self) -> Result<u32, QemuAttachError> {
-        nix::sys::socket::getsockopt(&self.out, nix::sys::socket::sockopt::PeerCredentials)
-            .map(|c| c.pid() as u32)
-            .map_err(|e| QemuAttachError::Qmp {
-                path: self.path.clone(),
-                what: "SO_PEERCRED",
-                source: e.into(),
-            })
     }
 }
 
@@ -342,97 +219,6 @@ fn from_qmp(path: &Path, want: Option<u32>, name: &str) -> Result<Source, String
 const LIBVIRT_RUN: &str = "/run/libvirt/qemu";
 /// Longest domain XML read (libvirt's are a few KiB).
 const MAX_DOMAIN_XML: u64 = 1 << 20;
-/// Longest output of one virsh call kept.
-const MAX_VIRSH_OUTPUT: u64 = 1 << 20;
-/// Longest wait for one virsh call: libvirt waits up to 30 s for the
-/// domain's job lock (held while the domain starts, so also while the
-/// libvirt hook runs), then gives up by itself.
-const VIRSH_DEADLINE: Duration = Duration::from_secs(60);
-
-/// Runs `virsh -c URI ARGS...`; its standard output, or why not.
-fn virsh(a: &QemuAttachArgs, args: &[&str]) -> Result<Vec<u8>, String> {
-    use std::process::{Command, Stdio};
-    let shown = || format!("{} -c {} {}", a.virsh.display(), a.connect, args.join(" "));
-    let mut child = Command::new(&a.virsh)
-        .arg("-c")
-        .arg(&a.connect)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{}: {e} (libvirt-clients installs virsh)", shown()))?;
-    // Read both pipes while virsh runs (bounded), so a large answer cannot
-    // block it on a full pipe.
-    let reader = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(r) = r {
-                let _ = r.take(MAX_VIRSH_OUTPUT + 1).read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = reader(
-        child
-            .stdout
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let err = reader(
-        child
-            .stderr
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let start = std::time::Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() < VIRSH_DEADLINE => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("{}: no answer within {VIRSH_DEADLINE:?}", shown()));
-            }
-            Err(e) => return Err(format!("{}: {e}", shown())),
-        }
-    };
-    let out = out.join().unwrap_or_default();
-    let err = err.join().unwrap_or_default();
-    if !status.success() {
-        let msg = String::from_utf8_lossy(&err[..err.len().min(4096)]);
-        return Err(format!("{} failed ({status}): {}", shown(), msg.trim()));
-    }
-    if out.len() as u64 > MAX_VIRSH_OUTPUT {
-        return Err(format!(
-            "{}: more than {MAX_VIRSH_OUTPUT} bytes of output",
-            shown()
-        ));
-    }
-    Ok(out)
-}
-
-/// A QMP command through libvirt's own monitor of `domain`; its `return`.
-fn libvirt_qmp(a: &QemuAttachArgs, domain: &str, cmd: &str) -> Result<Value, String> {
-    let req = json!({ "execute": cmd }).to_string();
-    let out = virsh(a, &["qemu-monitor-command", domain, &req])?;
-    let v: Value = serde_json::from_slice(&out).map_err(|e| {
-        format!(
-            "libvirt domain {domain}: {cmd}: not JSON ({e}): {}",
-            String::from_utf8_lossy(&out[..out.len().min(256)])
-        )
-    })?;
-    if let Some(r) = v.get("return") {
-        return Ok(r.clone());
-    }
-    Err(format!(
-        "libvirt domain {domain}: {cmd}: {}",
-        v.get("error").unwrap_or(&v)
-    ))
-}
 
 /// A libvirt domain name that can name a file in [`LIBVIRT_RUN`]
 /// (libvirt's own rule: no `/`; not empty; not `.`-led here).
@@ -464,7 +250,7 @@ fn libvirt_metadata(a: &QemuAttachArgs, domain: &str) -> Result<domain_xml::Meta
     let xml = match &a.domain_xml {
         Some(p) => read_domain_xml(p)?,
         None => {
-            let out = virsh(a, &["dumpxml", domain])?;
+            let out = a.virsh().run(&["dumpxml", domain])?;
             if out.len() as u64 > MAX_DOMAIN_XML {
                 return Err(format!(
                     "virsh dumpxml {domain}: longer than {MAX_DOMAIN_XML} bytes"
@@ -499,12 +285,12 @@ fn from_libvirt(a: &QemuAttachArgs, domain: &str) -> Result<Source, String> {
     Source::ask(
         pid,
         format!("libvirt domain {domain} (libvirt's monitor)"),
-        |cmd| libvirt_qmp(a, domain, cmd),
+        |cmd| a.virsh().qmp(domain, cmd, None),
     )
 }
 
 /// What went wrong, with the exit code to leave with.
-type Failed = (Exit, String);
+pub(crate) type Failed = (Exit, String);
 
 /// The caps file of Nova flavor `flavor` in `dir`: `None` if the flavor
 /// has none (or its name cannot be a file name), else the caps it holds or
@@ -517,7 +303,9 @@ fn flavor_caps(dir: &Path, flavor: &str) -> Option<Result<pvsched_policy::Caps, 
         .then(|| crate::run::read_policy_file(&file))
 }
 
-fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Failed> {
+/// The registration `a` asks for: `None` when `--require-metadata` finds
+/// the domain not opted in (said on standard output).
+pub(crate) fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Failed> {
     let fail = |e: String| (Exit::Failure, e);
     let mut region = a.device_region;
     let mut caps = None;
@@ -646,6 +434,19 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
             return code;
         }
     };
+    match register(a, reg, "") {
+        Ok(()) => Exit::Ok,
+        Err((code, e)) => {
+            eprintln!("pvsched qemu-attach: {e}");
+            code
+        }
+    }
+}
+
+/// Registers `reg` with pvschedd, detached (the registration outlives this
+/// process; pvschedd ends it when QEMU exits), and says so on standard
+/// output, with `how` after the caps' source.
+pub(crate) fn register(a: &QemuAttachArgs, reg: RegisterVm, how: &str) -> Result<(), Failed> {
     let (pid, n) = (reg.pid.unwrap_or(0), reg.vcpus.len());
     let tids: Vec<String> = reg.vcpus.iter().map(|v| v.tid.to_string()).collect();
     let name = reg.name.clone();
@@ -654,28 +455,30 @@ pub fn main(a: &QemuAttachArgs) -> Exit {
     } else {
         "QMP"
     };
-    // Detached: the registration outlives this process (dropping it here
-    // does not end it); pvschedd ends it when QEMU exits. The registration
-    // itself says whether pvschedd answers: no separate status round trip.
+    // The registration itself says whether pvschedd answers: no separate
+    // status round trip.
     let result = PolicyHost::Daemon(a.socket.socket.clone()).register(reg);
     match result.as_ref().map(Registration::registered) {
         Ok(Some(r)) => {
             println!(
                 "{name}: QEMU pid {pid}, {n} vCPU thread(s) {} (from {source}) registered with \
-                 pvschedd as VM {} (caps from {}); it stays registered until QEMU exits",
+                 pvschedd as VM {} (caps from {}{how}); it stays registered until QEMU exits",
                 tids.join(","),
                 r.vm_id,
                 r.caps_source
             );
-            Exit::Ok
+            Ok(())
         }
-        Ok(None) => Exit::Failure,
+        Ok(None) => Err((
+            Exit::Failure,
+            format!("{name}: pvschedd did not register it"),
+        )),
         Err(e) => {
-            eprintln!("pvsched qemu-attach: {name}: {e}");
-            match e {
+            let code = match &e {
                 HostError::Daemon(e) => crate::daemon_cli::exit_for(e),
                 _ => Exit::Failure,
-            }
+            };
+            Err((code, format!("{name}: {e}")))
         }
     }
 }
@@ -839,47 +642,8 @@ mod domain_xml {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A QMP peer that sends an endless message or endless events gets
-    /// an error, not unbounded memory or an endless wait.
-    #[test]
-    fn a_hostile_qmp_peer_is_bounded() {
-        let dir = std::env::temp_dir().join(format!("pvsched-qmp-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for (i, flood) in [
-            // A greeting that never ends.
-            Box::new(|s: &mut UnixStream| {
-                let chunk = vec![b'x'; 64 << 10];
-                while s.write_all(&chunk).is_ok() {}
-            }) as Box<dyn Fn(&mut UnixStream) + Send>,
-            // Events for ever instead of the answer.
-            Box::new(|s: &mut UnixStream| {
-                let _ = s.write_all(b"{\"QMP\":{}}\n");
-                let ev = b"{\"event\":\"X\"}\n".repeat(1000);
-                while s.write_all(&ev).is_ok() {}
-            }),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let path = dir.join(format!("qmp-{i}.sock"));
-            let _ = std::fs::remove_file(&path);
-            let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
-            let t = std::thread::spawn(move || {
-                if let Ok((mut s, _)) = l.accept() {
-                    flood(&mut s);
-                }
-            });
-            let e = Qmp::open(&path).err().expect("refused");
-            let msg = e.to_string();
-            assert!(
-                msg.contains("longer than") || msg.contains("no answer within"),
-                "{msg}"
-            );
-            t.join().unwrap();
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    use serde_json::json;
+    use std::io::{BufRead, BufReader, Write};
 
     /// `--qmp` needs `--pid`, and a QMP socket whose peer is not that
     /// process (a socket someone else bound at the path) is refused before

@@ -18,6 +18,10 @@
 #                    has its header overwritten after validation
 #   pvtest=upgrade   release N's module (/pvsched-prev.ko) runs, then the
 #                    installed N+1 replaces it as after a package upgrade
+#   pvtest=attach    no device at boot: the host hot-plugs it (`pvsched
+#                    attach`) and unplugs it (`pvsched detach`) again and
+#                    again while the module stays loaded; once bound, every
+#                    CPU switches and CPU 1 runs a FIFO 8 loop for 1 s
 #   pvtest=foreign   BAR2 is pvschedd's region (vfio-user, --daemon-region);
 #                    another host process maps the same region and writes
 #                    garbage over its header and the host halves, once
@@ -308,6 +312,32 @@ if [ "$mode" = upgrade ]; then
 	# host's view at upgrade-new to the one at upgrade-written.
 	switch_each_cpu
 	host_sync upgrade-written bound=$(bound)
+	rmmod pvsched
+	echo "@@ rmmod rc=$? bound=$(bound)"
+	finish
+fi
+
+if [ "$mode" = attach ]; then
+	# The host answers "bound" after each attach, "unbound" after each
+	# detach, anything else to end; the guest waits (at most 60 s) for
+	# the PCI core to bind or unbind the driver, which the hot-plug
+	# driver does on its own.
+	load
+	host_sync attach-loaded rc=$? bound=$(bound)
+	while [ "$answer" = bound ] || [ "$answer" = unbound ]; do
+		want=0
+		[ "$answer" = bound ] && want=1
+		n=0
+		while [ "$(bound)" != $want ] && [ $n -lt 600 ]; do
+			sleep 0.1
+			n=$((n + 1))
+		done
+		if [ "$(bound)" = 1 ]; then
+			switch_each_cpu
+			/pvsched-helper spin 1 8 1
+		fi
+		host_sync attach-state want=$want bound=$(bound) waited_ms=$((n * 100))
+	done
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
