@@ -64,8 +64,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from pvsched_guest import abi
 from pvsched_guest.host import attrs, die_with_parent, kill
 from pvsched_guest.host import wait_for as host_wait_for
+from pvsched_guest.kernel import build_initramfs, build_module, guest_kabi, kernel_tree
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "dist" / "libvirt" / "qemu.d" / "pvsched"
@@ -136,11 +138,15 @@ def write_if_changed(path, text, mode):
     path.chmod(mode)
 
 
-def domain_xml(name, emulator, vfio_sock=None, metadata=None):
-    """A 2-vCPU, 64 MiB, diskless q35 domain on QEMU 11 (TCG) with guest RAM
-    in a shared memfd (the vfio-user device maps it), the pvsched device
-    at vfio_sock and `metadata` in <metadata>. <acpi/>: without it libvirt
-    9.0 passes -no-acpi, which QEMU 11 no longer has."""
+def domain_xml(name, emulator, vfio_sock=None, metadata=None, guest=None, root_port=False):
+    """A 2-vCPU, diskless q35 domain on QEMU 11 (TCG) with guest RAM in a
+    shared memfd (the vfio-user device maps it), the pvsched device at
+    vfio_sock and `metadata` in <metadata>; 64 MiB and no OS (SeaBIOS
+    idles), or with `guest` (its vmlinuz, initrd and kernel command line)
+    256 MiB and that Linux guest, its console in a file. `root_port`: an
+    empty PCIe root port, where `pvsched attach` hot-plugs the device.
+    <acpi/>: without it libvirt 9.0 passes -no-acpi, which QEMU 11 no
+    longer has."""
     meta = f"<metadata>{metadata}</metadata>" if metadata else ""
     cmdline = ""
     if vfio_sock:
@@ -149,19 +155,29 @@ def domain_xml(name, emulator, vfio_sock=None, metadata=None):
                          separators=(",", ":")).replace('"', "&quot;")
         cmdline = (f"<qemu:commandline><qemu:arg value='-device'/>"
                    f"<qemu:arg value='{dev}'/></qemu:commandline>")
+    boot, mem, serial = "<bios rebootTimeout='-1'/>", 64, ""
+    if guest is not None:
+        boot = (f"<kernel>{guest.vmlinuz}</kernel><initrd>{guest.initrd}</initrd>"
+                f"<cmdline>{guest.append}</cmdline>")
+        mem = 256
+        serial = (f"<serial type='file'><source path='{guest.console(name)}'/>"
+                  f"<target port='0'/></serial>")
+    port = "<controller type='pci' index='1' model='pcie-root-port'/>" if root_port else ""
     return f"""<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
   <name>{name}</name>
   {meta}
-  <memory unit='MiB'>64</memory>
+  <memory unit='MiB'>{mem}</memory>
   <memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>
   <vcpu>{VCPUS}</vcpu>
-  <os><type arch='x86_64' machine='q35'>hvm</type><bios rebootTimeout='-1'/></os>
+  <os><type arch='x86_64' machine='q35'>hvm</type>{boot}</os>
   <features><acpi/></features>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>destroy</on_reboot>
   <devices>
     <emulator>{emulator}</emulator>
     <controller type='usb' model='none'/>
+    {port}
+    {serial}
     <memballoon model='none'/>
   </devices>
   {cmdline}
@@ -173,17 +189,27 @@ def domain_xml(name, emulator, vfio_sock=None, metadata=None):
 NOVA_FLAVOR, NOVA_FLAVOR_RT = "rt.small", 3
 
 
-def nova_metadata(flavor):
-    """What Nova's libvirt driver writes into a domain's <metadata>."""
+def nova_metadata(flavor, extra_specs=None):
+    """What Nova's libvirt driver writes into a domain's <metadata>; with
+    `extra_specs`, as Nova 32.0 (2025.2) and later write them, in
+    <nova:flavor> (nova/virt/libvirt/config.py,
+    LibvirtConfigGuestMetaNovaFlavorExtraSpecs)."""
+    specs = ""
+    if extra_specs is not None:
+        specs = "<nova:extraSpecs>" + "".join(
+            f'<nova:extraSpec name="{k}">{v}</nova:extraSpec>' for k, v in extra_specs.items()
+        ) + "</nova:extraSpecs>"
     return ('<nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">'
             '<nova:name>web</nova:name>'
-            f'<nova:flavor name="{flavor}"><nova:vcpus>{VCPUS}</nova:vcpus></nova:flavor>'
+            f'<nova:flavor name="{flavor}" id="7"><nova:memory>256</nova:memory>'
+            f'<nova:vcpus>{VCPUS}</nova:vcpus>{specs}</nova:flavor>'
             '</nova:instance>')
 
 
 def pvsched_metadata(caps, region="device"):
     kv = " ".join(f'{k}="{v}"' for k, v in caps.items())
-    return (f'<pvsched:vm xmlns:pvsched="{NS}" region="{region}">'
+    attr = f' region="{region}"' if region else ""
+    return (f'<pvsched:vm xmlns:pvsched="{NS}"{attr}>'
             f"<pvsched:caps {kv}/></pvsched:vm>")
 
 
@@ -200,6 +226,9 @@ class Env:
         self.domains = []
         self.made_etc_pvsched = False
         self.qemu_uid = pwd.getpwnam("libvirt-qemu")
+        # The device processes `pvsched attach` starts: their sockets
+        # (QEMU, as libvirt-qemu, must reach them), pid files and logs.
+        self.device_dir = d / "dev"
         self.env = {**os.environ, "PVSCHED_SOCKET": str(self.sock)}
 
     def procs(self):
@@ -220,13 +249,13 @@ class Env:
         return next((v for v in self.vms() if v["name"] == name), None)
 
     def start_pvschedd(self):
-        (self.dir / "vms").mkdir()
-        (self.dir / "run").mkdir()
+        (self.dir / "vms").mkdir(exist_ok=True)
+        (self.dir / "run").mkdir(exist_ok=True)
         cfg = self.dir / "pvschedd.toml"
         cfg.write_text(f'socket = "{self.sock}"\nruntime_dir = "{self.dir / "run"}"\n'
                        f'socket_group = ""\nvm_dir = "{self.dir / "vms"}"\n'
                        f'metrics_listen = ""\n\n[max]\nmax_rt_prio = {MAX_RT_PRIO}\n')
-        with open(self.logs["pvschedd"], "w") as f:
+        with open(self.logs["pvschedd"], "a") as f:
             self.daemon = subprocess.Popen([str(self.bins.pvschedd), "--config", str(cfg)],
                                            stdout=f, stderr=subprocess.STDOUT,
                                            preexec_fn=die_with_parent,
@@ -238,6 +267,18 @@ class Env:
                             f"{self.logs['pvschedd'].read_text()}")
             return self.pvsched("status", check=False).returncode == 0
         wait_for("pvschedd's socket", ready, self.procs())
+
+    def stop_pvschedd(self):
+        kill(self.daemon)
+        assert self.daemon.returncode == 0, f"pvschedd's exit on SIGTERM: {self.daemon.returncode}"
+        self.daemon = None
+
+    def restart_libvirtd(self):
+        """libvirtd stopped (SIGTERM: its domains keep running) and started
+        again: it reconnects to them, and runs the hook's "reconnect"."""
+        kill(self.libvirtd)
+        self.libvirtd = None
+        self.launch_libvirtd()
 
     def start_libvirtd(self):
         etc = self.dir / "etc-libvirt"
@@ -261,7 +302,8 @@ class Env:
             f"max_rt_prio = {NOVA_FLAVOR_RT}\n")
         (etc_pvsched / "libvirt-hook.conf").write_text(
             f"# tests/libvirt: this pvschedd and pvsched\nPVSCHED_SOCKET={self.sock}\n"
-            f"PVSCHED_BIN={self.bins.pvsched}\nPVSCHED_HOOK_LOG={self.hook_log}\n")
+            f"PVSCHED_BIN={self.bins.pvsched}\nPVSCHED_HOOK_LOG={self.hook_log}\n"
+            f"PVSCHED_DEVICE_DIR={self.device_dir}\n")
         conf = self.dir / "libvirtd.conf"
         conf.write_text('log_outputs = "3:stderr"\n')
         if not Path("/etc/pvsched").exists():
@@ -280,12 +322,15 @@ class Env:
         nokvm.chmod(0)
         script = ('mount --bind "$1" /etc/libvirt && mount --bind "$2" /etc/pvsched && '
                   '{ [ ! -e /dev/kvm ] || mount --bind "$3" /dev/kvm; } && exec libvirtd -f "$4"')
-        with open(self.logs["libvirtd"], "w") as f:
-            self.libvirtd = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script,
-                 "sh", str(etc), str(etc_pvsched), str(nokvm), str(conf)],
-                stdout=f, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
-                cwd=self.dir)
+        self.libvirtd_argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                              script, "sh", str(etc), str(etc_pvsched), str(nokvm), str(conf)]
+        self.launch_libvirtd()
+
+    def launch_libvirtd(self):
+        with open(self.logs["libvirtd"], "a") as f:
+            self.libvirtd = subprocess.Popen(self.libvirtd_argv, stdout=f,
+                                             stderr=subprocess.STDOUT,
+                                             preexec_fn=die_with_parent, cwd=self.dir)
         wait_for("libvirtd answering", lambda: subprocess.run(
             ["virsh", "-c", URI, "version"], stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, timeout=30).returncode == 0, self.procs())
@@ -361,6 +406,10 @@ class Env:
                     f.unlink()
         for dev in self.devices:
             kill(dev)
+        # Device processes `pvsched attach` started and no QEMU ended.
+        for pid in device_pids(self.device_dir):
+            errors.append(f"device process {pid} outlived its domain; killed")
+            os.kill(pid, 9)
         if self.daemon is not None:
             kill(self.daemon)
             if self.daemon.returncode != 0:
@@ -368,6 +417,54 @@ class Env:
         if self.made_etc_pvsched:
             os.rmdir("/etc/pvsched")
         return errors
+
+
+def device_pids(device_dir, name=None):
+    """Running `pvsched device` processes serving a socket in device_dir
+    (of domain `name`, if given)."""
+    want = f"{device_dir}/{name or ''}".encode()
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"device" in argv and any(a.startswith(want) for a in argv):
+            out.append(int(p))
+    return out
+
+
+def region_seqs(sock, name):
+    """Each slot's guest seq in VM `name`'s region at pvschedd (mapped the
+    way a device process gets it: a reserve request, the fd over
+    SCM_RIGHTS)."""
+    import array
+    import mmap
+    import struct
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(str(sock))
+        s.send(json.dumps({"op": "reserve", "name": name}).encode())
+        fds = array.array("i")
+        msg, anc, _, _ = s.recvmsg(1 << 16, socket.CMSG_LEN(4 * fds.itemsize))
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+        reply = json.loads(msg)
+        assert reply.get("reply") == "reserved" and fds, reply
+    finally:
+        s.close()
+    try:
+        m = mmap.mmap(fds[0], reply["region_len"], mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fds[0])
+    hdr = abi.OFFSETOF["pvsched_region_header"]
+    nr, slots = (struct.unpack_from("<I", m, hdr[k])[0] for k in ("nr_vcpus", "slots_offset"))
+    seqs = [struct.unpack_from("<I", m, slots + i * abi.SLOT_SIZE)[0] for i in range(min(nr, 64))]
+    m.close()
+    return seqs
 
 
 def qemu_pid(name):
@@ -432,6 +529,34 @@ def env(need_real, cache, request, release_bins):
         else:
             print(f"logs kept in {d}")
         assert not errors, errors
+
+
+@pytest.fixture(scope="module")
+def lv_guest(env, cache, need_real):
+    """A Linux guest for libvirt: the Debian 6.1 cloud kernel and an
+    initramfs with this tree's module (built here against its headers)
+    whose init loads the module with no device and switches on every CPU
+    until powered off (`pvtest=report`); in the test's directory, which
+    libvirt-qemu can read."""
+    try:
+        vmlinuz, trees = kernel_tree(cache, guest_kabi(cache))
+    except FileNotFoundError as e:
+        need_real("the Debian guest kernel", f"{e}")
+    d = env.dir / "guest"
+    ko, _ = build_module(REPO, trees["cloud"], d / "build")
+    initrd = build_initramfs(ko, d)
+    shutil.copy(vmlinuz, d / "vmlinuz")
+    for p in (d, d / "vmlinuz", initrd):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+    def console(name):
+        # Made here, writable by QEMU (libvirt-qemu).
+        c = d / f"{name}.console"
+        c.touch()
+        c.chmod(0o666)
+        return c
+    return SimpleNamespace(vmlinuz=d / "vmlinuz", initrd=initrd, console=console,
+                           append="console=ttyS0 panic=-1 quiet pvtest=report")
 
 
 def check_baseline(tids, samples):
@@ -561,8 +686,85 @@ def test_only_opted_in_domains_within_max_are_registered(env):
         ("none", "client", NOVA_FLAVOR_RT), vm
     assert env.vm(other) is None
     said = wait_for(f"the hook on {other}", lambda: env.hook_lines(other), env.procs())
-    assert "no caps file for its Nova flavor" in said[0], said
+    assert "no pvsched:* extra spec in its Nova flavor" in said[0], said
     print(f"nova: {env.hook_lines(nova)[0]}; {said[0]}")
     for d in (nova, other):
         virsh("destroy", d)
     wait_for(f"{nova} unregistered", lambda: env.vms() == [], env.procs())
+
+
+def test_hook_attaches_the_device_a_nova_flavor_asks_for(env, lv_guest):
+    """A domain as Nova starts it, with no device on its command line: its
+    flavor's extra specs (pvsched:max_rt_prio=3, written by Nova into
+    <nova:flavor>) opt it in, and the hook's `pvsched attach` starts the
+    device process, hot-plugs it into the domain's empty PCIe root port
+    and registers the VM in device-region mode with those caps. The Linux
+    guest's driver binds the plugged device (its ABI shows in pvschedd's
+    status) and its slots move in pvschedd's region. `virsh destroy` ends
+    the registration and the device process."""
+    name = "instance-0000beef"
+    specs = {"hw:cpu_policy": "shared", "pvsched:max_rt_prio": "3"}
+    env.define(name, domain_xml(name, env.emulator_path, guest=lv_guest, root_port=True,
+                                metadata=nova_metadata("rt.hints", specs)))
+    t0 = time.monotonic()
+    virsh("start", name)
+    pid = qemu_pid(name)
+    vm = wait_for(f"{name} registered by the hook",
+                  lambda: (v := env.vm(name)) and v["pid"] == pid and v, env.procs())
+    reg_s = time.monotonic() - t0
+    assert (vm["region"], vm["caps_source"], vm["caps"]["max_rt_prio"]) == \
+        ("device", "client", 3), vm
+    assert [v["tid"] for v in vm["vcpus"]] == monitor_tids(name), vm
+    said = env.hook_lines(name)
+    assert any("hot-plugged" in line for line in said), said
+    plugged = json.loads(virsh("qemu-monitor-command", name,
+                               '{"execute":"qom-list","arguments":{"path":"/machine/peripheral"}}'))
+    types = {c["name"]: c["type"] for c in plugged["return"]}
+    assert types.get("pvsched0") == "child<vfio-user-pci>", types
+    assert "anon_inode:bpf-map" in Path(f"/proc/{pid}/maps").read_text(), \
+        "BAR2 is not pvschedd's region map"
+    assert len(device_pids(env.device_dir, name)) == 1
+    want_abi = f"{abi.ABI_MAJOR}.{abi.ABI_MINOR}"
+    vm = wait_for(f"{name}'s guest driver attached",
+                  lambda: (v := env.vm(name)) and v.get("guest_abi") == want_abi and v,
+                  env.procs(), timeout=120)
+    abi_s = time.monotonic() - t0
+    a = region_seqs(env.sock, name)
+    b = wait_for("every slot written again",
+                 lambda: (x := region_seqs(env.sock, name)) and all(
+                     q > p for p, q in zip(a, x)) and x, env.procs())
+    virsh("destroy", name)
+    wait_for(f"{name} unregistered", lambda: env.vm(name) is None, env.procs())
+    wait_for(f"{name}'s device process gone", lambda: not device_pids(env.device_dir, name),
+             env.procs())
+    print(f"nova extra specs: registered {reg_s:.1f}s after `virsh start`, guest ABI "
+          f"{vm['guest_abi']} at {abi_s:.1f}s, slots' seq {a} -> {b}; hook: {said[0]}")
+
+
+def test_reconnect_attaches_a_domain_started_while_pvschedd_was_down(env):
+    """A domain that opted in started while pvschedd was down: the hook's
+    attach fails and says so. Once pvschedd runs again, a restart of
+    libvirtd (which reconnects to its running domains and runs the hook's
+    "reconnect") attaches it: device plugged, registered."""
+    name = "pvsched-lv-reconnect"
+    env.stop_pvschedd()
+    env.define(name, domain_xml(name, env.emulator_path, root_port=True,
+                                metadata=pvsched_metadata(CAPS, region=None)))
+    try:
+        virsh("start", name)
+        said = wait_for(f"the hook failing on {name}", lambda: env.hook_lines(name), env.procs())
+        assert any("pvschedd" in line for line in said), said
+    finally:
+        env.start_pvschedd()
+    assert env.vm(name) is None
+    pid = qemu_pid(name)
+    env.restart_libvirtd()
+    vm = wait_for(f"{name} attached on reconnect",
+                  lambda: (v := env.vm(name)) and v["pid"] == pid and v, env.procs())
+    assert (vm["region"], vm["caps_source"]) == ("device", "client"), vm
+    assert {k: vm["caps"][k] for k in CAPS} == CAPS, vm["caps"]
+    lines = env.hook_lines(name)
+    assert any("hot-plugged" in line for line in lines), lines
+    virsh("destroy", name)
+    wait_for(f"{name} unregistered", lambda: env.vm(name) is None, env.procs())
+    print(f"reconnect: {said[0]} | then {lines[-1]}")

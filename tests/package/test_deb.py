@@ -24,6 +24,31 @@ def sha256(p):
     return hashlib.sha256(Path(p).read_bytes()).hexdigest()
 
 
+def device_unit(c):
+    """The device's template unit as `pvsched attach` starts it (its
+    arguments in /run/pvsched/device/NAME.env, the instance escaped as
+    systemd-escape does): the device listens on its socket, owned by the
+    user named (QEMU's; 64055 is Debian's libvirt-qemu), after reserving
+    the VM's region with pvschedd; stopping the unit ends it."""
+    name, unit = "web-1", "pvsched-device@web\\x2d1.service"
+    sock = f"/run/pvsched/device/{name}.sock"
+    args = (f"--transport vfio-user --socket {sock} --vcpus 2 --apic-ids 0,1 "
+            f"--daemon-region {name} --socket-owner 64055:64055")
+    r = c.run("sh", "-c", f"mkdir -p /run/pvsched/device && echo 'PVSCHED_DEVICE_ARGS={args}' "
+              f"> /run/pvsched/device/{name}.env && systemctl start '{unit}'")
+    assert r.returncode == 0, f"systemctl start {unit}: {r.stdout}{r.stderr}"
+    try:
+        wait(f"{unit} listening", lambda: c.run("test", "-S", sock).returncode == 0)
+        owner = c.run("stat", "-c", "%u:%g %a", sock).stdout.strip()
+        assert owner == "64055:64055 600", owner
+        assert c.run("systemctl", "is-active", unit).stdout.strip() == "active"
+    finally:
+        c.run("systemctl", "stop", unit)
+    assert c.run("systemctl", "is-active", unit).stdout.strip() != "active"
+    # The reservation the device made goes with `vm unregister`.
+    assert c.run("pvsched", "vm", "unregister", name).returncode == 0
+
+
 def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, package_n,
                                                                 tmp_path):
     deb = package_n
@@ -48,6 +73,7 @@ def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, 
         "etc/pvsched/vms": 0o755,
         "etc/pvsched/flavors": 0o755,
         "lib/systemd/system/pvschedd.service": 0o644,
+        "lib/systemd/system/pvsched-device@.service": 0o644,
         "usr/lib/tmpfiles.d/pvsched.conf": 0o644,
         "usr/lib/sysusers.d/pvsched.conf": 0o644,
         "etc/libvirt/hooks/qemu.d/pvsched": 0o755,
@@ -57,6 +83,8 @@ def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, 
         "usr/share/man/man1/pvsched.1.gz": 0o644,
         "usr/share/man/man1/pvsched-run.1.gz": 0o644,
         "usr/share/man/man1/pvsched-qemu-attach.1.gz": 0o644,
+        "usr/share/man/man1/pvsched-attach.1.gz": 0o644,
+        "usr/share/man/man1/pvsched-detach.1.gz": 0o644,
         "usr/share/doc/pvsched/copyright": 0o644,
         "usr/share/doc/pvsched/caps.example.toml": 0o644,
         "usr/share/doc/pvsched/operating.md": 0o644,
@@ -79,7 +107,8 @@ def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, 
     assert any(l.startswith("kvm:") for l in (root / "etc/group").read_text().splitlines())
     for args in (["pvschedd", "--version"], ["pvsched", "--version"],
                  ["pvschedd", "--check", "--config", "/etc/pvsched/pvschedd.toml"],
-                 ["systemd-analyze", "verify", "/lib/systemd/system/pvschedd.service"]):
+                 ["systemd-analyze", "verify", "/lib/systemd/system/pvschedd.service"],
+                 ["systemd-analyze", "verify", "/lib/systemd/system/pvsched-device@.service"]):
         r = nspawn(root, *args)
         assert r.returncode == 0, f"{args}: {r.stdout}{r.stderr}"
 
@@ -92,6 +121,7 @@ def test_package_builds_reproducibly_installs_enables_and_purges(repo, root_fs, 
             st = c.run("pvsched", "status")
             assert st.returncode == 0, f"pvsched status: {st.stdout}{st.stderr}"
             assert c.run("test", "-S", "/run/pvsched/pvschedd.sock").returncode == 0
+            device_unit(c)
 
             r = c.run("env", "DEBIAN_FRONTEND=noninteractive", "apt", "purge", "-y", "pvsched")
             assert r.returncode == 0, f"apt purge:\n{r.stdout}\n{r.stderr}"

@@ -489,9 +489,15 @@ pub fn attach(a: &AttachArgs) -> Exit {
 
 fn attach_inner(a: &AttachArgs) -> Result<Exit, Failed> {
     let fail = |e: String| (Exit::Failure, e);
-    let Some(mut reg) = crate::qemu_attach::registration(&a.vm)? else {
+    let Some((mut reg, said)) = crate::qemu_attach::registration(&a.vm)? else {
         return Ok(Exit::Ok);
     };
+    if said == Some(false) {
+        // The domain's metadata asks for caps only.
+        reg.region = Region::None;
+        crate::qemu_attach::register(&a.vm, reg, "; caps only: region=\"none\" in its metadata")?;
+        return Ok(Exit::Ok);
+    }
     let name = reg.name.clone();
     let pid = reg.pid.unwrap_or(0);
     let socket = a.vm.socket.socket.clone();

@@ -303,11 +303,14 @@ fn flavor_caps(dir: &Path, flavor: &str) -> Option<Result<pvsched_policy::Caps, 
         .then(|| crate::run::read_policy_file(&file))
 }
 
-/// The registration `a` asks for: `None` when `--require-metadata` finds
-/// the domain not opted in (said on standard output).
-pub(crate) fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Failed> {
+/// The registration `a` asks for, and the region mode the domain's
+/// metadata names (`None`: not said): `None` when `--require-metadata`
+/// finds the domain not opted in (said on standard output).
+pub(crate) fn registration(
+    a: &QemuAttachArgs,
+) -> Result<Option<(RegisterVm, Option<bool>)>, Failed> {
     let fail = |e: String| (Exit::Failure, e);
-    let mut region = a.device_region;
+    let mut said = None;
     let mut caps = None;
     let (name, src) = match (&a.libvirt, &a.qmp) {
         (Some(domain), _) => {
@@ -317,8 +320,11 @@ pub(crate) fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Fai
                     format!("--libvirt {domain:?}: not a domain name"),
                 ));
             }
-            let meta = libvirt_metadata(a, domain).map_err(fail)?;
+            let mut meta = libvirt_metadata(a, domain).map_err(fail)?;
             let name = a.name.clone().unwrap_or_else(|| domain.clone());
+            // The domain's own <pvsched:vm> wins over its flavor's extra
+            // specs, which win over a caps file for the flavor.
+            meta.vm = meta.vm.take().or(meta.nova_specs.take());
             let flavor = match (&meta.vm, &meta.nova_flavor) {
                 (None, Some(f)) => flavor_caps(&a.flavor_dir, f),
                 _ => None,
@@ -340,7 +346,9 @@ pub(crate) fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Fai
                         meta.nova_flavor
                             .as_ref()
                             .map_or_else(String::new, |f| format!(
-                                " and no caps file for its Nova flavor {f:?} in {}",
+                                ", no {}* extra spec in its Nova flavor {f:?} and no caps file \
+                                 for it in {}",
+                                domain_xml::SPEC_PREFIX,
                                 a.flavor_dir.display()
                             ))
                     );
@@ -348,7 +356,7 @@ pub(crate) fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Fai
                 }
                 None => {}
                 Some(vm) => {
-                    region |= vm.region_device;
+                    said = vm.region;
                     if a.policy_file.is_none() {
                         caps = vm
                             .caps
@@ -361,7 +369,7 @@ pub(crate) fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Fai
                                     .map_err(|e| {
                                         (
                                             Exit::PolicyFile,
-                                            format!("domain {domain}'s <pvsched:caps>: {e}"),
+                                            format!("domain {domain}'s {}: {e}", vm.source),
                                         )
                                     })
                             })
@@ -409,11 +417,11 @@ pub(crate) fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Fai
     if let Some(p) = &a.policy_file {
         caps = Some(crate::run::read_policy_file(p).map_err(|e| (Exit::PolicyFile, e))?);
     }
-    Ok(Some(RegisterVm {
+    let reg = RegisterVm {
         name,
         vcpus,
         emulator_tids: if a.no_emulator { vec![] } else { vec![pid] },
-        region: if region {
+        region: if a.device_region || said == Some(true) {
             Region::Reserved
         } else {
             Region::None
@@ -421,13 +429,14 @@ pub(crate) fn registration(a: &QemuAttachArgs) -> Result<Option<RegisterVm>, Fai
         caps,
         pid: Some(pid),
         detach: true,
-    }))
+    };
+    Ok(Some((reg, said)))
 }
 
 /// Runs `pvsched qemu-attach`.
 pub fn main(a: &QemuAttachArgs) -> Exit {
     let reg = match registration(a) {
-        Ok(Some(r)) => r,
+        Ok(Some((r, _))) => r,
         Ok(None) => return Exit::Ok,
         Err((code, e)) => {
             eprintln!("pvsched qemu-attach: {e}");
@@ -514,17 +523,29 @@ mod domain_xml {
         /// The flavor Nova started it with (`<metadata><nova:instance>
         /// <nova:flavor name="...">`), if Nova did.
         pub nova_flavor: Option<String>,
+        /// That flavor's `pvsched:*` extra specs (Nova 32.0, 2025.2, and
+        /// later write a flavor's extra specs into `<nova:flavor>`), if it
+        /// has any.
+        pub nova_specs: Option<Vm>,
     }
 
     /// `<pvsched:vm region="device|none">`, optionally with
-    /// `<pvsched:caps KEY="VALUE" .../>` inside.
+    /// `<pvsched:caps KEY="VALUE" .../>` inside; or the same from a Nova
+    /// flavor's `pvsched:*` extra specs.
     #[derive(Debug, Default, PartialEq, Eq)]
     pub struct Vm {
-        /// `region="device"`: the device serves pvschedd's region.
-        pub region_device: bool,
+        /// `region="device"` (`Some(true)`): the device serves
+        /// pvschedd's region; `"none"`: caps only; `None`: not said
+        /// (`qemu-attach`: none; `attach`: device).
+        pub region: Option<bool>,
         /// The caps element's attributes, in order.
         pub caps: Option<Vec<(String, String)>>,
+        /// Where it was read, for messages.
+        pub source: &'static str,
     }
+
+    /// The prefix of pvsched's Nova flavor extra specs.
+    pub const SPEC_PREFIX: &str = "pvsched:";
 
     /// An element's name as written (`prefix:name`), for messages.
     fn qname(n: Node) -> String {
@@ -563,13 +584,16 @@ mod domain_xml {
         let name = child(root, "name").map(|n| n.text().unwrap_or("").trim().to_owned());
         let mut vm = None;
         let mut nova_flavor = None;
+        let mut nova_specs = None;
         for m in child(root, "metadata").into_iter().flat_map(elements) {
             let ns = m.tag_name().namespace();
             if ns.is_some_and(|ns| NOVA_NS.contains(&ns)) && m.tag_name().name() == "instance" {
-                nova_flavor = elements(m)
-                    .find(|f| f.tag_name().namespace() == ns && f.tag_name().name() == "flavor")
-                    .and_then(|f| f.attribute("name"))
-                    .map(str::to_owned);
+                let flavor = elements(m)
+                    .find(|f| f.tag_name().namespace() == ns && f.tag_name().name() == "flavor");
+                nova_flavor = flavor.and_then(|f| f.attribute("name")).map(str::to_owned);
+                if let Some(f) = flavor {
+                    nova_specs = read_specs(f)?;
+                }
             }
             if ns != Some(NS) {
                 continue;
@@ -589,17 +613,69 @@ mod domain_xml {
             name,
             vm,
             nova_flavor,
+            nova_specs,
         })
+    }
+
+    /// The `pvsched:*` extra specs of a `<nova:flavor>`
+    /// (`<nova:extraSpecs><nova:extraSpec name="KEY">VALUE`): `None`
+    /// without any; `pvsched:region` is the region mode, every other key a
+    /// cap. Other extra specs are Nova's and others' business.
+    fn read_specs(flavor: Node) -> Result<Option<Vm>, String> {
+        let ns = flavor.tag_name().namespace();
+        let mine =
+            |n: &Node, name: &str| n.tag_name().namespace() == ns && n.tag_name().name() == name;
+        let mut vm = Vm {
+            source: "its Nova flavor's extra specs",
+            ..Vm::default()
+        };
+        let mut caps = Vec::new();
+        let mut any = false;
+        for specs in elements(flavor).filter(|n| mine(n, "extraSpecs")) {
+            for spec in elements(specs).filter(|n| mine(n, "extraSpec")) {
+                let Some(key) = spec
+                    .attribute("name")
+                    .and_then(|k| k.strip_prefix(SPEC_PREFIX))
+                else {
+                    continue;
+                };
+                any = true;
+                let val = spec.text().unwrap_or("").trim();
+                if val.len() > MAX_VALUE || val.chars().any(char::is_control) {
+                    return Err(format!(
+                        "extra spec {SPEC_PREFIX}{key}: not a cap value (at most {MAX_VALUE} \
+                         characters, no control characters)"
+                    ));
+                }
+                match (key, val) {
+                    ("region", "device") => vm.region = Some(true),
+                    ("region", "none") => vm.region = Some(false),
+                    ("region", r) => {
+                        return Err(format!(
+                            "extra spec {SPEC_PREFIX}region={r:?}: region is \"device\" or \"none\""
+                        ));
+                    }
+                    _ => caps.push((key.to_owned(), val.to_owned())),
+                }
+            }
+        }
+        if !caps.is_empty() {
+            vm.caps = Some(caps);
+        }
+        Ok(any.then_some(vm))
     }
 
     /// `<pvsched:vm>` and its `<pvsched:caps>`.
     fn read_vm(v: Node) -> Result<Vm, String> {
         let q = qname(v);
-        let mut vm = Vm::default();
+        let mut vm = Vm {
+            source: "<pvsched:caps>",
+            ..Vm::default()
+        };
         for a in v.attributes() {
             match (a.namespace(), a.name(), a.value()) {
-                (None, "region", "device") => vm.region_device = true,
-                (None, "region", "none") => vm.region_device = false,
+                (None, "region", "device") => vm.region = Some(true),
+                (None, "region", "none") => vm.region = Some(false),
                 (None, "region", r) => {
                     return Err(format!(
                         "<{q} region={r:?}>: region is \"device\" or \"none\""
@@ -724,7 +800,7 @@ mod tests {
         let m = domain_xml::parse(DOMAIN).unwrap();
         assert_eq!(m.name.as_deref(), Some("web-1"));
         let vm = m.vm.unwrap();
-        assert!(vm.region_device);
+        assert_eq!(vm.region, Some(true));
         let caps = vm.caps.unwrap();
         assert_eq!(
             caps,
@@ -857,6 +933,61 @@ mod tests {
             assert!(flavor_caps(&dir, unplain).is_none(), "{unplain:?}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A flavor's extra specs as Nova 32.0 (2025.2) writes them into the
+    /// domain XML (the shape of nova/virt/libvirt/config.py's
+    /// LibvirtConfigGuestMetaNovaFlavorExtraSpecs): `pvsched:region` is
+    /// the region mode, other `pvsched:*` keys are caps, other keys are
+    /// not pvsched's; a flavor with none of them has no opinion.
+    #[test]
+    fn nova_flavor_extra_specs_opt_in_with_their_caps() {
+        let nova = |specs: &str| {
+            format!(
+                "<domain><name>instance-0000abcd</name><metadata>\
+                 <nova:instance xmlns:nova='http://openstack.org/xmlns/libvirt/nova/1.1'>\
+                 <nova:flavor name='rt.small' id='7'><nova:memory>2048</nova:memory>\
+                 <nova:vcpus>2</nova:vcpus><nova:extraSpecs>{specs}</nova:extraSpecs>\
+                 </nova:flavor></nova:instance></metadata></domain>"
+            )
+        };
+        let spec = |k: &str, v: &str| format!("<nova:extraSpec name='{k}'>{v}</nova:extraSpec>");
+        let m = domain_xml::parse(&nova(&format!(
+            "{}{}{}{}",
+            spec("hw:cpu_policy", "dedicated"),
+            spec("pvsched:region", "device"),
+            spec("pvsched:max_rt_prio", "3"),
+            spec("pvsched:halt_boost", " nice "),
+        )))
+        .unwrap();
+        let vm = m.nova_specs.expect("opted in");
+        assert_eq!(vm.region, Some(true));
+        assert_eq!(
+            vm.caps.unwrap(),
+            [("max_rt_prio", "3"), ("halt_boost", "nice")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+        assert_eq!(m.vm, None);
+        // Opted in with defaults; no pvsched key: no opinion.
+        let m = domain_xml::parse(&nova(&spec("pvsched:region", "none"))).unwrap();
+        assert_eq!(m.nova_specs.unwrap().region, Some(false));
+        let m = domain_xml::parse(&nova(&spec("hw:mem_page_size", "large"))).unwrap();
+        assert_eq!(m.nova_specs, None);
+        let m = domain_xml::parse(&nova("")).unwrap();
+        assert_eq!(
+            (m.nova_flavor.as_deref(), m.nova_specs),
+            (Some("rt.small"), None)
+        );
+        for (bad, want) in [
+            (spec("pvsched:region", "guest"), "region is"),
+            (
+                spec("pvsched:max_rt_prio", &"9".repeat(65)),
+                "not a cap value",
+            ),
+        ] {
+            let e = domain_xml::parse(&nova(&bad)).unwrap_err();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
     }
 
     /// Every prefix of a valid domain XML, and bytes flipped in it, give

@@ -22,6 +22,10 @@
 #                    attach`) and unplugs it (`pvsched detach`) again and
 #                    again while the module stays loaded; once bound, every
 #                    CPU switches and CPU 1 runs a FIFO 8 loop for 1 s
+#   pvtest=report    no device at boot, no console answers: the module
+#                    loaded, then every CPU switches every 0.2 s until the
+#                    guest is powered off (a device plugged later sees every
+#                    slot written); "@@ report bound=N" at each change
 #   pvtest=foreign   BAR2 is pvschedd's region (vfio-user, --daemon-region);
 #                    another host process maps the same region and writes
 #                    garbage over its header and the host halves, once
@@ -315,6 +319,22 @@ if [ "$mode" = upgrade ]; then
 	rmmod pvsched
 	echo "@@ rmmod rc=$? bound=$(bound)"
 	finish
+fi
+
+if [ "$mode" = report ]; then
+	# For a host that plugs the device on its own (the libvirt hook), with
+	# nothing read from the console.
+	load
+	was=x
+	while :; do
+		now=$(bound)
+		if [ "$now" != "$was" ]; then
+			echo "@@ report bound=$now"
+			was=$now
+		fi
+		switch_each_cpu
+		sleep 0.2
+	done
 fi
 
 if [ "$mode" = attach ]; then
