@@ -502,7 +502,16 @@ fn attach_inner(a: &AttachArgs) -> Result<Exit, Failed> {
     let pid = reg.pid.unwrap_or(0);
     let socket = a.vm.socket.socket.clone();
     let mut mon = monitor(&a.vm, pid).map_err(fail)?;
-    let now = plugged(&mut mon).map_err(fail)?;
+    let caps_only = |mut reg: RegisterVm, why: &str| -> Result<Exit, Failed> {
+        reg.region = Region::None;
+        crate::qemu_attach::register(&a.vm, reg, &format!("; caps only: {why}"))?;
+        Ok(Exit::Ok)
+    };
+    let now = match plugged(&mut mon) {
+        Ok(now) => now,
+        Err(why) if a.or_caps_only => return caps_only(reg, &why),
+        Err(why) => return Err(fail(format!("{name}: {why}"))),
+    };
     if now.ours || now.other.is_some() {
         reg.region = Region::Reserved;
         if registered(&socket, &name)?.is_some() {
@@ -530,11 +539,7 @@ fn attach_inner(a: &AttachArgs) -> Result<Exit, Failed> {
             }
             wait_driver(a, &socket, &name)
         }
-        Err(why) if a.or_caps_only => {
-            reg.region = Region::None;
-            crate::qemu_attach::register(&a.vm, reg, &format!("; caps only: {why}"))?;
-            Ok(Exit::Ok)
-        }
+        Err(why) if a.or_caps_only => caps_only(reg, &why),
         Err(why) => Err(fail(format!("{name}: {why}"))),
     }
 }

@@ -208,6 +208,8 @@ fn the_libvirt_hook_registers_a_started_domain() {
         format!(
             "#!/bin/sh\necho \"$*\" >>{log:?}\ncase \"$*\" in\n\
              *query-cpus-fast*) echo '{{\"return\":[{cpus}],\"id\":\"libvirt-7\"}}' ;;\n\
+             *qom-list*) echo '{{\"return\":[],\"id\":\"libvirt-8\"}}' ;;\n\
+             *query-version*) echo '{{\"return\":{{\"qemu\":{{\"major\":7,\"minor\":2,\"micro\":22}},\"package\":\"\"}},\"id\":\"libvirt-9\"}}' ;;\n\
              *) echo 'error: unsupported' >&2; exit 1 ;;\nesac\n",
             log = virsh_log,
             cpus = cpus.join(",")
@@ -216,7 +218,7 @@ fn the_libvirt_hook_registers_a_started_domain() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&virsh, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // What the hook's background qemu-attach says (the journal otherwise).
+    // What the hook's background attach says (the journal otherwise).
     let hook_log = run_dir.join("hook.log");
     let run_hook = |op: &str, xml: &str| {
         use std::io::Write;
@@ -247,15 +249,11 @@ fn the_libvirt_hook_registers_a_started_domain() {
         )
     };
     let hook_said = |what: &str| {
-        wait_for(
-            &format!("the hook's qemu-attach saying {what:?}"),
-            LIMIT,
-            || {
-                std::fs::read_to_string(&hook_log)
-                    .ok()
-                    .filter(|t| t.contains(what))
-            },
-        )
+        wait_for(&format!("the hook's attach saying {what:?}"), LIMIT, || {
+            std::fs::read_to_string(&hook_log)
+                .ok()
+                .filter(|t| t.contains(what))
+        })
     };
     std::fs::write(&pidfile, format!("{}\n", qemu.0.id())).unwrap();
     // Any other operation, or a domain without pvsched metadata, returns
@@ -277,7 +275,7 @@ fn the_libvirt_hook_registers_a_started_domain() {
     run_hook("started", &domain("max_rt_prio=\"20\""));
     hook_said("operator maximum");
     assert_eq!(vms(&d.socket).len(), 0, "caps above [max] refused");
-    // A cap that does not exist: refused by qemu-attach, naming it.
+    // A cap that does not exist: refused by attach, naming it.
     run_hook("started", &domain("max_rt_prio=\"2\" bogus=\"1\""));
     hook_said("bogus");
     assert_eq!(vms(&d.socket).len(), 0, "unknown cap refused");
@@ -300,6 +298,9 @@ fn the_libvirt_hook_registers_a_started_domain() {
         "{calls}"
     );
     hook_said("registered with pvschedd");
+    // QEMU 7.2 cannot take the device: caps only, and the hook says why.
+    hook_said("caps only: QEMU 7.2.22 has no vfio-user-pci");
+    assert_eq!(vm["region"], "none");
     drop(qemu);
     wait_for("dom-1 unregistered after QEMU exited", LIMIT, || {
         vms(&d.socket).is_empty().then_some(())
