@@ -269,12 +269,12 @@ impl HogWork {
     /// `msg` seen with the counters at `total`.
     fn on_msg(&mut self, msg: &WorkerMsg, total: u64, now: Instant, cpu: CpuNow) {
         match msg {
-            WorkerMsg::Measuring => {
+            WorkerMsg::Measuring { .. } => {
                 self.start = Some((total, now));
                 self.mono_start = Some(sched_trace::mono_s());
                 self.cpu_start = cpu;
             }
-            WorkerMsg::Measured => {
+            WorkerMsg::Measured { .. } => {
                 self.mono = self.mono_start.map(|s| (s, sched_trace::mono_s()));
                 self.cpu = cpu.since(self.cpu_start);
                 if let Some((t0, i0)) = self.start {
@@ -372,12 +372,15 @@ fn read_child(
         let line = line?;
         match serde_json::from_str::<WorkerMsg>(&line) {
             Ok(WorkerMsg::Report(r)) => report = Ok(*r),
-            Ok(m) => hog.on_msg(
-                &m,
-                counter.total(),
-                Instant::now(),
-                CpuNow::read(worker_clock, counter),
-            ),
+            Ok(m) => {
+                let mut cpu = CpuNow::read(worker_clock, counter);
+                // The worker's own reading: this line may be read after
+                // the worker exited and was reaped (its clock gone).
+                if let Some(n) = m.cpu_ns() {
+                    cpu.vm_ns = Some(n);
+                }
+                hog.on_msg(&m, counter.total(), Instant::now(), cpu)
+            }
             // Keep reading (a full pipe would block the child); the first
             // bad line is the error.
             Err(source) if report.is_err() => report = Err(ReadError::Json { line, source }),
@@ -413,9 +416,14 @@ mod tests {
             vm_ns: Some(vm),
             hog_ns: Some(hog),
         };
-        h.on_msg(&WorkerMsg::Measuring, 100, t, cpu(1_000_000_000, 0));
         h.on_msg(
-            &WorkerMsg::Measured,
+            &WorkerMsg::Measuring { cpu_ns: None },
+            100,
+            t,
+            cpu(1_000_000_000, 0),
+        );
+        h.on_msg(
+            &WorkerMsg::Measured { cpu_ns: None },
             400,
             t + Duration::from_secs(2),
             cpu(2_500_000_000, 1_234_500_000),
@@ -441,16 +449,25 @@ mod tests {
             events: 7,
             ..WorkerReport::default()
         };
-        let out = line(&WorkerMsg::Measuring)
-            + &line(&WorkerMsg::Measured)
+        let out = line(&WorkerMsg::Measuring { cpu_ns: None })
+            + &line(&WorkerMsg::Measured { cpu_ns: None })
             + &line(&WorkerMsg::Report(Box::new(report.clone())));
         let (r, hog) = read_child(out.as_bytes(), &HogCounter::default(), None).unwrap();
         assert_eq!(r.unwrap(), report);
         assert_eq!(hog.iterations(), Some(0));
+        // The worker's own CPU readings give the VMM's CPU time even when
+        // its clock cannot be read here (the worker already reaped).
+        let out = line(&WorkerMsg::Measuring {
+            cpu_ns: Some(2_000_000_000),
+        }) + &line(&WorkerMsg::Measured {
+            cpu_ns: Some(3_500_000_000),
+        }) + &line(&WorkerMsg::Report(Box::new(report.clone())));
+        let (_, hog) = read_child(out.as_bytes(), &HogCounter::default(), None).unwrap();
+        assert_eq!(hog.vm_cpu_s(), Some(1.5));
         let (r, _) = read_child(&b"not json\n"[..], &HogCounter::default(), None).unwrap();
         assert!(matches!(r, Err(ReadError::Json { .. })), "{r:?}");
         let (r, _) = read_child(
-            line(&WorkerMsg::Measuring).as_bytes(),
+            line(&WorkerMsg::Measuring { cpu_ns: None }).as_bytes(),
             &HogCounter::default(),
             None,
         )

@@ -33,11 +33,36 @@ use std::time::{Duration, Instant};
 pub enum WorkerMsg {
     /// The measured time starts (the guest is in its loops): the bench
     /// counts the hogs' iterations from here...
-    Measuring,
+    Measuring {
+        /// The worker process's CPU time now, ns (all its threads), read
+        /// by the worker itself: the bench may read this line after the
+        /// worker has exited and been reaped, when its clock is gone.
+        #[serde(default)]
+        cpu_ns: Option<u64>,
+    },
     /// ... to here (the policy's stats are read).
-    Measured,
+    Measured {
+        /// As for `Measuring`.
+        #[serde(default)]
+        cpu_ns: Option<u64>,
+    },
     /// The run's results; the last line.
     Report(Box<WorkerReport>),
+}
+
+impl WorkerMsg {
+    /// The worker's CPU time the message carries.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        match self {
+            WorkerMsg::Measuring { cpu_ns } | WorkerMsg::Measured { cpu_ns } => *cpu_ns,
+            WorkerMsg::Report(_) => None,
+        }
+    }
+}
+
+/// This process's CPU time, ns (every thread).
+fn own_cpu_ns() -> Option<u64> {
+    pvsched_util::cpu_clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 /// One BPF program's run count and time (`bpf_prog_info`).
@@ -481,7 +506,9 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     let Launched { run, attached } = launch::start(vm, a.duration, policy.as_mut())?;
     let start_ms = t0.elapsed().as_secs_f64() * 1e3;
     let monitor = run.vm().monitor().clone();
-    send(&WorkerMsg::Measuring);
+    send(&WorkerMsg::Measuring {
+        cpu_ns: own_cpu_ns(),
+    });
     let cpu0 = (Instant::now(), agent_cpu_ns());
     std::thread::sleep(a.duration);
     let agent_cpu = match (cpu0, agent_cpu_ns()) {
@@ -498,7 +525,9 @@ fn run(a: &WorkerArgs) -> Result<Exit, WorkerError> {
     // How long the VM had been registered (boot + workload) when its
     // stats were read: the time its boosted_ns were collected over.
     let policy_s = attached.map(|t| t.elapsed().as_secs_f64());
-    send(&WorkerMsg::Measured);
+    send(&WorkerMsg::Measured {
+        cpu_ns: own_cpu_ns(),
+    });
     let prog_stats = policy
         .as_ref()
         .and_then(Embedded::agent)
@@ -622,8 +651,13 @@ mod tests {
         assert!(!line.contains('\n') && line.contains(r#""event":"report""#));
         assert_eq!(serde_json::from_str::<WorkerMsg>(&line).unwrap(), r);
         assert_eq!(
-            serde_json::to_string(&WorkerMsg::Measuring).unwrap(),
-            r#"{"event":"measuring"}"#
+            serde_json::to_string(&WorkerMsg::Measuring { cpu_ns: Some(7) }).unwrap(),
+            r#"{"event":"measuring","cpu_ns":7}"#
+        );
+        // A line without the CPU time (an older worker) still parses.
+        assert_eq!(
+            serde_json::from_str::<WorkerMsg>(r#"{"event":"measured"}"#).unwrap(),
+            WorkerMsg::Measured { cpu_ns: None }
         );
     }
 
