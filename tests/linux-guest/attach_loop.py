@@ -22,7 +22,9 @@ detach must: exit 0; leave no registration, no device in QEMU
 (`qom-list /machine/peripheral`), no device process, and every vCPU
 thread at its baseline (read back with sched_getscheduler,
 sched_getparam and getpriority). Attaching twice and detaching twice
-change nothing the second time.
+change nothing the second time. Last, a QEMU waiting for an incoming
+migration (`-incoming defer`) gets no device: attach refuses with the
+reason, and nothing is registered.
 """
 
 import json
@@ -61,6 +63,7 @@ class AttachLoop:
         self.tids = None
         self.boosts = 0
         self.seqs = []
+        self.incoming_said = None
 
     def pvsched(self, *argv):
         env = {**os.environ, "PVSCHED_SOCKET": str(self.socket),
@@ -133,6 +136,7 @@ class AttachLoop:
             if self.done:
                 self.check_guest(boot)
             if self.done >= 2 * self.cycles:
+                self.incoming(boot)
                 boot.answer("end")
                 return
             if self.done % 2 == 0:
@@ -202,6 +206,35 @@ class AttachLoop:
                               f"went {self.seqs} -> {seqs} in pvschedd's region")
         else:
             res["unbound_ms"] = int(fields.get("waited_ms", -1))
+
+    def incoming(self, boot):
+        """A QEMU waiting for an incoming migration gets no device (its
+        device set must stay the source's): attach refuses, saying why,
+        and registers nothing."""
+        qmp_path = self.dir / "incoming.qmp"
+        # A socket an earlier run left would be "there" before QEMU listens.
+        qmp_path.unlink(missing_ok=True)
+        q = subprocess.Popen([str(self.args.qemu11), "-nodefaults", "-display", "none",
+                              "-machine", "q35", "-accel", "tcg", "-smp", "1", "-m", "64M",
+                              "-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1",
+                              "-incoming", "defer", "-qmp", f"unix:{qmp_path},server=on,wait=off"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while not qmp_path.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            r = self.pvsched("attach", "--qmp", str(qmp_path), "--name", "incoming-vm",
+                             "--pid", str(q.pid), "--supervisor", "child")
+            status = json.loads(self.pvsched("status", "--json").stdout)
+            names = [v["name"] for v in status["vms"]]
+            if r.returncode != 1 or "incoming migration" not in r.stdout or \
+                    "incoming-vm" in names:
+                raise Failure(f"attach to an incoming QEMU: rc {r.returncode}: "
+                              f"{r.stdout.strip()}; registered {names}")
+            self.incoming_said = r.stdout.strip()
+        finally:
+            q.kill()
+            q.wait()
 
     def region_view(self):
         """The region's header and each slot's guest half, as pvschedd holds

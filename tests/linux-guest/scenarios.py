@@ -553,6 +553,7 @@ def attach(g, report, cycles=5, smp="2", apic_ids=(0, 1)):
     f = list(loop.errors)
     check(len(loop.results) == cycles and "detach_s" in loop.results[-1],
           f"{b.name}: {len(loop.results)} of {cycles} attach/detach cycles done", f)
+    check(loop.incoming_said is not None, f"{b.name}: the incoming-migration case did not run", f)
     rm = b.mark("rmmod")
     check(rm.get("rc") == "0", f"{b.name}: rmmod {rm}", f)
     dmesg_clean(b, f)
@@ -564,7 +565,7 @@ def attach(g, report, cycles=5, smp="2", apic_ids=(0, 1)):
     report(f"{b.name}: {b.seconds:.1f}s; -smp {smp}; {cycles} cycle(s) of attach/detach with "
            f"QEMU 11 and pvschedd, device APIC IDs "
            f"{loop.results[0].get('apic') if loop.results else '?'}: {per}; "
-           f"attach again: {again!r}")
+           f"attach again: {again!r}; to an incoming QEMU: {loop.incoming_said!r}")
     return f
 
 

@@ -180,6 +180,20 @@ fn plugged(mon: &mut Monitor) -> Result<Slots, String> {
     Ok(s)
 }
 
+/// An error when QEMU waits for an incoming migration (`query-status`):
+/// its device set must stay the source's until the migration is done.
+fn incoming(mon: &mut Monitor) -> Result<(), String> {
+    let st = mon.execute("query-status", None)?;
+    match st["status"].as_str() {
+        Some("inmigrate") => Err(
+            "QEMU is waiting for an incoming migration: a device plugged now would differ from \
+             the source's; attach once the migration has completed"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// QEMU's release (`query-version`): an error naming it when it cannot
 /// hot-plug pvsched's device.
 fn check_version(mon: &mut Monitor) -> Result<String, String> {
@@ -244,8 +258,9 @@ fn pick_bus(mon: &mut Monitor) -> Result<Option<String>, String> {
     if machine.contains("q35") {
         return Err(format!(
             "no free PCIe root port on this {machine}: a q35 machine hot-plugs only into an \
-             empty pcie-root-port (libvirt: add <controller type='pci' model='pcie-root-port'/>; \
-             QEMU: -device pcie-root-port,id=rp1,bus=pcie.0,chassis=1)"
+             empty pcie-root-port (libvirt: add <controller type='pci' index='N' \
+             model='pcie-root-port'/>, N above the domain's other PCI controllers; QEMU: \
+             -device pcie-root-port,id=rp1,bus=pcie.0,chassis=1)"
         ));
     }
     Ok(None)
@@ -465,11 +480,10 @@ fn qmp_of(path: &Path, pid: u32) -> Result<Monitor, String> {
 /// Whether pvschedd has VM `name` registered; its guest ABI if a driver
 /// attached.
 fn registered(socket: &Path, name: &str) -> Result<Option<Option<String>>, Failed> {
-    let mut c = pvsched_daemon::Client::connect(socket)
-        .map_err(|e| (crate::daemon_cli::exit_for(&e), e.to_string()))?;
-    let (_, vms) = c
-        .status()
-        .map_err(|e| (crate::daemon_cli::exit_for(&e), e.to_string()))?;
+    let failed =
+        |e: pvsched_daemon::ClientError| (crate::daemon_cli::exit_for(&e), format!("{name}: {e}"));
+    let mut c = pvsched_daemon::Client::connect(socket).map_err(failed)?;
+    let (_, vms) = c.status().map_err(failed)?;
     Ok(vms
         .into_iter()
         .find(|v| v.name == name)
@@ -501,20 +515,29 @@ fn attach_inner(a: &AttachArgs) -> Result<Exit, Failed> {
     let name = reg.name.clone();
     let pid = reg.pid.unwrap_or(0);
     let socket = a.vm.socket.socket.clone();
+    // pvschedd first: without it nothing below can be kept.
+    let before = registered(&socket, &name)?;
     let mut mon = monitor(&a.vm, pid).map_err(fail)?;
     let caps_only = |mut reg: RegisterVm, why: &str| -> Result<Exit, Failed> {
         reg.region = Region::None;
         crate::qemu_attach::register(&a.vm, reg, &format!("; caps only: {why}"))?;
         Ok(Exit::Ok)
     };
-    let now = match plugged(&mut mon) {
+    let now = match plugged(&mut mon).and_then(|now| incoming(&mut mon).map(|()| now)) {
         Ok(now) => now,
         Err(why) if a.or_caps_only => return caps_only(reg, &why),
         Err(why) => return Err(fail(format!("{name}: {why}"))),
     };
+    if before.is_some() && !now.ours && now.other.is_none() {
+        println!(
+            "{name}: already registered with pvschedd without a device (caps only); nothing \
+             changed (`pvsched vm unregister {name}`, then attach, gives it the device)"
+        );
+        return Ok(Exit::Ok);
+    }
     if now.ours || now.other.is_some() {
         reg.region = Region::Reserved;
-        if registered(&socket, &name)?.is_some() {
+        if before.is_some() {
             println!("{name}: already attached (device {DEVICE_ID}); nothing changed");
             return Ok(Exit::Ok);
         }

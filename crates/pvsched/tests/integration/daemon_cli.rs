@@ -209,6 +209,7 @@ fn the_libvirt_hook_registers_a_started_domain() {
             "#!/bin/sh\necho \"$*\" >>{log:?}\ncase \"$*\" in\n\
              *query-cpus-fast*) echo '{{\"return\":[{cpus}],\"id\":\"libvirt-7\"}}' ;;\n\
              *qom-list*) echo '{{\"return\":[],\"id\":\"libvirt-8\"}}' ;;\n\
+             *query-status*) echo '{{\"return\":{{\"status\":\"running\",\"running\":true}},\"id\":\"libvirt-10\"}}' ;;\n\
              *query-version*) echo '{{\"return\":{{\"qemu\":{{\"major\":7,\"minor\":2,\"micro\":22}},\"package\":\"\"}},\"id\":\"libvirt-9\"}}' ;;\n\
              *) echo 'error: unsupported' >&2; exit 1 ;;\nesac\n",
             log = virsh_log,
