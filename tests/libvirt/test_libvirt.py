@@ -64,7 +64,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pvsched_guest import abi
+from pvsched_guest import abi, daemon_region
 from pvsched_guest.host import attrs, die_with_parent, kill
 from pvsched_guest.host import wait_for as host_wait_for
 from pvsched_guest.kernel import build_initramfs, build_module, guest_kabi, kernel_tree
@@ -436,37 +436,6 @@ def device_pids(device_dir, name=None):
     return out
 
 
-def region_seqs(sock, name):
-    """Each slot's guest seq in VM `name`'s region at pvschedd (mapped the
-    way a device process gets it: a reserve request, the fd over
-    SCM_RIGHTS)."""
-    import array
-    import mmap
-    import struct
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        s.connect(str(sock))
-        s.send(json.dumps({"op": "reserve", "name": name}).encode())
-        fds = array.array("i")
-        msg, anc, _, _ = s.recvmsg(1 << 16, socket.CMSG_LEN(4 * fds.itemsize))
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-        reply = json.loads(msg)
-        assert reply.get("reply") == "reserved" and fds, reply
-    finally:
-        s.close()
-    try:
-        m = mmap.mmap(fds[0], reply["region_len"], mmap.MAP_SHARED, mmap.PROT_READ)
-    finally:
-        os.close(fds[0])
-    hdr = abi.OFFSETOF["pvsched_region_header"]
-    nr, slots = (struct.unpack_from("<I", m, hdr[k])[0] for k in ("nr_vcpus", "slots_offset"))
-    seqs = [struct.unpack_from("<I", m, slots + i * abi.SLOT_SIZE)[0] for i in range(min(nr, 64))]
-    m.close()
-    return seqs
-
-
 def qemu_pid(name):
     try:
         return int((LIBVIRT_RUN / f"{name}.pid").read_text().strip())
@@ -729,9 +698,9 @@ def test_hook_attaches_the_device_a_nova_flavor_asks_for(env, lv_guest):
                   lambda: (v := env.vm(name)) and v.get("guest_abi") == want_abi and v,
                   env.procs(), timeout=120)
     abi_s = time.monotonic() - t0
-    a = region_seqs(env.sock, name)
+    a = daemon_region.seqs(env.sock, name)
     b = wait_for("every slot written again",
-                 lambda: (x := region_seqs(env.sock, name)) and all(
+                 lambda: (x := daemon_region.seqs(env.sock, name)) and all(
                      q > p for p, q in zip(a, x)) and x, env.procs())
     virsh("destroy", name)
     wait_for(f"{name} unregistered", lambda: env.vm(name) is None, env.procs())

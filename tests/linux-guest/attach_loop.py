@@ -28,16 +28,14 @@ reason, and nothing is registered.
 """
 
 import json
-import mmap
 import os
-import struct
 import subprocess
 import time
 
 from pvsched_guest import abi
 from pvsched_guest.host import Failure, attrs
 from pvsched_guest.qmp import qmp
-from foreign_writer import reserve
+from pvsched_guest import daemon_region
 
 VM = "attach-vm"
 # RT boosts up to FIFO 10; no halt or yield boosts (TCG has no KVM
@@ -239,22 +237,7 @@ class AttachLoop:
     def region_view(self):
         """The region's header and each slot's guest half, as pvschedd holds
         it."""
-        fd, length = reserve(self.socket, VM)
-        try:
-            m = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
-            os.close(fd)
-        hdr = {k: struct.unpack_from("<I", m, o)[0]
-               for k, o in abi.OFFSETOF["pvsched_region_header"].items() if k != "reserved"}
-        apic = [struct.unpack_from("<I", m, hdr["apic_table_offset"] + 4 * i)[0]
-                for i in range(min(hdr["nr_vcpus"], 64))]
-        slots = []
-        for i in range(min(hdr["nr_vcpus"], 64)):
-            base = hdr["slots_offset"] + i * abi.SLOT_SIZE
-            slots.append({k: struct.unpack_from("<I", m, base + o)[0]
-                          for k, o in abi.OFFSETOF["pvsched_slot_guest"].items() if o < 32})
-        m.close()
-        return {"header": hdr, "apic_ids": apic, "slots": slots}
+        return daemon_region.view(self.socket, VM)
 
     def detach(self, boot):
         cycle = self.done // 2 + 1

@@ -6,36 +6,15 @@ garbage over the region header and over every slot's host half, once on
 `corrupt()` and then every millisecond until `stop()`: what the guest
 driver must survive from a host it does not trust."""
 
-import array
-import json
 import mmap
 import os
-import socket
 import struct
 import threading
 
 from pvsched_guest import abi
+from pvsched_guest.daemon_region import reserve
 
 HEADER = abi.OFFSETOF["pvsched_region_header"]
-
-
-def reserve(sock_path, name):
-    """(fd, length) of VM `name`'s region from pvschedd at `sock_path`."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        s.connect(str(sock_path))
-        s.send(json.dumps({"op": "reserve", "name": name}).encode())
-        fds = array.array("i")
-        msg, anc, _, _ = s.recvmsg(1 << 16, socket.CMSG_LEN(4 * fds.itemsize))
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-        reply = json.loads(msg)
-        if reply.get("reply") != "reserved" or not fds:
-            raise RuntimeError(f"reserve {name}: {reply}")
-        return fds[0], reply["region_len"]
-    finally:
-        s.close()
 
 
 class ForeignWriter:

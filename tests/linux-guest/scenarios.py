@@ -28,6 +28,7 @@ from pvsched_guest.boot import Boot
 from pvsched_guest.qmp import qmp
 from agent_loop import AgentLoop
 from attach_loop import AttachLoop
+from migrate_loop import MigrateLoop
 from daemon_loop import VM_NAME as DAEMON_VM, DaemonLoop
 from foreign_writer import ForeignWriter
 from wait_loop import WaitLoop
@@ -567,6 +568,24 @@ def attach(g, report, cycles=5, smp="2", apic_ids=(0, 1)):
            f"{loop.results[0].get('apic') if loop.results else '?'}: {per}; "
            f"attach again: {again!r}; to an incoming QEMU: {loop.incoming_said!r}")
     return f
+
+
+def migrate(g, report, migrations=3):
+    """`pvsched migrate` of a running guest with the device, QEMU 11 to
+    QEMU 11, `migrations` times, then one that fails (migrate_loop.py)."""
+    loop = MigrateLoop(g, g.out / ("migrate" + g.tag))
+    t0 = time.monotonic()
+    loop.start_daemon()
+    try:
+        loop.run(migrations)
+    finally:
+        loop.stop()
+    per = "; ".join(f"{r['n']}: {r['secs']} s, slots' seq +{r['seq']} on the destination"
+                    for r in loop.results)
+    report(f"migrate{g.tag}: {time.monotonic() - t0:.1f}s; {migrations} live migrations, QEMU "
+           f"11 to QEMU 11: {per}; e.g. {loop.results[0]['said']!r}; a failing one: "
+           f"{loop.aborted['said']!r}, the source's slots' seq +{loop.aborted['seq']}")
+    return []
 
 
 def bench(b, key):

@@ -127,6 +127,13 @@ def test_attach_topology(matrix_guest, report, root):
     assert not failures, "\n".join(failures)
 
 
+def test_migrate(matrix_guest, report, root):
+    """`pvsched migrate`, three live migrations of a guest with the
+    device between QEMU 11 processes, and one that fails midway."""
+    failures = scenarios.migrate(matrix_guest, report)
+    assert not failures, "\n".join(failures)
+
+
 def test_deb_upgrade(matrix, report, kernel, next_tree):
     """Release N → N+1 of the DKMS package: `apt-get install` of N+1 over N
     in the kernel's suite chroot (DKMS builds N+1, N leaves), then a guest

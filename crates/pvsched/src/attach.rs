@@ -95,42 +95,42 @@ pub struct DeviceDir {
 }
 
 /// `pvsched attach`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct AttachArgs {
     #[command(flatten)]
-    vm: QemuAttachArgs,
+    pub(crate) vm: QemuAttachArgs,
     /// How long to wait for the guest driver's DRIVER_OK (`0s`: do not
     /// wait). A guest without the driver keeps the device and its caps;
     /// the exit status is 5.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
-    wait_driver: Duration,
+    pub(crate) wait_driver: Duration,
     /// When the device cannot be given (QEMU older than 10.1, no free
     /// slot, the device process fails), register the VM with its caps
     /// only and say why, instead of failing (the libvirt hook's choice).
     #[arg(long)]
-    or_caps_only: bool,
+    pub(crate) or_caps_only: bool,
     #[command(flatten)]
-    dir: DeviceDir,
+    pub(crate) dir: DeviceDir,
 }
 
 /// `pvsched detach`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct DetachArgs {
     /// QEMU's QMP socket (with --name and --pid).
     #[arg(long, required_unless_present = "libvirt", conflicts_with = "libvirt")]
-    qmp: Option<PathBuf>,
+    pub(crate) qmp: Option<PathBuf>,
     /// A running libvirt domain (through the monitor libvirt holds).
     #[arg(long, value_name = "DOMAIN")]
-    libvirt: Option<String>,
+    pub(crate) libvirt: Option<String>,
     /// The VM's name with pvschedd (default with --libvirt: the domain's).
     #[arg(long, required_unless_present = "libvirt")]
-    name: Option<String>,
+    pub(crate) name: Option<String>,
     /// The QEMU process the QMP socket must be served by.
     #[arg(long, required_unless_present = "libvirt")]
-    pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     /// libvirt's URI for virsh.
     #[arg(long, value_name = "URI", default_value = "qemu:///system")]
-    connect: String,
+    pub(crate) connect: String,
     /// The virsh program.
     #[arg(
         long,
@@ -138,14 +138,14 @@ pub struct DetachArgs {
         env = "PVSCHED_VIRSH",
         default_value = "virsh"
     )]
-    virsh: PathBuf,
+    pub(crate) virsh: PathBuf,
     /// How long the guest has to release the device.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
-    timeout: Duration,
+    pub(crate) timeout: Duration,
     #[command(flatten)]
-    dir: DeviceDir,
+    pub(crate) dir: DeviceDir,
     #[command(flatten)]
-    socket: SocketArg,
+    pub(crate) socket: SocketArg,
 }
 
 /// What QEMU has now, and where a device can go.
@@ -391,14 +391,17 @@ impl DeviceDir {
         if self.systemd().unwrap_or(false) {
             let _ = systemctl(&["stop", &unit_of(name)]);
         } else if let Some(pid) = self.child_pid(name) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
+            use nix::sys::signal::{Signal, kill};
+            let target = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = kill(target, Signal::SIGTERM);
+            // Until it is gone or a zombie (whose command line is empty:
+            // `child_pid` no longer finds it); SIGKILL after 5 s.
             let start = Instant::now();
-            while Path::new(&format!("/proc/{pid}")).exists()
-                && start.elapsed() < Duration::from_secs(5)
-            {
+            while self.child_pid(name) == Some(pid) {
+                if start.elapsed() > Duration::from_secs(5) {
+                    let _ = kill(target, Signal::SIGKILL);
+                    break;
+                }
                 std::thread::sleep(POLL / 4);
             }
         }
@@ -465,7 +468,7 @@ fn monitor(a: &QemuAttachArgs, pid: u32) -> Result<Monitor, String> {
     }
 }
 
-fn qmp_of(path: &Path, pid: u32) -> Result<Monitor, String> {
+pub(crate) fn qmp_of(path: &Path, pid: u32) -> Result<Monitor, String> {
     let q = Qmp::open(path).map_err(|e| e.to_string())?;
     let peer = q.peer_pid().map_err(|e| e.to_string())?;
     if peer != pid {
@@ -501,7 +504,7 @@ pub fn attach(a: &AttachArgs) -> Exit {
     }
 }
 
-fn attach_inner(a: &AttachArgs) -> Result<Exit, Failed> {
+pub(crate) fn attach_inner(a: &AttachArgs) -> Result<Exit, Failed> {
     let fail = |e: String| (Exit::Failure, e);
     let Some((mut reg, said)) = crate::qemu_attach::registration(&a.vm)? else {
         return Ok(Exit::Ok);
@@ -679,7 +682,7 @@ pub fn detach(a: &DetachArgs) -> Exit {
     }
 }
 
-fn detach_inner(a: &DetachArgs) -> Result<Exit, Failed> {
+pub(crate) fn detach_inner(a: &DetachArgs) -> Result<Exit, Failed> {
     let fail = |e: String| (Exit::Failure, e);
     let name = match (&a.name, &a.libvirt) {
         (Some(n), _) | (None, Some(n)) => n.clone(),

@@ -8,6 +8,7 @@ mod device_cmd;
 mod doctor;
 mod exit;
 mod man;
+mod migrate;
 mod monitor;
 mod qemu_attach;
 mod run;
@@ -52,6 +53,11 @@ enum Command {
     /// VM, unplug the device, stop its process (root).
     #[command(after_help = exit::help(&exit::Exit::ALL))]
     Detach(attach::DetachArgs),
+    /// Live-migrate a QEMU with the pvsched device to a QEMU waiting with
+    /// -incoming: detach, migrate, attach on the destination (or on the
+    /// source again if the migration fails) (root).
+    #[command(after_help = exit::help(&exit::Exit::ALL))]
+    Migrate(migrate::MigrateArgs),
     /// pvschedd's Prometheus metrics (text exposition).
     #[command(after_help = exit::help(&exit::Exit::ALL))]
     Metrics(daemon_cli::MetricsArgs),
@@ -75,6 +81,7 @@ fn main() -> std::process::ExitCode {
         Command::QemuAttach(args) => qemu_attach::main(&args),
         Command::Attach(args) => attach::attach(&args),
         Command::Detach(args) => attach::detach(&args),
+        Command::Migrate(args) => migrate::migrate(&args),
         Command::Doctor(args) => doctor::main(&args),
         Command::Man(args) => man::main(&args, Cli::command()),
         Command::Device(cmd) => {

@@ -54,7 +54,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// `pvsched qemu-attach`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct QemuAttachArgs {
     /// QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`), a socket
     /// of QEMU's own (for a libvirt domain use --libvirt).
@@ -100,10 +100,10 @@ pub struct QemuAttachArgs {
     /// Caps to ask for when the VM has no caps file (TOML); with
     /// --libvirt, instead of the metadata's. (`--caps` is the same.)
     #[arg(long, alias = "caps")]
-    policy_file: Option<PathBuf>,
+    pub(crate) policy_file: Option<PathBuf>,
     /// Do not register QEMU's main-loop thread as the emulator thread.
     #[arg(long)]
-    no_emulator: bool,
+    pub(crate) no_emulator: bool,
     /// The QEMU process the VM runs as. With --qmp (required): the QMP
     /// socket's peer must be it, so a socket another process bound at that
     /// path (a shared directory, a stale path) is refused instead of its
