@@ -81,6 +81,12 @@ def matrix_kernel(cache, name):
     return release, cache / "guest-matrix" / f"chroot-{suite}", d / "vmlinuz"
 
 
+def suite_of(chroot):
+    """The Debian suite of a guest-matrix chroot (what matrix_kernel
+    returns: CACHE/guest-matrix/chroot-SUITE)."""
+    return chroot.name.removeprefix("chroot-")
+
+
 def elf_needed(path):
     """DT_NEEDED of an ELF file, and its interpreter (readelf)."""
     text = run(["readelf", "-d", "-l", str(path)])

@@ -16,7 +16,7 @@ import pytest
 from pvsched_guest import abi
 from pvsched_guest.host import Failure, run
 from pvsched_guest.kernel import (build_initramfs, build_module, guest_kabi, kernel_tree,
-                                  matrix_kernel, modprobe_files)
+                                  matrix_kernel, modprobe_files, suite_of)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -186,7 +186,7 @@ class Matrix:
         self.releases = {}
         for name, _ in kernels:
             release, chroot, _ = matrix_kernel(cache, name)
-            self.releases.setdefault(chroot.name.removeprefix("chroot-"), []).append(release)
+            self.releases.setdefault(suite_of(chroot), []).append(release)
         if self.deb_path.exists():
             self.deb_path.unlink()
         for suite, rels in self.releases.items():
@@ -286,7 +286,7 @@ class Matrix:
         indexes) and kmod with its libraries; the guest loads the module
         with modprobe."""
         release, chroot, vmlinuz = matrix_kernel(self.cache, name)
-        self.install(chroot.name.removeprefix("chroot-"))
+        self.install(suite_of(chroot))
         out = self.base.out / name
         out.mkdir(parents=True, exist_ok=True)
         initrd = build_initramfs(None, out, extra_files=modprobe_files(chroot, release))
@@ -322,7 +322,7 @@ class Matrix:
         as /pvsched-prev.ko, and the module tree after the upgrade to N+1,
         loaded by modprobe."""
         release, chroot, vmlinuz = matrix_kernel(self.cache, name)
-        _, prev = self.upgraded(chroot.name.removeprefix("chroot-"), tree, version)
+        _, prev = self.upgraded(suite_of(chroot), tree, version)
         out = self.base.out / f"{name}-upgrade"
         out.mkdir(parents=True, exist_ok=True)
         initrd = build_initramfs(None, out, extra_files={

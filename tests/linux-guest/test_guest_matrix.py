@@ -37,7 +37,7 @@ import time
 import pytest
 
 import scenarios
-from pvsched_guest.kernel import matrix_kernel
+from pvsched_guest.kernel import matrix_kernel, suite_of
 
 
 def test_dkms(matrix, report, suite):
@@ -141,7 +141,7 @@ def test_deb_upgrade(matrix, report, kernel, next_tree):
     (scenarios.upgrade)."""
     g = matrix.upgrade_guest(kernel, str(next_tree.path), next_tree.version)
     release, chroot, _ = matrix_kernel(matrix.cache, kernel)
-    suite = chroot.name.removeprefix("chroot-")
+    suite = suite_of(chroot)
     status, _ = matrix.upgraded(suite, str(next_tree.path), next_tree.version)
     line = status[release]
     assert f"pvsched/{next_tree.version}" in line and "installed" in line, \

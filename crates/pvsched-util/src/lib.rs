@@ -15,6 +15,7 @@
 //!   holder, for state a SCHED_FIFO thread shares with ordinary ones.
 
 pub mod exit;
+#[cfg(feature = "logging")]
 pub mod logging;
 pub mod pi;
 
