@@ -28,21 +28,19 @@ reason, and nothing is registered.
 """
 
 import json
-import os
 import subprocess
 import time
 
-from pvsched_guest import abi
+from pvsched_guest import abi, daemon_region
 from pvsched_guest.host import Failure, attrs
+from pvsched_guest.pvschedd import Pvschedd
 from pvsched_guest.qmp import qmp
-from pvsched_guest import daemon_region
 
 VM = "attach-vm"
 # RT boosts up to FIFO 10; no halt or yield boosts (TCG has no KVM
 # tracepoints; what boosts is the guest's request through the device).
 CAPS = "allow_rt = true\nmax_rt_prio = 10\ncs_rt_prio = 1\nhalt_boost = \"none\"\n" \
        "yield_boost = \"none\"\n"
-DAEMON_READY_S = 20.0
 
 
 class AttachLoop:
@@ -50,10 +48,10 @@ class AttachLoop:
         self.args, self.dir, self.cycles = args, work, cycles
         # The APIC IDs QEMU's topology gives the vCPUs, in cpu-index order.
         self.apic_ids = apic_ids
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.socket = self.dir / "pvschedd.sock"
-        self.device_dir = self.dir / "dev"
-        self.daemon = None
+        # The VM's caps file, as an operator writes it.
+        self.daemon = Pvschedd(args.pvschedd_bin, args.pvsched_bin, work, {VM: CAPS})
+        self.socket = self.daemon.socket
+        self.pvsched = self.daemon.pvsched
         self.errors = []
         self.done = 0          # attach/detach steps taken
         self.results = []      # one dict per cycle
@@ -63,45 +61,18 @@ class AttachLoop:
         self.seqs = []
         self.incoming_said = None
 
-    def pvsched(self, *argv):
-        env = {**os.environ, "PVSCHED_SOCKET": str(self.socket),
-               "PVSCHED_DEVICE_DIR": str(self.device_dir)}
-        return subprocess.run([str(self.args.pvsched_bin), *argv], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=120, env=env)
-
     def start_daemon(self):
-        cfg = self.dir / "pvschedd.toml"
-        vms = self.dir / "vms"
-        vms.mkdir(exist_ok=True)
-        # The VM's caps file, as an operator writes it.
-        (vms / f"{VM}.toml").write_text(CAPS)
-        cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
-                       f'metrics_listen = ""\n')
-        if self.socket.exists():
-            self.socket.unlink()
-        self.daemon_log = self.dir / "pvschedd.log"
-        with open(self.daemon_log, "w") as logf:
-            self.daemon = subprocess.Popen([str(self.args.pvschedd_bin), "--config", str(cfg)],
-                                           stdout=logf, stderr=logf,
-                                           env={**os.environ, "RUST_LOG": "info"})
-        deadline = time.monotonic() + DAEMON_READY_S
-        while self.pvsched("status").returncode != 0:
-            if self.daemon.poll() is not None or time.monotonic() > deadline:
-                raise Failure(f"pvschedd did not come up: {self.daemon_log.read_text()}")
-            time.sleep(0.1)
+        self.daemon.start()
 
     def stop_daemon(self):
-        if self.daemon is not None and self.daemon.poll() is None:
-            self.daemon.terminate()
-            try:
-                self.daemon.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
-                self.errors.append("pvschedd did not stop on SIGTERM")
+        if not self.daemon.stop():
+            self.errors.append("pvschedd did not stop on SIGTERM")
 
     def vm(self):
-        status = json.loads(self.pvsched("status", "--json").stdout)
-        return next((v for v in status["vms"] if v["name"] == VM), None)
+        return self.daemon.vm(VM)
+
+    def device_pids(self):
+        return self.daemon.device_pids(VM)
 
     def target(self, boot):
         return ["--qmp", str(boot.qmp_path), "--name", VM, "--pid", str(boot.qemu.pid)]
@@ -109,20 +80,6 @@ class AttachLoop:
     def peripherals(self, boot):
         return {c["name"]: c["type"] for c in
                 qmp(boot.qmp_path, "qom-list", {"path": "/machine/peripheral"})}
-
-    def device_pids(self):
-        """pids of `pvsched device` processes serving this VM's socket."""
-        sock = str(self.device_dir / f"{VM}.sock")
-        out = []
-        for p in os.listdir("/proc"):
-            if p.isdigit():
-                try:
-                    argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
-                except OSError:
-                    continue
-                if b"device" in argv and sock.encode() in argv:
-                    out.append(int(p))
-        return out
 
     def hooks(self):
         return {"attach-loaded": self.step, "attach-state": self.step}

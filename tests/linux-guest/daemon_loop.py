@@ -20,16 +20,14 @@ is `anon_inode:bpf-map` in /proc/QEMU_PID/maps.
 
 import json
 import os
-import subprocess
-import time
 
 from agent_loop import BASE_NICE, CAPS, AgentFailure, AgentLoop, Sampler
 from pvsched_guest import abi
-from pvsched_guest.host import attrs
+from pvsched_guest.host import Failure, attrs
+from pvsched_guest.pvschedd import Pvschedd
 from pvsched_guest.qmp import qmp
 
 VM_NAME = "linux-guest"
-DAEMON_READY_S = 20.0
 
 
 def bpf_map_mappings(pid):
@@ -51,48 +49,25 @@ class DaemonLoop(AgentLoop):
 
     def __init__(self, args, boot_dir):
         super().__init__(args, boot_dir)
-        self.daemon = None
-        self.socket = self.dir / "pvschedd.sock"
+        self.pvschedd = Pvschedd(args.pvschedd_bin, args.pvsched_bin, self.dir,
+                                 {VM_NAME: CAPS}, require_vm_file=True)
+        self.socket = self.pvschedd.socket
         self.bpf_maps = []
 
     def pvsched(self, *argv, check=True):
-        r = subprocess.run([str(self.args.pvsched_bin), *argv],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=30, env={**os.environ, "PVSCHED_SOCKET": str(self.socket)})
+        r = self.pvschedd.pvsched(*argv, timeout=30)
         if check and r.returncode != 0:
             raise AgentFailure(f"pvsched {' '.join(argv)}: rc {r.returncode}: {r.stdout.strip()}")
         return r
 
     def start_daemon(self):
-        self.dir.mkdir(parents=True, exist_ok=True)
-        vms = self.dir / "vms"
-        vms.mkdir(exist_ok=True)
-        (vms / f"{VM_NAME}.toml").write_text(CAPS)
-        cfg = self.dir / "pvschedd.toml"
-        cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
-                       f'metrics_listen = ""\nrequire_vm_file = true\n')
-        if self.socket.exists():
-            self.socket.unlink()
-        self.daemon_log = self.dir / "pvschedd.log"
-        with open(self.daemon_log, "w") as logf:
-            self.daemon = subprocess.Popen([str(self.args.pvschedd_bin), "--config", str(cfg)],
-                                           stdout=logf, stderr=logf,
-                                           env={**os.environ, "RUST_LOG": "info"})
-        deadline = time.monotonic() + DAEMON_READY_S
-        while self.pvsched("status", check=False).returncode != 0:
-            if self.daemon.poll() is not None or time.monotonic() > deadline:
-                raise AgentFailure(f"pvschedd did not come up: {self.daemon_log.read_text()}")
-            time.sleep(0.1)
+        try:
+            self.pvschedd.start()
+        except Failure as e:
+            raise AgentFailure(str(e)) from e
 
     def stop_daemon(self):
-        if self.daemon is None or self.daemon.poll() is not None:
-            return
-        self.daemon.terminate()
-        try:
-            self.daemon.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.daemon.kill()
-            self.daemon.wait()
+        if not self.pvschedd.stop():
             self.errors.append("pvschedd did not stop on SIGTERM")
 
     def device_cmd(self):

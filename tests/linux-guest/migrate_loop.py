@@ -23,19 +23,17 @@ was: registered with its own threads, the device plugged, the guest's
 ABI shown and its slots moving.
 """
 
-import json
-import os
 import subprocess
 import time
 
 from attach_loop import CAPS
 from pvsched_guest import abi, daemon_region
 from pvsched_guest.host import Failure, attrs
+from pvsched_guest.pvschedd import Pvschedd
 from pvsched_guest.qmp import qmp
 
 VM = "mig-vm"
 MEM_MIB = 256
-DAEMON_READY_S = 20.0
 # Liveness bounds (not timing assertions).
 QMP_READY_S = 20.0
 REPORTING_S = 30.0
@@ -45,46 +43,21 @@ class MigrateLoop:
     def __init__(self, args, work):
         self.args, self.dir = args, work
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.socket = self.dir / "pvschedd.sock"
-        self.device_dir = self.dir / "dev"
-        self.daemon = None
+        self.daemon = Pvschedd(args.pvschedd_bin, args.pvsched_bin, work, {VM: CAPS})
+        self.socket = self.daemon.socket
+        self.pvsched = self.daemon.pvsched
         self.qemus = []
         self.results = []
 
-    def pvsched(self, *argv):
-        env = {**os.environ, "PVSCHED_SOCKET": str(self.socket),
-               "PVSCHED_DEVICE_DIR": str(self.device_dir)}
-        return subprocess.run([str(self.args.pvsched_bin), *map(str, argv)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=600, env=env)
-
     def start_daemon(self):
-        vms = self.dir / "vms"
-        vms.mkdir(exist_ok=True)
-        (vms / f"{VM}.toml").write_text(CAPS)
-        cfg = self.dir / "pvschedd.toml"
-        cfg.write_text(f'socket = "{self.socket}"\nsocket_group = ""\nvm_dir = "{vms}"\n'
-                       f'metrics_listen = ""\n')
-        self.socket.unlink(missing_ok=True)
-        log = self.dir / "pvschedd.log"
-        with open(log, "w") as f:
-            self.daemon = subprocess.Popen([str(self.args.pvschedd_bin), "--config", str(cfg)],
-                                           stdout=f, stderr=f,
-                                           env={**os.environ, "RUST_LOG": "info"})
-        deadline = time.monotonic() + DAEMON_READY_S
-        while self.pvsched("status").returncode != 0:
-            if self.daemon.poll() is not None or time.monotonic() > deadline:
-                raise Failure(f"pvschedd did not come up: {log.read_text()}")
-            time.sleep(0.1)
+        self.daemon.start()
 
     def stop(self):
         for q in self.qemus:
             if q.poll() is None:
                 q.kill()
                 q.wait()
-        if self.daemon is not None and self.daemon.poll() is None:
-            self.daemon.terminate()
-            self.daemon.wait(timeout=10)
+        self.daemon.stop()
 
     def qemu(self, n, incoming=None, mem_mib=MEM_MIB):
         """QEMU n (TCG, 2 vCPUs, memfd RAM, an empty PCIe root port, no
@@ -116,8 +89,7 @@ class MigrateLoop:
         return p
 
     def vm(self):
-        status = json.loads(self.pvsched("status", "--json").stdout)
-        return next((v for v in status["vms"] if v["name"] == VM), None)
+        return self.daemon.vm(VM)
 
     def tids(self, q):
         cpus = sorted(qmp(q.qmp, "query-cpus-fast"), key=lambda c: c["cpu-index"])
@@ -136,17 +108,7 @@ class MigrateLoop:
             time.sleep(0.2)
 
     def device_pids(self):
-        sock = str(self.device_dir / f"{VM}.sock").encode()
-        out = []
-        for p in os.listdir("/proc"):
-            if p.isdigit():
-                try:
-                    argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
-                except OSError:
-                    continue
-                if b"device" in argv and sock in argv:
-                    out.append(int(p))
-        return out
+        return self.daemon.device_pids(VM)
 
     def registered_for(self, q, what):
         vm = self.vm()
