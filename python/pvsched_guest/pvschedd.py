@@ -71,16 +71,25 @@ class Pvschedd:
 
     def device_pids(self, name):
         """Running `pvsched device` processes serving VM `name`'s socket."""
-        sock = str(self.device_dir / f"{name}.sock").encode()
-        out = []
-        for p in os.listdir("/proc"):
-            if not p.isdigit():
-                continue
-            try:
-                with open(f"/proc/{p}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"device" in argv and sock in argv:
-                out.append(int(p))
-        return out
+        return device_pids(self.device_dir, name)
+
+
+def device_pids(device_dir, name=None):
+    """Running `pvsched device` processes serving VM `name`'s socket in
+    `device_dir` (DIR/NAME.sock), or, without `name`, any socket there."""
+    def serves(arg):
+        if name is not None:
+            return arg == str(device_dir / f"{name}.sock").encode()
+        return arg.startswith(f"{device_dir}/".encode())
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"device" in argv and any(serves(a) for a in argv):
+            out.append(int(p))
+    return out

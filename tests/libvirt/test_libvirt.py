@@ -68,6 +68,7 @@ from pvsched_guest import abi, daemon_region
 from pvsched_guest.host import attrs, die_with_parent, kill
 from pvsched_guest.host import wait_for as host_wait_for
 from pvsched_guest.kernel import build_initramfs, build_module, guest_kabi, kernel_tree
+from pvsched_guest.pvschedd import device_pids
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "dist" / "libvirt" / "qemu.d" / "pvsched"
@@ -417,23 +418,6 @@ class Env:
         if self.made_etc_pvsched:
             os.rmdir("/etc/pvsched")
         return errors
-
-
-def device_pids(device_dir, name=None):
-    """Running `pvsched device` processes serving a socket in device_dir
-    (of domain `name`, if given)."""
-    want = f"{device_dir}/{name or ''}".encode()
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"device" in argv and any(a.startswith(want) for a in argv):
-            out.append(int(p))
-    return out
 
 
 def qemu_pid(name):
