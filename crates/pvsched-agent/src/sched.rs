@@ -185,6 +185,37 @@ pub fn restore_baselines(baselines: &[ThreadBaseline]) -> Result<usize> {
     }
 }
 
+/// How many CPUs threads `tids` may run on together: the CPUs in the
+/// union of their affinity masks. None when no mask could be read (every
+/// thread gone, or a host with more CPUs than a `cpu_set_t` holds).
+pub fn cpus_of(tids: &[u32]) -> Option<u32> {
+    // SAFETY: a zeroed cpu_set_t is an empty set.
+    let mut all: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut read = false;
+    for &tid in tids {
+        // SAFETY: as above.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: sched_getaffinity writes at most the size passed into the
+        // valid, writable set.
+        let r = unsafe {
+            libc::sched_getaffinity(tid as libc::pid_t, size_of::<libc::cpu_set_t>(), &mut set)
+        };
+        if r != 0 {
+            continue;
+        }
+        read = true;
+        for cpu in 0..libc::CPU_SETSIZE as usize {
+            // SAFETY: cpu is below CPU_SETSIZE, the sets' size.
+            if unsafe { libc::CPU_ISSET(cpu, &set) } {
+                // SAFETY: as above.
+                unsafe { libc::CPU_SET(cpu, &mut all) };
+            }
+        }
+    }
+    // SAFETY: CPU_COUNT reads only the set.
+    read.then(|| unsafe { libc::CPU_COUNT(&all) } as u32)
+}
+
 /// The calling thread's id.
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no arguments and cannot fail.
@@ -194,6 +225,13 @@ pub fn gettid() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpus_of_counts_the_union_of_the_threads_masks() {
+        let own = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        assert_eq!(cpus_of(&[gettid()]), Some(own));
+        assert_eq!(cpus_of(&[u32::MAX - 1]), None, "no such thread");
+    }
 
     #[test]
     fn get_set_roundtrip_on_own_thread() {

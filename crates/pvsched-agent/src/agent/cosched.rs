@@ -54,6 +54,10 @@ pub(super) struct Cosched {
     /// VMs whose phase set as a number is cut to fit the host-wide limit,
     /// as last logged.
     cut: Vec<u32>,
+    /// Every "auto" VM: the CPUs its vCPU threads may run on, as read at
+    /// its gate's last window ([`crate::sched::cpus_of`]). A VM with more
+    /// vCPUs than that gets no phase ([`too_wide`]).
+    cpus: HashMap<u32, u32>,
 }
 
 impl Cosched {
@@ -292,13 +296,30 @@ impl Cosched {
         };
         self.gates.retain(|id, _| autos.iter().any(|a| a.0 == *id));
         let mut rates = Vec::with_capacity(autos.len());
-        for (id, .., region, vcpus) in &autos {
+        self.cpus.retain(|id, _| autos.iter().any(|a| a.0 == *id));
+        for (id, threads, .., region, vcpus) in &autos {
             let counts = region
                 .as_ref()
                 .and_then(|r| gate::guest_counts(&r.words(), *vcpus));
             let g = self.gates.entry(*id).or_default();
             let (was, windows) = (g.on(), g.windows());
             let on = g.update(counts, now, *vcpus);
+            if g.windows() != windows || !self.cpus.contains_key(id) {
+                // Read once a window: libvirt may pin the vCPUs at any time.
+                let tids: Vec<u32> = threads.iter().map(|t| t.1).collect();
+                let cpus = crate::sched::cpus_of(&tids)
+                    .unwrap_or(u32::try_from(self.cpu_ids).unwrap_or(u32::MAX));
+                let before = self.cpus.insert(*id, cpus);
+                let wide = too_wide(*vcpus, cpus);
+                if before.map(|b| too_wide(*vcpus, b)) != Some(wide) && wide {
+                    log::info!(
+                        "pvsched cosched auto: VM {id}: not co-scheduled while its \
+                         {vcpus} vCPUs may run on {cpus} CPU(s) only: a phase would \
+                         hold the vCPUs that do not fit off the CPUs while their \
+                         siblings wait for them"
+                    );
+                }
+            }
             if g.windows() != windows {
                 // Every window's score, for a benchmark that explains which
                 // VM got phases when (RUST_LOG=pvsched_agent::agent::cosched=debug).
@@ -328,11 +349,12 @@ impl Cosched {
                 v.sync_rate = rates.iter().find(|r| r.0 == *id).and_then(|r| r.1);
             }
         }
-        // A VM whose gate is closed holds no phase, and starts afresh when
-        // it opens.
+        // A VM whose gate is closed, or wider than its CPUs, holds no
+        // phase, and starts afresh when it may.
         let autos: Vec<AutoSpec> = autos
             .into_iter()
             .filter(|a| self.gates.get(&a.0).is_some_and(SyncGate::on))
+            .filter(|a| !self.cpus.get(&a.0).is_some_and(|c| too_wide(a.5, *c)))
             .collect();
         self.auto.retain(|id, _| autos.iter().any(|a| a.0 == *id));
         let Some(scan) = &self.scan else {
@@ -395,6 +417,18 @@ impl Cosched {
             );
         }
     }
+}
+
+/// Whether a VM of `vcpus` vCPUs whose threads may run on `cpus` CPUs is
+/// too wide for "auto" to co-schedule. A phase puts all its vCPUs at FIFO
+/// together; those that find no CPU wait until one of the others halts
+/// (FIFO has no time slice), so a task woken on one of them, or a lock
+/// it holds, waits the phase out while its siblings spin or sleep for it.
+/// Measured with one 4-vCPU 7.3 guest on this 2-CPU host, such phases
+/// cost hackbench half its work per CPU-second
+/// (docs/bench/s6-default-1x4.json).
+pub(super) fn too_wide(vcpus: u32, cpus: u32) -> bool {
+    vcpus > cpus.max(1)
 }
 
 /// One co-scheduling VM as [`plan`] sees it.

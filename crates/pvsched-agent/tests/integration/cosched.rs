@@ -425,6 +425,63 @@ fn every_vcpu_of_a_vm_wider_than_the_host_runs_in_its_phases() {
     assert_eq!(vcpus[0].attr().nice, 0, "baseline back at unregistration");
 }
 
+/// "auto" co-schedules no VM with more vCPUs than the CPUs its vCPU
+/// threads may run on (a phase would hold the ones that do not fit off
+/// the CPUs while the others wait for them). The same synchronising VM,
+/// beside hogs: with its two vCPUs free to run on every CPU it gets
+/// phases; once both are pinned to one CPU its phases end, its vCPUs are
+/// back at their baseline and stay there while its guest keeps
+/// reporting waits.
+#[test]
+fn auto_leaves_a_vm_wider_than_its_cpus_alone() {
+    let _cpus = common::cpu_bound();
+    if !need_bpf("auto_leaves_a_vm_wider_than_its_cpus_alone") {
+        return;
+    }
+    let (cpus, _hogs) = overcommit();
+    if cpus < 2
+        && !pvsched_testkit::skip_or_fail(
+            "auto_leaves_a_vm_wider_than_its_cpus_alone",
+            "needs 2 CPUs: on one, every 2-vCPU VM is wider than the host",
+        )
+    {
+        return;
+    }
+    let agent = common::agent();
+    let sync = [FakeVcpu::spawn_busy(0), FakeVcpu::spawn_busy(0)];
+    let base = sync[0].attr();
+    let vm = common::device_vm(&agent, &[sync[0].tid, sync[1].tid], &[], auto_caps());
+    let _counts = sync_counts(&vm, SYNC_PER_VCPU_S);
+    wait_for(
+        "the VM's phase while its vCPUs may use every CPU",
+        LIMIT,
+        || Some(vm.stats().cosched_now_us).filter(|us| *us > 0),
+    );
+    for v in &sync {
+        pin(v.tid, 0);
+    }
+    wait_for("its phases to end once pinned to one CPU", LIMIT, || {
+        (vm.stats().cosched_now_us == 0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let changes = vm.stats().vcpu_sum(|c| c.phase_changes);
+    assert_eq!((sync[0].attr(), sync[1].attr()), (base, base));
+    // Three more windows of waits reported: no phase comes back.
+    std::thread::sleep(Duration::from_millis(3_200));
+    let s = vm.stats();
+    assert!(
+        s.cosched_sync_rate.is_some_and(|r| r >= 16.0),
+        "{:?}",
+        s.cosched_sync_rate
+    );
+    assert_eq!(
+        (s.cosched_now_us, s.vcpu_sum(|c| c.phase_changes)),
+        (0, changes),
+        "no phase for a VM wider than its CPUs"
+    );
+    assert_eq!((sync[0].attr(), sync[1].attr()), (base, base));
+}
+
 #[test]
 fn auto_leaves_a_vm_alone_while_its_guest_reports_an_rt_task() {
     let _cpus = common::cpu_bound();
