@@ -4,7 +4,7 @@
 
 use crate::embedded::{Embedded, EmbeddedError};
 use pvsched_device::RegionMode;
-use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, VmConfig};
+use pvsched_vmm::{DeviceMode, DeviceProgram, Run, RunConfig, Snapshot, Vm, VmConfig};
 use std::time::{Duration, Instant};
 
 /// Why the VM did not start.
@@ -48,16 +48,44 @@ pub struct Launched {
 /// `policy` must outlive the returned run: drop it (unregistering the VM,
 /// every vCPU thread back at its baseline) only after the run finished.
 pub fn start(
+    vm: VmConfig,
+    duration: Duration,
+    policy: Option<&mut Embedded>,
+) -> Result<Launched, LaunchError> {
+    launch(vm, duration, policy, |cfg, attach| {
+        Run::start_with(cfg, attach)
+    })
+}
+
+/// Like [`start`], for the VM of snapshot `snap`, which runs on where it
+/// was ([`Run::restore_with`]); its configuration is the snapshot's.
+pub fn restore(
+    snap: Snapshot,
+    duration: Duration,
+    policy: Option<&mut Embedded>,
+) -> Result<Launched, LaunchError> {
+    let vm = snap.state.config();
+    launch(vm, duration, policy, |cfg, attach| {
+        Run::restore_with(cfg, snap, attach)
+    })
+}
+
+/// The VM attach callback [`Run::start_with`] and [`Run::restore_with`]
+/// take.
+type Attach<'a> = &'a mut dyn FnMut(&mut Vm) -> Result<(), LaunchError>;
+
+fn launch(
     mut vm: VmConfig,
     duration: Duration,
     mut policy: Option<&mut Embedded>,
+    start: impl FnOnce(&RunConfig, Attach<'_>) -> Result<Run, LaunchError>,
 ) -> Result<Launched, LaunchError> {
     vm.policy_sink = policy.as_ref().map(|p| p.sink());
     vm.on_device_lost = policy.as_ref().map(|p| p.device_lost_hook());
     let device_region = vm.region == RegionMode::Device;
     let cfg = RunConfig::new(vm, duration);
     let mut attached = None;
-    let run = Run::start_with(&cfg, |vm| match policy.as_deref_mut() {
+    let run = start(&cfg, &mut |vm| match policy.as_deref_mut() {
         Some(p) if device_region => {
             attached = Some(Instant::now());
             p.attach_device(vm).map_err(LaunchError::Policy)

@@ -12,7 +12,8 @@
 //!   process, reached over vfio-user ([`DeviceMode::Sandboxed`]), and what
 //!   happens when that process dies;
 //! * [`guest`]: the test guest, assembled from source with `iced-x86`;
-//! * [`monitor`], [`runner`], [`stats`]: what `pvsched run` measures and prints.
+//! * [`monitor`], [`runner`], [`stats`]: what `pvsched run` measures and prints;
+//! * [`snapshot`]: the whole VM saved to a directory and restored in another process.
 //!
 //! Seams for other components: the BAR2 backing comes from the embedder
 //! ([`VmConfig::device_region`], e.g. the agent's mmapable BPF array map),
@@ -31,6 +32,7 @@ pub mod monitor;
 pub mod pci_root;
 pub mod remote;
 pub mod runner;
+pub mod snapshot;
 pub mod stats;
 pub mod vcpu;
 pub mod vm;
@@ -39,5 +41,6 @@ pub use device_process::DeviceProgram;
 pub use guest::Workload;
 pub use remote::DeviceLoss;
 pub use runner::{Progress, Run, RunConfig, RunReport, VcpuReport, run};
+pub use snapshot::Snapshot;
 pub use vcpu::VcpuEnd;
 pub use vm::{DeviceMode, Error, Injector, ShutdownReport, Vm, VmConfig, open_kvm};

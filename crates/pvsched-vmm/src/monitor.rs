@@ -87,6 +87,24 @@ impl GuestVcpuReport {
     }
 }
 
+/// What a vCPU reported while it booted, which a restored guest does not
+/// report again ([`GuestMonitor::boot`], [`GuestMonitor::restore_boot`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BootReport {
+    /// x2APIC ID the vCPU reported.
+    pub apic_id: Option<u32>,
+    /// Slot it found.
+    pub slot: Option<u32>,
+    /// STATUS/ERROR after the handshake (vCPU 0).
+    pub handshake: Option<(u32, u32)>,
+    /// Where vCPU 0 found pvsched.
+    pub pci_found: Option<u32>,
+    /// Where vCPU 0 moved BAR2.
+    pub bar_moved: Option<u64>,
+    /// The vCPU reached its workload loop.
+    pub ready: bool,
+}
+
 /// Stall windows kept per vCPU ([`GuestVcpuReport::stall_windows`]): a
 /// loaded vanilla run has a few hundred.
 pub const STALL_WINDOWS_MAX: usize = 4096;
@@ -292,6 +310,33 @@ impl GuestMonitor {
                 s
             })
             .unwrap_or_default()
+    }
+
+    /// What `vcpu` reported while it booted.
+    pub fn boot(&self, vcpu: u32) -> BootReport {
+        let s = self.stats(vcpu);
+        BootReport {
+            apic_id: s.apic_id,
+            slot: s.slot,
+            handshake: s.handshake,
+            pci_found: s.pci_found,
+            bar_moved: s.bar_moved,
+            ready: s.ready,
+        }
+    }
+
+    /// Takes `boot` as what `vcpu` reported while it booted: a guest
+    /// restored from a snapshot runs on from where it was.
+    pub fn restore_boot(&self, vcpu: u32, boot: &BootReport) {
+        if let Some(r) = self.vcpus.get(vcpu as usize) {
+            let mut s = lock(&r.stats);
+            s.apic_id = boot.apic_id;
+            s.slot = boot.slot;
+            s.handshake = boot.handshake;
+            s.pci_found = boot.pci_found;
+            s.bar_moved = boot.bar_moved;
+            s.ready = boot.ready;
+        }
     }
 
     /// Sum of workload events over all vCPUs.

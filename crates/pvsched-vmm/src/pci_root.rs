@@ -125,6 +125,26 @@ impl PciRoot {
         self.refresh_decode();
     }
 
+    /// Registers the memslots of `00:<device_number>.0` where its BARs
+    /// decode now: after its configuration space was restored from a
+    /// snapshot rather than written by the guest.
+    pub fn sync_memslots(&self, device_number: u8) -> Result<(), crate::memslot::Error> {
+        let Some(i) = self.find(device_number) else {
+            return Ok(());
+        };
+        let f = &self.functions[i];
+        let bars = lock(&f.device).bars();
+        for (index, slot) in &f.memslots {
+            let at = bars
+                .iter()
+                .find(|b| b.index == *index)
+                .and_then(|b| b.address);
+            slot.move_to(at)?;
+        }
+        self.refresh_decode();
+        Ok(())
+    }
+
     fn decode_address(&self, address: u32) -> Option<(u8, usize, u64)> {
         if address & ENABLE == 0 {
             return None;

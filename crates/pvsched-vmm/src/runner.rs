@@ -11,6 +11,7 @@
 use crate::guest::Workload;
 use crate::guest::events::{VEC_STOP, VEC_WAKE};
 use crate::monitor::GuestMonitor;
+use crate::snapshot::Snapshot;
 use crate::stats::{self, Summary};
 use crate::vcpu::VcpuEnd;
 use crate::vm::{self, Vm, VmConfig};
@@ -270,9 +271,29 @@ impl Run {
         cfg: &RunConfig,
         attach: impl FnOnce(&mut Vm) -> Result<(), E>,
     ) -> Result<Self, E> {
-        let mut vm = Vm::new(cfg.vm.clone())?;
+        Self::launch(Vm::new(cfg.vm.clone())?, cfg, attach)
+    }
+
+    /// Like [`Run::start_with`], for the VM of snapshot `snap`
+    /// ([`Vm::restore`]): the guest runs on from where it was, its device
+    /// state loaded after `attach`. `cfg.vm` is the snapshot's
+    /// ([`crate::snapshot::VmState::config`]) with the caller's sink.
+    pub fn restore_with<E: From<vm::Error>>(
+        cfg: &RunConfig,
+        snap: Snapshot,
+        attach: impl FnOnce(&mut Vm) -> Result<(), E>,
+    ) -> Result<Self, E> {
+        Self::launch(Vm::restore(cfg.vm.clone(), snap)?, cfg, attach)
+    }
+
+    fn launch<E: From<vm::Error>>(
+        mut vm: Vm,
+        cfg: &RunConfig,
+        attach: impl FnOnce(&mut Vm) -> Result<(), E>,
+    ) -> Result<Self, E> {
         vm.start_held()?;
         attach(&mut vm)?;
+        vm.restore_device()?;
         vm.release();
         // The workload's time starts once the guest is in its loops
         // (handshake and slot burst done); a broken guest gets BOOT_WAIT.
@@ -326,14 +347,8 @@ impl Run {
     /// Stop everything, join every thread, and summarise.
     pub fn finish(mut self) -> RunReport {
         let duration = self.started.elapsed();
-        self.stop_injector.store(true, Ordering::Release);
-        if let Some(h) = self.injector.take()
-            && h.join().is_err()
-        {
-            log::warn!("injector thread panicked");
-        }
-        let monitor = self.vm.monitor().clone();
-        let n = monitor.nr_vcpus();
+        self.stop_injector();
+        let n = self.vm.monitor().nr_vcpus();
         if let Err(e) = self.vm.request_stop() {
             log::warn!("{e}");
         }
@@ -341,7 +356,34 @@ impl Run {
         let passive: Vec<u32> = (0..n).filter(|v| !self.workload.is_active(*v, n)).collect();
         self.stop_group(&active, STOP_WAIT / 4);
         self.stop_group(&passive, Duration::ZERO);
+        self.report(duration)
+    }
 
+    /// Stops the vCPUs where they are, writes the VM's snapshot into `dir`
+    /// ([`Vm::snapshot`], [`Snapshot::write`]) and summarises the run so
+    /// far. The guest is not told: restored, it runs on.
+    pub fn snapshot_to(mut self, dir: &std::path::Path) -> vm::Result<RunReport> {
+        let duration = self.started.elapsed();
+        self.stop_injector();
+        let snap = self.vm.snapshot()?;
+        snap.write(dir)?;
+        Ok(self.report(duration))
+    }
+
+    fn stop_injector(&mut self) {
+        self.stop_injector.store(true, Ordering::Release);
+        if let Some(h) = self.injector.take()
+            && h.join().is_err()
+        {
+            log::warn!("injector thread panicked");
+        }
+    }
+
+    /// The report of a run that lasted `duration`, once the guest stopped
+    /// (or was snapshotted); shuts the VM down.
+    fn report(self, duration: Duration) -> RunReport {
+        let monitor = self.vm.monitor().clone();
+        let n = monitor.nr_vcpus();
         let view = self.vm.region_view();
         let (device_status, device_error) = self.vm.device_status();
         let tids = self.vm.vcpu_tids();

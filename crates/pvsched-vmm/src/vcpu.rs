@@ -79,6 +79,14 @@ fn flat(selector: u16, type_: u8) -> kvm_segment {
 
 /// Configure vCPU `index` (x2APIC ID `apic_id`) to start the test guest.
 pub fn setup(vcpu: &VcpuFd, index: u32, apic_id: u32, supported: &CpuId) -> Result<(), Error> {
+    set_cpuid(vcpu, index, apic_id, supported)?;
+    boot_state(vcpu, index)
+}
+
+/// Gives vCPU `index` KVM's supported CPUID with x2APIC and its APIC ID
+/// `apic_id`: what a new vCPU needs before any other state, its boot state
+/// or a snapshot's.
+pub fn set_cpuid(vcpu: &VcpuFd, index: u32, apic_id: u32, supported: &CpuId) -> Result<(), Error> {
     let mut cpuid = supported.clone();
     for e in cpuid.as_mut_slice() {
         match e.function {
@@ -91,8 +99,12 @@ pub fn setup(vcpu: &VcpuFd, index: u32, apic_id: u32, supported: &CpuId) -> Resu
         }
     }
     vcpu.set_cpuid2(&cpuid)
-        .map_err(kvm_err(index, "KVM_SET_CPUID2"))?;
+        .map_err(kvm_err(index, "KVM_SET_CPUID2"))
+}
 
+/// The test guest's entry state: flat 32-bit protected mode at its code,
+/// vCPU `index`'s stack, runnable.
+fn boot_state(vcpu: &VcpuFd, index: u32) -> Result<(), Error> {
     let mut sregs = vcpu.get_sregs().map_err(kvm_err(index, "KVM_GET_SREGS"))?;
     sregs.cs = flat(SEL_CODE, 0xb);
     let data = flat(SEL_DATA, 0x3);
@@ -145,7 +157,14 @@ pub fn setup(vcpu: &VcpuFd, index: u32, apic_id: u32, supported: &CpuId) -> Resu
 }
 
 /// The vCPU thread body: run until `running` is cleared or the guest dies.
-pub fn run_loop(mut vcpu: VcpuFd, index: u32, io: Arc<IoHub>, running: Arc<AtomicBool>) -> VcpuEnd {
+/// Hands the vCPU back, so that a snapshot can read its state once the
+/// thread has ended.
+pub fn run_loop(
+    mut vcpu: VcpuFd,
+    index: u32,
+    io: Arc<IoHub>,
+    running: Arc<AtomicBool>,
+) -> (VcpuEnd, VcpuFd) {
     let run_ptr: *mut kvm_bindings::kvm_run = vcpu.get_kvm_run();
     // SAFETY: the kvm_run mapping belongs to `vcpu`, which lives until the
     // end of this function; `unregister` runs before it is dropped.
@@ -181,8 +200,20 @@ pub fn run_loop(mut vcpu: VcpuFd, index: u32, io: Arc<IoHub>, running: Arc<Atomi
         }
     };
     kick::unregister();
-    if end != VcpuEnd::Stopped {
+    if end == VcpuEnd::Stopped {
+        // The last exit (a port or MMIO read the VMM answered) completes
+        // only in the next KVM_RUN; with immediate_exit KVM completes it
+        // and returns at once without entering the guest, so that the
+        // vCPU's registers are whole for a snapshot.
+        vcpu.set_kvm_immediate_exit(1);
+        match vcpu.run() {
+            Err(e) if e.errno() == libc::EINTR => {}
+            Err(e) => log::warn!("vcpu {index}: completing its last exit failed: {e}"),
+            Ok(exit) => log::warn!("vcpu {index}: unexpected exit {exit:?} with immediate_exit"),
+        }
+        vcpu.set_kvm_immediate_exit(0);
+    } else {
         log::warn!("vcpu {index} ended: {end:?}");
     }
-    end
+    (end, vcpu)
 }

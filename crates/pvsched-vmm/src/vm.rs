@@ -26,6 +26,7 @@ use crate::memslot::BarMemslot;
 use crate::monitor::GuestMonitor;
 use crate::pci_root::{PciRoot, SharedDevice};
 use crate::remote::{self, DeviceLoss, HostView, Link, OnLoss, RemoteDevice};
+use crate::snapshot::{self, Snapshot, VmState};
 use crate::vcpu::{self, VcpuEnd};
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_msi, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
@@ -39,7 +40,9 @@ use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::thread::JoinHandle;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, MmapRegion};
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, MmapRegion, VolatileMemory,
+};
 
 /// PCI device number of the host bridge.
 pub const HOST_BRIDGE_DEVICE: u8 = 0;
@@ -100,6 +103,9 @@ pub enum Error {
     /// Memslot.
     #[error(transparent)]
     Memslot(#[from] crate::memslot::Error),
+    /// Taking or restoring a snapshot.
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::Error),
     /// Writing guest memory from the host.
     #[error("writing guest memory at {0:#x} failed")]
     GuestWrite(u64),
@@ -219,12 +225,13 @@ impl ShutdownReport {
 }
 
 struct VcpuThread {
-    handle: JoinHandle<VcpuEnd>,
+    handle: JoinHandle<(VcpuEnd, VcpuFd)>,
 }
 
 /// A running (or ready to run) VM.
 pub struct Vm {
     cfg: VmConfig,
+    kvm: Kvm,
     vm: Arc<VmFd>,
     ram: GuestMemoryMmap,
     device: Option<Arc<Mutex<PvschedDevice>>>,
@@ -237,6 +244,13 @@ pub struct Vm {
     apic_ids: Vec<u32>,
     pending: Vec<VcpuFd>,
     threads: Vec<VcpuThread>,
+    /// The vCPUs of joined threads, by index: what a snapshot reads.
+    stopped: Vec<VcpuFd>,
+    /// Why each joined vCPU thread ended, by index.
+    ends: Vec<VcpuEnd>,
+    /// A restored VM's device state and BAR2 bytes, until
+    /// [`Vm::restore_device`] loads them.
+    restoring: Option<(pvsched_device::DeviceSnapshot, Option<Vec<u8>>)>,
     tids: Arc<Mutex<Vec<i32>>>,
     running: Arc<AtomicBool>,
     gate: Arc<Gate>,
@@ -293,6 +307,121 @@ fn check_device(path: &str) -> Result<()> {
 impl Vm {
     /// Build the VM: memory, irqchip, PCI bus, device, test guest, vCPUs.
     pub fn new(cfg: VmConfig) -> Result<Self> {
+        let (mut vm, bars) = Self::build(cfg)?;
+        assign_bars(&vm.pci, bars)?;
+        let pci_id = vm.pci.config_read(PVSCHED_DEVICE, 0);
+        let program = guest::program::build().map_err(guest::Error::from)?;
+        let cfg = &vm.cfg;
+        guest::load(
+            &vm.ram,
+            &program,
+            &GuestParams {
+                workload: cfg.workload,
+                apic_ids: vm.apic_ids.clone(),
+                guest_region: cfg.region == RegionMode::Guest,
+                pci_id,
+                slot_burst: cfg.slot_burst,
+                seed: cfg.seed,
+                greedy_rt_prio: cfg.greedy_rt_prio,
+                bar2_move: cfg.bar2_move,
+                guest_region_gpa: layout::GUEST_REGION_GPA as u32,
+            },
+        )?;
+        vm.pending = create_vcpus(&vm.kvm, &vm.vm, &vm.apic_ids, None)?;
+        Ok(vm)
+    }
+
+    /// The VM of snapshot `snap`, in this process: RAM, vCPUs, interrupt
+    /// controllers and clock as they were; the device's state and BAR2's
+    /// bytes are loaded by [`Vm::restore_device`], after
+    /// [`Vm::start_held`] and the policy's attach (which may replace
+    /// BAR2's backing). `cfg` gives what a snapshot does not hold (where
+    /// the device runs, the policy's sink); [`VmState::config`] the rest.
+    pub fn restore(cfg: VmConfig, snap: Snapshot) -> Result<Self> {
+        let Snapshot { state, ram, region } = snap;
+        if cfg.vcpus != state.vcpus
+            || cfg.ram_size != state.ram_size
+            || cfg.region != state.region
+            || cfg.workload != state.workload
+            || cfg.device_features != state.device_features
+        {
+            return Err(Error::Config(
+                "the configuration differs from the snapshot's (build it with VmState::config)"
+                    .into(),
+            ));
+        }
+        if !matches!(cfg.device_mode, DeviceMode::InProcess) {
+            return Err(snapshot::Error::Sandboxed.into());
+        }
+        let (mut vm, _) = Self::build(cfg)?;
+        if state.apic_ids != vm.apic_ids {
+            return Err(snapshot::Error::Invalid(format!(
+                "APIC IDs {:?}, this VM's are {:?}",
+                state.apic_ids, vm.apic_ids
+            ))
+            .into());
+        }
+        vm.ram
+            .write_slice(&ram, GuestAddress(0))
+            .map_err(|_| Error::GuestWrite(0))?;
+        vm.pending = create_vcpus(&vm.kvm, &vm.vm, &vm.apic_ids, Some(&state.vcpu))?;
+        snapshot::load_irqchips(&vm.vm, &state.irqchips)?;
+        snapshot::load_clock(&vm.vm, &state.clock)?;
+        for (v, boot) in state.boot.iter().enumerate() {
+            vm.monitor.restore_boot(v as u32, boot);
+        }
+        vm.restoring = Some((state.device, region));
+        Ok(vm)
+    }
+
+    /// Loads a restored VM's device state and BAR2's bytes (into BAR2's
+    /// backing as it is now), and registers BAR2's memslot where the
+    /// restored BAR decodes. Between [`Vm::start_held`] and
+    /// [`Vm::release`]; nothing to do for a VM that was not restored.
+    pub fn restore_device(&mut self) -> Result<()> {
+        let Some((state, region)) = self.restoring.take() else {
+            return Ok(());
+        };
+        let Some(device) = &self.device else {
+            return Err(snapshot::Error::Sandboxed.into());
+        };
+        match (&self.bar2, region) {
+            (Some(bar2), Some(bytes)) => {
+                let backing = bar2.backing();
+                if bytes.len() != backing.size() {
+                    return Err(snapshot::Error::Invalid(format!(
+                        "BAR2 holds {} bytes, this VM's {}",
+                        bytes.len(),
+                        backing.size()
+                    ))
+                    .into());
+                }
+                backing
+                    .get_slice(0, bytes.len())
+                    .map_err(|e| Error::Config(format!("BAR2's backing: {e}")))?
+                    .copy_from(&bytes);
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(
+                    snapshot::Error::Invalid("holds no BAR2 for a device region".into()).into(),
+                );
+            }
+            (None, Some(_)) => {
+                return Err(snapshot::Error::Invalid(
+                    "holds a BAR2 the device does not offer".into(),
+                )
+                .into());
+            }
+        }
+        lock(device).restore(state)?;
+        self.pci.sync_memslots(PVSCHED_DEVICE)?;
+        Ok(())
+    }
+
+    /// Everything but the guest and the vCPUs: KVM's VM with its irqchip,
+    /// RAM, the device and the PCI bus; the device's BARs to place.
+    fn build(cfg: VmConfig) -> Result<(Self, Vec<pvsched_device::BarInfo>)> {
         check_config(&cfg)?;
         kick::install()?;
         let kvm = open_kvm()?;
@@ -307,7 +436,6 @@ impl Vm {
         let mut dcfg = DeviceConfig::new(cfg.vcpus);
         dcfg.apic_ids = apic_ids.clone();
         dcfg.features = cfg.device_features;
-        let pci_id = (u32::from(dcfg.ids.device) << 16) | u32::from(dcfg.ids.vendor);
         let monitor = Arc::new(GuestMonitor::new(cfg.vcpus));
         let parts = device_parts(&cfg, dcfg, &ram, &monitor)?;
         let bar2 = parts
@@ -327,28 +455,10 @@ impl Vm {
         let bars = lock(&parts.shared).bars();
         pci.add(PVSCHED_DEVICE, parts.shared, slots);
         let pci = Arc::new(pci);
-        assign_bars(&pci, bars)?;
-
-        let program = guest::program::build().map_err(guest::Error::from)?;
-        guest::load(
-            &ram,
-            &program,
-            &GuestParams {
-                workload: cfg.workload,
-                apic_ids: apic_ids.clone(),
-                guest_region: cfg.region == RegionMode::Guest,
-                pci_id,
-                slot_burst: cfg.slot_burst,
-                seed: cfg.seed,
-                greedy_rt_prio: cfg.greedy_rt_prio,
-                bar2_move: cfg.bar2_move,
-                guest_region_gpa: layout::GUEST_REGION_GPA as u32,
-            },
-        )?;
-        let pending = create_vcpus(&kvm, &vm, &apic_ids)?;
-        Ok(Self {
+        let vm = Self {
             monitor,
             cfg,
+            kvm,
             vm,
             ram,
             device: parts.device,
@@ -358,12 +468,16 @@ impl Vm {
             pci,
             bar2,
             apic_ids,
-            pending,
+            pending: Vec::new(),
             threads: Vec::new(),
+            stopped: Vec::new(),
+            ends: Vec::new(),
+            restoring: None,
             tids: Arc::new(Mutex::new(Vec::new())),
             running: Arc::new(AtomicBool::new(true)),
             gate: Arc::new(Gate::default()),
-        })
+        };
+        Ok((vm, bars))
     }
 }
 
@@ -488,8 +602,14 @@ fn device_parts(
     }
 }
 
-/// One vCPU per APIC ID, set up with KVM's supported CPUID.
-fn create_vcpus(kvm: &Kvm, vm: &VmFd, apic_ids: &[u32]) -> Result<Vec<VcpuFd>> {
+/// One vCPU per APIC ID, set up with KVM's supported CPUID, at the test
+/// guest's entry or, restoring, in the state `restore` gives it.
+fn create_vcpus(
+    kvm: &Kvm,
+    vm: &VmFd,
+    apic_ids: &[u32],
+    restore: Option<&[snapshot::VcpuState]>,
+) -> Result<Vec<VcpuFd>> {
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
@@ -498,7 +618,13 @@ fn create_vcpus(kvm: &Kvm, vm: &VmFd, apic_ids: &[u32]) -> Result<Vec<VcpuFd>> {
         let v = vm
             .create_vcpu(i as u64)
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-        vcpu::setup(&v, i as u32, *id, &supported)?;
+        match restore.and_then(|r| r.get(i)) {
+            Some(state) => {
+                vcpu::set_cpuid(&v, i as u32, *id, &supported)?;
+                snapshot::load_vcpu(&v, i, state)?;
+            }
+            None => vcpu::setup(&v, i as u32, *id, &supported)?,
+        }
         pending.push(v);
     }
     Ok(pending)
@@ -722,7 +848,6 @@ impl Vm {
         self.running.store(false, Ordering::Release);
         // Held threads must reach run_loop to see `running` and end.
         self.gate.open();
-        let mut ends = Vec::new();
         for t in self.threads.drain(..) {
             let pthread = t.handle.as_pthread_t();
             while !t.handle.is_finished() {
@@ -731,13 +856,86 @@ impl Vm {
                 }
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
-            ends.push(
-                t.handle
-                    .join()
-                    .unwrap_or_else(|_| VcpuEnd::RunError("vCPU thread panicked".into())),
-            );
+            match t.handle.join() {
+                Ok((end, fd)) => {
+                    self.ends.push(end);
+                    self.stopped.push(fd);
+                }
+                Err(_) => {
+                    self.ends
+                        .push(VcpuEnd::RunError("vCPU thread panicked".into()));
+                }
+            }
         }
-        ShutdownReport { vcpu_ends: ends }
+        ShutdownReport {
+            vcpu_ends: self.ends.clone(),
+        }
+    }
+
+    /// Stops the vCPUs and takes the VM's snapshot: the VM does not run
+    /// again in this process (restore it with [`Vm::restore`], here or in
+    /// another process). Needs the in-process device, and a VM whose
+    /// vCPUs all ran until now.
+    pub fn snapshot(&mut self) -> Result<Snapshot> {
+        let Some(device) = self.device.clone() else {
+            return Err(snapshot::Error::Sandboxed.into());
+        };
+        if self.threads.is_empty() {
+            return Err(snapshot::Error::NotRunning("its vCPUs are not running".into()).into());
+        }
+        let report = self.join_vcpus();
+        if !report.clean() || self.stopped.len() != self.apic_ids.len() {
+            return Err(snapshot::Error::NotRunning(format!(
+                "a vCPU ended by itself: {:?}",
+                report.vcpu_ends
+            ))
+            .into());
+        }
+        let msrs = snapshot::msr_list(&self.kvm)?;
+        let vcpu = self
+            .stopped
+            .iter()
+            .enumerate()
+            .map(|(i, v)| snapshot::save_vcpu(v, i, &msrs))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let irqchips = snapshot::save_irqchips(&self.vm)?;
+        let clock = snapshot::save_clock(&self.vm)?;
+        let mut ram = vec![0u8; usize::try_from(self.cfg.ram_size).unwrap_or(usize::MAX)];
+        self.ram
+            .read_slice(&mut ram, GuestAddress(0))
+            .map_err(|e| Error::Config(format!("reading guest RAM: {e}")))?;
+        let region = match &self.bar2 {
+            Some(bar2) => {
+                let backing = bar2.backing();
+                let mut bytes = vec![0u8; backing.size()];
+                backing
+                    .get_slice(0, bytes.len())
+                    .map_err(|e| Error::Config(format!("BAR2's backing: {e}")))?
+                    .copy_to(&mut bytes[..]);
+                Some(bytes)
+            }
+            None => None,
+        };
+        let n = self.cfg.vcpus;
+        let state = VmState {
+            format: snapshot::FORMAT,
+            vcpus: n,
+            ram_size: self.cfg.ram_size,
+            region: self.cfg.region,
+            workload: self.cfg.workload,
+            device_features: self.cfg.device_features,
+            slot_burst: self.cfg.slot_burst,
+            seed: self.cfg.seed,
+            greedy_rt_prio: self.cfg.greedy_rt_prio,
+            apic_ids: self.apic_ids.clone(),
+            clock,
+            irqchips,
+            vcpu,
+            device: lock(&device).snapshot(),
+            boot: (0..n).map(|v| self.monitor.boot(v)).collect(),
+            events: self.monitor.total_events(),
+        };
+        Ok(Snapshot { state, ram, region })
     }
 }
 

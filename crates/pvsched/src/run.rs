@@ -129,6 +129,22 @@ pub struct RunArgs {
     /// /etc/pvsched/vms/NAME.toml). Default: pvsched-run-PID.
     #[arg(long)]
     pub vm_name: Option<String>,
+    /// At the end of `--duration`, save the whole VM (vCPUs, interrupt
+    /// controllers, clock, RAM, the device's state) into this directory
+    /// instead of stopping the guest; `--restore DIR` runs it on. Needs
+    /// `--device-mode in-process`.
+    #[arg(long, value_name = "DIR", conflicts_with = "compare")]
+    pub snapshot_to: Option<PathBuf>,
+    /// Run on the VM saved by `--snapshot-to DIR` in this process, for
+    /// `--duration`: the guest continues where it was, with its device
+    /// state; its vCPUs, workload and region come from the snapshot. Needs
+    /// `--device-mode in-process`.
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with_all = ["compare", "vcpus", "workload", "region"]
+    )]
+    pub restore: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -175,6 +191,15 @@ pub enum RunError {
     /// `--compare` with `--policy none`.
     #[error("--compare runs with and without the host policy; it cannot run with --policy none")]
     CompareWithoutPolicy,
+    /// `--snapshot-to` or `--restore` with the sandboxed device.
+    #[error(
+        "--snapshot-to and --restore need --device-mode in-process: the sandboxed device's \
+         state cannot be read out of its process yet"
+    )]
+    SnapshotSandboxed,
+    /// The snapshot could not be read.
+    #[error("--restore: {0}")]
+    Restore(#[source] pvsched_vmm::snapshot::Error),
     /// The host load's threads could not be started.
     #[error("starting the host load's threads (--hogs) failed: {0}")]
     Hogs(#[source] std::io::Error),
@@ -214,7 +239,10 @@ impl RunError {
     pub fn exit(&self) -> Exit {
         match self {
             RunError::PolicyFileWithoutPolicy | RunError::PolicyFile(_) => Exit::PolicyFile,
-            RunError::TraceWithoutEmbedded | RunError::CompareWithoutPolicy => Exit::Usage,
+            RunError::TraceWithoutEmbedded
+            | RunError::CompareWithoutPolicy
+            | RunError::SnapshotSandboxed => Exit::Usage,
+            RunError::Restore(_) => Exit::Failure,
             RunError::Policy(e) => policy_exit(e),
             RunError::Vm(e) => exit_for(e),
             RunError::CurrentExe(_)
@@ -249,6 +277,11 @@ fn run(args: &RunArgs) -> Result<Exit, RunError> {
     if matches!(policy_kind, Policy::None | Policy::Daemon) && args.trace.is_some() {
         return Err(RunError::TraceWithoutEmbedded);
     }
+    if (args.snapshot_to.is_some() || args.restore.is_some())
+        && args.device_mode != DeviceModeArg::InProcess
+    {
+        return Err(RunError::SnapshotSandboxed);
+    }
     if args.compare {
         if policy_kind == Policy::None {
             return Err(RunError::CompareWithoutPolicy);
@@ -258,16 +291,23 @@ fn run(args: &RunArgs) -> Result<Exit, RunError> {
     // Declared before the run: dropped (unregistered, baselines restored)
     // only after the VM is shut down.
     let mut policy = load_policy(args)?;
-    eprintln!(
-        "pvsched run: {} vCPUs, workload {}, {} region, {} device, {}, policy {}",
-        args.vcpus,
-        Workload::from(args.workload),
-        region_name(args.region),
-        device_mode_name(args.device_mode),
-        humantime::format_duration(args.duration),
-        policy.name
-    );
+    // A restored VM's vCPUs, workload and region are the snapshot's: said
+    // once it is read.
+    if args.restore.is_none() {
+        eprintln!(
+            "pvsched run: {} vCPUs, workload {}, {} region, {} device, {}, policy {}",
+            args.vcpus,
+            Workload::from(args.workload),
+            region_name(args.region),
+            device_mode_name(args.device_mode),
+            humantime::format_duration(args.duration),
+            policy.name
+        );
+    }
     let mut m = measure(args, policy.policy.as_mut(), args.hogs.unwrap_or(0))?;
+    if let Some(dir) = &args.snapshot_to {
+        eprintln!("pvsched run: VM saved in {}", dir.display());
+    }
     m.stats = policy.policy.as_ref().and_then(Embedded::stats);
     // Unregister (restores every vCPU thread) before printing.
     drop(policy.policy.take());
@@ -388,8 +428,22 @@ pub(crate) fn measure(
     policy: Option<&mut Embedded>,
     hogs: usize,
 ) -> Result<Measured, RunError> {
-    let vm = vm_config(args)?;
-    let run = launch::start(vm, args.duration, policy)?.run;
+    let run = match &args.restore {
+        Some(dir) => {
+            let snap = pvsched_vmm::Snapshot::read(dir).map_err(RunError::Restore)?;
+            eprintln!(
+                "pvsched run: restoring {}: {} vCPUs, workload {}, {} events before, \
+                 in-process device, {}",
+                dir.display(),
+                snap.state.vcpus,
+                snap.state.workload,
+                snap.state.events,
+                humantime::format_duration(args.duration)
+            );
+            launch::restore(snap, args.duration, policy)?.run
+        }
+        None => launch::start(vm_config(args)?, args.duration, policy)?.run,
+    };
     let load = Load {
         kind: LoadKind::Busy,
         n: hogs,
@@ -416,7 +470,10 @@ pub(crate) fn measure(
         .zip(cpu0)
         .map(|(b, a)| b.saturating_sub(a) as f64 / 1e9);
     drop(running);
-    let report = run.finish();
+    let report = match &args.snapshot_to {
+        Some(dir) => run.snapshot_to(dir)?,
+        None => run.finish(),
+    };
     Ok(Measured {
         report,
         stats: None,

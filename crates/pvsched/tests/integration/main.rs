@@ -13,3 +13,4 @@ mod daemon_cli;
 mod device_kill9;
 mod device_modes;
 mod policy;
+mod snapshot;
