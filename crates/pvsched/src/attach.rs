@@ -31,10 +31,9 @@
 //! and stops the device process. Detaching a VM that has nothing attached
 //! changes nothing.
 
-use crate::daemon_cli::SocketArg;
 use crate::exit::Exit;
-use crate::monitor::{Monitor, Qmp, Virsh};
-use crate::qemu_attach::{Failed, QemuAttachArgs};
+use crate::monitor::{Monitor, Qmp};
+use crate::qemu_attach::{Failed, QemuAttachArgs, VmTarget};
 use clap::{Args, ValueEnum};
 use pvsched_daemon::RegisterVm;
 use pvsched_daemon::proto::Region;
@@ -116,36 +115,13 @@ pub struct AttachArgs {
 /// `pvsched detach`.
 #[derive(Args, Debug, Clone)]
 pub struct DetachArgs {
-    /// QEMU's QMP socket (with --name and --pid).
-    #[arg(long, required_unless_present = "libvirt", conflicts_with = "libvirt")]
-    pub(crate) qmp: Option<PathBuf>,
-    /// A running libvirt domain (through the monitor libvirt holds).
-    #[arg(long, value_name = "DOMAIN")]
-    pub(crate) libvirt: Option<String>,
-    /// The VM's name with pvschedd (default with --libvirt: the domain's).
-    #[arg(long, required_unless_present = "libvirt")]
-    pub(crate) name: Option<String>,
-    /// The QEMU process the QMP socket must be served by.
-    #[arg(long, required_unless_present = "libvirt")]
-    pub(crate) pid: Option<u32>,
-    /// libvirt's URI for virsh.
-    #[arg(long, value_name = "URI", default_value = "qemu:///system")]
-    pub(crate) connect: String,
-    /// The virsh program.
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "PVSCHED_VIRSH",
-        default_value = "virsh"
-    )]
-    pub(crate) virsh: PathBuf,
+    #[command(flatten)]
+    pub(crate) target: VmTarget,
     /// How long the guest has to release the device.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub(crate) timeout: Duration,
     #[command(flatten)]
     pub(crate) dir: DeviceDir,
-    #[command(flatten)]
-    pub(crate) socket: SocketArg,
 }
 
 /// What QEMU has now, and where a device can go.
@@ -457,7 +433,7 @@ fn tail(path: &Path) -> String {
 }
 
 /// The monitor `a` names; for a QMP socket, its peer must be `pid`.
-fn monitor(a: &QemuAttachArgs, pid: u32) -> Result<Monitor, String> {
+fn monitor(a: &VmTarget, pid: u32) -> Result<Monitor, String> {
     match (&a.libvirt, &a.qmp) {
         (Some(domain), _) => Ok(Monitor::Libvirt {
             virsh: a.virsh(),
@@ -517,10 +493,10 @@ pub(crate) fn attach_inner(a: &AttachArgs) -> Result<Exit, Failed> {
     }
     let name = reg.name.clone();
     let pid = reg.pid.unwrap_or(0);
-    let socket = a.vm.socket.socket.clone();
+    let socket = a.vm.target.socket.socket.clone();
     // pvschedd first: without it nothing below can be kept.
     let before = registered(&socket, &name)?;
-    let mut mon = monitor(&a.vm, pid).map_err(fail)?;
+    let mut mon = monitor(&a.vm.target, pid).map_err(fail)?;
     let caps_only = |mut reg: RegisterVm, why: &str| -> Result<Exit, Failed> {
         reg.region = Region::None;
         crate::qemu_attach::register(&a.vm, reg, &format!("; caps only: {why}"))?;
@@ -591,7 +567,7 @@ fn plug(a: &AttachArgs, mon: &mut Monitor, reg: &RegisterVm) -> Result<String, S
         "--daemon-region".into(),
         name.clone(),
         "--daemon-socket".into(),
-        a.vm.socket.socket.display().to_string(),
+        a.vm.target.socket.socket.display().to_string(),
         "--socket-owner".into(),
         format!("{uid}:{gid}"),
     ];
@@ -607,7 +583,7 @@ fn plug(a: &AttachArgs, mon: &mut Monitor, reg: &RegisterVm) -> Result<String, S
     if let Err(e) = mon.execute("device_add", Some(&dev)) {
         a.dir.stop(name);
         // The device process reserved the region; drop it with the device.
-        if let Ok(mut c) = pvsched_daemon::Client::connect(&a.vm.socket.socket) {
+        if let Ok(mut c) = pvsched_daemon::Client::connect(&a.vm.target.socket.socket) {
             let _ = c.unregister(name);
         }
         return Err(format!("device_add {DEVICE_ID}: {e}"));
@@ -684,16 +660,11 @@ pub fn detach(a: &DetachArgs) -> Exit {
 
 pub(crate) fn detach_inner(a: &DetachArgs) -> Result<Exit, Failed> {
     let fail = |e: String| (Exit::Failure, e);
-    let name = match (&a.name, &a.libvirt) {
-        (Some(n), _) | (None, Some(n)) => n.clone(),
-        (None, None) => return Err((Exit::Usage, "--name or --libvirt is needed".into())),
-    };
-    if !pvsched_daemon::proto::valid_name(&name) {
-        return Err((Exit::Usage, format!("{name:?}: not a VM name")));
-    }
+    let t = &a.target;
+    let name = t.vm_name()?;
     let mut done = Vec::new();
     // First the registration: every thread back to its baseline.
-    let mut c = pvsched_daemon::Client::connect(&a.socket.socket)
+    let mut c = pvsched_daemon::Client::connect(&t.socket.socket)
         .map_err(|e| (crate::daemon_cli::exit_for(&e), e.to_string()))?;
     match c.unregister(&name) {
         Ok(()) => done.push("unregistered (its threads are at their baseline)".to_string()),
@@ -704,18 +675,10 @@ pub(crate) fn detach_inner(a: &DetachArgs) -> Result<Exit, Failed> {
         Err(e) => return Err((crate::daemon_cli::exit_for(&e), format!("{name}: {e}"))),
     }
     // Then the device, if QEMU still runs.
-    let mon = match (&a.libvirt, &a.qmp) {
-        (Some(domain), _) => Some(Monitor::Libvirt {
-            virsh: Virsh {
-                program: a.virsh.clone(),
-                connect: a.connect.clone(),
-            },
-            domain: domain.clone(),
-        }),
-        (None, Some(path)) if path.exists() => {
-            Some(qmp_of(path, a.pid.unwrap_or(0)).map_err(fail)?)
-        }
-        (None, _) => None,
+    // (A QMP socket that is gone: QEMU with it.)
+    let mon = match (&t.libvirt, &t.qmp) {
+        (None, Some(path)) if !path.exists() => None,
+        _ => Some(monitor(t, t.pid.unwrap_or(0)).map_err(fail)?),
     };
     let mut left = None;
     if let Some(mut mon) = mon {
@@ -733,7 +696,7 @@ pub(crate) fn detach_inner(a: &DetachArgs) -> Result<Exit, Failed> {
             },
             Ok(_) => {}
             // QEMU gone: only the device process is left to stop.
-            Err(e) if a.libvirt.is_some() && e.contains("not running") => {}
+            Err(e) if t.libvirt.is_some() && e.contains("not running") => {}
             Err(e) => return Err(fail(format!("{name}: {e}"))),
         }
     }

@@ -66,7 +66,8 @@ pub fn migrate(a: &MigrateArgs) -> Exit {
 fn migrate_inner(a: &MigrateArgs) -> Result<Exit, Failed> {
     let fail = |e: String| (Exit::Failure, e);
     let src = &a.from.vm;
-    let (Some(qmp), Some(pid), Some(name)) = (&src.qmp, src.pid, &src.name) else {
+    let (Some(qmp), Some(pid), Some(name)) = (&src.target.qmp, src.target.pid, &src.target.name)
+    else {
         return Err((
             Exit::Usage,
             "migrate takes the source as --qmp SOCKET --pid PID --name NAME".into(),
@@ -75,15 +76,9 @@ fn migrate_inner(a: &MigrateArgs) -> Result<Exit, Failed> {
     // The destination must answer before the source gives anything up.
     drop(qmp_of(&a.to_qmp, a.to_pid).map_err(|e| fail(format!("{name}: destination: {e}")))?);
     let detach = DetachArgs {
-        qmp: Some(qmp.clone()),
-        libvirt: None,
-        name: Some(name.clone()),
-        pid: Some(pid),
-        connect: src.virsh().connect,
-        virsh: src.virsh().program,
+        target: src.target.clone(),
         timeout: Duration::from_secs(30),
         dir: a.from.dir.clone(),
-        socket: src.socket.clone(),
     };
     let again = |why: String| -> Result<Exit, Failed> {
         // The source as it was: its device and registration back.
@@ -105,8 +100,8 @@ fn migrate_inner(a: &MigrateArgs) -> Result<Exit, Failed> {
     match outcome {
         Ok(()) => {
             let mut to = a.from.clone();
-            to.vm.qmp = Some(a.to_qmp.clone());
-            to.vm.pid = Some(a.to_pid);
+            to.vm.target.qmp = Some(a.to_qmp.clone());
+            to.vm.target.pid = Some(a.to_pid);
             println!(
                 "{name}: migrated from QEMU {pid} to QEMU {} in {secs:.1} s (the device \
                  detached before, attached after)",

@@ -53,9 +53,10 @@ use serde_json::Value;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// `pvsched qemu-attach`.
+/// Which running QEMU a command is about, and the VM's name with
+/// pvschedd: `qemu-attach`, `attach`, `detach` and `migrate`'s source.
 #[derive(Args, Debug, Clone)]
-pub struct QemuAttachArgs {
+pub struct VmTarget {
     /// QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`), a socket
     /// of QEMU's own (for a libvirt domain use --libvirt).
     #[arg(long, required_unless_present = "libvirt", conflicts_with = "libvirt")]
@@ -66,6 +67,59 @@ pub struct QemuAttachArgs {
     /// its XML's <metadata> (<pvsched:vm>, see docs/operating.md).
     #[arg(long, value_name = "DOMAIN")]
     pub(crate) libvirt: Option<String>,
+    /// libvirt's URI for virsh.
+    #[arg(long, value_name = "URI", default_value = "qemu:///system")]
+    connect: String,
+    /// The virsh program.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "PVSCHED_VIRSH",
+        default_value = "virsh"
+    )]
+    virsh: PathBuf,
+    /// The VM's name with pvschedd (its caps file is
+    /// /etc/pvsched/vms/NAME.toml); default with --libvirt: the domain's.
+    #[arg(long, required_unless_present = "libvirt")]
+    pub(crate) name: Option<String>,
+    /// The QEMU process the VM runs as. With --qmp (required): the QMP
+    /// socket's peer must be it, so a socket another process bound at that
+    /// path (a shared directory, a stale path) is refused instead of its
+    /// process registered under NAME. With --libvirt: the process libvirt
+    /// started (default: the pid in /run/libvirt/qemu/DOMAIN.pid), whose
+    /// threads the vCPU threads must be.
+    #[arg(long, required_unless_present = "libvirt")]
+    pub(crate) pid: Option<u32>,
+    #[command(flatten)]
+    pub(crate) socket: SocketArg,
+}
+
+impl VmTarget {
+    pub(crate) fn virsh(&self) -> Virsh {
+        Virsh {
+            program: self.virsh.clone(),
+            connect: self.connect.clone(),
+        }
+    }
+
+    /// The VM's name with pvschedd: `--name`, else the domain's.
+    pub(crate) fn vm_name(&self) -> Result<String, Failed> {
+        let name = match (&self.name, &self.libvirt) {
+            (Some(n), _) | (None, Some(n)) => n.clone(),
+            (None, None) => return Err((Exit::Usage, "--name or --libvirt is needed".into())),
+        };
+        if !pvsched_daemon::proto::valid_name(&name) {
+            return Err((Exit::Usage, format!("{name:?}: not a VM name")));
+        }
+        Ok(name)
+    }
+}
+
+/// `pvsched qemu-attach`.
+#[derive(Args, Debug, Clone)]
+pub struct QemuAttachArgs {
+    #[command(flatten)]
+    pub(crate) target: VmTarget,
     /// The domain's XML, with its <metadata> (`-`: standard input, as the
     /// libvirt hook gets it); default: `virsh dumpxml DOMAIN`.
     #[arg(long, value_name = "FILE", requires = "libvirt")]
@@ -82,21 +136,6 @@ pub struct QemuAttachArgs {
     /// management puts the same files on every compute node).
     #[arg(long, value_name = "DIR", default_value = "/etc/pvsched/flavors")]
     pub flavor_dir: PathBuf,
-    /// libvirt's URI for virsh.
-    #[arg(long, value_name = "URI", default_value = "qemu:///system")]
-    connect: String,
-    /// The virsh program.
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "PVSCHED_VIRSH",
-        default_value = "virsh"
-    )]
-    virsh: PathBuf,
-    /// The VM's name with pvschedd (its caps file is
-    /// /etc/pvsched/vms/NAME.toml); default with --libvirt: the domain's.
-    #[arg(long, required_unless_present = "libvirt")]
-    pub(crate) name: Option<String>,
     /// Caps to ask for when the VM has no caps file (TOML); with
     /// --libvirt, instead of the metadata's. (`--caps` is the same.)
     #[arg(long, alias = "caps")]
@@ -104,29 +143,10 @@ pub struct QemuAttachArgs {
     /// Do not register QEMU's main-loop thread as the emulator thread.
     #[arg(long)]
     pub(crate) no_emulator: bool,
-    /// The QEMU process the VM runs as. With --qmp (required): the QMP
-    /// socket's peer must be it, so a socket another process bound at that
-    /// path (a shared directory, a stale path) is refused instead of its
-    /// process registered under NAME. With --libvirt: the process libvirt
-    /// started (default: the pid in /run/libvirt/qemu/DOMAIN.pid), whose
-    /// threads the vCPU threads must be.
-    #[arg(long, required_unless_present = "libvirt")]
-    pub(crate) pid: Option<u32>,
     /// QEMU's pvsched device serves pvschedd's region for NAME as BAR2
     /// (`pvsched device --daemon-region NAME`): register the VM with it.
     #[arg(long)]
     pub(crate) device_region: bool,
-    #[command(flatten)]
-    pub(crate) socket: SocketArg,
-}
-
-impl QemuAttachArgs {
-    pub(crate) fn virsh(&self) -> Virsh {
-        Virsh {
-            program: self.virsh.clone(),
-            connect: self.connect.clone(),
-        }
-    }
 }
 
 /// Topology levels of an x86 APIC ID, outermost first.
@@ -250,7 +270,7 @@ fn libvirt_metadata(a: &QemuAttachArgs, domain: &str) -> Result<domain_xml::Meta
     let xml = match &a.domain_xml {
         Some(p) => read_domain_xml(p)?,
         None => {
-            let out = a.virsh().run(&["dumpxml", domain])?;
+            let out = a.target.virsh().run(&["dumpxml", domain])?;
             if out.len() as u64 > MAX_DOMAIN_XML {
                 return Err(format!(
                     "virsh dumpxml {domain}: longer than {MAX_DOMAIN_XML} bytes"
@@ -271,7 +291,7 @@ fn libvirt_metadata(a: &QemuAttachArgs, domain: &str) -> Result<domain_xml::Meta
 /// The threads of a libvirt domain, through libvirt's monitor, and the
 /// QEMU process libvirt recorded.
 fn from_libvirt(a: &QemuAttachArgs, domain: &str) -> Result<Source, String> {
-    let pid = match a.pid {
+    let pid = match a.target.pid {
         Some(p) => p,
         None => {
             let file = Path::new(LIBVIRT_RUN).join(format!("{domain}.pid"));
@@ -285,7 +305,7 @@ fn from_libvirt(a: &QemuAttachArgs, domain: &str) -> Result<Source, String> {
     Source::ask(
         pid,
         format!("libvirt domain {domain} (libvirt's monitor)"),
-        |cmd| a.virsh().qmp(domain, cmd, None),
+        |cmd| a.target.virsh().qmp(domain, cmd, None),
     )
 }
 
@@ -312,7 +332,7 @@ pub(crate) fn registration(
     let fail = |e: String| (Exit::Failure, e);
     let mut said = None;
     let mut caps = None;
-    let (name, src) = match (&a.libvirt, &a.qmp) {
+    let (name, src) = match (&a.target.libvirt, &a.target.qmp) {
         (Some(domain), _) => {
             if !domain_name_ok(domain) {
                 return Err((
@@ -321,7 +341,7 @@ pub(crate) fn registration(
                 ));
             }
             let mut meta = libvirt_metadata(a, domain).map_err(fail)?;
-            let name = a.name.clone().unwrap_or_else(|| domain.clone());
+            let name = a.target.name.clone().unwrap_or_else(|| domain.clone());
             // The domain's own <pvsched:vm> wins over its flavor's extra
             // specs, which win over a caps file for the flavor.
             meta.vm = meta.vm.take().or(meta.nova_specs.take());
@@ -380,8 +400,8 @@ pub(crate) fn registration(
             (name, from_libvirt(a, domain).map_err(fail)?)
         }
         (None, Some(qmp)) => {
-            let name = a.name.clone().unwrap_or_default();
-            let src = from_qmp(qmp, a.pid, &name).map_err(fail)?;
+            let name = a.target.name.clone().unwrap_or_default();
+            let src = from_qmp(qmp, a.target.pid, &name).map_err(fail)?;
             (name, src)
         }
         (None, None) => return Err((Exit::Usage, "--qmp or --libvirt is needed".into())),
@@ -459,14 +479,14 @@ pub(crate) fn register(a: &QemuAttachArgs, reg: RegisterVm, how: &str) -> Result
     let (pid, n) = (reg.pid.unwrap_or(0), reg.vcpus.len());
     let tids: Vec<String> = reg.vcpus.iter().map(|v| v.tid.to_string()).collect();
     let name = reg.name.clone();
-    let source = if a.libvirt.is_some() {
+    let source = if a.target.libvirt.is_some() {
         "libvirt's monitor"
     } else {
         "QMP"
     };
     // The registration itself says whether pvschedd answers: no separate
     // status round trip.
-    let result = PolicyHost::Daemon(a.socket.socket.clone()).register(reg);
+    let result = PolicyHost::Daemon(a.target.socket.socket.clone()).register(reg);
     match result.as_ref().map(Registration::registered) {
         Ok(Some(r)) => {
             println!(
