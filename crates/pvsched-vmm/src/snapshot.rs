@@ -185,6 +185,14 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     }
 }
 
+/// Removes `path` if it exists.
+fn remove_if_there(path: &Path) -> Result<(), Error> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(path)(e)),
+        _ => Ok(()),
+    }
+}
+
 impl Snapshot {
     /// Writes the snapshot into directory `dir` (created if missing; the
     /// files of an earlier snapshot there are replaced).
@@ -192,21 +200,13 @@ impl Snapshot {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let state = dir.join(STATE_FILE);
         // A half-written snapshot must not look whole: vm.json goes first.
-        match std::fs::remove_file(&state) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&state)(e)),
-            _ => {}
-        }
+        remove_if_there(&state)?;
         let ram = dir.join(RAM_FILE);
         std::fs::write(&ram, &self.ram).map_err(io_err(&ram))?;
         let region = dir.join(REGION_FILE);
         match &self.region {
             Some(bytes) => std::fs::write(&region, bytes).map_err(io_err(&region))?,
-            None => match std::fs::remove_file(&region) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(io_err(&region)(e));
-                }
-                _ => {}
-            },
+            None => remove_if_there(&region)?,
         }
         let json = serde_json::to_vec(&self.state).map_err(|source| Error::Json {
             path: state.clone(),
