@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * pvsched BPF policy: a co-scheduled phase yields to the host's sleepers.
+ * pvsched BPF policy: a co-scheduled phase, and a boost that serves
+ * throughput, yield to the host's sleepers.
  *
  * A phase holds its VM's vCPU threads at SCHED_FIFO 1, so an ordinary host
  * thread woken on a CPU a phased vCPU holds would wait for the phase's end.
@@ -20,6 +21,11 @@
  * never woken (it is preempted and keeps its place on the run queue), so
  * it keeps its share of the period as before; only a sleeper's wake-up
  * cuts a phase.
+ *
+ * A vCPU's RT boost gives way the same way, at the same two points (a
+ * host thread woken where the boosted vCPU runs, a boosted vCPU taking a
+ * CPU where one waits), unless it serves the guest's latency: the boost
+ * ends (PVS_R_HOST_YIELD) and none comes back for PVS_HOST_HOLD_NS.
  */
 #ifndef PVSCHED_COSCHED_BPF_H
 #define PVSCHED_COSCHED_BPF_H
@@ -170,6 +176,56 @@ static __always_inline int yield_to_waiter(struct pvs_cpu *c, struct pvs_vcpu *v
 	return leave_phase(c, v, key, now);
 }
 
+/*
+ * The vCPU `v` runs where a host thread waits (woken there now, or before
+ * `v` took the CPU: an RT thread preempted on another CPU is pushed to one
+ * that runs an ordinary thread), and holds an RT boost: unless the boost serves the guest's latency (a latency-sensitive
+ * vCPU's halt boost, an RT task's request), it ends, and the vCPU gets no
+ * boost for PVS_HOST_HOLD_NS, so the woken thread runs now rather than
+ * after the boost (up to max_boost_us). A critical section's, a directed
+ * yield's or a waiting sender's boost raises throughput, which a host
+ * sleeper's wake-up must not pay for; a CPU-bound host thread is never
+ * woken and so never ends one.
+ */
+static __always_inline void boost_gives_way(struct pvs_vcpu *v, __u64 now)
+{
+	__u32 vm_id = READ_ONCE(v->vm_id), reason, kind = READ_ONCE(v->boost);
+	__u64 until = now + PVS_HOST_HOLD_NS, held = READ_ONCE(v->throttled_until);
+	struct pvs_vm *vm;
+
+	/* Held for an earlier host thread's wake-up (not throttled): the hold
+	 * goes on while host threads keep waking there, or the boost would
+	 * come back at the vCPU's next event and preempt them. */
+	if (kind == PVSCHED_BOOST_NONE && !READ_ONCE(v->throttled) && held > now && held < until) {
+		WRITE_ONCE(v->throttled_until, until);
+		return;
+	}
+	if (kind != PVSCHED_BOOST_RT)
+		return;
+	reason = READ_ONCE(v->boost_reason);
+	if (reason == PVS_R_HALT || reason == PVS_R_RT_TASK)
+		return;
+	vm = bpf_map_lookup_elem(&vms, &vm_id);
+	if (!vm)
+		return;
+	charge(v, vm, now);
+	if (held < until)
+		WRITE_ONCE(v->throttled_until, until);
+	/* v may be re-evaluated on another CPU right now: the hold is stored,
+	 * then a fence, then the boost is read; apply_boost() stores the
+	 * boost, fences, then reads the hold. So either that CPU sees the
+	 * hold or this one sees its boost. */
+	full_fence(v->fence);
+	if (READ_ONCE(v->boost) == PVSCHED_BOOST_NONE)
+		return;
+	WRITE_ONCE(v->boost, PVSCHED_BOOST_NONE);
+	WRITE_ONCE(v->boost_prio, 0);
+	v->boost_reason = PVS_R_HOST_YIELD;
+	STAT_INC(unboosts);
+	emit(v, PVS_EV_WAKEUP, now, 0);
+	publish(v, vm);
+}
+
 /* A switch from or to a registered thread (`out` and `in`, NULL for a
  * host thread): `in` is the CPU's running thread from now on. */
 static __always_inline void cpu_switch(const struct pvs_vcpu *out, __u32 next_tid,
@@ -185,14 +241,19 @@ static __always_inline void cpu_switch(const struct pvs_vcpu *out, __u32 next_ti
 	if (!out)
 		host_thread_left(c);
 	waiter_ran(c, next_tid);
-	if (in)
-		yield_to_waiter(c, in, key, now);
+	if (!in)
+		return;
+	yield_to_waiter(c, in, key, now);
+	/* The boost is read first: most switches are of unboosted vCPUs. */
+	if (READ_ONCE(in->boost) == PVSCHED_BOOST_RT && any_waiter(c, now))
+		boost_gives_way(in, now);
 }
 
 /*
  * Host thread `p` (not a registered one) was woken onto a run queue: it
  * waits there until it runs. If the CPU's running thread is a vCPU in its
- * co-scheduled phase, that vCPU leaves the phase for it.
+ * co-scheduled phase, that vCPU leaves the phase for it; if it holds a
+ * throughput boost, the boost ends (boost_gives_way).
  */
 static __always_inline void host_wakeup(struct task_struct *p)
 {
@@ -215,8 +276,10 @@ static __always_inline void host_wakeup(struct task_struct *p)
 		return;
 	key -= 1;
 	v = bpf_map_lookup_elem(&vcpus, &key);
-	if (v && READ_ONCE(v->tid))
-		leave_phase(c, v, key, now);
+	if (!v || !READ_ONCE(v->tid))
+		return;
+	leave_phase(c, v, key, now);
+	boost_gives_way(v, now);
 }
 
 struct phase_on_ctx {

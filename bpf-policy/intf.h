@@ -78,6 +78,10 @@
 /* Co-scheduling records (the thread's boost is unchanged): */
 #define PVS_R_HOST_WAKE 11 /* a host thread waits for the CPU this phased vCPU holds: leave it */
 #define PVS_R_HOST_DONE 12 /* no woken host thread waits there any more: the phase again */
+/* A host thread woken on the CPU this vCPU holds with an RT boost that
+ * serves throughput (a critical section, a directed yield, a waiting
+ * sender's): the boost ends, none for PVS_HOST_HOLD_NS. */
+#define PVS_R_HOST_YIELD 13
 
 /* pvs_vcpu.phase: the agent writes FREE, ON and OFF as it moves the thread
  * between its VM's co-scheduled phases; the policy changes ON to YIELDED
@@ -104,6 +108,16 @@
  * slice is 0.75 ms times 1 + log2 of the CPUs, at most 3 ms at 8 CPUs and
  * more) is as long as a woken thread waits behind a CPU-bound one. */
 #define PVS_WAIT_FRESH_NS 6000000ULL
+/* How long a vCPU whose throughput boost ended for a woken host thread
+ * (PVS_R_HOST_YIELD) gets no new boost. The vCPU is then an ordinary
+ * thread beside the woken one, and the host's scheduler may run it first
+ * for up to two of its time slices (EEVDF places a thread back in the fair
+ * class with the lag it left with): a hold shorter than that let the vCPU
+ * take its boost back while the woken thread still waited (1 ms: one wake-up
+ * in ten waited ~50 ms, until the kernel's fair server ran it). As
+ * PVS_WAIT_FRESH_NS, and short against the boosts it cuts (max_boost_us,
+ * 20 ms by default). */
+#define PVS_HOST_HOLD_NS 6000000ULL
 /* Woken host threads a CPU's record holds at once; a fifth replaces the
  * one woken first (which then waits for the phase's end, as without the
  * record). */

@@ -660,7 +660,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
     if st0 is not None:
         st1 = daemon.status()
         pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0,
-               "phase_yields": 0}
+               "phase_yields": 0, "boost_yields": 0}
         for g in guests:
             a, b = thread_stats(st0, g.name), thread_stats(st1, g.name)
             if a and b:
@@ -676,6 +676,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
                          "boosted_s": round(pol["boosted_ns"] / 1e9, 3),
                          "phase_changes": pol["phase_changes"],
                          "phase_yields": pol["phase_yields"],
+                         "boost_yields": pol["boost_yields"],
                          "bpf_runs": bpf1["runs"] - bpf0["runs"]}
         # Each VM's gate over the run: every window's score and whether
         # its phases were on (why a VM got phases, or did not).

@@ -312,11 +312,11 @@ def vm_caps(daemon, name):
 
 def thread_stats(status, name):
     """Sum of boosts, throttles, boosted ns, co-scheduling phase changes
-    and yields, and the vCPUs' waits for each other (halts beside a
+    and yields, boosts ended for host threads, and the vCPUs' waits for each other (halts beside a
     preempted sibling, wake-ups by a sibling) over VM `name`'s threads."""
     vm = status_vm(status, name)
     tot = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0, "phase_yields": 0,
-           "sync_halts": 0, "sib_wakes": 0, "sync_wait_ns": 0}
+           "boost_yields": 0, "sync_halts": 0, "sib_wakes": 0, "sync_wait_ns": 0}
     if vm is None:
         return None
     for t in vm["vcpus"] + vm["emulators"]:

@@ -185,6 +185,9 @@ pub struct ThreadState {
     pub phase_changes: u64,
     /// Times the thread left its phase for a host thread's wake-up.
     pub phase_yields: u64,
+    /// Times its boost ended for a host thread's wake-up
+    /// ([`R_HOST_YIELD`](pvsched_policy::event::R_HOST_YIELD)).
+    pub boost_yields: u64,
     /// Where the policy learns the thread's phase (None in unit tests).
     word: Option<PhaseWord>,
 }
@@ -251,6 +254,7 @@ impl ThreadState {
             phase: Phase::Free,
             phase_changes: 0,
             phase_yields: 0,
+            boost_yields: 0,
             word: None,
         }
     }
@@ -449,6 +453,9 @@ impl ThreadState {
         }
         if pvsched_policy::event::R_LIMITS.contains(&reason) {
             self.throttles += 1;
+        }
+        if reason == pvsched_policy::event::R_HOST_YIELD {
+            self.boost_yields += 1;
         }
         if kind == BOOST_NONE && self.phase == Phase::Free {
             let changed = self.restore();

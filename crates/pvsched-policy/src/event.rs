@@ -58,6 +58,11 @@ pub const R_HOST_WAKE: u32 = 11;
 /// `PVS_R_*`: a host thread left the CPU and no woken one waits there any
 /// more; the vCPU's phase again.
 pub const R_HOST_DONE: u32 = 12;
+/// `PVS_R_*`: a host thread was woken on the CPU this vCPU held with an
+/// RT boost that serves throughput (a critical section, a directed yield,
+/// a waiting sender's): the boost ends, and none comes back for
+/// [`HOST_HOLD_NS`] (a latency-sensitive vCPU's boosts are kept).
+pub const R_HOST_YIELD: u32 = 13;
 /// The reasons of a throttle at one of the caps' limits (the continuous
 /// limit, the thread's budget, the VM's budget), as against a unit
 /// throttle or an unboost.
@@ -79,6 +84,9 @@ pub const COSCHED_RT_PRIO: u32 = 1;
 pub const MAX_CPUS: u32 = 1024;
 /// `PVS_CPU_WAITERS`: woken host threads a CPU's record holds at once.
 pub const CPU_WAITERS: u32 = 4;
+/// `PVS_HOST_HOLD_NS`: how long a vCPU whose boost ended for a woken host
+/// thread ([`R_HOST_YIELD`]) gets no new boost.
+pub const HOST_HOLD_NS: u64 = 6_000_000;
 
 /// `PVS_ST_*` run states.
 pub const ST_UNKNOWN: u32 = 0;

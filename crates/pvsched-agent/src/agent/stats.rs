@@ -33,6 +33,9 @@ pub struct ThreadCounters {
     /// Times the thread left its co-scheduled phase for a host thread
     /// woken on its CPU.
     pub phase_yields: u64,
+    /// Times the thread's RT boost ended for a host thread woken on its
+    /// CPU (a throughput boost; a latency-sensitive vCPU keeps its own).
+    pub boost_yields: u64,
     /// Halts of this vCPU while a sibling vCPU was preempted (how much the
     /// guest's vCPUs wait for each other: what co-scheduling serves).
     pub sync_halts: u64,
@@ -56,7 +59,7 @@ pub struct Counter {
 impl ThreadCounters {
     /// Every counter as a Prometheus counter family (`vm` and `thread`
     /// labels), in exposition order.
-    pub const ALL: [Counter; 11] = [
+    pub const ALL: [Counter; 12] = [
         Counter {
             metric: "pvsched_boosts_total",
             help: "Boosts the policy decided per thread.",
@@ -86,6 +89,11 @@ impl ThreadCounters {
             metric: "pvsched_cosched_phase_yields_total",
             help: "Times a thread left its co-scheduled phase for a host thread woken on its CPU.",
             value: |c| c.phase_yields as f64,
+        },
+        Counter {
+            metric: "pvsched_boost_yields_total",
+            help: "Times a thread's RT boost ended for a host thread woken on its CPU.",
+            value: |c| c.boost_yields as f64,
         },
         Counter {
             metric: "pvsched_vcpu_sync_halts_total",
@@ -292,6 +300,7 @@ impl VmHandle {
                     vs.counters.errors = t.errors;
                     vs.counters.phase_changes = t.phase_changes;
                     vs.counters.phase_yields = t.phase_yields;
+                    vs.counters.boost_yields = t.boost_yields;
                 }
             }
             match reg.vms.get(&self.vm_id) {

@@ -894,6 +894,175 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
     assert_eq!(now, base, "every vCPU thread back at its baseline");
 }
 
+/// Caps under which the guest's critical sections and RT tasks alone boost
+/// a vCPU (FIFO 2, no length or budget limit: a boost that would hold its
+/// CPU for good) and nothing co-schedules.
+fn boost_only_caps() -> Caps {
+    Caps {
+        cosched_us: pvsched_policy::CoschedUs::Us(0),
+        ..common::cs_boost_caps()
+    }
+}
+
+/// A vCPU thread that holds an RT boost serving throughput (the guest's
+/// critical section, FIFO 2 with no limit) on every CPU gives way to an
+/// ordinary host thread woken beside it: the boost ends, counted, and
+/// stays off while host threads keep waking there (6 ms after the last),
+/// so the host thread runs at once; then it comes back.
+/// Without that the sleeper, like this test's own thread, would run only
+/// when the kernel's fair server lets SCHED_OTHER threads past the RT ones
+/// (50 ms a second, shared with the CPU-bound host threads).
+#[test]
+fn a_host_sleeper_woken_beside_a_throughput_boost_runs_at_once() {
+    let _cpus = common::cpu_bound();
+    if !need_bpf("a_host_sleeper_woken_beside_a_throughput_boost_runs_at_once") {
+        return;
+    }
+    use pvsched_abi::{CS_HARDIRQ, SlotGuest};
+    let agent = common::agent();
+    let cpus = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    // One per CPU, pinned: the kernel would otherwise move an RT thread
+    // off a CPU where an ordinary one waits, onto another RT thread's, and
+    // leave a CPU to the sleeper without any boost giving way. Beside each,
+    // a CPU-bound host thread (never registered, never woken): the
+    // kernel's fair server runs ordinary threads past RT ones for 50 ms a
+    // second, and these use it up, as a loaded host's threads do.
+    let vcpus: Vec<FakeVcpu> = (0..cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    let hogs: Vec<FakeVcpu> = (0..cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
+    for (cpu, (v, h)) in vcpus.iter().zip(&hogs).enumerate() {
+        pin(v.tid, cpu);
+        pin(h.tid, cpu);
+    }
+    let tids: Vec<u32> = vcpus.iter().map(|v| v.tid).collect();
+    let base: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
+    let vm = common::device_vm(&agent, &tids, &[], boost_only_caps());
+    let region = vm.region().expect("a device-region VM");
+    let n = tids.len() as u32;
+    let cs = |on: bool| {
+        for i in 0..n {
+            region.write_guest(
+                n,
+                i,
+                &SlotGuest {
+                    kern_cs: if on { CS_HARDIRQ } else { 0 },
+                    ..Default::default()
+                },
+            );
+        }
+    };
+    cs(true);
+    // Through the agent's counters: this thread runs beside the boosted
+    // vCPUs only by the behaviour under test, and its own wake-up ends the
+    // boost on its CPU for a while.
+    wait_for("every vCPU boosted", LIMIT, || {
+        Some(()).filter(|_| {
+            vm.stats()
+                .vcpus
+                .iter()
+                .all(|v| v.counters.boosts_applied > 0)
+        })
+    });
+    let mut late = sleeper_lateness_us(100);
+    late.sort_unstable();
+    let q = |p: usize| late[(late.len() - 1) * p / 100];
+    let st = vm.stats();
+    // Without the boosts giving way: p50 and p90 about as low (the fair
+    // server runs a sleeper past RT threads while its budget lasts), 0
+    // boosts ended, and the maximum near a second (once the CPU-bound
+    // threads have used the budget up).
+    let yields = st.vcpu_sum(|c| c.boost_yields);
+    let applied = st.vcpu_sum(|c| c.boosts_applied);
+    println!(
+        "host sleeper beside {cpus} boosted vCPUs: lateness p50 {} p90 {} max {} µs; \
+         {yields} boosts ended for it, {applied} applied",
+        q(50),
+        q(90),
+        q(100)
+    );
+    // Each wake-up where a boost held the CPU ended it; later ones within
+    // the hold keep it off.
+    assert!(yields >= 1, "the boosts gave way to the sleeper's wake-ups");
+    assert!(
+        q(50) <= 1_000,
+        "a woken host thread runs within a millisecond, not after the boost: p50 {} µs",
+        q(50)
+    );
+    wait_for("a boost back after the sleeper", LIMIT, || {
+        Some(()).filter(|_| vm.stats().vcpu_sum(|c| c.boosts_applied) > applied)
+    });
+    cs(false);
+    drop(vm);
+    drop(hogs);
+    let now: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
+    assert_eq!(now, base, "every vCPU thread back at its baseline");
+}
+
+/// A boost that serves the guest's latency is kept: a vCPU thread whose
+/// guest reports an RT task keeps its FIFO boost while a host thread
+/// woken on its CPU waits (the operator gave the VM RT priority for that
+/// task; its budget bounds what it takes).
+#[test]
+fn a_latency_boost_does_not_give_way_to_host_threads() {
+    let _cpus = common::cpu_bound();
+    if !need_bpf("a_latency_boost_does_not_give_way_to_host_threads") {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        pvsched_testkit::skip_or_fail(
+            "a_latency_boost_does_not_give_way_to_host_threads",
+            "needs 2 CPUs: one for the boosted vCPU, one for the test",
+        );
+        return;
+    }
+    use pvsched_abi::SlotGuest;
+    let agent = common::agent();
+    pin(0, 1);
+    let vcpu = FakeVcpu::spawn_busy(0);
+    pin(vcpu.tid, 0);
+    let base = vcpu.attr();
+    let vm = common::one_vcpu_vm(&agent, vcpu.tid, boost_only_caps());
+    vm.region().expect("a device-region VM").write_guest(
+        1,
+        0,
+        &SlotGuest {
+            policy: POLICY_FIFO,
+            rt_prio: 2,
+            ..Default::default()
+        },
+    );
+    wait_for("the RT task's boost", LIMIT, || {
+        Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    // Three wake-ups of a sleeper pinned to the vCPU's CPU.
+    let late: Vec<u64> = std::thread::spawn(|| {
+        pin(0, 0);
+        (0..3)
+            .map(|_| {
+                let t0 = Instant::now();
+                std::thread::sleep(Duration::from_millis(2));
+                t0.elapsed().as_micros() as u64
+            })
+            .collect()
+    })
+    .join()
+    .expect("sleeper");
+    let st = vm.stats();
+    println!(
+        "host sleeper beside an RT task's vCPU: sleeps of 2 ms took {late:?} µs; {} boosts ended",
+        st.vcpus[0].counters.boost_yields
+    );
+    assert_eq!(
+        st.vcpus[0].counters.boost_yields, 0,
+        "the RT task's boost stays"
+    );
+    assert_eq!(vcpu.attr().policy, POLICY_FIFO, "still boosted");
+    drop(vm);
+    assert_eq!(vcpu.attr(), base, "the vCPU thread back at its baseline");
+}
+
 /// CLOCK_MONOTONIC now, ns: the clock of the agent's phase edges.
 fn mono_now_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -955,9 +1124,10 @@ fn next_phase_start(period_ns: u64, ahead_ns: u64) -> u64 {
 ///   when the FIFO thread blocks, the phased vCPU is switched in and must
 ///   leave its phase for the sleeper;
 /// - `phase start`: the vCPU itself holds the CPU across the phase's start
-///   (the guest's critical section boosts it to FIFO 2), so it takes no
-///   context switch there; its boost ends 2 ms into the phase, when the
-///   vCPU, out of its phase for the sleeper, must not keep the CPU at FIFO 1.
+///   (the guest reports an RT task, whose FIFO 2 boost serves latency and
+///   so does not give way to host threads), so it takes no context switch
+///   there; its boost ends 2 ms into the phase, when the vCPU, out of its
+///   phase for the sleeper, must not keep the CPU at FIFO 1.
 ///
 /// Without either check the sleeper runs at the phase's end, 13 ms after
 /// the CPU frees.
@@ -967,7 +1137,7 @@ fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
     if !need_bpf("a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees") {
         return;
     }
-    use pvsched_abi::{CS_HARDIRQ, SlotGuest};
+    use pvsched_abi::SlotGuest;
     let agent = whole_host_agent();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cpus > 1 {
@@ -976,22 +1146,20 @@ fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
     let vcpu = FakeVcpu::spawn_busy(0);
     pin(vcpu.tid, 0);
     let base = vcpu.attr();
-    let vm = common::one_vcpu_vm(
-        &agent,
-        vcpu.tid,
-        Caps {
-            cs_rt_prio: 2,
-            ..caps(15_000)
-        },
-    );
+    let vm = common::one_vcpu_vm(&agent, vcpu.tid, caps(15_000));
     let region = vm.region().expect("a device-region VM");
-    let cs = |on: bool| {
+    let rt_task = |on: bool| {
         region.write_guest(
             1,
             0,
-            &SlotGuest {
-                kern_cs: if on { CS_HARDIRQ } else { 0 },
-                ..Default::default()
+            &if on {
+                SlotGuest {
+                    policy: POLICY_FIFO,
+                    rt_prio: 2,
+                    ..Default::default()
+                }
+            } else {
+                SlotGuest::default()
             },
         );
         vm.kick(0);
@@ -1034,9 +1202,9 @@ fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
             blocker.join().unwrap();
         } else {
             sleep_until(t - 3 * MS);
-            cs(true);
+            rt_task(true);
             sleep_until(freed);
-            cs(false);
+            rt_task(false);
         }
         let ran = sleeper.join().unwrap();
         delays[usize::from(!by_switch)].push(ran.saturating_sub(freed) / 1000);

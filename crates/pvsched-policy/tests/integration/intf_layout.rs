@@ -177,11 +177,12 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         PVS_R_NICE_TASK => ev::R_NICE_TASK, PVS_R_HALT => ev::R_HALT, PVS_R_YIELD => ev::R_YIELD,
         PVS_R_MAX_BOOST => ev::R_MAX_BOOST, PVS_R_BUDGET => ev::R_BUDGET, PVS_R_THROTTLED => ev::R_THROTTLED, PVS_R_EXITED => ev::R_EXITED,
         PVS_R_VM_BUDGET => ev::R_VM_BUDGET, PVS_R_HOST_WAKE => ev::R_HOST_WAKE,
-        PVS_R_HOST_DONE => ev::R_HOST_DONE,
+        PVS_R_HOST_DONE => ev::R_HOST_DONE, PVS_R_HOST_YIELD => ev::R_HOST_YIELD,
         PVS_PHASE_FREE => ev::PHASE_FREE, PVS_PHASE_ON => ev::PHASE_ON, PVS_PHASE_OFF => ev::PHASE_OFF,
         PVS_PHASE_YIELDED => ev::PHASE_YIELDED, PVS_COSCHED_RT_PRIO => ev::COSCHED_RT_PRIO,
         PVS_MAX_CPUS => ev::MAX_CPUS,
         PVS_CPU_WAITERS => ev::CPU_WAITERS,
+        PVS_HOST_HOLD_NS => ev::HOST_HOLD_NS,
     ]);
     (e, cov)
 }
