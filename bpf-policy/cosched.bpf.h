@@ -115,22 +115,50 @@ static __always_inline void waiter_ran(struct pvs_cpu *c, __u32 next_tid)
  * for this CPU's waiters and none is left, the agent is told to put it
  * back.
  */
-static __always_inline void host_thread_left(struct pvs_cpu *c)
+/* The vCPU of `vcpus` key `key` + 1 was out of its phase for a CPU's
+ * waiters, and that is over: the agent puts it back in its phase. */
+static __always_inline void end_yield(__u32 key, __u64 now)
 {
 	struct pvs_vcpu *y;
-	__u32 key = READ_ONCE(c->yield_key);
-	__u64 now;
 
 	if (!key)
 		return;
-	now = bpf_ktime_get_ns();
-	if (any_waiter(c, now))
-		return;
-	WRITE_ONCE(c->yield_key, 0);
 	key -= 1;
 	y = bpf_map_lookup_elem(&vcpus, &key);
 	if (y && READ_ONCE(y->phase) == PVS_PHASE_YIELDED)
 		emit_reason(y, PVS_EV_SWITCH_OUT, PVS_R_HOST_DONE, now, 0);
+}
+
+static __always_inline void host_thread_left(struct pvs_cpu *c)
+{
+	bool any = false;
+	__u64 now;
+
+	for (int i = 0; i < PVS_CPU_YIELDS; i++)
+		any |= READ_ONCE(c->yield_keys[i]) != 0;
+	if (!any)
+		return;
+	now = bpf_ktime_get_ns();
+	if (any_waiter(c, now))
+		return;
+	/* Exchanged, so a vCPU is put back once even if host threads leave
+	 * this CPU's record on two CPUs at once. */
+	for (int i = 0; i < PVS_CPU_YIELDS; i++)
+		end_yield(__sync_lock_test_and_set(&c->yield_keys[i], 0), now);
+}
+
+/* The vCPU of `vcpus` key `key` leaves its phase for CPU entry `c`'s
+ * waiters: it is added to the entry's yields (its own, else a free one,
+ * else the first, whose vCPU is then put back in its phase). */
+static __always_inline void add_yield(struct pvs_cpu *c, __u32 key, __u64 now)
+{
+	for (int i = 0; i < PVS_CPU_YIELDS; i++)
+		if (READ_ONCE(c->yield_keys[i]) == key + 1)
+			return;
+	for (int i = 0; i < PVS_CPU_YIELDS; i++)
+		if (__sync_val_compare_and_swap(&c->yield_keys[i], 0, key + 1) == 0)
+			return;
+	end_yield(__sync_lock_test_and_set(&c->yield_keys[0], key + 1), now);
 }
 
 /* A switch between two host threads: a waiter may have got the CPU, and
@@ -158,7 +186,7 @@ static __always_inline int leave_phase(struct pvs_cpu *c, struct pvs_vcpu *v, __
 	if (READ_ONCE(v->phase) != PVS_PHASE_ON ||
 	    __sync_val_compare_and_swap(&v->phase, PVS_PHASE_ON, PVS_PHASE_YIELDED) != PVS_PHASE_ON)
 		return 0;
-	WRITE_ONCE(c->yield_key, key + 1);
+	add_yield(c, key, now);
 	STAT_INC(phase_yields);
 	emit_reason(v, PVS_EV_WAKEUP, PVS_R_HOST_WAKE, now, 0);
 	return 1;

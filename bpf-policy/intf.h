@@ -122,6 +122,9 @@
  * one woken first (which then waits for the phase's end, as without the
  * record). */
 #define PVS_CPU_WAITERS 4
+/* vCPUs a CPU's record holds as out of their phase for its waiters; a
+ * fifth puts the one in the first entry back in its phase. */
+#define PVS_CPU_YIELDS 4
 
 /* Per-VM configuration: admin caps and policy knobs. */
 struct pvs_caps {
@@ -214,10 +217,15 @@ struct pvs_vcpu {
  * programs running on that CPU and read by a wakeup on any CPU. */
 struct pvs_cpu {
 	__u32 run_key;	 /* `vcpus` key + 1 of the registered thread on the CPU, 0 = none */
-	__u32 yield_key; /* `vcpus` key + 1 of the thread out of its phase for this CPU's waiters */
+	/* `vcpus` keys + 1 of the threads out of their phase for this CPU's
+	 * waiters (0 = free): several, since a vCPU out of its phase is an
+	 * ordinary thread the kernel may move away, and a sibling that then
+	 * takes the CPU while the waiters still wait leaves its phase too. */
+	__u32 yield_keys[PVS_CPU_YIELDS];
 	/* Host threads woken onto the CPU that have not run there since
 	 * (0 = free), and when each was woken (bpf_ktime_get_ns). */
 	__u32 wait_tid[PVS_CPU_WAITERS];
+	__u32 pad0;
 	__u64 wait_at[PVS_CPU_WAITERS];
 };
 

@@ -66,11 +66,12 @@ PHASE_YIELDED = 3
 COSCHED_RT_PRIO = 1
 MAX_CPUS = 1024
 CPU_WAITERS = 4
+CPU_YIELDS = 4
 HOST_HOLD_NS = 6000000
 
 SIZEOF = {
     "pvs_caps": 96,
-    "pvs_cpu": 56,
+    "pvs_cpu": 72,
     "pvs_decision": 48,
     "pvs_stats": 216,
     "pvs_tid_hint": 16,
@@ -100,9 +101,10 @@ OFFSETOF = {
     },
     "pvs_cpu": {
         "run_key": 0,
-        "yield_key": 4,
-        "wait_tid": 8,
-        "wait_at": 24,
+        "yield_keys": 4,
+        "wait_tid": 20,
+        "pad0": 36,
+        "wait_at": 40,
     },
     "pvs_decision": {
         "ts": 0,

@@ -84,6 +84,9 @@ pub const COSCHED_RT_PRIO: u32 = 1;
 pub const MAX_CPUS: u32 = 1024;
 /// `PVS_CPU_WAITERS`: woken host threads a CPU's record holds at once.
 pub const CPU_WAITERS: u32 = 4;
+/// `PVS_CPU_YIELDS`: vCPUs a CPU's record holds as out of their phase for
+/// its waiters.
+pub const CPU_YIELDS: u32 = 4;
 /// `PVS_HOST_HOLD_NS`: how long a vCPU whose boost ended for a woken host
 /// thread ([`R_HOST_YIELD`]) gets no new boost.
 pub const HOST_HOLD_NS: u64 = 6_000_000;

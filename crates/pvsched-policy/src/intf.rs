@@ -7,7 +7,7 @@
 //! [`crate::event`]).
 
 use crate::caps::Caps;
-use crate::event::{CPU_WAITERS, Decision, EV_MAX, PROG_MAX};
+use crate::event::{CPU_WAITERS, CPU_YIELDS, Decision, EV_MAX, PROG_MAX};
 
 /// `PVS_MODE_NONE`: no region.
 pub const MODE_NONE: u32 = 0;
@@ -226,12 +226,14 @@ pub struct PvsVcpu {
 pub struct PvsCpu {
     /// `vcpus` key + 1 of the registered thread on the CPU, 0 for none.
     pub run_key: u32,
-    /// `vcpus` key + 1 of the thread out of its phase for this CPU's
-    /// waiters, 0 for none.
-    pub yield_key: u32,
+    /// `vcpus` keys + 1 of the threads out of their phase for this CPU's
+    /// waiters, 0 for a free entry.
+    pub yield_keys: [u32; CPU_YIELDS as usize],
     /// Host threads woken onto the CPU that have not run there since (0:
     /// a free entry).
     pub wait_tid: [u32; CPU_WAITERS as usize],
+    /// Explicit padding (keeps `wait_at` 8-byte aligned).
+    pub pad0: u32,
     /// When each was woken (CLOCK_MONOTONIC ns).
     pub wait_at: [u64; CPU_WAITERS as usize],
 }
@@ -280,7 +282,11 @@ const _: () = {
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 11 + PROG_MAX as usize) * 8);
-    assert!(size_of::<PvsCpu>() == 8 + 12 * CPU_WAITERS as usize);
+    assert!(
+        size_of::<PvsCpu>()
+            == (4 + 4 * (CPU_YIELDS + CPU_WAITERS) as usize).next_multiple_of(8)
+                + 8 * CPU_WAITERS as usize
+    );
 };
 
 #[cfg(feature = "aya")]

@@ -131,7 +131,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         cov,
         "pvs_cpu",
         PvsCpu,
-        [run_key, yield_key, wait_tid, wait_at]
+        [run_key, yield_keys, wait_tid, pad0, wait_at]
     );
     layout_struct!(
         e,
@@ -181,7 +181,7 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
         PVS_PHASE_FREE => ev::PHASE_FREE, PVS_PHASE_ON => ev::PHASE_ON, PVS_PHASE_OFF => ev::PHASE_OFF,
         PVS_PHASE_YIELDED => ev::PHASE_YIELDED, PVS_COSCHED_RT_PRIO => ev::COSCHED_RT_PRIO,
         PVS_MAX_CPUS => ev::MAX_CPUS,
-        PVS_CPU_WAITERS => ev::CPU_WAITERS,
+        PVS_CPU_WAITERS => ev::CPU_WAITERS, PVS_CPU_YIELDS => ev::CPU_YIELDS,
         PVS_HOST_HOLD_NS => ev::HOST_HOLD_NS,
     ]);
     (e, cov)
