@@ -894,6 +894,23 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
     assert_eq!(now, base, "every vCPU thread back at its baseline");
 }
 
+/// Whether real BPF works here and the host has a CPU for the vCPUs under
+/// test and another for the test's own thread (which must not wait for
+/// them); missing either: a failure under PVSCHED_REQUIRE_REAL=1, else a
+/// skip that says why.
+fn need_bpf_and_two_cpus(test: &str) -> bool {
+    if !need_bpf(test) {
+        return false;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return pvsched_testkit::skip_or_fail(
+            test,
+            "needs 2 CPUs: one for the vCPU threads under test, one for the test",
+        );
+    }
+    true
+}
+
 /// Two phased vCPU threads on one CPU (pinned there, as the kernel's
 /// balancing often leaves them) with a host sleeper waking on it every
 /// 2 ms: the running one leaves its phase for the sleeper, the other then
@@ -905,15 +922,7 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
 #[test]
 fn two_vcpus_out_of_their_phase_for_one_cpu_both_come_back() {
     let _cpus = common::cpu_bound();
-    if !need_bpf("two_vcpus_out_of_their_phase_for_one_cpu_both_come_back") {
-        return;
-    }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpus < 2 {
-        pvsched_testkit::skip_or_fail(
-            "two_vcpus_out_of_their_phase_for_one_cpu_both_come_back",
-            "needs 2 CPUs: one for the vCPUs and the sleeper, one for the test",
-        );
+    if !need_bpf_and_two_cpus("two_vcpus_out_of_their_phase_for_one_cpu_both_come_back") {
         return;
     }
     let agent = whole_host_agent();
@@ -1062,15 +1071,7 @@ fn a_host_sleeper_woken_beside_a_throughput_boost_runs_at_once() {
 #[test]
 fn a_latency_boost_does_not_give_way_to_host_threads() {
     let _cpus = common::cpu_bound();
-    if !need_bpf("a_latency_boost_does_not_give_way_to_host_threads") {
-        return;
-    }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpus < 2 {
-        pvsched_testkit::skip_or_fail(
-            "a_latency_boost_does_not_give_way_to_host_threads",
-            "needs 2 CPUs: one for the boosted vCPU, one for the test",
-        );
+    if !need_bpf_and_two_cpus("a_latency_boost_does_not_give_way_to_host_threads") {
         return;
     }
     use pvsched_abi::SlotGuest;
