@@ -110,11 +110,6 @@ static __always_inline void waiter_ran(struct pvs_cpu *c, __u32 next_tid)
 	}
 }
 
-/*
- * A host thread left the CPU of entry `c`: if a vCPU is out of its phase
- * for this CPU's waiters and none is left, the agent is told to put it
- * back.
- */
 /* The vCPU of `vcpus` key `key` + 1 was out of its phase for a CPU's
  * waiters, and that is over: the agent puts it back in its phase. */
 static __always_inline void end_yield(__u32 key, __u64 now)
@@ -129,6 +124,11 @@ static __always_inline void end_yield(__u32 key, __u64 now)
 		emit_reason(y, PVS_EV_SWITCH_OUT, PVS_R_HOST_DONE, now, 0);
 }
 
+/*
+ * A host thread left the CPU of entry `c`: if vCPUs are out of their phase
+ * for this CPU's waiters and none is left, the agent is told to put them
+ * back.
+ */
 static __always_inline void host_thread_left(struct pvs_cpu *c)
 {
 	bool any = false;
@@ -207,10 +207,11 @@ static __always_inline int yield_to_waiter(struct pvs_cpu *c, struct pvs_vcpu *v
 /*
  * The vCPU `v` runs where a host thread waits (woken there now, or before
  * `v` took the CPU: an RT thread preempted on another CPU is pushed to one
- * that runs an ordinary thread), and holds an RT boost: unless the boost serves the guest's latency (a latency-sensitive
- * vCPU's halt boost, an RT task's request), it ends, and the vCPU gets no
- * boost for PVS_HOST_HOLD_NS, so the woken thread runs now rather than
- * after the boost (up to max_boost_us). A critical section's, a directed
+ * that runs an ordinary thread), and holds an RT boost: unless the boost
+ * serves the guest's latency (a latency-sensitive vCPU's halt boost, an RT
+ * task's request), it ends, and the vCPU gets no boost for
+ * PVS_HOST_HOLD_NS, so the woken thread runs now rather than after the
+ * boost (up to max_boost_us). A critical section's, a directed
  * yield's or a waiting sender's boost raises throughput, which a host
  * sleeper's wake-up must not pay for; a CPU-bound host thread is never
  * woken and so never ends one.

@@ -959,6 +959,16 @@ fn two_vcpus_out_of_their_phase_for_one_cpu_both_come_back() {
     assert_eq!((a.attr(), b.attr()), base, "both back at their baselines");
 }
 
+/// A vCPU slot's guest half as a guest running an RT task (SCHED_FIFO 2)
+/// writes it: a boost that serves latency.
+fn rt_task_slot() -> pvsched_abi::SlotGuest {
+    pvsched_abi::SlotGuest {
+        policy: POLICY_FIFO,
+        rt_prio: 2,
+        ..Default::default()
+    }
+}
+
 /// Caps under which the guest's critical sections and RT tasks alone boost
 /// a vCPU (FIFO 2, no length or budget limit: a boost that would hold its
 /// CPU for good) and nothing co-schedules.
@@ -1074,22 +1084,15 @@ fn a_latency_boost_does_not_give_way_to_host_threads() {
     if !need_bpf_and_two_cpus("a_latency_boost_does_not_give_way_to_host_threads") {
         return;
     }
-    use pvsched_abi::SlotGuest;
     let agent = common::agent();
     pin(0, 1);
     let vcpu = FakeVcpu::spawn_busy(0);
     pin(vcpu.tid, 0);
     let base = vcpu.attr();
     let vm = common::one_vcpu_vm(&agent, vcpu.tid, boost_only_caps());
-    vm.region().expect("a device-region VM").write_guest(
-        1,
-        0,
-        &SlotGuest {
-            policy: POLICY_FIFO,
-            rt_prio: 2,
-            ..Default::default()
-        },
-    );
+    vm.region()
+        .expect("a device-region VM")
+        .write_guest(1, 0, &rt_task_slot());
     wait_for("the RT task's boost", LIMIT, || {
         Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
     });
@@ -1210,11 +1213,7 @@ fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
             1,
             0,
             &if on {
-                SlotGuest {
-                    policy: POLICY_FIFO,
-                    rt_prio: 2,
-                    ..Default::default()
-                }
+                rt_task_slot()
             } else {
                 SlotGuest::default()
             },
