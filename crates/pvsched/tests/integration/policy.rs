@@ -487,6 +487,12 @@ fn a_vm_budget_bounds_all_its_vcpus_together() {
 /// over and over, never halting) runs into the continuous limit, so
 /// pairs are throttled; in the recorded trace of every policy record no
 /// waiting sender is ever boosted while its target is throttled.
+///
+/// The test polls for the throttles every 100 ms: a boost that serves
+/// throughput gives way to a host thread woken beside it and stays off
+/// while such wake-ups go on, so `wait_for`'s 200 µs polls kept the
+/// boost of the vCPU on the test's CPU off, and ten throttles took more
+/// than 20 s in one run of two.
 #[test]
 fn a_waiting_pair_is_never_split_in_a_recorded_trace() {
     if !need_real("a_waiting_pair_is_never_split_in_a_recorded_trace") {
@@ -503,10 +509,21 @@ fn a_waiting_pair_is_never_split_in_a_recorded_trace() {
             ..AgentConfig::default()
         },
     );
-    wait_for("pairs throttled as a unit", LIMIT, || {
-        let s = g.stats();
-        (s.vcpus.iter().map(|v| v.counters.throttles).sum::<u64>() >= 10).then_some(())
-    });
+    let start = std::time::Instant::now();
+    while g
+        .stats()
+        .vcpus
+        .iter()
+        .map(|v| v.counters.throttles)
+        .sum::<u64>()
+        < 10
+    {
+        assert!(
+            start.elapsed() < LIMIT,
+            "gave up after {LIMIT:?} waiting for pairs throttled as a unit"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     std::thread::sleep(Duration::from_secs(2));
     let Guest { vm, policy, .. } = g;
     drop(vm);
