@@ -252,6 +252,24 @@ static __always_inline void throttle(struct pvs_vcpu *v, struct pvs_vm *vm, __u6
 	emit(v, event, now, 0);
 }
 
+/* Whether a boost for `reason` serves the guest's latency (a latency-
+ * sensitive vCPU's halt boost, an RT task's request), not throughput: it
+ * does not give way to a woken host thread (host_hold_until). */
+static __always_inline bool latency_boost(__u32 reason)
+{
+	return reason == PVS_R_HALT || reason == PVS_R_RT_TASK;
+}
+
+/* Whether a candidate boost (`kind`, for `reason`) must wait for the end
+ * of v's hold for host threads (boost_gives_way()): an RT boost that
+ * serves throughput. */
+static __always_inline bool held_for_host(const struct pvs_vcpu *v, __u32 kind, __u32 reason,
+					  __u64 now)
+{
+	return kind == PVSCHED_BOOST_RT && !latency_boost(reason) &&
+	       now < READ_ONCE(v->host_hold_until);
+}
+
 /* Re-evaluate v's boost at time `now` and emit a decision if it changes
  * (or a trace record if `waits_changed`: v's waiting target changed while
  * it stays boosted). A global function, so the verifier checks it once, on
@@ -310,7 +328,7 @@ __noinline int apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now, __u
 	v->throttled = 0;
 
 	/* What the vCPU should have now. */
-	if (v->state != PVS_ST_HALTED) {
+	if (v->state != PVS_ST_HALTED && !held_for_host(v, v->req_kind, v->req_reason, now)) {
 		kind = v->req_kind;
 		prio = v->req_prio;
 		reason = v->req_reason;
@@ -335,7 +353,8 @@ __noinline int apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now, __u
 	yk = c->yield_kind;
 	yp = c->yield_prio;
 	caps_clamp(c, &yk, &yp);
-	if (v->yield_mask && boost_rank(yk, yp) > boost_rank(kind, prio)) {
+	if (v->yield_mask && boost_rank(yk, yp) > boost_rank(kind, prio) &&
+	    !held_for_host(v, yk, PVS_R_YIELD, now)) {
 		kind = yk;
 		prio = yp;
 		reason = PVS_R_YIELD;
@@ -357,16 +376,20 @@ __noinline int apply_boost(struct pvs_vcpu *v, struct pvs_vm *vm, __u64 now, __u
 	WRITE_ONCE(v->boost, kind);
 	WRITE_ONCE(v->boost_prio, prio);
 	/* Another CPU may be throttling v (a sender waiting on v ran out) or
-	 * v's target right now. The boost is stored first, then a fence, then
-	 * both throttles are read again; the throttling CPU stores the
-	 * throttle, fences, then reads (and drops) the boost (force_throttle(),
-	 * unit_throttle()). So either that CPU sees this boost or this one
-	 * sees that throttle. The boost is never stored again after the fence
-	 * (that could undo the other CPU's unboost). */
+	 * v's target, or holding v for a woken host thread, right now (a
+	 * sender whose target is held gets no throughput boost either). The
+	 * boost is stored first, then a fence, then both throttles and the
+	 * hold are read again; that CPU stores the throttle or the hold,
+	 * fences, then reads (and drops) the boost (force_throttle(),
+	 * unit_throttle(), boost_gives_way()). So either that CPU sees this
+	 * boost or this one sees that throttle. The boost is never stored
+	 * again after the fence (that could undo the other CPU's unboost). */
 	if (kind != PVSCHED_BOOST_NONE) {
 		full_fence(v->fence);
 		if (now < READ_ONCE(v->throttled_until) ||
-		    (t && now < READ_ONCE(t->throttled_until))) {
+		    (t && now < READ_ONCE(t->throttled_until)) ||
+		    held_for_host(v, kind, reason, now) ||
+		    (t && held_for_host(t, kind, reason, now))) {
 			kind = PVSCHED_BOOST_NONE;
 			prio = 0;
 			WRITE_ONCE(v->boost, kind);

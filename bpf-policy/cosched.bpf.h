@@ -25,7 +25,8 @@
  * A vCPU's RT boost gives way the same way, at the same two points (a
  * host thread woken where the boosted vCPU runs, a boosted vCPU taking a
  * CPU where one waits), unless it serves the guest's latency: the boost
- * ends (PVS_R_HOST_YIELD) and none comes back for PVS_HOST_HOLD_NS.
+ * ends (PVS_R_HOST_YIELD) and no throughput boost comes back for
+ * PVS_HOST_HOLD_NS.
  */
 #ifndef PVSCHED_COSCHED_BPF_H
 #define PVSCHED_COSCHED_BPF_H
@@ -208,38 +209,31 @@ static __always_inline int yield_to_waiter(struct pvs_cpu *c, struct pvs_vcpu *v
  * The vCPU `v` runs where a host thread waits (woken there now, or before
  * `v` took the CPU: an RT thread preempted on another CPU is pushed to one
  * that runs an ordinary thread), and holds an RT boost: unless the boost
- * serves the guest's latency (a latency-sensitive vCPU's halt boost, an RT
- * task's request), it ends, and the vCPU gets no boost for
- * PVS_HOST_HOLD_NS, so the woken thread runs now rather than after the
- * boost (up to max_boost_us). A critical section's, a directed
- * yield's or a waiting sender's boost raises throughput, which a host
- * sleeper's wake-up must not pay for; a CPU-bound host thread is never
- * woken and so never ends one.
+ * serves the guest's latency (latency_boost()), it ends, and the vCPU gets
+ * no throughput RT boost for PVS_HOST_HOLD_NS (host_hold_until), so the
+ * woken thread runs now rather than after the boost (up to max_boost_us).
+ * A critical section's, a directed yield's or a waiting sender's boost
+ * raises throughput, which a host sleeper's wake-up must not pay for; a
+ * CPU-bound host thread is never woken and so never ends one. The hold is
+ * renewed at every such wake-up while it lasts, or the boost would come
+ * back at the vCPU's next event and preempt the next woken thread.
  */
 static __always_inline void boost_gives_way(struct pvs_vcpu *v, __u64 now)
 {
-	__u32 vm_id = READ_ONCE(v->vm_id), reason, kind = READ_ONCE(v->boost);
-	__u64 until = now + PVS_HOST_HOLD_NS, held = READ_ONCE(v->throttled_until);
+	__u32 vm_id = READ_ONCE(v->vm_id), kind = READ_ONCE(v->boost);
+	__u64 until = now + PVS_HOST_HOLD_NS, held = READ_ONCE(v->host_hold_until);
 	struct pvs_vm *vm;
 
-	/* Held for an earlier host thread's wake-up (not throttled): the hold
-	 * goes on while host threads keep waking there, or the boost would
-	 * come back at the vCPU's next event and preempt them. */
-	if (kind == PVSCHED_BOOST_NONE && !READ_ONCE(v->throttled) && held > now && held < until) {
-		WRITE_ONCE(v->throttled_until, until);
-		return;
-	}
-	if (kind != PVSCHED_BOOST_RT)
-		return;
-	reason = READ_ONCE(v->boost_reason);
-	if (reason == PVS_R_HALT || reason == PVS_R_RT_TASK)
+	if (held > now && held < until)
+		WRITE_ONCE(v->host_hold_until, until);
+	if (kind != PVSCHED_BOOST_RT || latency_boost(READ_ONCE(v->boost_reason)))
 		return;
 	vm = bpf_map_lookup_elem(&vms, &vm_id);
 	if (!vm)
 		return;
 	charge(v, vm, now);
 	if (held < until)
-		WRITE_ONCE(v->throttled_until, until);
+		WRITE_ONCE(v->host_hold_until, until);
 	/* v may be re-evaluated on another CPU right now: the hold is stored,
 	 * then a fence, then the boost is read; apply_boost() stores the
 	 * boost, fences, then reads the hold. So either that CPU sees the

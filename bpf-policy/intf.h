@@ -80,7 +80,8 @@
 #define PVS_R_HOST_DONE 12 /* no woken host thread waits there any more: the phase again */
 /* A host thread woken on the CPU this vCPU holds with an RT boost that
  * serves throughput (a critical section, a directed yield, a waiting
- * sender's): the boost ends, none for PVS_HOST_HOLD_NS. */
+ * sender's): the boost ends, and no such boost comes back for
+ * PVS_HOST_HOLD_NS (pvs_vcpu.host_hold_until; latency boosts still do). */
 #define PVS_R_HOST_YIELD 13
 
 /* pvs_vcpu.phase: the agent writes FREE, ON and OFF as it moves the thread
@@ -211,6 +212,10 @@ struct pvs_vcpu {
 	__u64 sib_wakes;
 	__u64 sync_wait_ns;
 	__u64 sync_since;   /* when the current such halt began, 0 = none */
+	/* No throughput RT boost before this time: a host thread was woken
+	 * where the vCPU ran (boost_gives_way). Not throttled_until, which
+	 * would hold the latency boosts too. */
+	__u64 host_hold_until;
 };
 
 /* Per-CPU record (`cpus` array, key = CPU number), written by the scheduler

@@ -75,7 +75,7 @@ SIZEOF = {
     "pvs_decision": 48,
     "pvs_stats": 216,
     "pvs_tid_hint": 16,
-    "pvs_vcpu": 232,
+    "pvs_vcpu": 240,
     "pvs_vm": 144,
 }
 
@@ -179,6 +179,7 @@ OFFSETOF = {
         "sib_wakes": 208,
         "sync_wait_ns": 216,
         "sync_since": 224,
+        "host_hold_until": 232,
     },
     "pvs_vm": {
         "active": 0,

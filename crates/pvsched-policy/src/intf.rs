@@ -218,6 +218,10 @@ pub struct PvsVcpu {
     pub sync_wait_ns: u64,
     /// When the current such halt began, 0 = none.
     pub sync_since: u64,
+    /// No throughput RT boost before this time (CLOCK_MONOTONIC ns): a
+    /// host thread was woken where the vCPU ran. Latency boosts (the halt
+    /// boost, a guest RT task's) ignore it.
+    pub host_hold_until: u64,
 }
 
 /// `struct pvs_cpu`: element `cpu` of the BPF `cpus` array.
@@ -278,7 +282,7 @@ pub struct PvsStats {
 const _: () = {
     assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4 + 8);
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 32);
-    assert!(size_of::<PvsVcpu>() == 232);
+    assert!(size_of::<PvsVcpu>() == 240);
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 11 + PROG_MAX as usize) * 8);

@@ -1123,6 +1123,78 @@ fn a_latency_boost_does_not_give_way_to_host_threads() {
     assert_eq!(vcpu.attr(), base, "the vCPU thread back at its baseline");
 }
 
+/// The hold that keeps a throughput boost off while host threads keep
+/// waking beside it holds only such boosts: a vCPU whose critical
+/// section's boost gave way to a sleeper waking every 2 ms (so the hold is
+/// renewed for as long as it runs) gets its guest RT task's boost at once.
+/// When the hold was the thread's throttle, the RT task waited for the
+/// sleeper to stop.
+#[test]
+fn a_latency_boost_starts_while_throughput_boosts_are_held() {
+    let _cpus = common::cpu_bound();
+    if !need_bpf_and_two_cpus("a_latency_boost_starts_while_throughput_boosts_are_held") {
+        return;
+    }
+    use pvsched_abi::{CS_HARDIRQ, SlotGuest};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let agent = common::agent();
+    pin(0, 1);
+    let vcpu = FakeVcpu::spawn_busy(0);
+    pin(vcpu.tid, 0);
+    let base = vcpu.attr();
+    let vm = common::one_vcpu_vm(&agent, vcpu.tid, boost_only_caps());
+    let region = vm.region().expect("a device-region VM");
+    region.write_guest(
+        1,
+        0,
+        &SlotGuest {
+            kern_cs: CS_HARDIRQ,
+            ..Default::default()
+        },
+    );
+    wait_for("the critical section's boost", LIMIT, || {
+        Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let woke = Arc::new(AtomicU64::new(0));
+    let sleeper = {
+        let (stop, woke) = (Arc::clone(&stop), Arc::clone(&woke));
+        // Made on the vCPU's CPU (the thread inherits the affinity), so
+        // its every wake-up from the first is one there.
+        pin(0, 0);
+        let t = std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(2));
+                woke.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        pin(0, 1);
+        t
+    };
+    wait_for("the boost given way, the sleeper waking on", LIMIT, || {
+        Some(()).filter(|_| {
+            vm.stats().vcpus[0].counters.boost_yields > 0 && woke.load(Ordering::Relaxed) >= 5
+        })
+    });
+    let (t0, before) = (Instant::now(), woke.load(Ordering::Relaxed));
+    region.write_guest(1, 0, &rt_task_slot());
+    let got = wait_for("the RT task's boost beside the sleeper", LIMIT, || {
+        Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    let (took, during) = (t0.elapsed(), woke.load(Ordering::Relaxed) - before);
+    stop.store(true, Ordering::Relaxed);
+    sleeper.join().expect("sleeper");
+    println!(
+        "RT task's boost (FIFO {}) {} µs after the guest asked, while the host sleeper \
+         beside it woke {during} times",
+        got.priority,
+        took.as_micros()
+    );
+    drop(vm);
+    assert_eq!(vcpu.attr(), base, "the vCPU thread back at its baseline");
+}
+
 /// CLOCK_MONOTONIC now, ns: the clock of the agent's phase edges.
 fn mono_now_ns() -> u64 {
     let mut ts = libc::timespec {

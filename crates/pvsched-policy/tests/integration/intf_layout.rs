@@ -104,7 +104,8 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             sync_halts,
             sib_wakes,
             sync_wait_ns,
-            sync_since
+            sync_since,
+            host_hold_until
         ]
     );
     layout_struct!(
