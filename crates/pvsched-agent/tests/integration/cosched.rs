@@ -979,6 +979,18 @@ fn boost_only_caps() -> Caps {
     }
 }
 
+/// A spinning vCPU thread pinned to CPU 0 and its baseline, registered
+/// as a one-vCPU VM under [`boost_only_caps`]; the caller moves to CPU 1,
+/// so that only the threads a test starts on CPU 0 wake there.
+fn vcpu_on_cpu0(agent: &Agent) -> (FakeVcpu, sched::SchedAttr, pvsched_agent::VmHandle) {
+    pin(0, 1);
+    let vcpu = FakeVcpu::spawn_busy(0);
+    pin(vcpu.tid, 0);
+    let base = vcpu.attr();
+    let vm = common::one_vcpu_vm(agent, vcpu.tid, boost_only_caps());
+    (vcpu, base, vm)
+}
+
 /// A vCPU thread that holds an RT boost serving throughput (the guest's
 /// critical section, FIFO 2 with no limit) on every CPU gives way to an
 /// ordinary host thread woken beside it: the boost ends, counted, and
@@ -1085,11 +1097,7 @@ fn a_latency_boost_does_not_give_way_to_host_threads() {
         return;
     }
     let agent = common::agent();
-    pin(0, 1);
-    let vcpu = FakeVcpu::spawn_busy(0);
-    pin(vcpu.tid, 0);
-    let base = vcpu.attr();
-    let vm = common::one_vcpu_vm(&agent, vcpu.tid, boost_only_caps());
+    let (vcpu, base, vm) = vcpu_on_cpu0(&agent);
     vm.region()
         .expect("a device-region VM")
         .write_guest(1, 0, &rt_task_slot());
@@ -1139,11 +1147,7 @@ fn a_latency_boost_starts_while_throughput_boosts_are_held() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let agent = common::agent();
-    pin(0, 1);
-    let vcpu = FakeVcpu::spawn_busy(0);
-    pin(vcpu.tid, 0);
-    let base = vcpu.attr();
-    let vm = common::one_vcpu_vm(&agent, vcpu.tid, boost_only_caps());
+    let (vcpu, base, vm) = vcpu_on_cpu0(&agent);
     let region = vm.region().expect("a device-region VM");
     region.write_guest(
         1,
