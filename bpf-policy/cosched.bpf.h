@@ -25,8 +25,9 @@
  * A vCPU's RT boost gives way the same way, at the same two points (a
  * host thread woken where the boosted vCPU runs, a boosted vCPU taking a
  * CPU where one waits), unless it serves the guest's latency: the boost
- * ends (PVS_R_HOST_YIELD) and no throughput boost comes back for
- * PVS_HOST_HOLD_NS.
+ * ends (PVS_R_HOST_YIELD), no throughput boost comes back for
+ * PVS_HOST_HOLD_NS, and the vCPU joins the CPU's yields: the agent keeps
+ * it at nice 19 until PVS_R_HOST_DONE, as it does a phased one.
  */
 #ifndef PVSCHED_COSCHED_BPF_H
 #define PVSCHED_COSCHED_BPF_H
@@ -111,8 +112,18 @@ static __always_inline void waiter_ran(struct pvs_cpu *c, __u32 next_tid)
 	}
 }
 
-/* The vCPU of `vcpus` key `key` + 1 was out of its phase for a CPU's
- * waiters, and that is over: the agent puts it back in its phase. */
+/* Whether `v`, one of a CPU's yields outside any co-scheduling phase (its
+ * boost gave way: boost_gives_way), is still unboosted: the agent keeps it
+ * below the host's threads until they ran. (Its boost_reason does not
+ * say: a re-evaluation that finds the boost held rewrites it.) */
+static __always_inline bool gave_way(const struct pvs_vcpu *v)
+{
+	return READ_ONCE(v->phase) == PVS_PHASE_FREE && READ_ONCE(v->boost) == PVSCHED_BOOST_NONE;
+}
+
+/* The vCPU of `vcpus` key `key` + 1 was out of its phase, or below the
+ * host's threads after its boost gave way, for a CPU's waiters, and that
+ * is over: the agent puts it back in its phase, or at its baseline. */
 static __always_inline void end_yield(__u32 key, __u64 now)
 {
 	struct pvs_vcpu *y;
@@ -121,7 +132,7 @@ static __always_inline void end_yield(__u32 key, __u64 now)
 		return;
 	key -= 1;
 	y = bpf_map_lookup_elem(&vcpus, &key);
-	if (y && READ_ONCE(y->phase) == PVS_PHASE_YIELDED)
+	if (y && (READ_ONCE(y->phase) == PVS_PHASE_YIELDED || gave_way(y)))
 		emit_reason(y, PVS_EV_SWITCH_OUT, PVS_R_HOST_DONE, now, 0);
 }
 
@@ -206,19 +217,25 @@ static __always_inline int yield_to_waiter(struct pvs_cpu *c, struct pvs_vcpu *v
 }
 
 /*
- * The vCPU `v` runs where a host thread waits (woken there now, or before
- * `v` took the CPU: an RT thread preempted on another CPU is pushed to one
- * that runs an ordinary thread), and holds an RT boost: unless the boost
- * serves the guest's latency (latency_boost()), it ends, and the vCPU gets
- * no throughput RT boost for PVS_HOST_HOLD_NS (host_hold_until), so the
- * woken thread runs now rather than after the boost (up to max_boost_us).
+ * The vCPU `v` (`vcpus` key `key`) runs on CPU entry `c` where a host
+ * thread waits (woken there now, or before `v` took the CPU: an RT thread
+ * preempted on another CPU is pushed to one that runs an ordinary thread),
+ * and holds an RT boost: unless the boost serves the guest's latency
+ * (latency_boost()), it ends, and the vCPU gets no throughput RT boost for
+ * PVS_HOST_HOLD_NS (host_hold_until), so the woken thread runs now rather
+ * than after the boost (up to max_boost_us). The vCPU is added to the
+ * CPU's yields, as a phase's is: the agent keeps it below the host's
+ * threads (nice 19) until none waits there (PVS_R_HOST_DONE), because at
+ * its baseline the kernel would often run it first, for up to a tick, as
+ * the task it just moved back to the fair class.
  * A critical section's, a directed yield's or a waiting sender's boost
  * raises throughput, which a host sleeper's wake-up must not pay for; a
  * CPU-bound host thread is never woken and so never ends one. The hold is
  * renewed at every such wake-up while it lasts, or the boost would come
  * back at the vCPU's next event and preempt the next woken thread.
  */
-static __always_inline void boost_gives_way(struct pvs_vcpu *v, __u64 now)
+static __always_inline void boost_gives_way(struct pvs_cpu *c, struct pvs_vcpu *v, __u32 key,
+					    __u64 now)
 {
 	__u32 vm_id = READ_ONCE(v->vm_id), kind = READ_ONCE(v->boost);
 	__u64 until = now + PVS_HOST_HOLD_NS, held = READ_ONCE(v->host_hold_until);
@@ -247,6 +264,7 @@ static __always_inline void boost_gives_way(struct pvs_vcpu *v, __u64 now)
 	STAT_INC(unboosts);
 	emit(v, PVS_EV_WAKEUP, now, 0);
 	publish(v, vm);
+	add_yield(c, key, now);
 }
 
 /* A switch from or to a registered thread (`out` and `in`, NULL for a
@@ -269,7 +287,7 @@ static __always_inline void cpu_switch(const struct pvs_vcpu *out, __u32 next_ti
 	yield_to_waiter(c, in, key, now);
 	/* The boost is read first: most switches are of unboosted vCPUs. */
 	if (READ_ONCE(in->boost) == PVSCHED_BOOST_RT && any_waiter(c, now))
-		boost_gives_way(in, now);
+		boost_gives_way(c, in, key, now);
 }
 
 /*
@@ -302,7 +320,7 @@ static __always_inline void host_wakeup(struct task_struct *p)
 	if (!v || !READ_ONCE(v->tid))
 		return;
 	leave_phase(c, v, key, now);
-	boost_gives_way(v, now);
+	boost_gives_way(c, v, key, now);
 }
 
 struct phase_on_ctx {

@@ -73,6 +73,12 @@ pub enum Phase {
     Yielded,
 }
 
+/// The longest a thread whose boost gave way to a woken host thread stays
+/// below the host's threads without the policy's word that they ran (a
+/// record lost to a full ring): twice the policy's hold on its throughput
+/// boosts, so that a boost back after the hold ends it first.
+pub const GAVE_WAY_MAX_NS: u64 = 2 * pvsched_policy::event::HOST_HOLD_NS;
+
 /// The RT priority of a co-scheduled phase: the lowest, so every boost the
 /// policy decides (halt, yield) still outranks it.
 pub const COSCHED_RT_PRIO: i32 = pvsched_policy::event::COSCHED_RT_PRIO as i32;
@@ -188,6 +194,10 @@ pub struct ThreadState {
     /// Times its boost ended for a host thread's wake-up
     /// ([`R_HOST_YIELD`](pvsched_policy::event::R_HOST_YIELD)).
     pub boost_yields: u64,
+    /// When (monotonic ns) its boost last gave way to a woken host thread,
+    /// while it stays below the host's threads for it (see
+    /// [`ThreadState::host_threads_ran`]); None otherwise.
+    gave_way_at: Option<u64>,
     /// Where the policy learns the thread's phase (None in unit tests).
     word: Option<PhaseWord>,
 }
@@ -255,6 +265,7 @@ impl ThreadState {
             phase_changes: 0,
             phase_yields: 0,
             boost_yields: 0,
+            gave_way_at: None,
             word: None,
         }
     }
@@ -341,6 +352,7 @@ impl ThreadState {
     /// belong to another thread from now on).
     pub fn exit(&mut self) {
         self.exited = true;
+        self.gave_way_at = None;
         self.applied = None;
         self.decided = (BOOST_NONE, 0);
         self.disarm();
@@ -457,7 +469,18 @@ impl ThreadState {
         if reason == pvsched_policy::event::R_HOST_YIELD {
             self.boost_yields += 1;
         }
-        if kind == BOOST_NONE && self.phase == Phase::Free {
+        // A boost that ended for a woken host thread leaves the thread at
+        // nice 19 rather than its baseline until the host threads waiting
+        // for its CPU ran: moved from SCHED_FIFO straight back to its
+        // nice-0 baseline, the kernel (EEVDF, protecting the slice of the
+        // task it just moved back to the fair class) often ran the vCPU
+        // again first, and the woken thread waited until the next tick. A
+        // phase's yield does the same (Phase::Yielded).
+        self.gave_way_at = (kind == BOOST_NONE
+            && reason == pvsched_policy::event::R_HOST_YIELD
+            && self.phase == Phase::Free)
+            .then(pvsched_util::mono_ns);
+        if kind == BOOST_NONE && self.phase == Phase::Free && self.gave_way_at.is_none() {
             let changed = self.restore();
             if self.applied.is_none() {
                 self.decided = (BOOST_NONE, 0);
@@ -479,6 +502,7 @@ impl ThreadState {
             self.phase_yields += 1;
         }
         self.phase = phase;
+        self.gave_way_at = None;
         self.publish_phase();
         let (kind, prio) = self.decided;
         let changed = if phase == Phase::Free && kind == BOOST_NONE {
@@ -512,7 +536,14 @@ impl ThreadState {
                 }
             },
         };
-        let target = effective(&base, kind, prio, self.phase, caps);
+        // Below the host's threads after a boost gave way: as a phase's
+        // yield.
+        let phase = if self.gave_way_at.is_some() && self.phase == Phase::Free {
+            Phase::Yielded
+        } else {
+            self.phase
+        };
+        let target = effective(&base, kind, prio, phase, caps);
         let current = self.applied.unwrap_or(base);
         if target == current {
             self.decided = (kind, prio);
@@ -557,6 +588,24 @@ impl ThreadState {
         }
     }
 
+    /// The host threads its boost gave way to ran (the policy's
+    /// `R_HOST_DONE` record), or [`GAVE_WAY_MAX_NS`] passed (`now`, a lost
+    /// record): back to its baseline unless something else was decided
+    /// for it since. Returns true if a syscall changed the thread.
+    pub fn host_threads_ran(&mut self, now: Option<u64>) -> bool {
+        let Some(at) = self.gave_way_at else {
+            return false;
+        };
+        if now.is_some_and(|n| n.saturating_sub(at) < GAVE_WAY_MAX_NS) {
+            return false;
+        }
+        self.gave_way_at = None;
+        if self.phase != Phase::Free || self.decided.0 != BOOST_NONE {
+            return false;
+        }
+        self.restore()
+    }
+
     /// Puts the thread back to its baseline if we changed it, out of any
     /// co-scheduling phase (the next phase change moves it again).
     pub fn restore(&mut self) -> bool {
@@ -564,6 +613,7 @@ impl ThreadState {
             return false;
         }
         self.phase = Phase::Free;
+        self.gave_way_at = None;
         self.publish_phase();
         let (Some(base), Some(_)) = (self.baseline, self.applied) else {
             return false;

@@ -47,6 +47,11 @@ fn handle(inner: &Inner, d: &Decision) {
         reg.foreign += 1;
         return;
     };
+    if d.reason == R_HOST_DONE && t.phase == Phase::Free {
+        // A vCPU whose boost gave way: the host threads it gave way to ran.
+        t.host_threads_ran(None);
+        return;
+    }
     if d.reason == R_HOST_WAKE || d.reason == R_HOST_DONE {
         // These records change no boost: the thread leaves its phase for
         // host threads waiting for its CPU, or none waits there any more.
@@ -334,6 +339,7 @@ fn reconcile(inner: &Inner, view: &PolicyView, drops: bool) {
     }
     let mut guard = inner.reg.lock();
     let reg = &mut *guard;
+    let now = mono_ns();
     for (gid, kind, prio, policy_tid) in states {
         let Some(vm) = reg.vms.get_mut(&gid_vm(gid)) else {
             continue;
@@ -349,6 +355,7 @@ fn reconcile(inner: &Inner, view: &PolicyView, drops: bool) {
             }
             continue;
         }
+        t.host_threads_ran(Some(now));
         if t.reconcile(kind, prio, &vm.caps) {
             vm.corrections += 1;
         }

@@ -1199,6 +1199,96 @@ fn a_latency_boost_starts_while_throughput_boosts_are_held() {
     assert_eq!(vcpu.attr(), base, "the vCPU thread back at its baseline");
 }
 
+/// A vCPU whose throughput boost gave way to a host thread woken beside it
+/// is below the host's threads (nice 19) while that thread runs, not back
+/// at its nice-0 baseline, where the kernel often ran the vCPU again first
+/// (it protects the slice of a task just moved back to the fair class) and
+/// the woken thread waited for the next tick. The host thread here reads
+/// the vCPU's attributes each time it runs; its sleeps outlast the hold on
+/// the boost, so the boost is often back before a wake-up (when it is not,
+/// the vCPU is at its baseline and nothing gave way). Once the host thread
+/// has left the CPU, the vCPU is at its baseline (until the boost is back).
+#[test]
+fn a_vcpu_whose_boost_gave_way_stays_below_the_host_thread_while_it_runs() {
+    let _cpus = common::cpu_bound();
+    if !need_bpf_and_two_cpus(
+        "a_vcpu_whose_boost_gave_way_stays_below_the_host_thread_while_it_runs",
+    ) {
+        return;
+    }
+    use pvsched_abi::{CS_HARDIRQ, SlotGuest};
+    let agent = common::agent();
+    let (vcpu, base, vm) = vcpu_on_cpu0(&agent);
+    let region = vm.region().expect("a device-region VM");
+    region.write_guest(
+        1,
+        0,
+        &SlotGuest {
+            kern_cs: CS_HARDIRQ,
+            ..Default::default()
+        },
+    );
+    wait_for("the critical section's boost", LIMIT, || {
+        Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    let tid = vcpu.tid;
+    // Made on the vCPU's CPU (the thread inherits the affinity).
+    pin(0, 0);
+    let host = std::thread::spawn(move || {
+        let hold = Duration::from_nanos(pvsched_policy::event::HOST_HOLD_NS);
+        (0..20)
+            .map(|_| {
+                std::thread::sleep(hold * 2);
+                sched::get(tid).expect("the vCPU's attributes")
+            })
+            .collect::<Vec<_>>()
+    });
+    pin(0, 1);
+    // Meanwhile, from the other CPU: each change of the vCPU's attributes.
+    let mut changes = vec![vcpu.attr()];
+    while !host.is_finished() {
+        let a = vcpu.attr();
+        if changes.last() != Some(&a) {
+            changes.push(a);
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let seen = host.join().expect("host thread");
+    let low = |a: &sched::SchedAttr| a.policy == POLICY_NORMAL && a.nice == 19;
+    let count = |f: &dyn Fn(&sched::SchedAttr) -> bool| seen.iter().filter(|a| f(a)).count();
+    let (fifo, at_low, at_base) = (
+        count(&|a| a.policy == POLICY_FIFO),
+        count(&low),
+        count(&|a| *a == base),
+    );
+    // Back at the baseline from a boost or nice 19 (which lasts only while
+    // the host thread runs, often too short to be seen from here): the
+    // host thread had left the CPU and the hold on the boost still lasted.
+    // Without the policy's word that it left, the vCPU would stay at nice
+    // 19 until the boost came back after the hold (the agent's limit on
+    // that, twice the hold, comes later).
+    let back = changes
+        .windows(2)
+        .filter(|w| w[0] != base && w[1] == base)
+        .count();
+    println!(
+        "a host thread beside a boosted vCPU saw it, as it ran: FIFO {fifo} times (the \
+         kernel's fair server let it past), nice 19 {at_low}, at its baseline (no boost \
+         to end) {at_base}; {} boosts ended; back to the baseline {back} times",
+        vm.stats().vcpus[0].counters.boost_yields
+    );
+    assert!(
+        at_low >= 1,
+        "the vCPU waits at nice 19 while the host thread runs: saw {seen:?}"
+    );
+    assert!(
+        back >= 1,
+        "at its baseline once the host thread left: {changes:?}"
+    );
+    drop(vm);
+    assert_eq!(vcpu.attr(), base, "the vCPU thread back at its baseline");
+}
+
 /// CLOCK_MONOTONIC now, ns: the clock of the agent's phase edges.
 fn mono_now_ns() -> u64 {
     let mut ts = libc::timespec {
