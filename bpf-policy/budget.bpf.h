@@ -36,6 +36,15 @@ static __always_inline void emit_reason(const struct pvs_vcpu *v, __u32 event, _
 	d->throttled_until = v->throttled_until;
 	d->waits_on = v->yield_boosting;
 	d->pad0 = 0;
+	/* The kernel wakes the agent for a record without flags only if the
+	 * agent has read every record before it: behind a trace-only record
+	 * still unread (BPF_RB_NO_WAKEUP), one the agent must act on now (a
+	 * boost change, a host thread waiting for a phased vCPU's CPU) waited
+	 * for the agent's next tick. Forced then; not always, which would cost
+	 * a wake-up per record while the agent is already reading. */
+	if (!flags &&
+	    bpf_ringbuf_query(&decisions, BPF_RB_AVAIL_DATA) > sizeof(*d) + BPF_RINGBUF_HDR_SZ)
+		flags = BPF_RB_FORCE_WAKEUP;
 	bpf_ringbuf_submit(d, flags);
 	if (s)
 		s->decisions++;

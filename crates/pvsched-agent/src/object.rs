@@ -380,6 +380,13 @@ impl PolicyObject {
         self.ring.take()
     }
 
+    /// The decisions ring buffer's fd (if not taken), for epoll: readable
+    /// once the policy woke its reader.
+    pub fn decisions_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.ring.as_ref().map(|r| r.as_fd())
+    }
+
     /// Drains the decisions ring buffer (if not taken).
     pub fn drain_decisions(&mut self) -> Vec<Decision> {
         let mut out = Vec::new();

@@ -143,6 +143,11 @@ fn bpf_and_model_agree_on_1000_traces() {
     let mut by_reason = [0usize; R_VM_BUDGET as usize + 1];
     let mut emu_boosts = 0u64;
     let mut trace_only = 0usize;
+    let ring_waits = RingWaits::new(&obj);
+    // Steps whose first boost change came after a trace-only record: the
+    // kernel wakes the reader for a record only if every record before it
+    // was read, unless the policy forces it.
+    let mut behind_trace_only = 0usize;
     for seed in 1..=traces {
         let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let nr = 1 + r.below(4) as u32;
@@ -199,6 +204,7 @@ fn bpf_and_model_agree_on_1000_traces() {
             }
         }
         obj.drain_decisions();
+        ring_waits.woken(0);
         let mut last = std::collections::HashMap::new();
         let mut now: u64 = 1_000_000 + r.below(1_000_000);
         let len = 20 + r.below(60);
@@ -236,11 +242,37 @@ fn bpf_and_model_agree_on_1000_traces() {
                     assert_eq!(obj.reevaluate(code, vcpu, at, a, b).unwrap(), 0);
                 }
             }
+            // Whether the policy woke the ring's reader, as the agent's
+            // epoll waits for: it must have, if a record changed a boost
+            // (the wake-up comes from the kernel's irq_work: it may land
+            // just after the records are read).
+            let mut woken = ring_waits.woken(0);
             let got = obj.drain_decisions();
             assert_eq!(
                 got, want,
                 "seed {seed} step {step} event {ev:?} caps {caps:?}"
             );
+            let mut prev_boost = last.clone();
+            let changes: Vec<bool> = got
+                .iter()
+                .map(|d| {
+                    prev_boost
+                        .insert(d.tid, (d.kind, d.prio))
+                        .unwrap_or((pvsched_abi::BOOST_NONE, 0))
+                        != (d.kind, d.prio)
+                })
+                .collect();
+            if let Some(first) = changes.iter().position(|&c| c) {
+                if !woken {
+                    woken = ring_waits.woken(100);
+                }
+                assert!(
+                    woken,
+                    "seed {seed} step {step}: a boost changed and the reader was not woken: {got:?}"
+                );
+                behind_trace_only += usize::from(first > 0);
+            }
+            ring_waits.woken(0);
             decisions += got.len();
             for d in &got {
                 // A record that leaves the thread's boost as it was is
@@ -351,7 +383,15 @@ fn bpf_and_model_agree_on_1000_traces() {
          budget, unit throttle, exited, VM budget): {by_reason:?}; emulator-thread boosts \
          {emu_boosts}"
     );
+    println!(
+        "differential: {behind_trace_only} steps changed a boost after a trace-only record; \
+         the reader was woken for every step that changed one"
+    );
     assert!(trace_only > 10, "trace-only records barely exercised");
+    assert!(
+        behind_trace_only > 0,
+        "no boost change came after a trace-only record"
+    );
     assert!(emu_boosts > 10, "emulator threads barely exercised");
     // Every throttling path is exercised, the unit throttle of pairs included.
     for r in [
@@ -371,4 +411,49 @@ fn bpf_and_model_agree_on_1000_traces() {
         decisions > 1000,
         "traces too tame: only {decisions} decisions"
     );
+}
+
+/// An epoll instance watching the decision ring, as the agent's consumer
+/// does: it reports the ring only once the policy woke its reader.
+struct RingWaits(std::os::fd::OwnedFd);
+
+impl RingWaits {
+    fn new(obj: &PolicyObject) -> Self {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: epoll_create1 takes no pointer; it returns a new fd or -1.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(
+            ep >= 0,
+            "epoll_create1: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: ep is a new fd that nothing else owns.
+        let ep = unsafe { std::os::fd::OwnedFd::from_raw_fd(ep) };
+        let ring = obj.decisions_fd().expect("the decision ring");
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 1,
+        };
+        // SAFETY: valid epoll fd, valid target fd, valid event struct.
+        let rc = unsafe {
+            libc::epoll_ctl(
+                ep.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                ring.as_raw_fd(),
+                &mut ev,
+            )
+        };
+        assert_eq!(rc, 0, "epoll_ctl: {}", std::io::Error::last_os_error());
+        RingWaits(ep)
+    }
+
+    /// Whether the ring was reported readable within `timeout_ms`: after
+    /// its records were all read, only a wake-up since reports it again.
+    fn woken(&self, timeout_ms: i32) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 1];
+        // SAFETY: ev is a valid buffer of one event.
+        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), ev.as_mut_ptr(), 1, timeout_ms) };
+        n > 0
+    }
 }
