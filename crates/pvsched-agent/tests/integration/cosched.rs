@@ -991,6 +991,26 @@ fn vcpu_on_cpu0(agent: &Agent) -> (FakeVcpu, sched::SchedAttr, pvsched_agent::Vm
     (vcpu, base, vm)
 }
 
+/// [`vcpu_on_cpu0`] with its guest in a critical section: when this
+/// returns, the thread holds the section's FIFO 2 boost, one that serves
+/// throughput.
+fn cs_boosted_vcpu_on_cpu0(agent: &Agent) -> (FakeVcpu, sched::SchedAttr, pvsched_agent::VmHandle) {
+    use pvsched_abi::{CS_HARDIRQ, SlotGuest};
+    let (vcpu, base, vm) = vcpu_on_cpu0(agent);
+    vm.region().expect("a device-region VM").write_guest(
+        1,
+        0,
+        &SlotGuest {
+            kern_cs: CS_HARDIRQ,
+            ..Default::default()
+        },
+    );
+    wait_for("the critical section's boost", LIMIT, || {
+        Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    (vcpu, base, vm)
+}
+
 /// A vCPU thread that holds an RT boost serving throughput (the guest's
 /// critical section, FIFO 2 with no limit) on every CPU gives way to an
 /// ordinary host thread woken beside it: the boost ends, counted, and
@@ -1143,23 +1163,11 @@ fn a_latency_boost_starts_while_throughput_boosts_are_held() {
     if !need_bpf_and_two_cpus("a_latency_boost_starts_while_throughput_boosts_are_held") {
         return;
     }
-    use pvsched_abi::{CS_HARDIRQ, SlotGuest};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let agent = common::agent();
-    let (vcpu, base, vm) = vcpu_on_cpu0(&agent);
+    let (vcpu, base, vm) = cs_boosted_vcpu_on_cpu0(&agent);
     let region = vm.region().expect("a device-region VM");
-    region.write_guest(
-        1,
-        0,
-        &SlotGuest {
-            kern_cs: CS_HARDIRQ,
-            ..Default::default()
-        },
-    );
-    wait_for("the critical section's boost", LIMIT, || {
-        Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
-    });
     let stop = Arc::new(AtomicBool::new(false));
     let woke = Arc::new(AtomicU64::new(0));
     let sleeper = {
@@ -1216,21 +1224,8 @@ fn a_vcpu_whose_boost_gave_way_stays_below_the_host_thread_while_it_runs() {
     ) {
         return;
     }
-    use pvsched_abi::{CS_HARDIRQ, SlotGuest};
     let agent = common::agent();
-    let (vcpu, base, vm) = vcpu_on_cpu0(&agent);
-    let region = vm.region().expect("a device-region VM");
-    region.write_guest(
-        1,
-        0,
-        &SlotGuest {
-            kern_cs: CS_HARDIRQ,
-            ..Default::default()
-        },
-    );
-    wait_for("the critical section's boost", LIMIT, || {
-        Some(vcpu.attr()).filter(|a| a.policy == POLICY_FIFO)
-    });
+    let (vcpu, base, vm) = cs_boosted_vcpu_on_cpu0(&agent);
     let tid = vcpu.tid;
     // Made on the vCPU's CPU (the thread inherits the affinity).
     pin(0, 0);
