@@ -196,7 +196,8 @@ pub struct ThreadState {
     pub boost_yields: u64,
     /// When (monotonic ns) its boost last gave way to a woken host thread,
     /// while it stays below the host's threads for it (see
-    /// [`ThreadState::host_threads_ran`]); None otherwise.
+    /// [`ThreadState::host_threads_ran`]); None otherwise, and always
+    /// outside [`Phase::Free`] (every phase change clears it).
     gave_way_at: Option<u64>,
     /// Where the policy learns the thread's phase (None in unit tests).
     word: Option<PhaseWord>,
@@ -538,7 +539,7 @@ impl ThreadState {
         };
         // Below the host's threads after a boost gave way: as a phase's
         // yield.
-        let phase = if self.gave_way_at.is_some() && self.phase == Phase::Free {
+        let phase = if self.gave_way_at.is_some() {
             Phase::Yielded
         } else {
             self.phase
@@ -589,21 +590,23 @@ impl ThreadState {
     }
 
     /// The host threads its boost gave way to ran (the policy's
-    /// `R_HOST_DONE` record), or [`GAVE_WAY_MAX_NS`] passed (`now`, a lost
-    /// record): back to its baseline unless something else was decided
-    /// for it since. Returns true if a syscall changed the thread.
-    pub fn host_threads_ran(&mut self, now: Option<u64>) -> bool {
-        let Some(at) = self.gave_way_at else {
-            return false;
-        };
-        if now.is_some_and(|n| n.saturating_sub(at) < GAVE_WAY_MAX_NS) {
-            return false;
-        }
-        self.gave_way_at = None;
-        if self.phase != Phase::Free || self.decided.0 != BOOST_NONE {
+    /// `R_HOST_DONE` record): back to its baseline unless something else
+    /// was decided for it since. Returns true if a syscall changed the
+    /// thread.
+    pub fn host_threads_ran(&mut self) -> bool {
+        if self.gave_way_at.take().is_none() || self.decided.0 != BOOST_NONE {
             return false;
         }
         self.restore()
+    }
+
+    /// As [`Self::host_threads_ran`] once [`GAVE_WAY_MAX_NS`] passed since
+    /// its boost gave way (at `now`), in case that record was lost.
+    pub fn gave_way_expired(&mut self, now: u64) -> bool {
+        match self.gave_way_at {
+            Some(at) if now.saturating_sub(at) >= GAVE_WAY_MAX_NS => self.host_threads_ran(),
+            _ => false,
+        }
     }
 
     /// Puts the thread back to its baseline if we changed it, out of any

@@ -47,16 +47,12 @@ fn handle(inner: &Inner, d: &Decision) {
         reg.foreign += 1;
         return;
     };
-    if d.reason == R_HOST_DONE && t.phase == Phase::Free {
-        // A vCPU whose boost gave way: the host threads it gave way to ran.
-        t.host_threads_ran(None);
-        return;
-    }
     if d.reason == R_HOST_WAKE || d.reason == R_HOST_DONE {
         // These records change no boost: the thread leaves its phase for
-        // host threads waiting for its CPU, or none waits there any more.
-        // One that arrives after the phase's edge finds the thread in
-        // another phase and changes nothing.
+        // host threads waiting for its CPU, or none waits there any more
+        // (for a thread whose boost gave way to them, too). One that
+        // arrives after the phase's edge finds the thread in another phase
+        // and changes nothing.
         let (from, to) = if d.reason == R_HOST_WAKE {
             (Phase::On, Phase::Yielded)
         } else {
@@ -64,6 +60,8 @@ fn handle(inner: &Inner, d: &Decision) {
         };
         if t.phase == from {
             t.set_phase(to, &vm.caps);
+        } else if d.reason == R_HOST_DONE {
+            t.host_threads_ran();
         }
         return;
     }
@@ -355,7 +353,7 @@ fn reconcile(inner: &Inner, view: &PolicyView, drops: bool) {
             }
             continue;
         }
-        t.host_threads_ran(Some(now));
+        t.gave_way_expired(now);
         if t.reconcile(kind, prio, &vm.caps) {
             vm.corrections += 1;
         }
