@@ -252,17 +252,20 @@ fn bpf_and_model_agree_on_1000_traces() {
                 got, want,
                 "seed {seed} step {step} event {ev:?} caps {caps:?}"
             );
-            let mut prev_boost = last.clone();
-            let changes: Vec<bool> = got
-                .iter()
-                .map(|d| {
-                    prev_boost
-                        .insert(d.tid, (d.kind, d.prio))
-                        .unwrap_or((pvsched_abi::BOOST_NONE, 0))
-                        != (d.kind, d.prio)
-                })
-                .collect();
-            if let Some(first) = changes.iter().position(|&c| c) {
+            decisions += got.len();
+            // The first record that changed its thread's boost, if any.
+            let mut first_change = None;
+            for (i, d) in got.iter().enumerate() {
+                // A record that leaves the thread's boost as it was is
+                // trace-only (throttle extended, waiting target changed).
+                let prev = last.insert(d.tid, (d.kind, d.prio));
+                if prev.unwrap_or((pvsched_abi::BOOST_NONE, 0)) == (d.kind, d.prio) {
+                    trace_only += usize::from(!R_LIMITS.contains(&d.reason));
+                } else {
+                    first_change = first_change.or(Some(i));
+                }
+            }
+            if let Some(first) = first_change {
                 if !woken {
                     woken = ring_waits.woken(100);
                 }
@@ -273,17 +276,6 @@ fn bpf_and_model_agree_on_1000_traces() {
                 behind_trace_only += usize::from(first > 0);
             }
             ring_waits.woken(0);
-            decisions += got.len();
-            for d in &got {
-                // A record that leaves the thread's boost as it was is
-                // trace-only (throttle extended, waiting target changed).
-                let prev = last.insert(d.tid, (d.kind, d.prio));
-                if prev.unwrap_or((pvsched_abi::BOOST_NONE, 0)) == (d.kind, d.prio)
-                    && !R_LIMITS.contains(&d.reason)
-                {
-                    trace_only += 1;
-                }
-            }
             events += 1;
             for d in &got {
                 by_reason[(d.reason as usize).min(R_VM_BUDGET as usize)] += 1;
