@@ -48,7 +48,7 @@ pvsched_chroot() {
 	[ "$suite" = bookworm ] || pkgs+=(dh-dkms)
 	pvsched_in_chroot "$dir" apt-get update -qq
 	log "guest matrix: installing ${pkgs[*]} in the $suite chroot"
-	pvsched_in_chroot "$dir" apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confold "${pkgs[@]}" >>"$dir.log"
+	pvsched_chroot_install "$dir" "${pkgs[@]}"
 	touch "$dir/.pvsched-ready"
 }
 
@@ -105,8 +105,7 @@ pvsched_matrix_fetch() {
 		# A backports kernel takes what it needs from backports (linux-base).
 		local target=()
 		[ "$suite" = "$csuite" ] || target=(-t "$suite")
-		pvsched_in_chroot "$dir" apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confold \
-			"${target[@]}" "$img" "linux-headers-$got" >>"$dir.log"
+		pvsched_chroot_install "$dir" "${target[@]}" "$img" "linux-headers-$got"
 		mkdir -p "$out"
 		local v
 		for v in "$dir/boot/vmlinuz-$got" "$dir/usr/lib/modules/$got/vmlinuz"; do

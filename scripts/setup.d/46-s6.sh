@@ -18,8 +18,7 @@ pvsched_s6_workloads() {
 		[ -e "$dir/.pvsched-ready" ] || continue
 		[ -e "$dir/.pvsched-s6-ready" ] && continue
 		log "S6: installing ${pkgs[*]} in the $csuite chroot"
-		pvsched_in_chroot "$dir" apt-get install -y -qq --no-install-recommends \
-			-o Dpkg::Options::=--force-confold "${pkgs[@]}" >>"$dir.log"
+		pvsched_chroot_install "$dir" "${pkgs[@]}"
 		touch "$dir/.pvsched-s6-ready"
 	done < <(pvsched_matrix_kernels)
 }
