@@ -8,6 +8,7 @@ the one entry point of the package. COMMAND is one of
   apply-trace    decision to applied, step by step, in a trace
   applier-waits  what pvsched's applier thread waited on in a trace
   phase-share    the CPU share of a thread moved between policies
+  probe-waits    what the host probe's slow wake-ups waited behind, traced
 
 `python3 -m pvsched_bench COMMAND --help` says more. s4 and s6 are
 normally run by `pvsched-bench s4|s6`, which computes their reports.
@@ -18,7 +19,8 @@ import sys
 
 COMMANDS = {"s4": "s4", "s6": "s6", "stall-trace": "stall_trace",
             "phase-trace": "phase_trace", "apply-trace": "apply_trace",
-            "applier-waits": "applier_waits", "phase-share": "phase_share"}
+            "applier-waits": "applier_waits", "phase-share": "phase_share",
+            "probe-waits": "probe_waits"}
 
 
 def main(argv):

@@ -62,7 +62,11 @@ It then lists every interval over --over-us in which no CPU recorded
 anything: the whole host stopped (its own hypervisor took all its CPUs),
 which every thread waits through, runnable or not.
 --json prints {"over_us", "waits": [...], "causes": {cause: count},
-"host_gaps": [{"at", "ms"}, ...]}. --from/--to (the trace's clock, s:
+"ran": [...], "host_gaps": [{"at", "ms"}, ...]}: "ran" sums, over the
+waits, the time each kind of thread ran where they waited (its comm with
+the digits taken out, e.g. "CPU #/TCG", and its priority), longest first,
+so a run's tail can be told by what it waited behind; --summary leaves the
+waits out and gives their count and total ("n", "wait_ms") instead. --from/--to (the trace's clock, s:
 CLOCK_MONOTONIC with trace_clock mono) keep only the waits and gaps that
 overlap that window, e.g. a benchmark's measured time (pvsched-bench
 --trace passes it).
@@ -440,6 +444,8 @@ def main():
                     help="only waits and gaps that end at or after this trace time, s")
     ap.add_argument("--to", dest="hi", type=float, default=None,
                     help="only waits and gaps that start at or before this trace time, s")
+    ap.add_argument("--summary", action="store_true",
+                    help="with --json: the count and total of the waits instead of each one")
     ap.add_argument("--windows", default=None,
                     help="a JSON file of samples [{label, from, to}]: where each one's thread was")
     ap.add_argument("--decisions", default=None,
@@ -501,10 +507,16 @@ def main():
         waits = overlapping(waits, lo, hi, "wait_ms")
         gaps = [(t, ms) for t, ms in gaps if t <= hi and t + ms / 1e3 >= lo]
     if a.json:
-        print(json.dumps({"over_us": a.over_us, "waits": waits,
-                          "causes": dict(Counter(w["cause"] for w in waits)),
-                          "host_gaps": [{"at": t, "ms": ms} for t, ms in gaps],
-                          "idle_switch_ins": inferred.get("idle_switch_ins", 0)}))
+        doc = {"over_us": a.over_us, "waits": waits,
+               "causes": dict(Counter(w["cause"] for w in waits)),
+               "ran": ran_summary(waits),
+               "host_gaps": [{"at": t, "ms": ms} for t, ms in gaps],
+               "idle_switch_ins": inferred.get("idle_switch_ins", 0)}
+        if a.summary:
+            del doc["waits"]
+            doc["n"] = len(waits)
+            doc["wait_ms"] = round(sum(w["wait_ms"] for w in waits), 3)
+        print(json.dumps(doc))
         return
     what = "vCPU" if a.tids is None else "thread"
     print(f"{len(waits)} {what} wait(s) over {a.over_us:.0f} µs")
@@ -519,10 +531,28 @@ def main():
               f"{who or 'nothing traced'}; {w['events']} events on CPU {w['queued_cpu']} in the "
               f"wait, "
               f"longest silence {w['silent_ms']:.2f} ms, {ipi}; cause {w['cause']}")
+    print(f"what ran where they waited, summed over {len(waits)} wait(s) "
+          f"({sum(w['wait_ms'] for w in waits):.1f} ms):")
+    for r in ran_summary(waits)[:12]:
+        print(f"  {r['comm']} prio {r['prio']}: {r['ms']:.1f} ms in {r['waits']} wait(s)")
     print(f"{len(gaps)} interval(s) over {a.over_us:.0f} µs with no event on any CPU"
           + "".join(f"\n{t:.6f} all CPUs silent {ms:.2f} ms" for t, ms in gaps))
     if inferred:
         print(idle_note(inferred))
+
+
+def ran_summary(waits):
+    """Per kind of thread (comm with its digits replaced by '#', priority):
+    how long it ran where the waits waited, summed, and in how many waits,
+    longest first."""
+    ms, n = Counter(), Counter()
+    for w in waits:
+        for key in {(re.sub(r"[0-9]+", "#", r["comm"]), r["prio"]) for r in w["ran"]}:
+            n[key] += 1
+        for r in w["ran"]:
+            ms[(re.sub(r"[0-9]+", "#", r["comm"]), r["prio"])] += r["ms"]
+    return [{"comm": c, "prio": p, "ms": round(v, 3), "waits": n[(c, p)]}
+            for (c, p), v in ms.most_common()]
 
 
 def idle_note(inferred):

@@ -30,7 +30,9 @@ def test_a_late_reschedule_ipi_is_named(tmp_path):
     assert "reschedule IPI taken at +3.00 ms" in lines[1], out
     assert lines[1].endswith("cause stolen"), out
     # Neither CPU recorded anything from the last wake-up to the IPI.
-    assert lines[2:] == ["1 interval(s) over 1000 µs with no event on any CPU",
+    assert lines[2:4] == ["what ran where they waited, summed over 1 wait(s) (3.0 ms):",
+                          "  bench-hog busy  prio 120: 3.0 ms in 1 wait(s)"], out
+    assert lines[4:] == ["1 interval(s) over 1000 µs with no event on any CPU",
                          "100.000020 all CPUs silent 2.98 ms"], out
 
 
@@ -58,6 +60,14 @@ def test_threads_by_tid_and_json(tmp_path):
     assert w["ran"][0]["comm"] == "bench-hog busy " and w["ran"][0]["prio"] == 120, w
     assert doc["causes"] == {"behind-fair": 1}, doc
     assert doc["host_gaps"] == [], doc  # CPU 1 ticked throughout
+    # What it waited behind, by kind of thread (digits out of the name).
+    assert doc["ran"][0]["comm"] == "bench-hog busy " and doc["ran"][0]["waits"] == 1, doc
+    assert doc["ran"][0]["ms"] == w["ran"][0]["ms"], doc
+    short = json.loads(subprocess.run(
+        [sys.executable, "-m", "pvsched_bench", "stall-trace", str(t), "--tids", "11=vcpu0",
+         "--json", "--summary"], capture_output=True, text=True, check=True).stdout)
+    assert "waits" not in short and short["n"] == 1, short
+    assert short["wait_ms"] == w["wait_ms"] and short["ran"] == doc["ran"], short
 
 
 def test_a_window_keeps_what_overlaps_it(tmp_path):
