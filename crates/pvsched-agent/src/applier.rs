@@ -11,6 +11,7 @@ use pvsched_abi::{
 };
 use pvsched_policy::{Caps, CoschedUs};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What `kind`/`prio` means for a thread whose baseline is `base`, within
 /// `caps`: the attributes to set. Never lowers a thread below its baseline
@@ -34,6 +35,7 @@ pub fn plan(base: &SchedAttr, kind: u32, prio: i32, caps: &Caps) -> SchedAttr {
                 priority: p,
                 nice: base.nice,
                 flags: base.flags,
+                slice_ns: 0,
             }
         }
         BOOST_NICE => {
@@ -50,6 +52,7 @@ pub fn plan(base: &SchedAttr, kind: u32, prio: i32, caps: &Caps) -> SchedAttr {
                 priority: 0,
                 nice: n,
                 flags: base.flags,
+                slice_ns: base.slice_ns,
             }
         }
         _ => *base,
@@ -90,6 +93,38 @@ pub const COSCHED_RT_PRIO: i32 = pvsched_policy::event::COSCHED_RT_PRIO as i32;
 /// (docs/bench/NOTES.md, "Why nice 19 off the phase").
 pub const COSCHED_OFF_NICE: i32 = 19;
 
+/// The fair-class slice of a vCPU thread outside its phase (nice
+/// [`COSCHED_OFF_NICE`]: the rest of the period, a yield, a boost that
+/// gave way), ns, unless [`set_off_phase_slice`] says otherwise: longer
+/// than the kernel's default (0.7 ms times 1 + log2 of the CPUs, up to 8),
+/// so that an ordinary host thread's wake-up preempts such a vCPU at once
+/// (EEVDF lets a waking task with a shorter slice preempt; with equal
+/// slices the running one keeps the CPU for its slice, and on a host
+/// without high-resolution ticks until the next tick). The share is the
+/// nice value's either way. On a kernel without custom slices (before
+/// 6.12) nothing is set.
+pub const OFF_PHASE_SLICE_NS: u64 = 4_000_000;
+
+static OFF_PHASE_SLICE: AtomicU64 = AtomicU64::new(OFF_PHASE_SLICE_NS);
+
+/// Sets the slice of a vCPU thread outside its phase, ns (0: the kernel's
+/// default; the kernel bounds a custom slice to 0.1..=100 ms). For every
+/// thread the applier moves from now on; a host daemon calls it once from
+/// its configuration.
+pub fn set_off_phase_slice(ns: u64) {
+    OFF_PHASE_SLICE.store(ns, Ordering::Relaxed);
+}
+
+/// The slice [`effective`] gives a thread outside its phase: 0 where the
+/// kernel has no custom slices.
+fn off_phase_slice() -> u64 {
+    if sched::default_slice_ns() == 0 {
+        0
+    } else {
+        OFF_PHASE_SLICE.load(Ordering::Relaxed)
+    }
+}
+
 /// How much CPU the scheduler gives `a` before other work: RT priority
 /// above any nice value, a lower nice above a higher one.
 fn rank(a: &SchedAttr) -> i64 {
@@ -105,7 +140,8 @@ fn rank(a: &SchedAttr) -> i64 {
 /// (`kind`, `prio`) in co-scheduling `phase`: the higher of the boost and
 /// the phase's FIFO in the co-scheduled phase; outside it, the boost if
 /// there is one, else the baseline lowered to nice [`COSCHED_OFF_NICE`]
-/// (an RT, deadline or idle baseline, or one already at 19, is kept).
+/// with the slice [`OFF_PHASE_SLICE_NS`] (an RT, deadline or idle
+/// baseline, or one already at 19, is kept).
 ///
 /// A VM co-scheduled at its measured fair share (`cosched_us = "auto"`)
 /// gets no boost outside its phase: the phase is its whole share, and a
@@ -143,6 +179,7 @@ pub fn effective(base: &SchedAttr, kind: u32, prio: i32, phase: Phase, caps: &Ca
             } else {
                 SchedAttr {
                     nice: COSCHED_OFF_NICE,
+                    slice_ns: off_phase_slice(),
                     ..*base
                 }
             }
@@ -667,6 +704,7 @@ mod tests {
             priority,
             nice: 0,
             flags: 0,
+            slice_ns: 0,
         }
     }
 
@@ -676,7 +714,41 @@ mod tests {
             priority: 0,
             nice,
             flags: 0,
+            slice_ns: 0,
         }
+    }
+
+    /// A thread outside its phase: `nice` with the longer slice.
+    fn off(nice: i32) -> SchedAttr {
+        SchedAttr {
+            slice_ns: off_phase_slice(),
+            ..normal(nice)
+        }
+    }
+
+    #[test]
+    fn outside_the_phase_the_slice_is_longer_and_a_boost_keeps_the_threads_own() {
+        let c = Caps {
+            cosched_us: CoschedUs::Us(10_000),
+            ..Caps::default()
+        };
+        let own = SchedAttr {
+            slice_ns: 3_000_000,
+            ..normal(0)
+        };
+        let expect = if sched::default_slice_ns() == 0 {
+            0 // no custom slices on this kernel: none is set
+        } else {
+            OFF_PHASE_SLICE_NS
+        };
+        for phase in [Phase::Off, Phase::Yielded] {
+            let a = effective(&own, BOOST_NONE, 0, phase, &c);
+            assert_eq!((a.nice, a.slice_ns), (COSCHED_OFF_NICE, expect));
+        }
+        // A nice boost and the phase's own states leave the slice as it was.
+        let n = effective(&own, BOOST_NICE, -5, Phase::Off, &c);
+        assert_eq!((n.nice, n.slice_ns), (-5, 3_000_000));
+        assert_eq!(effective(&own, BOOST_NONE, 0, Phase::Free, &c), own);
     }
 
     #[test]
@@ -716,7 +788,7 @@ mod tests {
         assert_eq!((on.policy, on.priority), (POLICY_FIFO, 1));
         assert_eq!(
             effective(&normal(0), BOOST_NONE, 0, Phase::Off, &c),
-            normal(19)
+            off(19)
         );
         assert_eq!(
             effective(&normal(0), BOOST_NONE, 0, Phase::Free, &c),
@@ -753,10 +825,7 @@ mod tests {
             ..Caps::default()
         };
         for (kind, prio) in [(BOOST_RT, 1), (BOOST_RT, 2), (BOOST_NICE, -5)] {
-            assert_eq!(
-                effective(&normal(0), kind, prio, Phase::Off, &c),
-                normal(19)
-            );
+            assert_eq!(effective(&normal(0), kind, prio, Phase::Off, &c), off(19));
         }
         // In its phase a yield boost still outranks the phase's FIFO.
         let y = effective(&normal(0), BOOST_RT, 2, Phase::On, &c);

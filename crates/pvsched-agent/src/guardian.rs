@@ -155,6 +155,10 @@ impl Record {
             priority: self.priority.load(Ordering::Relaxed),
             nice: self.nice.load(Ordering::Relaxed) as i32,
             flags: self.flags.load(Ordering::Relaxed),
+            // Not in the ledger (its layout is older): a thread the
+            // guardian restores gets the kernel's default slice, as every
+            // thread has unless its VMM set one.
+            slice_ns: 0,
         }
     }
 }
@@ -702,6 +706,7 @@ fn child(ledger: &Ledger, read_fd: libc::c_int, write_fd: libc::c_int) -> ! {
                 priority: RESTORER_RT_PRIO,
                 nice: 0,
                 flags: crate::sched::SCHED_FLAG_RESET_ON_FORK,
+                slice_ns: 0,
             },
         );
         // Wait for the agent to go away (EOF or hang-up on the pipe).
@@ -757,6 +762,7 @@ mod tests {
             priority: 0,
             nice: n,
             flags: 0,
+            slice_ns: 0,
         }
     }
 

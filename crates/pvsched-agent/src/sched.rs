@@ -66,6 +66,32 @@ pub struct SchedAttr {
     pub nice: i32,
     /// `SCHED_FLAG_*` (only RESET_ON_FORK is kept and set).
     pub flags: u64,
+    /// The fair-class time slice (`sched_attr.sched_runtime` of a
+    /// NORMAL/BATCH/IDLE thread: EEVDF's custom slice, Linux 6.12+), ns;
+    /// 0 = the kernel's default. [`get`] reports a slice equal to the
+    /// default as 0, so a thread that never had one set gets none back.
+    pub slice_ns: u64,
+}
+
+/// Whether `policy` is a fair-class one, whose slice `sched_runtime` sets.
+fn fair(policy: u32) -> bool {
+    matches!(
+        policy,
+        pvsched_abi::POLICY_NORMAL | pvsched_abi::POLICY_BATCH | pvsched_abi::POLICY_IDLE
+    )
+}
+
+/// The kernel's default fair-class slice, ns, read once from the calling
+/// thread (pvsched never sets the slice of its own threads); 0 on a kernel
+/// that reports none (before 6.12: no custom slices).
+pub fn default_slice_ns() -> u64 {
+    static DEFAULT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *DEFAULT.get_or_init(|| {
+        raw_get(0)
+            .ok()
+            .filter(|a| fair(a.sched_policy))
+            .map_or(0, |a| a.sched_runtime)
+    })
 }
 
 impl SchedAttr {
@@ -74,12 +100,32 @@ impl SchedAttr {
     /// it (sched_getattr reports nice 0 for an RT thread).
     pub fn is_set_in(&self, cur: &SchedAttr) -> bool {
         let rt = self.policy == pvsched_abi::POLICY_FIFO || self.policy == pvsched_abi::POLICY_RR;
-        cur.policy == self.policy && cur.priority == self.priority && (rt || cur.nice == self.nice)
+        cur.policy == self.policy
+            && cur.priority == self.priority
+            && (rt || cur.nice == self.nice)
+            && (!fair(self.policy) || cur.slice_ns == self.slice_ns)
     }
 }
 
 /// Reads a thread's attributes.
 pub fn get(tid: u32) -> Result<SchedAttr> {
+    let a = raw_get(tid).map_err(|source| SchedError::Get { tid, source })?;
+    let slice = if fair(a.sched_policy) && a.sched_runtime != default_slice_ns() {
+        a.sched_runtime
+    } else {
+        0
+    };
+    Ok(SchedAttr {
+        policy: a.sched_policy,
+        priority: a.sched_priority,
+        nice: a.sched_nice,
+        flags: a.sched_flags,
+        slice_ns: slice,
+    })
+}
+
+/// `sched_getattr(tid)` (0: the calling thread).
+fn raw_get(tid: u32) -> io::Result<RawSchedAttr> {
     let mut a = RawSchedAttr::default();
     // SAFETY: sched_getattr writes at most `size` (= size_of RawSchedAttr)
     // bytes into the valid, writable struct we pass; other args are integers.
@@ -93,20 +139,13 @@ pub fn get(tid: u32) -> Result<SchedAttr> {
         )
     };
     if r != 0 {
-        return Err(SchedError::Get {
-            tid,
-            source: io::Error::last_os_error(),
-        });
+        return Err(io::Error::last_os_error());
     }
-    Ok(SchedAttr {
-        policy: a.sched_policy,
-        priority: a.sched_priority,
-        nice: a.sched_nice,
-        flags: a.sched_flags,
-    })
+    Ok(a)
 }
 
-/// Sets a thread's policy, priority, nice and RESET_ON_FORK flag.
+/// Sets a thread's policy, priority, nice, fair-class slice and
+/// RESET_ON_FORK flag.
 pub fn set(tid: u32, attr: &SchedAttr) -> Result<()> {
     let a = RawSchedAttr {
         size: size_of::<RawSchedAttr>() as u32,
@@ -114,6 +153,9 @@ pub fn set(tid: u32, attr: &SchedAttr) -> Result<()> {
         sched_flags: attr.flags & SCHED_FLAG_RESET_ON_FORK,
         sched_nice: attr.nice,
         sched_priority: attr.priority,
+        // A kernel before 6.12 ignores it for the fair policies; 0 puts
+        // the default slice back.
+        sched_runtime: if fair(attr.policy) { attr.slice_ns } else { 0 },
         ..Default::default()
     };
     // SAFETY: sched_setattr reads `a.size` bytes from the valid struct we
@@ -247,5 +289,31 @@ mod tests {
         // within RLIMIT_NICE; this test thread only raises (lowers priority).
         let b = [ThreadBaseline { tid, attr: lower }];
         assert_eq!(restore_baselines(&b).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_slice_is_set_read_back_and_reset_to_the_default() {
+        if default_slice_ns() == 0 {
+            eprintln!("skipped: this kernel has no custom slices (before 6.12)");
+            return;
+        }
+        // Its own thread: a longer slice needs no privilege.
+        let tid = std::thread::spawn(|| {
+            let tid = gettid();
+            let base = get(tid).unwrap();
+            assert_eq!(base.slice_ns, 0, "the default reads as 0");
+            let long = SchedAttr {
+                slice_ns: 4_000_000,
+                ..base
+            };
+            set(tid, &long).unwrap();
+            let got = get(tid).unwrap();
+            assert_eq!(got.slice_ns, 4_000_000);
+            assert!(long.is_set_in(&got) && !base.is_set_in(&got));
+            set(tid, &base).unwrap();
+            assert_eq!(get(tid).unwrap(), base, "back to the default");
+            tid
+        });
+        tid.join().unwrap();
     }
 }

@@ -19,6 +19,7 @@
 //! [cosched]                     # co-scheduling, host-wide
 //! yield = true                  # a phase yields to host threads woken on its CPUs
 //! host_pct = 80                 # all VMs' phases together <= 80 % of the CPUs
+//! off_slice_us = 4000           # vCPUs outside their phase: host wake-ups preempt them
 //!
 //! [max]                         # no VM's caps may exceed these
 //! max_rt_prio = 10
@@ -172,6 +173,13 @@ pub struct CoschedConfig {
     /// every phase is cut in the same proportion, so many VMs, each
     /// within `[max] max_cosched_pct`, cannot starve the host.
     pub host_pct: u32,
+    /// The fair-class time slice, µs, of a vCPU thread outside its phase
+    /// (at nice 19: the rest of the period, a yield): longer than the
+    /// kernel's default, so an ordinary host thread's wake-up preempts it
+    /// at once instead of waiting for its slice (on a host without
+    /// high-resolution ticks, for the next tick). 0: the kernel's default;
+    /// else 100..=100000. Needs Linux 6.12 (custom slices); ignored before.
+    pub off_slice_us: u64,
 }
 
 impl Default for CoschedConfig {
@@ -179,6 +187,7 @@ impl Default for CoschedConfig {
         CoschedConfig {
             yield_to_host: true,
             host_pct: 80,
+            off_slice_us: pvsched_agent::applier::OFF_PHASE_SLICE_NS / 1000,
         }
     }
 }
@@ -295,6 +304,16 @@ impl Config {
             return Err(ConfigError::Invalid {
                 path: path.into(),
                 what: format!("[cosched] host_pct {} must be 0..=100", c.cosched.host_pct),
+            });
+        }
+        let slice = c.cosched.off_slice_us;
+        if slice != 0 && !(100..=100_000).contains(&slice) {
+            return Err(ConfigError::Invalid {
+                path: path.into(),
+                what: format!(
+                    "[cosched] off_slice_us {slice} must be 0 (the kernel's default) or \
+                     100..=100000, the kernel's bounds for a slice"
+                ),
             });
         }
         let caps_err = |source| ConfigError::Caps {
@@ -638,6 +657,9 @@ mod tests {
         let p = Path::new("x.toml");
         let c = Config::parse("[cosched]\nyield = false\nhost_pct = 50\n", p).unwrap();
         assert_eq!((c.cosched.yield_to_host, c.cosched.host_pct), (false, 50));
+        assert_eq!(c.cosched.off_slice_us, 4000, "the default");
+        let c = Config::parse("[cosched]\noff_slice_us = 0\n", p).unwrap();
+        assert_eq!(c.cosched.off_slice_us, 0);
         assert!(c.deprecated.is_empty());
         // Written as earlier releases documented them: read, and named.
         let c = Config::parse(
@@ -660,6 +682,7 @@ mod tests {
                 "host_pct",
             ),
             ("[cosched]\nhost_pct = 101\n", "host_pct 101"),
+            ("[cosched]\noff_slice_us = 50\n", "off_slice_us 50"),
             ("cosched = 1\ncosched_yield = true\n", "[cosched]"),
             ("[cosched]\nperiod_us = 5\n", "period_us"),
         ] {

@@ -149,6 +149,7 @@ pub(super) fn consumer(inner: Arc<Inner>, ends: Ends, cfg: AgentConfig) {
             priority: cfg.consumer_rt_prio.min(crate::guardian::RESTORER_RT_PRIO),
             nice: 0,
             flags: 0,
+            slice_ns: 0,
         };
         if let Err(e) = sched::set(sched::gettid(), &attr) {
             log::warn!("pvsched consumer stays SCHED_OTHER: {e}");

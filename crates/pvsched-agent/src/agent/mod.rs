@@ -143,6 +143,11 @@ pub struct AgentConfig {
     /// as before this existed; for measuring what the yield does.
     /// pvschedd: `[cosched] yield`.
     pub cosched_yield: bool,
+    /// The fair-class slice of a vCPU thread outside its phase, ns (0: the
+    /// kernel's default); see [`crate::applier::OFF_PHASE_SLICE_NS`]. It
+    /// holds for the whole process: the last agent loaded sets it.
+    /// pvschedd: `[cosched] off_slice_us`.
+    pub cosched_off_slice_ns: u64,
 }
 
 impl Default for AgentConfig {
@@ -161,6 +166,7 @@ impl Default for AgentConfig {
             cosched_max_pct: 75,
             cosched_max_phase_us: pvsched_policy::CapsLimit::default().max_cosched_phase_us,
             cosched_yield: true,
+            cosched_off_slice_ns: crate::applier::OFF_PHASE_SLICE_NS,
         }
     }
 }
@@ -402,6 +408,7 @@ impl Agent {
             what: "dup eventfd",
             source,
         })?;
+        crate::applier::set_off_phase_slice(cfg.cosched_off_slice_ns);
         let inner = Arc::new(Inner {
             guardian,
             obj: PiMutex::new(obj),

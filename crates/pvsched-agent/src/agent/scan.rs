@@ -171,6 +171,7 @@ fn lower_self() -> bool {
         priority: 0,
         nice: SCAN_NICE,
         flags: 0,
+        slice_ns: 0,
     };
     if let Err(e) = sched::set(me, &attr) {
         log::warn!("pvsched scan: cannot set SCHED_OTHER nice {SCAN_NICE}: {e}");

@@ -50,9 +50,19 @@ fn above_the_phases() {
     sched::set(me, &attr).expect("the sampler at FIFO 2 (root)");
 }
 
+/// The slice of a vCPU thread outside its phase as sched_getattr reads it:
+/// the longer one where the kernel has custom slices (6.12), else none.
+fn off_slice() -> u64 {
+    if sched::default_slice_ns() == 0 {
+        0
+    } else {
+        pvsched_agent::applier::OFF_PHASE_SLICE_NS
+    }
+}
+
 /// Samples both threads for `d`: (samples with both at FIFO 1, samples
-/// with both at nice 19, samples with the two apart, samples in total),
-/// from above the phases.
+/// with both at nice 19 with the longer slice, samples with the two apart,
+/// samples in total), from above the phases.
 fn sample(a: &FakeVcpu, b: &FakeVcpu, d: Duration) -> (u32, u32, u32, u32) {
     let (ta, tb) = (a.tid, b.tid);
     std::thread::spawn(move || {
@@ -62,7 +72,9 @@ fn sample(a: &FakeVcpu, b: &FakeVcpu, d: Duration) -> (u32, u32, u32, u32) {
         while Instant::now() < end {
             let (x, y) = (sched::get(ta).unwrap(), sched::get(tb).unwrap());
             let fifo = |s: &sched::SchedAttr| s.policy == POLICY_FIFO && s.priority == 1;
-            let low = |s: &sched::SchedAttr| s.policy == POLICY_NORMAL && s.nice == 19;
+            let low = |s: &sched::SchedAttr| {
+                s.policy == POLICY_NORMAL && s.nice == 19 && s.slice_ns == off_slice()
+            };
             match (fifo(&x) && fifo(&y), low(&x) && low(&y)) {
                 (true, _) => on += 1,
                 (_, true) => off += 1,
@@ -109,7 +121,8 @@ fn vcpus_move_together_between_the_phases_and_get_their_baselines_back() {
     assert_eq!(emu.attr(), base.2, "an emulator thread is not co-scheduled");
     let changes: u64 = vm.stats().vcpu_sum(|c| c.phase_changes);
     assert!(changes >= 4, "phase changes counted: {changes}");
-    // Off again: the baselines come back within a tick.
+    // Off again: the baselines (the kernel's default slice too) come back
+    // within a tick.
     vm.set_caps(caps(0)).expect("caps change");
     wait_for("baselines after cosched off", LIMIT, || {
         Some(()).filter(|_| (a.attr(), b.attr()) == (base.0, base.1))
@@ -751,6 +764,7 @@ fn the_host_thread_scan_runs_off_the_applier() {
             priority: 0,
             nice: 0,
             flags: 0,
+            slice_ns: 0,
         },
     )
     .expect("the scan thread at nice 0 for the measurement");
@@ -1239,7 +1253,9 @@ fn a_vcpu_whose_boost_gave_way_stays_below_the_host_thread_while_it_runs() {
         }
     });
     pin(0, 1);
-    let low = |a: &sched::SchedAttr| a.policy == POLICY_NORMAL && a.nice == 19;
+    let low = |a: &sched::SchedAttr| {
+        a.policy == POLICY_NORMAL && a.nice == 19 && a.slice_ns == off_slice()
+    };
     let (mut seen, mut back) = (Vec::new(), 0);
     for _ in 0..10 {
         wait_for("the boost back", LIMIT, || {
@@ -1404,6 +1420,7 @@ fn a_host_sleeper_woken_before_a_phase_runs_when_its_cpu_frees() {
                         priority: 50,
                         nice: 0,
                         flags: 0,
+                        slice_ns: 0,
                     },
                 )
                 .expect("SCHED_FIFO 50");

@@ -21,6 +21,7 @@ fn fifo(prio: u32) -> SchedAttr {
         priority: prio,
         nice: 0,
         flags: 0,
+        slice_ns: 0,
     }
 }
 

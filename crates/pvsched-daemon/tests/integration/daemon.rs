@@ -310,7 +310,8 @@ fn three_vmms_each_within_its_own_caps() {
                 policy: POLICY_NORMAL,
                 priority: 0,
                 nice: 0,
-                flags: 0
+                flags: 0,
+                slice_ns: 0,
             }
         );
     }

@@ -57,6 +57,7 @@ fn set_nice(tid: u32, nice: i32) -> SchedAttr {
         priority: 0,
         nice,
         flags: 0,
+        slice_ns: 0,
     };
     sched::set(tid, &a).expect("setting a vCPU thread's nice");
     attr(tid)
@@ -133,6 +134,7 @@ fn observing<T>(f: impl FnOnce() -> T) -> T {
         priority: 50,
         nice: 0,
         flags: 0,
+        slice_ns: 0,
     };
     sched::set(me, &fifo).expect("the test thread at SCHED_FIFO 50 (root)");
     let out = f();

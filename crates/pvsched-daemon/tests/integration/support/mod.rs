@@ -131,12 +131,14 @@ pub const BASELINES: [SchedAttr; 2] = [
         priority: 0,
         nice: 3,
         flags: 0,
+        slice_ns: 0,
     },
     SchedAttr {
         policy: POLICY_BATCH,
         priority: 0,
         nice: 6,
         flags: 0,
+        slice_ns: 0,
     },
 ];
 
