@@ -116,12 +116,13 @@ pub fn set_off_phase_slice(ns: u64) {
 }
 
 /// The slice [`effective`] gives a thread outside its phase: 0 where the
-/// kernel has no custom slices.
+/// kernel has no custom slices, and where the one set is the default
+/// (which [`sched::get`] reads back as 0).
 fn off_phase_slice() -> u64 {
-    if sched::default_slice_ns() == 0 {
-        0
-    } else {
-        OFF_PHASE_SLICE.load(Ordering::Relaxed)
+    let default = sched::default_slice_ns();
+    match OFF_PHASE_SLICE.load(Ordering::Relaxed) {
+        s if default == 0 || s == default => 0,
+        s => s,
     }
 }
 

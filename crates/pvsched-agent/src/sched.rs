@@ -82,14 +82,17 @@ fn fair(policy: u32) -> bool {
 }
 
 /// The kernel's default fair-class slice, ns, read once from the calling
-/// thread (pvsched never sets the slice of its own threads); 0 on a kernel
-/// that reports none (before 6.12: no custom slices).
+/// thread or, if that one is not in the fair class (pvsched's applier runs
+/// at SCHED_FIFO), from the process's main thread (pvsched never sets the
+/// slice of its own threads); 0 on a kernel that reports none (before
+/// 6.12: no custom slices) or if neither thread is in the fair class.
 pub fn default_slice_ns() -> u64 {
     static DEFAULT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *DEFAULT.get_or_init(|| {
-        raw_get(0)
-            .ok()
-            .filter(|a| fair(a.sched_policy))
+        [0, std::process::id()]
+            .into_iter()
+            .filter_map(|tid| raw_get(tid).ok())
+            .find(|a| fair(a.sched_policy))
             .map_or(0, |a| a.sched_runtime)
     })
 }

@@ -409,6 +409,9 @@ impl Agent {
             source,
         })?;
         crate::applier::set_off_phase_slice(cfg.cosched_off_slice_ns);
+        // Read here, on the loading thread, before the applier's thread
+        // (SCHED_FIFO) would be the first to ask.
+        let _ = crate::sched::default_slice_ns();
         let inner = Arc::new(Inner {
             guardian,
             obj: PiMutex::new(obj),
