@@ -51,13 +51,12 @@ fn hardirq_boosts_and_clearing_restores_exact_baseline() {
     let host = region.read_host(1, 0).unwrap();
     assert!(host.boosts >= 1);
     region.write_guest(1, 0, &SlotGuest::default());
-    let back = wait_for("restore", LIMIT, || {
-        Some(vcpu.attr()).filter(|a| a.policy == POLICY_NORMAL)
+    // Exactly the baseline, waited for: a boost that gave way to a host
+    // thread woken on the vCPU's CPU passes through nice 19 (with the
+    // longer slice) until that thread has run.
+    wait_for("the exact baseline back", LIMIT, || {
+        Some(vcpu.attr()).filter(|a| *a == baseline)
     });
-    assert_eq!(
-        back, baseline,
-        "exact baseline back (policy, priority, nice, flags)"
-    );
     let st = vm.stats();
     println!(
         "apply latency: p50 {} ns p99 {} ns over {} samples; decisions {}",
@@ -262,10 +261,10 @@ fn guest_region_mode_reads_the_slot_in_the_vcpu_threads_context() {
     });
     assert_eq!(boosted.priority, 2);
     slot.lock().unwrap().guest.kern_cs = 0;
-    let back = wait_for("restore", LIMIT, || {
-        Some(vcpu.attr()).filter(|a| a.policy == POLICY_NORMAL)
+    // As above: through nice 19 if the boost gave way to a host thread.
+    wait_for("the exact baseline back", LIMIT, || {
+        Some(vcpu.attr()).filter(|a| *a == baseline)
     });
-    assert_eq!(back, baseline);
     drop(vm);
 }
 

@@ -185,10 +185,12 @@ fn guest_critical_section_boosts_and_clearing_restores_exact_baseline() {
     );
     // The guest leaves its spin loop with the slot cleared and halts.
     g.vm.request_stop().unwrap();
-    let back = wait_for("vCPU 0 back at its baseline", LIMIT, || {
-        Some(attr(tid)).filter(|a| a.policy == POLICY_NORMAL)
+    // Exactly the prior policy, priority, nice, flags and slice, waited
+    // for: a boost that gave way to a host thread woken on the vCPU's CPU
+    // passes through nice 19 until that thread has run.
+    wait_for("vCPU 0 back at its exact baseline", LIMIT, || {
+        Some(attr(tid)).filter(|a| *a == baseline)
     });
-    assert_eq!(back, baseline, "exact prior policy, priority, nice, flags");
     let st = g.stats();
     assert!(st.vcpus[0].counters.boosts >= 1 && st.vcpus[0].counters.boosts_applied >= 1);
     let Guest { vm, policy, .. } = g;
