@@ -38,9 +38,11 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from .ftrace import LINE
+from .phase_trace import MARK
+from .stall_trace import WAKEUP
+
 REPO = Path(__file__).resolve().parents[2]
-MARK = re.compile(r"\s(\d+\.\d+): tracing_mark_write: s6 (start|end) ")
-PROBE_WAKE = re.compile(r"sched_wakeup: comm=cyclictest pid=(\d+) ")
 
 
 class ProbeWaitsError(Exception):
@@ -54,13 +56,14 @@ def window_and_probe(trace):
     marks, wakes = {}, Counter()
     with open(trace, errors="replace") as f:
         for line in f:
-            m = MARK.search(line)
+            m = MARK.match(line)
             if m:
-                marks.setdefault(m[2], float(m[1]))
+                marks.setdefault(m["what"], float(m["ts"]))
                 continue
-            m = PROBE_WAKE.search(line)
-            if m:
-                wakes[int(m[1])] += 1
+            m = LINE.match(line)
+            w = m and m["ev"] == "sched_wakeup" and WAKEUP.match(m["rest"])
+            if w and w["c"] == "cyclictest":
+                wakes[int(w["p"])] += 1
     if "start" not in marks or "end" not in marks:
         raise ProbeWaitsError(f"{trace}: no 's6 start'/'s6 end' marks (did the run fail?)")
     if not wakes:
@@ -121,21 +124,21 @@ KINDS = [f"{w}_{p}" for w in ("vcpu", "host") for p in ("rt", "nice19", "fair")]
 
 def per_variant(runs):
     out = {}
-    for v in dict.fromkeys(r["variant"] for r in runs):
-        mine = [r for r in runs if r["variant"] == v]
+    for variant in dict.fromkeys(r["variant"] for r in runs):
+        mine = [r for r in runs if r["variant"] == variant]
         ms, n, by = defaultdict(float), Counter(), dict.fromkeys(KINDS, 0.0)
         for r in mine:
             for k in r["waits"]["ran"]:
                 ms[(k["comm"], k["prio"])] += k["ms"]
                 n[(k["comm"], k["prio"])] += k["waits"]
                 by[kind(k["comm"], k["prio"])] += k["ms"]
-        out[v] = {"runs": len(mine),
-                  "probe_p99_us": [r["host_probe"]["p99_us"] for r in mine],
-                  "waits_n": sum(r["waits"]["n"] for r in mine),
-                  "wait_ms": round(sum(r["waits"]["wait_ms"] for r in mine), 3),
-                  "behind_ms": {k: round(v, 1) for k, v in by.items()},
-                  "ran": [{"comm": c, "prio": p, "ms": round(t, 3), "waits": n[(c, p)]}
-                          for (c, p), t in sorted(ms.items(), key=lambda x: -x[1])]}
+        out[variant] = {"runs": len(mine),
+                    "probe_p99_us": [r["host_probe"]["p99_us"] for r in mine],
+                    "waits_n": sum(r["waits"]["n"] for r in mine),
+                    "wait_ms": round(sum(r["waits"]["wait_ms"] for r in mine), 3),
+                    "behind_ms": {k: round(v, 1) for k, v in by.items()},
+                    "ran": [{"comm": c, "prio": p, "ms": round(t, 3), "waits": n[(c, p)]}
+                            for (c, p), t in sorted(ms.items(), key=lambda x: -x[1])]}
     return out
 
 

@@ -547,10 +547,11 @@ def ran_summary(waits):
     longest first."""
     ms, n = Counter(), Counter()
     for w in waits:
-        for key in {(re.sub(r"[0-9]+", "#", r["comm"]), r["prio"]) for r in w["ran"]}:
-            n[key] += 1
+        mine = Counter()
         for r in w["ran"]:
-            ms[(re.sub(r"[0-9]+", "#", r["comm"]), r["prio"])] += r["ms"]
+            mine[(re.sub(r"[0-9]+", "#", r["comm"]), r["prio"])] += r["ms"]
+        ms.update(mine)
+        n.update(mine.keys())
     return [{"comm": c, "prio": p, "ms": round(v, 3), "waits": n[(c, p)]}
             for (c, p), v in ms.most_common()]
 

@@ -301,7 +301,7 @@ mod tests {
             return;
         }
         // Its own thread: a longer slice needs no privilege.
-        let tid = std::thread::spawn(|| {
+        std::thread::spawn(|| {
             let tid = gettid();
             let base = get(tid).unwrap();
             assert_eq!(base.slice_ns, 0, "the default reads as 0");
@@ -315,8 +315,8 @@ mod tests {
             assert!(long.is_set_in(&got) && !base.is_set_in(&got));
             set(tid, &base).unwrap();
             assert_eq!(get(tid).unwrap(), base, "back to the default");
-            tid
-        });
-        tid.join().unwrap();
+        })
+        .join()
+        .unwrap();
     }
 }
