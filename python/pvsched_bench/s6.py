@@ -101,8 +101,15 @@ processes; pvschedd, the daemon's process with its applier; bpf, the
 policy's programs' run time from the kernel's BPF statistics, which are
 on while pvschedd runs; the last two are the run's in total, for all its
 VMs); the hogs' work; and for pvsched, pvschedd's boosts, throttles and
-boosted time of the VMs' threads. A repetition that failed is a row with
-an `error` and no figures.
+boosted time of the VMs' threads; where the host's CPU went over the
+window (`host_cpu`, CPU-seconds of /proc/stat's user, nice, system, idle,
+iowait, irq, softirq, steal: time the columns above leave out, such as a
+CPU left idle or taken by the hypervisor); and with --host-costs-bin,
+what a wake-up, a sleep and a sched_setattr cost the host as the variant's
+round started (`host_costs`, `pvsched-bench host-costs`: on a host that
+is itself a VM they differ severalfold over a day, and pvschedd's own CPU
+with them). A repetition that failed is a row with an `error` and no
+figures.
 
 Usage
 -----
@@ -587,12 +594,14 @@ def run_workload(args, tag, guests, w, variant, daemon):
             for g in guests:
                 trace_mark(f"s6 vm {g.name} " + ",".join(str(t) for t in g.vcpu_tids()))
         t0 = time.monotonic()
+        ticks0 = host_cpu_ticks()
         trace_mark(f"s6 start {tag} {w}")
         for g, gw in zip(guests, vm_workloads(w, len(guests))):
             g.cmd.put(f"run {gw} {dur} {MIN_ITERS}")
         for g in guests:
             g.wait_ready(dur + PROGRESS_S)
         t1 = time.monotonic()
+        ticks1 = host_cpu_ticks()
         trace_mark(f"s6 end {tag} {w}")
         cpu1 = [qemu_cpu_s(g.boot.qemu.pid) for g in guests]
         thr1 = [thread_cpu_s(g.boot.qemu.pid) for g in guests]
@@ -656,7 +665,7 @@ def run_workload(args, tag, guests, w, variant, daemon):
            "unit": "mixed" if mixed(w) else UNITS[w],
            "iterations": sum(v["iterations"] for v in vms), "window_s": round(t1 - t0, 3),
            "cost_cpu_s": cost, "hogs": hog_fig, "loadavg_start": la, "vms": vms,
-           "host_probe": probe_fig}
+           "host_probe": probe_fig, "host_cpu": host_cpu_s(ticks0, ticks1)}
     if st0 is not None:
         st1 = daemon.status()
         pol = {"boosts": 0, "throttles": 0, "boosted_ns": 0, "phase_changes": 0,
@@ -770,6 +779,48 @@ def host_aux_cpu_s(guests, daemon):
     return {"device": sum(tree_cpu_s(g.boot.dev.pid, children) for g in guests
                           if g.boot.dev is not None),
             "pvschedd": tree_cpu_s(daemon.proc.p.pid, children) if daemon is not None else 0.0}
+
+
+# /proc/stat's first line, in order: where the host's CPU time went.
+HOST_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def host_cpu_ticks():
+    """The host's CPU time so far per /proc/stat field (HOST_CPU_FIELDS),
+    in clock ticks, all CPUs together."""
+    with open("/proc/stat") as f:
+        parts = f.readline().split()
+    return [int(x) for x in parts[1:1 + len(HOST_CPU_FIELDS)]]
+
+
+def host_cpu_s(t0, t1):
+    """CPU-seconds per HOST_CPU_FIELDS field between two host_cpu_ticks()."""
+    hz = os.sysconf("SC_CLK_TCK")
+    return {k: round((b - a) / hz, 2) for k, a, b in zip(HOST_CPU_FIELDS, t0, t1)}
+
+
+# The figures of `pvsched-bench host-costs` a row keeps (µs of CPU each).
+HOST_COSTS = ("wake_same_cpu_us", "wake_same_cpu_timer_us", "wake_other_cpu_us",
+              "timer_sleep_us", "setattr_preempting_us", "setattr_queued_us")
+
+
+def host_costs(args):
+    """What a wake-up, a sleep and a sched_setattr cost the host now (one
+    short round of `pvsched-bench host-costs`): the price of each thing
+    pvschedd does, which a host that is itself a VM changes over a day.
+    None without --host-costs-bin, or if it failed (logged: the run goes
+    on without it)."""
+    if args.host_costs_bin is None:
+        return None
+    cmd = [str(args.host_costs_bin), "host-costs", "--ops", "5000", "--rounds", "1",
+           "--json", "-"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+        j = json.loads(out.stdout)
+        return {k: j[k]["median"] for k in HOST_COSTS if j[k]["median"] is not None}
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as e:
+        log(f"host-costs: {' '.join(cmd)}: {e}")
+        return None
 
 
 def guest_ipis(fields):
@@ -912,6 +963,9 @@ def measure():
     ap.add_argument("--pvsched-bin", type=Path, default=target / "pvsched")
     ap.add_argument("--pvschedd-bin", type=Path, default=target / "pvschedd")
     ap.add_argument("--qemu11", type=Path, default=None)
+    ap.add_argument("--host-costs-bin", type=Path, default=None,
+                    help="pvsched-bench: run its host-costs before every round and keep "
+                         "the figures in the round's rows (pvsched-bench s6 passes itself)")
     ap.add_argument("--cpu", default="max",
                     help="QEMU's -cpu model for every guest (default max). "
                          "'max,hypervisor=off' hides the CPUID hypervisor bit: the guest "
@@ -978,8 +1032,11 @@ def measure():
                     # always runs first (a fresh host) or after another.
                     k = rep % len(variants)
                     for order, v in enumerate(variants[k:] + variants[:k]):
+                        costs = host_costs(args)
                         for r in run_round(args, topo, v, rep, cgroup, caps):
                             r.update(topology=f"{topo[0]}x{topo[1]}", rep=rep, order=order)
+                            if costs is not None:
+                                r["host_costs"] = costs
                             rows.append(r)
                         if args.json and args.json != "-":
                             # What is done so far, so that a run cut short

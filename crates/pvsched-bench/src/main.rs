@@ -9,7 +9,8 @@
 //!   runs one variant once in a child [`worker`] (`pvsched-bench run`)
 //!   beside [`hogs`], counting the hogs' work; [`floor`] measures the idle
 //!   host's own floor (cyclictest) in every repetition of S1 and S2;
-//!   [`costs`] holds S3's host-only measurements.
+//!   [`costs`] holds S3's host-only measurements; [`host_costs`] what
+//!   the applier's operations (wake-up, sleep, `sched_setattr`) cost here.
 //! * [`s4`], [`s6`]: the Linux-guest scenarios: run `python3 -m
 //!   pvsched_bench s4|s6` (the measurement) and compute the report from
 //!   its raw rows; [`plot_spread`] draws their spread.
@@ -24,6 +25,7 @@ pub mod costs;
 pub mod docgen;
 pub mod floor;
 pub mod font;
+pub mod host_costs;
 pub use pvsched_host::hogs;
 pub mod machine;
 pub mod paired;
@@ -165,6 +167,10 @@ enum Command {
     /// whole VM (runs `python3 -m pvsched_bench s6`, reports from its rows).
     #[command(after_help = exit::help(&Exit::ALL))]
     S6(s6::S6Args),
+    /// What a wake-up, a sleep and a sched_setattr cost in CPU time on this
+    /// host (the operations pvschedd's applier is made of).
+    #[command(after_help = exit::help(&Exit::ALL))]
+    HostCosts(host_costs::HostCostsArgs),
     /// Redraw the results page's figures from the JSON reports it cites
     /// (`--check`: only compare, exit 1 on any difference).
     #[command(after_help = exit::help(&Exit::ALL))]
@@ -186,6 +192,9 @@ fn main() -> std::process::ExitCode {
         Command::S4(a) => return std::process::ExitCode::from(s4::main(&a)),
         Command::S5(a) => (ScenarioArg::S5, a),
         Command::S6(a) => return std::process::ExitCode::from(s6::main(&a)),
+        Command::HostCosts(a) => {
+            return std::process::ExitCode::from(host_costs::main(&a, command_line()));
+        }
         Command::Doc(a) => return std::process::ExitCode::from(doc(&a)),
         Command::Run(a) => return std::process::ExitCode::from(worker::main(&a) as u8),
         Command::Device(a) => {

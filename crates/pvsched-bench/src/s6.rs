@@ -189,6 +189,16 @@ pub struct S6Row {
     /// Per VM: its rate, iterations, CPU and the guest's counters.
     #[serde(default)]
     pub vms: Vec<Value>,
+    /// Where the host's CPU went over the window, CPU-seconds per field of
+    /// /proc/stat's first line (user, nice, system, idle, iowait, irq,
+    /// softirq, steal): the time no column above accounts for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cpu: Option<std::collections::BTreeMap<String, f64>>,
+    /// What a wake-up, a sleep and a `sched_setattr` cost on the host as
+    /// this variant's round started (`pvsched-bench host-costs`, µs of CPU
+    /// each; [`crate::host_costs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_costs: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 impl S6Row {
@@ -215,6 +225,14 @@ impl S6Row {
     }
 
     /// `cpu_s` over the window, % of one CPU per VM of the run.
+    /// The share of the host's CPU time over the window in /proc/stat's
+    /// `fields`, %.
+    pub fn host_pct(&self, fields: &[&str]) -> Option<f64> {
+        let c = self.host_cpu.as_ref()?;
+        let total: f64 = c.values().sum();
+        (total > 0.0).then(|| fields.iter().filter_map(|f| c.get(*f)).sum::<f64>() / total * 100.0)
+    }
+
     fn pct_per_vm(&self, cpu_s: f64) -> Option<f64> {
         let window = self.window_s.filter(|w| *w > 0.0)?;
         let vms = self.vms.len();
@@ -329,6 +347,21 @@ pub struct VariantStats {
     /// one change costs, its wake-up and system calls.
     #[serde(default)]
     pub pvschedd_us_per_change: Spread,
+    /// The host's CPU left idle over the window (idle and iowait), %.
+    #[serde(default)]
+    pub host_idle_pct: Spread,
+    /// The host's CPU in the kernel over the window (system, irq,
+    /// softirq), %.
+    #[serde(default)]
+    pub host_system_pct: Spread,
+    /// The host's CPU its hypervisor took over the window (steal), %.
+    #[serde(default)]
+    pub host_steal_pct: Spread,
+    /// A wake-up from another CPU, µs of the woken thread's CPU, as each
+    /// round started ([`crate::host_costs`]): the host's price of what
+    /// pvschedd does at every change.
+    #[serde(default)]
+    pub host_wake_other_cpu_us: Spread,
     /// Against vanilla (not for vanilla itself).
     pub vs_vanilla: Option<Versus>,
     /// Against none (not for none itself).
@@ -535,6 +568,14 @@ impl S6Report {
                                 let changes =
                                     policy_fig(r, "phase_changes").filter(|c| *c > 0.0)?;
                                 Some(r.cost_cpu_s?.pvschedd * 1e6 / changes)
+                            }),
+                            host_idle_pct: spread_of(&mine, |r| r.host_pct(&["idle", "iowait"])),
+                            host_system_pct: spread_of(&mine, |r| {
+                                r.host_pct(&["system", "irq", "softirq"])
+                            }),
+                            host_steal_pct: spread_of(&mine, |r| r.host_pct(&["steal"])),
+                            host_wake_other_cpu_us: spread_of(&mine, |r| {
+                                r.host_costs.as_ref()?.get("wake_other_cpu_us").copied()
                             }),
                             vs_vanilla: vs("vanilla"),
                             vs_none: vs("none"),
@@ -778,6 +819,10 @@ fn run(a: &S6Args) -> Result<(), BenchError> {
         .opt("--cpu", a.cpu.as_ref())
         .flag("--quick", a.quick)
         .flag("--host-probe", a.host_probe);
+    // The host's price of a wake-up and a change, before every round: a
+    // host that is itself a VM changes it severalfold over a day.
+    let exe = std::env::current_exe().ok();
+    args.path("--host-costs-bin", exe.as_deref());
     let (raw, command): (S6Raw, String) = a.common.measured("s6", args)?;
     let report = S6Report::new(raw, command);
     a.common
@@ -855,6 +900,33 @@ mod tests {
                "host_probe": null,
                "vms": [vm("hackbench", 1000.0, 10.0), vm("cpu", batch_tp, batch_cpu),
                        vm("cpu", batch_tp, batch_cpu)]})
+    }
+
+    #[test]
+    fn where_the_hosts_cpu_went_and_its_costs_are_per_variant() {
+        let mut a = row("pvsched", 0, Some(100.0), 9.0, 10.0);
+        a["host_cpu"] = json!({"user": 30.0, "nice": 5.0, "system": 3.0, "idle": 1.0,
+                               "iowait": 1.0, "irq": 0.0, "softirq": 0.0, "steal": 0.0});
+        a["host_costs"] = json!({"wake_other_cpu_us": 18.0, "wake_same_cpu_us": 1.2});
+        // A row of a run before these were recorded has neither.
+        let b = row("pvsched", 1, Some(100.0), 9.0, 10.0);
+        let raw: S6Raw = serde_json::from_value(json!({
+            "reps": 2, "duration_s": 5, "hogs": 2, "kernel": "7.3-cloud",
+            "variants": ["pvsched"], "rows": [a, b]
+        }))
+        .unwrap();
+        assert_eq!(raw.rows[0].host_pct(&["idle", "iowait"]), Some(5.0));
+        assert_eq!(raw.rows[1].host_pct(&["idle"]), None);
+        let r = S6Report::new(raw, "pvsched-bench s6".into());
+        let v = &r.cells[0].variants[0];
+        assert_eq!((v.host_idle_pct.n, v.host_idle_pct.median), (1, Some(5.0)));
+        assert_eq!(v.host_system_pct.median, Some(7.5));
+        assert_eq!(v.host_steal_pct.median, Some(0.0));
+        assert_eq!(v.host_wake_other_cpu_us.median, Some(18.0));
+        // Kept through the JSON, and absent again where it was absent.
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["raw"]["rows"][0]["host_costs"]["wake_same_cpu_us"], 1.2);
+        assert!(j["raw"]["rows"][1].get("host_cpu").is_none());
     }
 
     #[test]

@@ -520,3 +520,43 @@ fn s4_runs_the_package_and_reports_from_its_rows() {
     assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
     std::fs::remove_dir_all(&repo).unwrap();
 }
+
+/// `host-costs --json -` measures every figure on this host (real threads,
+/// real `sched_setattr`) and prints one JSON object with the table on
+/// standard error; each figure is a positive CPU time, never judged.
+#[test]
+fn host_costs_measures_each_figure_and_prints_one_json() {
+    let test = "host_costs_measures_each_figure_and_prints_one_json";
+    if !pvsched_testkit::root(test, "SCHED_FIFO threads") {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        skip_or_fail(test, "needs two CPUs");
+        return;
+    }
+    let out = pvsched()
+        .args(["host-costs", "--ops", "200", "--rounds", "2", "--json", "-"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
+    assert!(stderr.contains("wake-up from the other CPU"), "{stderr}");
+    let j: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object: {e}\n{stderr}"));
+    assert_eq!(
+        (j["ops"].as_u64(), j["rounds"].as_u64()),
+        (Some(200), Some(2))
+    );
+    for k in [
+        "wake_same_cpu_us",
+        "wake_same_cpu_timer_us",
+        "wake_other_cpu_us",
+        "timer_sleep_us",
+        "setattr_preempting_us",
+        "setattr_queued_us",
+    ] {
+        assert_eq!(j[k]["n"].as_u64(), Some(2), "{k}: {}", j[k]);
+        let (lo, hi) = (j[k]["min"].as_f64().unwrap(), j[k]["max"].as_f64().unwrap());
+        assert!(lo > 0.0 && lo <= hi, "{k}: {}", j[k]);
+    }
+}
