@@ -110,18 +110,32 @@ impl Drop for FakeVcpu {
 
 /// Starts a FakeVcpu whose TID is `tid` (a number a thread just freed):
 /// sets ns_last_pid to tid - 1 right before each try, since another
-/// process may take the number first. Root only.
+/// process may take the number first. The kernel frees a thread's TID
+/// only once it has released the thread, which on a busy host (RT
+/// spinners of other tests) can come well after its join returned: until
+/// then each clone gets another number. So it waits for the TID to leave
+/// /proc and keeps trying for a few seconds, not a fixed count. Root only.
 pub fn vcpu_with_tid(tid: u32) -> Option<FakeVcpu> {
-    for _ in 0..200 {
-        // ns_last_pid is one for the whole host: two tests of this binary
-        // running side by side (one searching many TIDs in a tight loop)
-        // would otherwise spend each other's write before their clone.
-        let _one_at_a_time = NS_LAST_PID.lock().unwrap_or_else(|e| e.into_inner());
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (tid - 1).to_string()).ok()?;
-        let v = FakeVcpu::spawn(0, Duration::from_millis(1));
-        if v.tid == tid {
-            return Some(v);
+    let t0 = std::time::Instant::now();
+    let limit = Duration::from_secs(5);
+    let taken = || std::path::Path::new(&format!("/proc/{tid}")).exists();
+    while taken() && t0.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while t0.elapsed() < limit {
+        {
+            // ns_last_pid is one for the whole host: two tests of this
+            // binary running side by side (one searching many TIDs in a
+            // tight loop) would otherwise spend each other's write before
+            // their clone.
+            let _one_at_a_time = NS_LAST_PID.lock().unwrap_or_else(|e| e.into_inner());
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (tid - 1).to_string()).ok()?;
+            let v = FakeVcpu::spawn(0, Duration::from_millis(1));
+            if v.tid == tid {
+                return Some(v);
+            }
         }
+        std::thread::sleep(Duration::from_millis(1));
     }
     None
 }
