@@ -33,6 +33,9 @@
 
 use crate::s4::Spread;
 use clap::Args;
+use pvsched_abi::{POLICY_FIFO, POLICY_NORMAL};
+use pvsched_agent::sched::{self, SchedAttr};
+use pvsched_util::thread_cpu_ns;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -116,17 +119,6 @@ fn sys(what: &'static str) -> HostCostsError {
     }
 }
 
-/// This thread's CPU time, ns.
-fn thread_cpu_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec to write; the clock id is a constant.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64
-}
-
 /// Pins the calling thread to `cpu`.
 fn pin(cpu: usize) -> Result<()> {
     // SAFETY: an all-zero cpu_set_t is the empty set.
@@ -140,48 +132,28 @@ fn pin(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// `sched_setattr(2)`'s argument (the kernel's `struct sched_attr`, first
-/// version: 48 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct Attr {
-    size: u32,
-    policy: u32,
-    flags: u64,
-    nice: i32,
-    priority: u32,
-    runtime: u64,
-    deadline: u64,
-    period: u64,
-}
-
-fn setattr(tid: i32, policy: u32, nice: i32, priority: u32) -> Result<()> {
-    let a = Attr {
-        size: std::mem::size_of::<Attr>() as u32,
+/// Sets `tid`'s policy (0: the calling thread) with the agent's own
+/// `sched_setattr`, the call the applier makes.
+fn setattr(tid: u32, policy: u32, nice: i32, priority: u32) -> Result<()> {
+    let attr = SchedAttr {
         policy,
-        nice,
         priority,
-        ..Attr::default()
+        nice,
+        flags: 0,
+        slice_ns: 0,
     };
-    // SAFETY: `a` is a valid sched_attr whose size field is its size; the
-    // kernel only reads it.
-    if unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &a, 0u32) } != 0 {
-        return Err(sys("sched_setattr"));
-    }
-    Ok(())
-}
-
-fn gettid() -> i32 {
-    // SAFETY: gettid takes no argument and cannot fail.
-    unsafe { libc::gettid() }
+    sched::set(tid, &attr).map_err(|e| HostCostsError::Sys {
+        what: "sched_setattr",
+        source: std::io::Error::other(e),
+    })
 }
 
 /// A thread spinning on `cpu` until `stop`; its TID once it runs.
-fn spinner(cpu: usize, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, i32) {
+fn spinner(cpu: usize, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, u32) {
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {
         let _ = pin(cpu);
-        let _ = tx.send(gettid());
+        let _ = tx.send(sched::gettid());
         while !stop.load(Ordering::Relaxed) {
             std::hint::spin_loop();
         }
@@ -265,7 +237,7 @@ fn wake_cost(ops: u32, waiter_cpu: usize, busy: bool, timeout_ms: i32) -> Result
         let (w, done, stop) = (w.clone(), done.clone(), stop.clone());
         std::thread::spawn(move || -> Result<u64> {
             pin(waiter_cpu)?;
-            setattr(0, libc::SCHED_FIFO as u32, 0, 10)?;
+            setattr(0, POLICY_FIFO, 0, 10)?;
             let t0 = thread_cpu_ns();
             while !stop.load(Ordering::Relaxed) {
                 w.wait(timeout_ms);
@@ -332,7 +304,7 @@ fn setattr_cost(ops: u32, queued: bool) -> Result<f64> {
         });
     }
     let mut res = if queued {
-        pin(1).and_then(|()| setattr(0, libc::SCHED_FIFO as u32, 0, 10))
+        pin(1).and_then(|()| setattr(0, POLICY_FIFO, 0, 10))
     } else {
         pin(0)
     };
@@ -342,18 +314,18 @@ fn setattr_cost(ops: u32, queued: bool) -> Result<f64> {
             break;
         }
         res = if i % 2 == 0 {
-            setattr(tid, libc::SCHED_FIFO as u32, 0, 1)
+            setattr(tid, POLICY_FIFO, 0, 1)
         } else {
-            setattr(tid, libc::SCHED_OTHER as u32, 19, 0)
+            setattr(tid, POLICY_NORMAL, 19, 0)
         };
     }
     let cpu = thread_cpu_ns() - t0;
     if queued {
         // Let the spinners run again before stopping them.
-        let _ = setattr(0, libc::SCHED_OTHER as u32, 0, 0);
+        let _ = setattr(0, POLICY_NORMAL, 0, 0);
     }
     // Back to an ordinary thread before stopping it (it may be at FIFO).
-    let _ = setattr(tid, libc::SCHED_OTHER as u32, 0, 0);
+    let _ = setattr(tid, POLICY_NORMAL, 0, 0);
     stop.store(true, Ordering::Relaxed);
     let _ = (a.join(), b.join());
     res?;
