@@ -166,7 +166,8 @@ impl Cosched {
                     // A thread out of the phase for a host thread comes
                     // back when that thread leaves its CPU or at the edge,
                     // not at a tick within the phase.
-                    if !(was == Some(p.phase) && to == Phase::On && t.phase == Phase::Yielded) {
+                    let out = matches!(t.phase, Phase::Yielded | Phase::Shared);
+                    if !(was == Some(p.phase) && to == Phase::On && out) {
                         t.set_phase(to, &vm.caps);
                     }
                 }
