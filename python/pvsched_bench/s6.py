@@ -88,10 +88,6 @@ repetition: repetition r starts at variant r mod k):
             the default caps, pvschedd's [cosched] off_slice_us = 0: a
             vCPU outside its phase keeps the kernel's default slice (the
             longer slice's ablation)
-  pvsched-stay
-            the default caps, pvschedd's [cosched] yield_stays = true: a
-            vCPU that left its phase for a woken host thread stays in the
-            fair class at nice -20 until the phase's end
   fifo1     every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
             libvirt's <vcpusched scheduler='fifo' priority='1'/>)
   weight    QEMU in its own cpu cgroup with cpu.shares 4096 (cgroup v1;
@@ -177,8 +173,7 @@ WORKLOADS = ("cpu", "batch", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
-            "pvsched-coauto40", "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice", "pvsched-slice0",
-            "pvsched-stay")
+            "pvsched-coauto40", "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice", "pvsched-slice0")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-clamped is the
 # control: registered, every boost clamped to nothing.
@@ -201,8 +196,7 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  "pvsched-nocosched": "cosched_us = 0\n"}
 # Ablations of pvschedd's own settings (pvschedd.toml text, appended).
 ABLATION_DAEMON = {"pvsched-coauto-noyield": "[cosched]\nyield = false\n",
-                   "pvsched-slice0": "[cosched]\noff_slice_us = 0\n",
-                   "pvsched-stay": "[cosched]\nyield_stays = true\n"}
+                   "pvsched-slice0": "[cosched]\noff_slice_us = 0\n"}
 # pvsched-cosched: the period of the co-scheduled phase, µs.
 COSCHED_PERIOD_US = 20_000
 

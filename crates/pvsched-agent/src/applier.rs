@@ -74,21 +74,7 @@ pub enum Phase {
     /// host thread woken on the CPU it held, until that thread leaves the
     /// CPU or the phase ends.
     Yielded,
-    /// In the phase's time, after a host thread was woken on the CPU it
-    /// held, when the agent is set so (`AgentConfig::cosched_yield_stays`):
-    /// in the fair class at nice [`SHARED_NICE`] with the off-phase slice
-    /// until the phase ends. The host's CPU-bound threads get next to
-    /// nothing of that CPU (their weight against nice -20), while a woken
-    /// one, whose slice is shorter, preempts it at once (EEVDF), without
-    /// the agent: one change per phase at most instead of two per host
-    /// wake-up.
-    Shared,
 }
-
-/// The nice value of a vCPU thread in [`Phase::Shared`]: the highest
-/// weight of the fair class, so that what is left of its phase stays
-/// nearly all its own beside the host's CPU-bound threads.
-pub const SHARED_NICE: i32 = pvsched_abi::NICE_MIN;
 
 /// The longest a thread whose boost gave way to a woken host thread stays
 /// below the host's threads without the policy's word that they ran (a
@@ -183,29 +169,6 @@ pub fn effective(base: &SchedAttr, kind: u32, prio: i32, phase: Phase, caps: &Ca
             let gang = plan(base, BOOST_RT, COSCHED_RT_PRIO, caps);
             if rank(&gang) > rank(&boost) {
                 gang
-            } else {
-                boost
-            }
-        }
-        Phase::Shared => {
-            let fair = base.policy == POLICY_NORMAL || base.policy == pvsched_abi::POLICY_BATCH;
-            let mut shared = if fair && base.nice > SHARED_NICE {
-                SchedAttr {
-                    nice: SHARED_NICE,
-                    slice_ns: off_phase_slice(),
-                    ..*base
-                }
-            } else {
-                *base
-            };
-            // Never above the phase itself (caps without RT give it a
-            // nice value only).
-            let gang = plan(base, BOOST_RT, COSCHED_RT_PRIO, caps);
-            if rank(&gang) < rank(&shared) {
-                shared = gang;
-            }
-            if rank(&shared) > rank(&boost) {
-                shared
             } else {
                 boost
             }
@@ -363,9 +326,7 @@ impl ThreadState {
         match self.phase {
             Phase::Free => w.set(PHASE_FREE),
             Phase::On => w.set(PHASE_ON),
-            // The policy has no more to do for it in this phase: a woken
-            // host thread preempts it without the agent.
-            Phase::Off | Phase::Shared => w.set(PHASE_OFF),
+            Phase::Off => w.set(PHASE_OFF),
             Phase::Yielded => {}
         }
     }
@@ -576,7 +537,7 @@ impl ThreadState {
         if self.exited || phase == self.phase {
             return false;
         }
-        if matches!(phase, Phase::Yielded | Phase::Shared) {
+        if phase == Phase::Yielded {
             self.phase_yields += 1;
         }
         self.phase = phase;
@@ -789,39 +750,6 @@ mod tests {
         let n = effective(&own, BOOST_NICE, -5, Phase::Off, &c);
         assert_eq!((n.nice, n.slice_ns), (-5, 3_000_000));
         assert_eq!(effective(&own, BOOST_NONE, 0, Phase::Free, &c), own);
-    }
-
-    #[test]
-    fn a_shared_phase_is_nice_minus_20_with_the_longer_slice_under_a_boost() {
-        let c = Caps {
-            cosched_us: CoschedUs::Auto,
-            ..Caps::default()
-        };
-        let s = effective(&normal(0), BOOST_NONE, 0, Phase::Shared, &c);
-        assert_eq!(
-            (s.policy, s.nice, s.slice_ns),
-            (POLICY_NORMAL, SHARED_NICE, off_phase_slice())
-        );
-        // An RT boost outranks it and is kept (it is in the phase's time,
-        // so an "auto" VM's boost is not dropped as it is outside).
-        let y = effective(&normal(0), BOOST_RT, 2, Phase::Shared, &c);
-        assert_eq!((y.policy, y.priority), (POLICY_FIFO, 2));
-        // A thread the VMM runs at RT, or already at nice -20, keeps its own.
-        assert_eq!(
-            effective(&fifo(50), BOOST_NONE, 0, Phase::Shared, &c),
-            fifo(50)
-        );
-        assert_eq!(
-            effective(&normal(-20), BOOST_NONE, 0, Phase::Shared, &c),
-            normal(-20)
-        );
-        // Caps without RT: the phase is the nice floor, and so is this.
-        let no_rt = Caps {
-            allow_rt: false,
-            ..c
-        };
-        let s = effective(&normal(0), BOOST_NONE, 0, Phase::Shared, &no_rt);
-        assert_eq!(s, effective(&normal(0), BOOST_NONE, 0, Phase::On, &no_rt));
     }
 
     #[test]

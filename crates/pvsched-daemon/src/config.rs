@@ -20,7 +20,6 @@
 //! yield = true                  # a phase yields to host threads woken on its CPUs
 //! host_pct = 80                 # all VMs' phases together <= 80 % of the CPUs
 //! off_slice_us = 4000           # vCPUs outside their phase: host wake-ups preempt them
-//! yield_stays = false           # after a yield, back into the phase (true: nice -20 to its end)
 //!
 //! [max]                         # no VM's caps may exceed these
 //! max_rt_prio = 10
@@ -181,13 +180,6 @@ pub struct CoschedConfig {
     /// high-resolution ticks, for the next tick). 0: the kernel's default;
     /// else 100..=100000. Needs Linux 6.12 (custom slices); ignored before.
     pub off_slice_us: u64,
-    /// A vCPU that left its phase for a woken host thread stays in the
-    /// fair class at nice -20, with `off_slice_us`, for the rest of the
-    /// phase: later host wake-ups preempt it without the agent, which
-    /// then changes it once per phase at most rather than twice per
-    /// wake-up. `false`: it goes back into the phase (SCHED_FIFO) as soon
-    /// as the woken threads left its CPU.
-    pub yield_stays: bool,
 }
 
 impl Default for CoschedConfig {
@@ -196,7 +188,6 @@ impl Default for CoschedConfig {
             yield_to_host: true,
             host_pct: 80,
             off_slice_us: pvsched_agent::applier::OFF_PHASE_SLICE_NS / 1000,
-            yield_stays: false,
         }
     }
 }
@@ -667,9 +658,8 @@ mod tests {
         let c = Config::parse("[cosched]\nyield = false\nhost_pct = 50\n", p).unwrap();
         assert_eq!((c.cosched.yield_to_host, c.cosched.host_pct), (false, 50));
         assert_eq!(c.cosched.off_slice_us, 4000, "the default");
-        assert!(!c.cosched.yield_stays, "the default");
-        let c = Config::parse("[cosched]\noff_slice_us = 0\nyield_stays = true\n", p).unwrap();
-        assert_eq!((c.cosched.off_slice_us, c.cosched.yield_stays), (0, true));
+        let c = Config::parse("[cosched]\noff_slice_us = 0\n", p).unwrap();
+        assert_eq!(c.cosched.off_slice_us, 0);
         assert!(c.deprecated.is_empty());
         // Written as earlier releases documented them: read, and named.
         let c = Config::parse(

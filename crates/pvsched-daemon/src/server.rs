@@ -200,7 +200,6 @@ impl Server {
             cosched_max_phase_us: cfg.max.max_cosched_phase_us,
             cosched_yield: cfg.cosched.yield_to_host,
             cosched_off_slice_ns: cfg.cosched.off_slice_us * 1000,
-            cosched_yield_stays: cfg.cosched.yield_stays,
             handle_signals: false,
             ledger: Some(crate::persist::ledger_path(&runtime_dir)),
             ..AgentConfig::default()

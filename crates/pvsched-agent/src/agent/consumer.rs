@@ -54,7 +54,7 @@ fn handle(inner: &Inner, d: &Decision) {
         // arrives after the phase's edge finds the thread in another phase
         // and changes nothing.
         let (from, to) = if d.reason == R_HOST_WAKE {
-            (Phase::On, inner.yield_phase)
+            (Phase::On, Phase::Yielded)
         } else {
             (Phase::Yielded, Phase::On)
         };

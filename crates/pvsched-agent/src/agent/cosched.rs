@@ -166,8 +166,7 @@ impl Cosched {
                     // A thread out of the phase for a host thread comes
                     // back when that thread leaves its CPU or at the edge,
                     // not at a tick within the phase.
-                    let out = matches!(t.phase, Phase::Yielded | Phase::Shared);
-                    if !(was == Some(p.phase) && to == Phase::On && out) {
+                    if !(was == Some(p.phase) && to == Phase::On && t.phase == Phase::Yielded) {
                         t.set_phase(to, &vm.caps);
                     }
                 }

@@ -148,12 +148,6 @@ pub struct AgentConfig {
     /// holds for the whole process: the last agent loaded sets it.
     /// pvschedd: `[cosched] off_slice_us`.
     pub cosched_off_slice_ns: u64,
-    /// A phased vCPU that left its phase for a woken host thread stays in
-    /// the fair class at nice -20 until the phase's end
-    /// ([`crate::applier::Phase::Shared`]) instead of coming back into it
-    /// once the host threads ran.
-    /// pvschedd: `[cosched] yield_stays`.
-    pub cosched_yield_stays: bool,
 }
 
 impl Default for AgentConfig {
@@ -173,7 +167,6 @@ impl Default for AgentConfig {
             cosched_max_phase_us: pvsched_policy::CapsLimit::default().max_cosched_phase_us,
             cosched_yield: true,
             cosched_off_slice_ns: crate::applier::OFF_PHASE_SLICE_NS,
-            cosched_yield_stays: false,
         }
     }
 }
@@ -271,9 +264,6 @@ struct Inner {
     /// [`AgentConfig::cosched_yield`]: the policy learns each thread's
     /// phase (without it the policy sees no phase and never yields one).
     cosched_yield: bool,
-    /// What a phased vCPU becomes when it leaves its phase for a woken host
-    /// thread ([`AgentConfig::cosched_yield_stays`]).
-    yield_phase: crate::applier::Phase,
 }
 
 impl Inner {
@@ -433,11 +423,6 @@ impl Agent {
             applier_tid: AtomicU32::new(0),
             wake,
             cosched_yield: cfg.cosched_yield,
-            yield_phase: if cfg.cosched_yield_stays {
-                crate::applier::Phase::Shared
-            } else {
-                crate::applier::Phase::Yielded
-            },
         });
         // Spawned from the caller's thread, not the applier's (whose
         // FIFO 99 it would inherit); it lowers itself to nice 10 anyway.

@@ -908,69 +908,6 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
     assert_eq!(now, base, "every vCPU thread back at its baseline");
 }
 
-/// With `cosched_yield_stays`, a vCPU that left its phase for a woken host
-/// thread stays in the fair class at nice -20 until the phase ends: the
-/// sleeper's later wake-ups in that phase preempt it without the agent. It
-/// runs within the same bound as with the default yield, while the agent
-/// changes each vCPU at most three times a period (into the phase, out of
-/// it for the host, the edge), where the default yield changes it twice
-/// more for every wake-up (about six a phase here).
-#[test]
-fn a_vcpu_that_yielded_stays_out_of_its_phase_to_its_end_when_set_so() {
-    let _cpus = common::cpu_bound();
-    if !need_bpf("a_vcpu_that_yielded_stays_out_of_its_phase_to_its_end_when_set_so") {
-        return;
-    }
-    let agent = Agent::load(AgentConfig {
-        handle_signals: false,
-        cosched_host_pct: 100,
-        cosched_yield_stays: true,
-        ..AgentConfig::default()
-    })
-    .expect("agent loads");
-    let cpus = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8);
-    let vcpus: Vec<FakeVcpu> = (0..cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
-    let tids: Vec<u32> = vcpus.iter().map(|v| v.tid).collect();
-    let base: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
-    let vm = common::device_vm(&agent, &tids, &[], caps(15_000));
-    wait_for("the phase placed", LIMIT, || {
-        Some(vm.stats().cosched_now_us).filter(|&us| us == 15_000)
-    });
-    let changes0: u64 = vm.stats().vcpu_sum(|c| c.phase_changes);
-    let t0 = Instant::now();
-    let mut late = sleeper_lateness_us(300);
-    let periods = t0.elapsed().as_millis() as u64 / 20 + 2;
-    let changes = vm.stats().vcpu_sum(|c| c.phase_changes) - changes0;
-    let yields: u64 = vm.stats().vcpu_sum(|c| c.phase_yields);
-    late.sort_unstable();
-    let q = |p: usize| late[(late.len() - 1) * p / 100];
-    println!(
-        "host sleeper beside {cpus} phased vCPUs that stay out once they yield: lateness p50 {} \
-         p90 {} max {} µs; {yields} yields, {changes} changes in {periods} periods",
-        q(50),
-        q(90),
-        q(100)
-    );
-    assert!(
-        yields >= 30,
-        "the phases yielded to the sleeper's wake-ups: {yields} of 300"
-    );
-    assert!(
-        q(50) <= 1_000,
-        "a woken host thread runs within a millisecond, not at the phase's end: p50 {} µs",
-        q(50)
-    );
-    assert!(
-        changes <= 3 * cpus as u64 * periods,
-        "at most three changes per vCPU and period: {changes} in {periods} periods"
-    );
-    drop(vm);
-    let now: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
-    assert_eq!(now, base, "every vCPU thread back at its baseline");
-}
-
 /// Whether real BPF works here and the host has a CPU for the vCPUs under
 /// test and another for the test's own thread (which must not wait for
 /// them); missing either: a failure under PVSCHED_REQUIRE_REAL=1, else a
