@@ -88,6 +88,10 @@ repetition: repetition r starts at variant r mod k):
             the default caps, pvschedd's [cosched] off_slice_us = 0: a
             vCPU outside its phase keeps the kernel's default slice (the
             longer slice's ablation)
+  pvsched-noemu
+            the default caps, QEMU's main-loop thread not registered as
+            the VM's emulator thread (qemu-attach --no-emulator): to the
+            policy it is a host thread, so a phase yields to its wake-ups
   fifo1     every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
             libvirt's <vcpusched scheduler='fifo' priority='1'/>)
   weight    QEMU in its own cpu cgroup with cpu.shares 4096 (cgroup v1;
@@ -173,7 +177,8 @@ WORKLOADS = ("cpu", "batch", "tlb", "membarrier", "hackbench", "dbench")
 VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
-            "pvsched-coauto40", "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice", "pvsched-slice0")
+            "pvsched-coauto40", "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice", "pvsched-slice0",
+            "pvsched-noemu")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-clamped is the
 # control: registered, every boost clamped to nothing.
@@ -407,8 +412,9 @@ def apply_variant(g, variant, daemon, cgroup, caps):
     in once)."""
     pid = g.boot.qemu.pid
     if variant.startswith("pvsched"):
+        extra = ["--no-emulator"] if variant == "pvsched-noemu" else []
         daemon.pvsched("qemu-attach", "--qmp", str(g.boot.qmp_path), "--name", g.name,
-                       "--pid", str(pid), "--device-region")
+                       "--pid", str(pid), "--device-region", *extra)
         if variant not in caps:
             caps[variant] = vm_caps(daemon, g.name)
             log(f"{variant} caps: {caps[variant]}")

@@ -66,7 +66,7 @@ pub struct S6Args {
     pub workloads: Option<String>,
     /// Comma-separated, of none, vanilla, pvsched (and its ablations:
     /// pvsched-nocs, -nowait, -nolock, -lock, -kick, -nokick, -auto,
-    /// -clamped, -cosched, -coauto, -coauto10, -coauto5, -coauto-noyield), fifo1, weight,
+    /// -clamped, -cosched, -coauto, -coauto10, -coauto5, -coauto-noyield, -slice0, -noemu), fifo1, weight,
     /// slice; the order rotates per repetition.
     #[arg(long, default_value = "none,vanilla,pvsched,fifo1,weight")]
     pub variants: String,
