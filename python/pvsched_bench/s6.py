@@ -92,9 +92,6 @@ repetition: repetition r starts at variant r mod k):
             the default caps, QEMU's main-loop thread not registered as
             the VM's emulator thread (qemu-attach --no-emulator): to the
             policy it is a host thread, so a phase yields to its wake-ups
-  pvsched-emuphase
-            the default caps, pvschedd's [cosched] emulators_in_phase =
-            true: QEMU's main loop runs in its VM's phase at SCHED_FIFO 2
   fifo1     every vCPU thread SCHED_FIFO 1 (KubeVirt's realtime setting,
             libvirt's <vcpusched scheduler='fifo' priority='1'/>)
   weight    QEMU in its own cpu cgroup with cpu.shares 4096 (cgroup v1;
@@ -181,7 +178,7 @@ VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvs
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
             "pvsched-coauto40", "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice", "pvsched-slice0",
-            "pvsched-noemu", "pvsched-emuphase")
+            "pvsched-noemu")
 # The pvsched ablations: the daemon's default caps but for a line or two
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-clamped is the
 # control: registered, every boost clamped to nothing.
@@ -204,8 +201,7 @@ ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on 
                  "pvsched-nocosched": "cosched_us = 0\n"}
 # Ablations of pvschedd's own settings (pvschedd.toml text, appended).
 ABLATION_DAEMON = {"pvsched-coauto-noyield": "[cosched]\nyield = false\n",
-                   "pvsched-slice0": "[cosched]\noff_slice_us = 0\n",
-                   "pvsched-emuphase": "[cosched]\nemulators_in_phase = true\n"}
+                   "pvsched-slice0": "[cosched]\noff_slice_us = 0\n"}
 # pvsched-cosched: the period of the co-scheduled phase, µs.
 COSCHED_PERIOD_US = 20_000
 

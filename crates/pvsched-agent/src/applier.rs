@@ -74,14 +74,6 @@ pub enum Phase {
     /// host thread woken on the CPU it held, until that thread leaves the
     /// CPU or the phase ends.
     Yielded,
-    /// An emulator thread (QEMU's main loop, an I/O thread) during its
-    /// VM's phase, when the agent is set so
-    /// (`AgentConfig::cosched_serve_emulators`): SCHED_FIFO
-    /// [`COSCHED_RT_PRIO`] + 1, above the VM's phased vCPUs, so that its
-    /// wake-ups (a TCG guest's timers, its I/O completions) preempt them
-    /// at once with no change per wake-up. Outside the phase it is
-    /// [`Phase::Free`].
-    Serving,
 }
 
 /// The longest a thread whose boost gave way to a woken host thread stays
@@ -177,14 +169,6 @@ pub fn effective(base: &SchedAttr, kind: u32, prio: i32, phase: Phase, caps: &Ca
             let gang = plan(base, BOOST_RT, COSCHED_RT_PRIO, caps);
             if rank(&gang) > rank(&boost) {
                 gang
-            } else {
-                boost
-            }
-        }
-        Phase::Serving => {
-            let serve = plan(base, BOOST_RT, COSCHED_RT_PRIO + 1, caps);
-            if rank(&serve) > rank(&boost) {
-                serve
             } else {
                 boost
             }
@@ -342,9 +326,7 @@ impl ThreadState {
         match self.phase {
             Phase::Free => w.set(PHASE_FREE),
             Phase::On => w.set(PHASE_ON),
-            // An emulator thread in its VM's phase is above the phase
-            // already: nothing for the policy to move for a host thread.
-            Phase::Off | Phase::Serving => w.set(PHASE_OFF),
+            Phase::Off => w.set(PHASE_OFF),
             Phase::Yielded => {}
         }
     }
@@ -768,28 +750,6 @@ mod tests {
         let n = effective(&own, BOOST_NICE, -5, Phase::Off, &c);
         assert_eq!((n.nice, n.slice_ns), (-5, 3_000_000));
         assert_eq!(effective(&own, BOOST_NONE, 0, Phase::Free, &c), own);
-    }
-
-    #[test]
-    fn an_emulator_thread_serves_its_vms_phase_one_priority_above_it() {
-        let c = Caps {
-            cosched_us: CoschedUs::Auto,
-            ..Caps::default()
-        };
-        let s = effective(&normal(0), BOOST_NONE, 0, Phase::Serving, &c);
-        assert_eq!(
-            (s.policy, s.priority),
-            (POLICY_FIFO, COSCHED_RT_PRIO as u32 + 1)
-        );
-        // A higher boost outranks it; caps without RT give the nice floor.
-        let b = effective(&normal(0), BOOST_RT, 3, Phase::Serving, &c);
-        assert_eq!((b.policy, b.priority), (POLICY_FIFO, 3));
-        let no_rt = Caps {
-            allow_rt: false,
-            ..c
-        };
-        let n = effective(&normal(0), BOOST_NONE, 0, Phase::Serving, &no_rt);
-        assert_eq!((n.policy, n.nice), (POLICY_NORMAL, no_rt.nice_floor));
     }
 
     #[test]

@@ -180,11 +180,6 @@ pub struct CoschedConfig {
     /// high-resolution ticks, for the next tick). 0: the kernel's default;
     /// else 100..=100000. Needs Linux 6.12 (custom slices); ignored before.
     pub off_slice_us: u64,
-    /// A co-scheduling VM's emulator threads (QEMU's main loop) run in its
-    /// phase at SCHED_FIFO 2, above its vCPUs, so the guest's timers and
-    /// I/O completions are served within the phase; `false`: they keep
-    /// their baseline and wait for the end of a phase on their CPU.
-    pub emulators_in_phase: bool,
 }
 
 impl Default for CoschedConfig {
@@ -193,7 +188,6 @@ impl Default for CoschedConfig {
             yield_to_host: true,
             host_pct: 80,
             off_slice_us: pvsched_agent::applier::OFF_PHASE_SLICE_NS / 1000,
-            emulators_in_phase: false,
         }
     }
 }

@@ -200,7 +200,6 @@ impl Server {
             cosched_max_phase_us: cfg.max.max_cosched_phase_us,
             cosched_yield: cfg.cosched.yield_to_host,
             cosched_off_slice_ns: cfg.cosched.off_slice_us * 1000,
-            cosched_serve_emulators: cfg.cosched.emulators_in_phase,
             handle_signals: false,
             ledger: Some(crate::persist::ledger_path(&runtime_dir)),
             ..AgentConfig::default()

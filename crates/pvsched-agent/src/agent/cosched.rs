@@ -40,8 +40,6 @@ pub(super) struct Cosched {
     host_permille: u64,
     /// The largest share of its period an "auto" VM's phase may hold.
     max_share: f64,
-    /// Emulator threads run in their VM's phase ([`Phase::Serving`]).
-    serve_emulators: bool,
     /// The longest phase any VM holds, µs (`[max] max_cosched_phase_us`;
     /// each VM's `max_boost_us` bounds its own too).
     max_phase_us: u64,
@@ -75,7 +73,6 @@ impl Cosched {
             host_permille: u64::from(cfg.cosched_host_pct.min(100)) * 10,
             max_share: f64::from(cfg.cosched_max_pct.min(100)) / 100.0,
             max_phase_us: cfg.cosched_max_phase_us,
-            serve_emulators: cfg.cosched_serve_emulators,
             scan: Some(scan),
             ..Cosched::default()
         }
@@ -163,8 +160,6 @@ impl Cosched {
                 if let Some(t) = reg.threads.get_mut(&crate::intf::gid(p.id, index)) {
                     let to = if index < vm.vcpus {
                         p.phase
-                    } else if self.serve_emulators && p.phase == Phase::On {
-                        Phase::Serving
                     } else {
                         Phase::Free
                     };

@@ -148,11 +148,6 @@ pub struct AgentConfig {
     /// holds for the whole process: the last agent loaded sets it.
     /// pvschedd: `[cosched] off_slice_us`.
     pub cosched_off_slice_ns: u64,
-    /// A co-scheduling VM's emulator threads run in its phase, above its
-    /// vCPUs ([`crate::applier::Phase::Serving`]); off, they stay at their
-    /// baseline and wait for a phase's end on its CPUs.
-    /// pvschedd: `[cosched] emulators_in_phase`.
-    pub cosched_serve_emulators: bool,
 }
 
 impl Default for AgentConfig {
@@ -172,7 +167,6 @@ impl Default for AgentConfig {
             cosched_max_phase_us: pvsched_policy::CapsLimit::default().max_cosched_phase_us,
             cosched_yield: true,
             cosched_off_slice_ns: crate::applier::OFF_PHASE_SLICE_NS,
-            cosched_serve_emulators: false,
         }
     }
 }
