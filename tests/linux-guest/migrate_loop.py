@@ -126,6 +126,10 @@ class MigrateLoop:
 
     def run(self, migrations=3):
         src = self.qemu(0)
+        # Each QEMU's thread attributes before pvsched first touches them:
+        # read while the policy runs, a thread may be boosted at that
+        # instant, and that is no baseline.
+        baselines = {src.pid: {t: attrs(t) for t in self.tids(src)}}
         r = self.pvsched("attach", "--qmp", src.qmp, "--name", VM, "--pid", src.pid,
                          "--supervisor", "child", "--wait-driver", "120s")
         if r.returncode != 0:
@@ -136,8 +140,9 @@ class MigrateLoop:
             uri = f"unix:{self.dir / f'mig-{n}.sock'}"
             (self.dir / f"mig-{n}.sock").unlink(missing_ok=True)
             dst = self.qemu(n, incoming=uri)
+            baselines[dst.pid] = {t: attrs(t) for t in self.tids(dst)}
             src_tids = self.tids(src)
-            baseline = {t: attrs(t) for t in src_tids}
+            baseline = baselines[src.pid]
             t0 = time.monotonic()
             r = self.pvsched("migrate", "--qmp", src.qmp, "--name", VM, "--pid", src.pid,
                              "--to-qmp", dst.qmp, "--to-pid", dst.pid, "--uri", uri,

@@ -852,47 +852,58 @@ fn sleeper_lateness_us(n: usize) -> Vec<u64> {
     .expect("sleeper")
 }
 
-/// A co-scheduled phase that holds every CPU (one spinning vCPU thread per
-/// CPU at FIFO 1 for three quarters of each 20 ms period) yields to an
-/// ordinary host thread woken in it: the vCPU on the thread's CPU leaves
-/// the phase until the host thread leaves the CPU. Without that, three
-/// quarters of the sleeper's wake-ups would wait for the phase's end (up to
-/// 15 ms, half of them more than ~5 ms late); with it the median is far
-/// under a millisecond, and the yields are counted.
-#[test]
-fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
-    let _cpus = common::cpu_bound();
-    if !need_bpf("a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends") {
-        return;
-    }
+/// A co-scheduled phase over every CPU (one spinning vCPU thread per CPU at
+/// FIFO 1 for three quarters of each 20 ms period), with `hogs` a spinning
+/// unregistered host thread per CPU beside it, and a host sleeper's 300
+/// sleeps of 1-4 ms: how late each ended (sorted, µs), the phases' yields,
+/// and the CPUs. Every vCPU thread is back at its baseline after.
+fn sleeper_beside_phases(hogs: bool) -> (Vec<u64>, u64, usize) {
     let agent = whole_host_agent();
     let cpus = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(8);
+    let _hogs: Vec<FakeVcpu> = (0..if hogs { cpus } else { 0 })
+        .map(|_| FakeVcpu::spawn_busy(0))
+        .collect();
     let vcpus: Vec<FakeVcpu> = (0..cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
     let tids: Vec<u32> = vcpus.iter().map(|v| v.tid).collect();
     let base: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
     let vm = common::device_vm(&agent, &tids, &[], caps(15_000));
     // Polled through the agent: a thread that reads the vCPUs' attributes
     // runs in the phases only by their yield, the thing under test.
-    wait_for("the phase placed", LIMIT, || {
-        Some(vm.stats().cosched_now_us).filter(|&us| us > 0)
-    });
+    wait_for(
+        "the phase placed at three quarters of the period",
+        LIMIT,
+        || Some(vm.stats().cosched_now_us).filter(|&us| us == 15_000),
+    );
     let mut late = sleeper_lateness_us(300);
     late.sort_unstable();
-    let q = |p: usize| late[(late.len() - 1) * p / 100];
     let yields: u64 = vm.stats().vcpu_sum(|c| c.phase_yields);
-    let placed = vm.stats().cosched_now_us;
+    drop(vm);
+    let now: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
+    assert_eq!(now, base, "every vCPU thread back at its baseline");
+    (late, yields, cpus)
+}
+
+/// A co-scheduled phase that holds every CPU yields to an ordinary host
+/// thread woken in it: the vCPU on the thread's CPU leaves the phase until
+/// the host thread leaves the CPU. Without that, three quarters of the
+/// sleeper's wake-ups would wait for the phase's end (up to 15 ms, half of
+/// them more than ~5 ms late); with it the median is far under a
+/// millisecond, and the yields are counted.
+#[test]
+fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
+    let _cpus = common::cpu_bound();
+    if !need_bpf("a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends") {
+        return;
+    }
+    let (late, yields, cpus) = sleeper_beside_phases(false);
+    let q = |p: usize| late[(late.len() - 1) * p / 100];
     println!(
-        "host sleeper beside {cpus} phased vCPUs ({placed} µs of 20 ms): lateness p50 {} p90 {} \
-         max {} µs; {yields} yields",
+        "host sleeper beside {cpus} phased vCPUs: lateness p50 {} p90 {} max {} µs; {yields} yields",
         q(50),
         q(90),
         q(100)
-    );
-    assert_eq!(
-        placed, 15_000,
-        "the phase holds three quarters of the period"
     );
     assert!(
         yields >= 30,
@@ -903,9 +914,6 @@ fn a_host_sleeper_woken_in_a_phase_runs_before_the_phase_ends() {
         "a woken host thread runs within a millisecond, not at the phase's end: p50 {} µs",
         q(50)
     );
-    drop(vm);
-    let now: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
-    assert_eq!(now, base, "every vCPU thread back at its baseline");
 }
 
 /// The same beside a CPU-bound host thread on every CPU, as on a host
@@ -922,22 +930,8 @@ fn a_host_sleeper_woken_in_a_phase_beside_hogs_is_never_starved() {
     if !need_bpf("a_host_sleeper_woken_in_a_phase_beside_hogs_is_never_starved") {
         return;
     }
-    let agent = whole_host_agent();
-    let cpus = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8);
-    let _hogs: Vec<FakeVcpu> = (0..cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
-    let vcpus: Vec<FakeVcpu> = (0..cpus).map(|_| FakeVcpu::spawn_busy(0)).collect();
-    let tids: Vec<u32> = vcpus.iter().map(|v| v.tid).collect();
-    let base: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
-    let vm = common::device_vm(&agent, &tids, &[], caps(15_000));
-    wait_for("the phase placed", LIMIT, || {
-        Some(vm.stats().cosched_now_us).filter(|&us| us == 15_000)
-    });
-    let mut late = sleeper_lateness_us(300);
-    late.sort_unstable();
+    let (late, yields, cpus) = sleeper_beside_phases(true);
     let q = |p: usize| late[(late.len() - 1) * p / 100];
-    let yields: u64 = vm.stats().vcpu_sum(|c| c.phase_yields);
     println!(
         "host sleeper beside {cpus} phased vCPUs and {cpus} hogs: lateness p50 {} p90 {} \
          max {} µs; {yields} yields",
@@ -961,9 +955,6 @@ fn a_host_sleeper_woken_in_a_phase_beside_hogs_is_never_starved() {
         "a woken host thread is never starved behind a hog: max {} µs",
         q(100)
     );
-    drop(vm);
-    let now: Vec<_> = vcpus.iter().map(FakeVcpu::attr).collect();
-    assert_eq!(now, base, "every vCPU thread back at its baseline");
 }
 
 /// Whether real BPF works here and the host has a CPU for the vCPUs under
