@@ -216,6 +216,12 @@ struct pvs_vcpu {
 	 * where the vCPU ran (boost_gives_way). Not throttled_until, which
 	 * would hold the latency boosts too. */
 	__u64 host_hold_until;
+	/* Agent-written: the guest's wait_on is not honoured for this vCPU
+	 * (its VM's `wait_on` is "auto" and it has more vCPUs than the CPUs
+	 * their threads may run on, where the yield takes a working
+	 * sibling's CPU). */
+	__u32 wait_on_off;
+	__u32 pad1;
 };
 
 /* Per-CPU record (`cpus` array, key = CPU number), written by the scheduler

@@ -134,7 +134,8 @@ static __always_inline void set_request(struct pvs_vcpu *v, struct pvs_vm *vm, _
 	if (wait_on == PVSCHED_WAIT_ANY) {
 		if (!vm->lock_wait_enabled || vm->nr_vcpus < 2)
 			wait_on = PVSCHED_WAIT_NONE;
-	} else if (!vm->wait_on_enabled || wait_on > vm->nr_vcpus || wait_on == v->index + 1) {
+	} else if (!vm->wait_on_enabled || READ_ONCE(v->wait_on_off) || wait_on > vm->nr_vcpus ||
+		   wait_on == v->index + 1) {
 		wait_on = PVSCHED_WAIT_NONE;
 	}
 	v->wait_on = wait_on;

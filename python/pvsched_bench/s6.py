@@ -62,6 +62,10 @@ repetition: repetition r starts at variant r mod k):
             ignored (cs_rt_prio = 0), its wait_on hints (wait_on = false)
             or its lock waits (lock_wait = false, the default since
             2026-11-27)
+  pvsched-wait
+            wait_on hints honoured whatever the VM's width (wait_on =
+            true; the default, "auto", ignores them on a VM with more
+            vCPUs than the CPUs its threads may run on)
   pvsched-lock
             lock waits honoured (lock_wait = true)
   pvsched-kick, pvsched-nokick, pvsched-auto
@@ -174,7 +178,8 @@ GUEST_SCRIPT = Path(__file__).resolve().parent / "guest" / "s6.sh"
 REPO = Path(__file__).resolve().parents[2]
 
 WORKLOADS = ("cpu", "batch", "tlb", "membarrier", "hackbench", "dbench")
-VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-nolock",
+VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvsched-wait",
+            "pvsched-nolock",
             "pvsched-lock", "pvsched-kick", "pvsched-nokick", "pvsched-auto", "pvsched-clamped",
             "pvsched-cosched", "pvsched-coauto", "pvsched-coauto10", "pvsched-coauto5",
             "pvsched-coauto40", "pvsched-coauto-noyield", "pvsched-nocosched", "fifo1", "weight", "slice", "pvsched-slice0",
@@ -183,6 +188,7 @@ VARIANTS = ("none", "vanilla", "pvsched", "pvsched-nocs", "pvsched-nowait", "pvs
 # (pvschedd reads them from its vm_dir, NAME.toml). pvsched-clamped is the
 # control: registered, every boost clamped to nothing.
 ABLATION_CAPS = {"pvsched-nocs": "cs_rt_prio = 0\n", "pvsched-nowait": "wait_on = false\n",
+                 "pvsched-wait": "wait_on = true\n",
                  "pvsched-nolock": "lock_wait = false\n", "pvsched-lock": "lock_wait = true\n",
                  "pvsched-kick": "kick_pairs = true\n",
                  "pvsched-nokick": "kick_pairs = false\n",

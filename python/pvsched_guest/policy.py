@@ -75,7 +75,7 @@ SIZEOF = {
     "pvs_decision": 48,
     "pvs_stats": 216,
     "pvs_tid_hint": 16,
-    "pvs_vcpu": 240,
+    "pvs_vcpu": 248,
     "pvs_vm": 144,
 }
 
@@ -180,6 +180,8 @@ OFFSETOF = {
         "sync_wait_ns": 216,
         "sync_since": 224,
         "host_hold_until": 232,
+        "wait_on_off": 240,
+        "pad1": 244,
     },
     "pvs_vm": {
         "active": 0,

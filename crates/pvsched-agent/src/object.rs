@@ -168,6 +168,22 @@ impl PolicyView {
         )
     }
 
+    /// Whether the policy ignores thread `gid`'s `wait_on` for its VM's
+    /// width ([`PvsVcpu::wait_on_off`], the agent's own word).
+    pub fn vcpu_wait_on_off(&self, gid: u32) -> Option<bool> {
+        Some(self.vcpu_word(gid, std::mem::offset_of!(PvsVcpu, wait_on_off))? != 0)
+    }
+
+    /// Sets that word: a store into the mapped array, which the policy
+    /// only reads (a gid outside it changes nothing).
+    pub fn set_vcpu_wait_on_off(&self, gid: u32, off: bool) {
+        if let Some(at) = vcpu_field(gid, std::mem::offset_of!(PvsVcpu, wait_on_off)) {
+            self.vcpus_map
+                .words()
+                .store(at, u32::from(off), std::sync::atomic::Ordering::Release);
+        }
+    }
+
     /// Until when (`CLOCK_MONOTONIC` ns) the policy holds the thread
     /// latency-sensitive (its guest last ran an RT task).
     pub fn vcpu_ls_until(&self, gid: u32) -> Option<u64> {

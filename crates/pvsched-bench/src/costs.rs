@@ -137,9 +137,9 @@ mod tests {
     fn bytes_follow_the_abi() {
         let b = bytes_per_vcpu();
         assert_eq!(b["region_slot"], 128);
-        assert_eq!(b["map_vcpus_entry"], 240);
-        assert_eq!(b["maps_total"], 240 + 8 + 4);
-        assert_eq!(b["vcpus_array_reserved"], 64 * 68 * 240);
+        assert_eq!(b["map_vcpus_entry"], 248);
+        assert_eq!(b["maps_total"], 248 + 8 + 4);
+        assert_eq!(b["vcpus_array_reserved"], 64 * 68 * 248);
         assert_eq!(b["region_size"][1]["region_bytes"], abi::region_size(2));
     }
 }

@@ -50,6 +50,7 @@ impl Variant {
             VariantPolicy::None => None,
             VariantPolicy::Default => Some("default"),
             VariantPolicy::NoYield => Some("default, yield_boost = \"none\""),
+            VariantPolicy::WaitOn => Some("default, wait_on = true"),
         }
     }
 }

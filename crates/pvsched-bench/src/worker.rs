@@ -377,6 +377,10 @@ pub enum VariantPolicy {
     Default,
     /// The same without the directed-yield boost (`yield_boost = "none"`).
     NoYield,
+    /// The run's caps with the guest's `wait_on` honoured whatever the
+    /// VM's width (`wait_on = true`): S2's spinning VM has more vCPUs than
+    /// the host has CPUs, where the default ("auto") lends no yield.
+    WaitOn,
 }
 
 impl VariantPolicy {
@@ -391,6 +395,7 @@ impl VariantPolicy {
             VariantPolicy::None => "none",
             VariantPolicy::Default => "default",
             VariantPolicy::NoYield => "no-yield",
+            VariantPolicy::WaitOn => "wait-on",
         }
     }
 
@@ -402,6 +407,7 @@ impl VariantPolicy {
             VariantPolicy::None => return None,
             VariantPolicy::Default => {}
             VariantPolicy::NoYield => c.yield_boost = BoostKind::None,
+            VariantPolicy::WaitOn => c.wait_on = pvsched_policy::WaitOn::On,
         }
         Some(c)
     }
@@ -633,6 +639,17 @@ mod tests {
         );
         assert_eq!(VariantPolicy::Default.caps(None), Some(Caps::default()));
         assert_eq!(VariantPolicy::None.caps(None), None);
+        let c = VariantPolicy::WaitOn.caps(None).unwrap();
+        assert_eq!(
+            (
+                c.wait_on,
+                Caps {
+                    wait_on: Caps::default().wait_on,
+                    ..c
+                }
+            ),
+            (pvsched_policy::WaitOn::On, Caps::default())
+        );
         let base = Caps {
             max_boost_us: 0,
             ..Caps::default()

@@ -223,6 +223,11 @@ pub struct ThreadStatus {
     pub boost_prio: i32,
     /// Throttled now.
     pub throttled: bool,
+    /// The policy ignores the guest's `wait_on` for this vCPU: its VM's
+    /// `wait_on` is "auto" and it has more vCPUs than the CPUs their
+    /// threads may run on (absent from older daemons: false).
+    #[serde(default)]
+    pub wait_on_off: bool,
     /// What pvsched counted for it: one field each (`boosts`,
     /// `boosted_ns`, `phase_yields`, ...), absent ones 0.
     #[serde(flatten)]
@@ -848,6 +853,7 @@ mod tests {
             boost: "rt".into(),
             boost_prio: 1,
             throttled: false,
+            wait_on_off: false,
             counters: ThreadCounters {
                 boosts: 3,
                 phase_yields: 5,

@@ -583,6 +583,7 @@ fn thread_status(t: &pvsched_agent::agent::ThreadStats) -> ThreadStatus {
         boost: boost_name(t.boost).into(),
         boost_prio: t.boost_prio,
         throttled: t.throttled != 0,
+        wait_on_off: t.wait_on_off,
         counters: t.counters,
     }
 }

@@ -184,6 +184,7 @@ impl RemoteVm {
             counters: t.counters,
             boost_prio: t.boost_prio,
             throttled: t.throttled as u32,
+            wait_on_off: t.wait_on_off,
             ..Default::default()
         };
         Some(VmStats {

@@ -232,9 +232,54 @@ impl BoostKind {
     }
 }
 
+/// A switch whose default is decided per VM: `false`, `true` or `"auto"`
+/// in TOML and in `pvsched vm set` (`"on"`/`"off"` too). The form of
+/// [`KickPairs`] and [`WaitOn`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnOffAuto {
+    Off,
+    On,
+    Auto,
+}
+
+impl Serialize for OnOffAuto {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            OnOffAuto::Off => s.serialize_bool(false),
+            OnOffAuto::On => s.serialize_bool(true),
+            OnOffAuto::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OnOffAuto {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = OnOffAuto;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or \"auto\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<OnOffAuto, E> {
+                Ok(if v { OnOffAuto::On } else { OnOffAuto::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<OnOffAuto, E> {
+                match v {
+                    "auto" => Ok(OnOffAuto::Auto),
+                    "true" | "on" => Ok(OnOffAuto::On),
+                    "false" | "off" => Ok(OnOffAuto::Off),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// When a vCPU's wake-up of a sibling confirms an IPI pair (`kick_pairs`).
 /// Written `false`, `true` or `"auto"` in TOML and in `pvsched vm set`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "OnOffAuto", into = "OnOffAuto")]
 pub enum KickPairs {
     /// Never.
     Off,
@@ -259,37 +304,73 @@ impl KickPairs {
     }
 }
 
-impl Serialize for KickPairs {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            KickPairs::Off => s.serialize_bool(false),
-            KickPairs::On => s.serialize_bool(true),
-            KickPairs::Auto => s.serialize_str("auto"),
+impl From<OnOffAuto> for KickPairs {
+    fn from(v: OnOffAuto) -> Self {
+        match v {
+            OnOffAuto::Off => KickPairs::Off,
+            OnOffAuto::On => KickPairs::On,
+            OnOffAuto::Auto => KickPairs::Auto,
         }
     }
 }
 
-impl<'de> Deserialize<'de> for KickPairs {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = KickPairs;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("true, false or \"auto\"")
-            }
-            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<KickPairs, E> {
-                Ok(if v { KickPairs::On } else { KickPairs::Off })
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<KickPairs, E> {
-                match v {
-                    "auto" => Ok(KickPairs::Auto),
-                    "true" | "on" => Ok(KickPairs::On),
-                    "false" | "off" => Ok(KickPairs::Off),
-                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
-                }
-            }
+impl From<KickPairs> for OnOffAuto {
+    fn from(v: KickPairs) -> Self {
+        match v {
+            KickPairs::Off => OnOffAuto::Off,
+            KickPairs::On => OnOffAuto::On,
+            KickPairs::Auto => OnOffAuto::Auto,
         }
-        d.deserialize_any(V)
+    }
+}
+
+/// Whether the policy honours the guest's `wait_on` hint (`wait_on`):
+/// written `false`, `true` or `"auto"` in TOML and in `pvsched vm set`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "OnOffAuto", into = "OnOffAuto")]
+pub enum WaitOn {
+    /// Never.
+    Off,
+    /// Always.
+    On,
+    /// While the VM's vCPUs fit the CPUs their threads may run on (the
+    /// default). On a VM with more vCPUs than that, the yield boost a
+    /// waiter lends its target takes a CPU that a sibling doing the
+    /// guest's work holds, and cost hackbench on a 4-vCPU VM on 2 CPUs
+    /// several per cent of its work (docs/benchmarks.md, "One 4-vCPU
+    /// VM"). The agent reads the threads' affinity once a second.
+    #[default]
+    Auto,
+}
+
+impl WaitOn {
+    /// Whether the hint is honoured on a VM that fits its CPUs (`fits`).
+    pub fn honoured(self, fits: bool) -> bool {
+        match self {
+            WaitOn::Off => false,
+            WaitOn::On => true,
+            WaitOn::Auto => fits,
+        }
+    }
+}
+
+impl From<OnOffAuto> for WaitOn {
+    fn from(v: OnOffAuto) -> Self {
+        match v {
+            OnOffAuto::Off => WaitOn::Off,
+            OnOffAuto::On => WaitOn::On,
+            OnOffAuto::Auto => WaitOn::Auto,
+        }
+    }
+}
+
+impl From<WaitOn> for OnOffAuto {
+    fn from(v: WaitOn) -> Self {
+        match v {
+            WaitOn::Off => OnOffAuto::Off,
+            WaitOn::On => OnOffAuto::On,
+            WaitOn::Auto => OnOffAuto::Auto,
+        }
     }
 }
 
@@ -420,8 +501,10 @@ pub struct Caps {
     /// otherwise keep the sibling it kicked off the CPU (docs/operating.md).
     /// An unboosted sender's wake-ups cost the policy no event.
     pub kick_pairs: KickPairs,
-    /// Honour the guest's `wait_on` hint.
-    pub wait_on: bool,
+    /// Honour the guest's `wait_on` hint: `true`, `false` or `"auto"` (the
+    /// default: while the VM's vCPUs fit the CPUs they may run on; see
+    /// [`WaitOn::Auto`]).
+    pub wait_on: WaitOn,
     /// Honour a guest vCPU that says it spins on a contended lock
     /// (`wait_on` = `WAIT_ANY`): lend the yield boost to one of the VM's
     /// preempted vCPUs, the likely holder. Off by default: where a guest
@@ -468,7 +551,7 @@ impl Default for Caps {
             vm_budget_us: 0,
             ipi_window_us: 50_000,
             kick_pairs: KickPairs::Auto,
-            wait_on: true,
+            wait_on: WaitOn::Auto,
             lock_wait: false,
             cosched_us: CoschedUs::default(),
             cosched_period_us: 20_000,
@@ -1190,12 +1273,12 @@ mod tests {
             .unwrap();
         assert_eq!(c.max_rt_prio, 2);
         assert_eq!(c.halt_boost, BoostKind::Nice);
-        assert!(!c.wait_on);
+        assert_eq!(c.wait_on, WaitOn::Off);
         assert_eq!(
             Caps {
                 max_rt_prio: 4,
                 halt_boost: BoostKind::Rt,
-                wait_on: true,
+                wait_on: WaitOn::Auto,
                 ..c
             },
             Caps::default()
@@ -1213,33 +1296,42 @@ mod tests {
     }
 
     #[test]
-    fn kick_pairs_is_a_bool_or_auto_everywhere() {
-        assert_eq!(Caps::default().kick_pairs, KickPairs::Auto);
-        for (text, want) in [
-            ("kick_pairs = true", KickPairs::On),
-            ("kick_pairs = false", KickPairs::Off),
-            ("kick_pairs = \"auto\"", KickPairs::Auto),
-        ] {
-            let c = Caps::from_toml(text).unwrap();
-            assert_eq!(c.kick_pairs, want, "{text}");
-            // What a client sends and pvschedd persists reads back the same.
-            let json = serde_json::to_string(&c).unwrap();
-            assert_eq!(serde_json::from_str::<Caps>(&json).unwrap(), c, "{json}");
-            let toml = toml::to_string(&c).unwrap();
-            assert_eq!(Caps::from_toml(&toml).unwrap(), c, "{toml}");
+    fn switches_are_a_bool_or_auto_everywhere() {
+        use OnOffAuto::{Auto, Off, On};
+        let both = |c: &Caps| (OnOffAuto::from(c.kick_pairs), OnOffAuto::from(c.wait_on));
+        assert_eq!(both(&Caps::default()), (Auto, Auto));
+        for key in ["kick_pairs", "wait_on"] {
+            let of = |c: &Caps| {
+                if key == "kick_pairs" {
+                    both(c).0
+                } else {
+                    both(c).1
+                }
+            };
+            for (text, want) in [("true", On), ("false", Off), ("\"auto\"", Auto)] {
+                let c = Caps::from_toml(&format!("{key} = {text}")).unwrap();
+                assert_eq!(of(&c), want, "{key} = {text}");
+                // What a client sends and pvschedd persists reads back the same.
+                let json = serde_json::to_string(&c).unwrap();
+                assert_eq!(serde_json::from_str::<Caps>(&json).unwrap(), c, "{json}");
+                let toml = toml::to_string(&c).unwrap();
+                assert_eq!(Caps::from_toml(&toml).unwrap(), c, "{toml}");
+            }
+            for (v, want) in [("auto", Auto), ("true", On), ("off", Off)] {
+                let c = Caps::default().with_settings([(key, v)]).unwrap();
+                assert_eq!(of(&c), want, "{key}={v}");
+            }
+            let e = Caps::from_toml(&format!("{key} = \"maybe\""))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("auto"), "{e}");
         }
-        for (v, want) in [
-            ("auto", KickPairs::Auto),
-            ("true", KickPairs::On),
-            ("off", KickPairs::Off),
-        ] {
-            let c = Caps::default().with_settings([("kick_pairs", v)]).unwrap();
-            assert_eq!(c.kick_pairs, want, "kick_pairs={v}");
-        }
-        let e = Caps::from_toml("kick_pairs = \"maybe\"")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("auto"), "{e}");
+        assert!(!WaitOn::Off.honoured(true));
+        assert!(WaitOn::On.honoured(false));
+        assert_eq!(
+            (WaitOn::Auto.honoured(true), WaitOn::Auto.honoured(false)),
+            (true, false)
+        );
     }
 
     #[test]

@@ -122,7 +122,7 @@ impl PvsVm {
     /// them).
     pub fn with_caps(self, caps: &Caps) -> PvsVm {
         PvsVm {
-            wait_on_enabled: caps.wait_on as u32,
+            wait_on_enabled: u32::from(caps.wait_on != crate::WaitOn::Off),
             lock_wait_enabled: caps.lock_wait as u32,
             caps: caps.into(),
             ..self
@@ -222,6 +222,12 @@ pub struct PvsVcpu {
     /// host thread was woken where the vCPU ran. Latency boosts (the halt
     /// boost, a guest RT task's) ignore it.
     pub host_hold_until: u64,
+    /// Written by the agent: the guest's `wait_on` is not honoured for this
+    /// vCPU (its VM's [`crate::WaitOn`] is `Auto` and the VM is wider than
+    /// the CPUs its vCPU threads may run on).
+    pub wait_on_off: u32,
+    /// Padding.
+    pub pad1: u32,
 }
 
 /// `struct pvs_cpu`: element `cpu` of the BPF `cpus` array.
@@ -282,7 +288,7 @@ pub struct PvsStats {
 const _: () = {
     assert!(size_of::<PvsCaps>() == 8 * 4 + 6 * 8 + 2 * 4 + 8);
     assert!(size_of::<PvsVm>() == 16 + size_of::<PvsCaps>() + 32);
-    assert!(size_of::<PvsVcpu>() == 240);
+    assert!(size_of::<PvsVcpu>() == 248);
     assert!(size_of::<Decision>() == 48);
     assert!(size_of::<PvsTidHint>() == 16);
     assert!(size_of::<PvsStats>() == (EV_MAX as usize + 11 + PROG_MAX as usize) * 8);

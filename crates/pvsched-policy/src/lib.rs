@@ -27,7 +27,7 @@ pub mod event;
 pub mod intf;
 pub mod model;
 
-pub use caps::{BoostKind, Caps, CapsError, CapsLimit, CoschedUs, KickPairs};
+pub use caps::{BoostKind, Caps, CapsError, CapsLimit, CoschedUs, KickPairs, WaitOn};
 pub use event::{Decision, Event, GuestFields};
 pub use intf::PvsVcpu;
 pub use model::VmModel;

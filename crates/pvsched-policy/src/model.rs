@@ -9,7 +9,7 @@
 //! (throttling it, and its waiting group with it, when a limit is reached),
 //! then re-evaluate the yield targets it released or now waits on.
 
-use crate::caps::{Caps, KickPairs};
+use crate::caps::{Caps, KickPairs, WaitOn};
 use crate::event::*;
 use crate::intf::PvsVcpu;
 use pvsched_abi::{
@@ -398,7 +398,7 @@ impl VmModel {
             if !c.lock_wait || nr < 2 {
                 wait_on = WAIT_NONE;
             }
-        } else if !c.wait_on || wait_on > nr || wait_on == v.index + 1 {
+        } else if c.wait_on == WaitOn::Off || wait_on > nr || wait_on == v.index + 1 {
             wait_on = WAIT_NONE;
         }
         v.wait_on = wait_on;

@@ -9,6 +9,7 @@ use super::Inner;
 use super::fairshare::{self, AutoPhase, Window};
 use super::gate::{self, SyncGate};
 use super::scan::ScanHandle;
+use super::width::Widths;
 use crate::applier::Phase;
 use crate::object::{PolicyView, RegionMmap, reevaluate};
 use pvsched_policy::{Caps, CoschedUs};
@@ -54,10 +55,9 @@ pub(super) struct Cosched {
     /// VMs whose phase set as a number is cut to fit the host-wide limit,
     /// as last logged.
     cut: Vec<u32>,
-    /// Every "auto" VM: the CPUs its vCPU threads may run on, as read at
-    /// its gate's last window ([`crate::sched::cpus_of`]). A VM with more
-    /// vCPUs than that gets no phase ([`too_wide`]).
-    cpus: HashMap<u32, u32>,
+    /// Every VM's width ([`super::width`]): a VM with more vCPUs than the
+    /// CPUs they may run on gets no "auto" phase.
+    widths: Widths,
 }
 
 impl Cosched {
@@ -270,15 +270,7 @@ impl Cosched {
                 .iter()
                 .filter(|(_, v)| v.caps.cosched_us == CoschedUs::Auto)
                 .map(|(id, v)| {
-                    let threads = (0..v.vcpus)
-                        .filter_map(|i| {
-                            let g = crate::intf::gid(*id, i);
-                            reg.threads
-                                .get(&g)
-                                .filter(|t| !t.exited)
-                                .map(|t| (g, t.tid))
-                        })
-                        .collect();
+                    let threads = reg.live_vcpus(*id, v.vcpus);
                     let period = v.caps.cosched_period_us.max(1) as f64;
                     let max_share = self
                         .max_share
@@ -294,32 +286,21 @@ impl Cosched {
                 })
                 .collect()
         };
+        self.widths.update(
+            inner,
+            view,
+            now,
+            u32::try_from(self.cpu_ids).unwrap_or(u32::MAX),
+        );
         self.gates.retain(|id, _| autos.iter().any(|a| a.0 == *id));
         let mut rates = Vec::with_capacity(autos.len());
-        self.cpus.retain(|id, _| autos.iter().any(|a| a.0 == *id));
-        for (id, threads, .., region, vcpus) in &autos {
+        for (id, .., region, vcpus) in &autos {
             let counts = region
                 .as_ref()
                 .and_then(|r| gate::guest_counts(&r.words(), *vcpus));
             let g = self.gates.entry(*id).or_default();
             let (was, windows) = (g.on(), g.windows());
             let on = g.update(counts, now, *vcpus);
-            if g.windows() != windows || !self.cpus.contains_key(id) {
-                // Read once a window: libvirt may pin the vCPUs at any time.
-                let tids: Vec<u32> = threads.iter().map(|t| t.1).collect();
-                let cpus = crate::sched::cpus_of(&tids)
-                    .unwrap_or(u32::try_from(self.cpu_ids).unwrap_or(u32::MAX));
-                let before = self.cpus.insert(*id, cpus);
-                let wide = too_wide(*vcpus, cpus);
-                if before.map(|b| too_wide(*vcpus, b)) != Some(wide) && wide {
-                    log::info!(
-                        "pvsched cosched auto: VM {id}: not co-scheduled while its \
-                         {vcpus} vCPUs may run on {cpus} CPU(s) only: a phase would \
-                         hold the vCPUs that do not fit off the CPUs while their \
-                         siblings wait for them"
-                    );
-                }
-            }
             if g.windows() != windows {
                 // Every window's score, for a benchmark that explains which
                 // VM got phases when (RUST_LOG=pvsched_agent::agent::cosched=debug).
@@ -354,7 +335,7 @@ impl Cosched {
         let autos: Vec<AutoSpec> = autos
             .into_iter()
             .filter(|a| self.gates.get(&a.0).is_some_and(SyncGate::on))
-            .filter(|a| !self.cpus.get(&a.0).is_some_and(|c| too_wide(a.5, *c)))
+            .filter(|a| !self.widths.too_wide(a.0, a.5))
             .collect();
         self.auto.retain(|id, _| autos.iter().any(|a| a.0 == *id));
         let Some(scan) = &self.scan else {
@@ -417,18 +398,6 @@ impl Cosched {
             );
         }
     }
-}
-
-/// Whether a VM of `vcpus` vCPUs whose threads may run on `cpus` CPUs is
-/// too wide for "auto" to co-schedule. A phase puts all its vCPUs at FIFO
-/// together; those that find no CPU wait until one of the others halts
-/// (FIFO has no time slice), so a task woken on one of them, or a lock
-/// it holds, waits the phase out while its siblings spin or sleep for it.
-/// Measured with one 4-vCPU 7.3 guest on this 2-CPU host, such phases
-/// cost hackbench half its work per CPU-second
-/// (docs/bench/s6-default-1x4.json).
-pub(super) fn too_wide(vcpus: u32, cpus: u32) -> bool {
-    vcpus > cpus.max(1)
 }
 
 /// One co-scheduling VM as [`plan`] sees it.

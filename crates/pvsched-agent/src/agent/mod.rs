@@ -20,6 +20,7 @@ mod gate;
 mod scan;
 mod stats;
 mod trace_out;
+mod width;
 
 pub use stats::{
     APPLY_BUCKETS_NS, Counter, LatencyHistogram, ThreadCounters, ThreadStats, VmStats,
@@ -233,6 +234,22 @@ struct Registry {
     threads: HashMap<u32, ThreadState>,
     vms: HashMap<u32, VmEntry>,
     foreign: u64,
+}
+
+impl Registry {
+    /// The (gid, tid) of VM `vm_id`'s first `vcpus` threads (its vCPUs)
+    /// that have not exited.
+    fn live_vcpus(&self, vm_id: u32, vcpus: u32) -> Vec<(u32, u32)> {
+        (0..vcpus)
+            .filter_map(|i| {
+                let g = gid(vm_id, i);
+                self.threads
+                    .get(&g)
+                    .filter(|t| !t.exited)
+                    .map(|t| (g, t.tid))
+            })
+            .collect()
+    }
 }
 
 struct Inner {

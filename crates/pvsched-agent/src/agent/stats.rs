@@ -149,6 +149,9 @@ pub struct ThreadStats {
     pub boost_prio: i32,
     /// 1 while throttled.
     pub throttled: u32,
+    /// The policy ignores the guest's `wait_on` for this vCPU: its VM's
+    /// `wait_on` is "auto" and the VM is wider than its CPUs.
+    pub wait_on_off: bool,
 }
 
 /// Upper bounds of the decision → applied latency buckets, ns (the
@@ -283,6 +286,7 @@ impl VmHandle {
                         vs.boost = v.boost;
                         vs.boost_prio = v.boost_prio;
                         vs.throttled = v.throttled;
+                        vs.wait_on_off = v.wait_on_off != 0;
                         vs.counters.sync_halts = v.sync_halts;
                         vs.counters.sib_wakes = v.sib_wakes;
                         vs.counters.sync_wait_ns = v.sync_wait_ns;

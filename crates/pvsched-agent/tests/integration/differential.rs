@@ -18,7 +18,7 @@ use pvsched_agent::intf::{MODE_DEVICE, PvsVcpu, PvsVm};
 use pvsched_policy::event::{
     R_BUDGET, R_HALT, R_LIMITS, R_MAX_BOOST, R_THROTTLED, R_VM_BUDGET, R_YIELD,
 };
-use pvsched_policy::{BoostKind, Caps, Event, GuestFields, KickPairs, VmModel};
+use pvsched_policy::{BoostKind, Caps, Event, GuestFields, KickPairs, VmModel, WaitOn};
 
 /// Byte offset of `driver_features_lo` in the region header.
 const HEADER_DRIVER_FEATURES_LO: usize =
@@ -61,7 +61,7 @@ fn gen_caps(r: &mut Rng) -> Caps {
         vm_budget_us: r.pick(&[0, 0, 2_000, 6_000]),
         ipi_window_us: r.pick(&[0, 500, 50_000]),
         kick_pairs: r.pick(&[KickPairs::Off, KickPairs::On, KickPairs::Auto]),
-        wait_on: r.below(3) != 0,
+        wait_on: r.pick(&[WaitOn::Off, WaitOn::On, WaitOn::Auto]),
         lock_wait: r.below(3) != 0,
         // The agent's, not the policy's: the BPF program never sees it.
         cosched_us: pvsched_policy::CoschedUs::Us(0),

@@ -12,7 +12,7 @@ use pvsched_abi::seq::SharedWords;
 use pvsched_abi::{CS_HARDIRQ, F_DEVICE_REGION, F_KICK, POLICY_FIFO, POLICY_NORMAL, SlotGuest};
 use pvsched_agent::{Agent, RegionSpec, VmSpec, sched};
 use pvsched_policy::event::{EV_KICK, EV_WAKEUP};
-use pvsched_policy::{BoostKind, Caps, KickPairs};
+use pvsched_policy::{BoostKind, Caps, KickPairs, WaitOn};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -307,6 +307,78 @@ fn wait_on_hint_boosts_the_directed_yield_target() {
         Some(target.attr()).filter(|a| *a == baseline)
     });
     assert_eq!(back, baseline);
+}
+
+/// `wait_on = "auto"` (the default) lends no yield on a VM with more vCPUs
+/// than the CPUs its vCPU threads may run on, where the boosted target
+/// would take a CPU that a sibling doing the guest's work holds. Two vCPU
+/// threads pinned to one CPU: the agent marks their records, and the
+/// guest's wait_on, read in the same slot write as a critical section that
+/// boosts the sender, boosts no target; let them run on two CPUs and the
+/// agent clears the mark (its affinity read is once a second), and the
+/// same wait_on boosts the target.
+#[test]
+fn wait_on_auto_lends_no_yield_on_a_vm_wider_than_its_cpus() {
+    if !need_bpf("wait_on_auto_lends_no_yield_on_a_vm_wider_than_its_cpus") {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2
+        && !pvsched_testkit::skip_or_fail(
+            "wait_on_auto_lends_no_yield_on_a_vm_wider_than_its_cpus",
+            "needs 2 CPUs: on one, every 2-vCPU VM is wider than the host",
+        )
+    {
+        return;
+    }
+    let agent = agent();
+    let sender = FakeVcpu::spawn(0, Duration::from_micros(300));
+    let target = FakeVcpu::spawn(2, Duration::from_micros(300));
+    for t in [sender.tid, target.tid] {
+        common::pin(t, 0);
+    }
+    let baseline = target.attr();
+    let c = Caps {
+        yield_boost: BoostKind::Nice,
+        yield_prio: -8,
+        ..caps()
+    };
+    assert_eq!(c.wait_on, WaitOn::Auto, "the default");
+    let vm = common::device_vm(&agent, &[sender.tid, target.tid], &[], c);
+    let region = vm.region().unwrap();
+    wait_for("the agent's mark on the wide VM", LIMIT, || {
+        Some(()).filter(|_| vm.stats().vcpus.iter().all(|v| v.wait_on_off))
+    });
+    // vCPU 0 in a critical section, waiting on vCPU 1 (slot index + 1).
+    region.write_guest(
+        2,
+        0,
+        &SlotGuest {
+            kern_cs: CS_HARDIRQ,
+            wait_on: 2,
+            ..Default::default()
+        },
+    );
+    wait_for("the sender's critical-section boost", LIMIT, || {
+        Some(sender.attr()).filter(|a| a.policy == POLICY_FIFO)
+    });
+    let st = vm.stats();
+    assert_eq!(
+        (st.vcpus[0].yield_slot, target.attr()),
+        (0, baseline),
+        "no yield slot and no boost for the target on a wide VM"
+    );
+    for t in [sender.tid, target.tid] {
+        common::pin_to(t, &[0, 1]);
+    }
+    let a = wait_for("the yield boost once the VM fits", LIMIT, || {
+        Some(target.attr()).filter(|a| a.nice == -8)
+    });
+    assert_eq!(a.policy, POLICY_NORMAL);
+    assert!(vm.stats().vcpus.iter().all(|v| !v.wait_on_off));
+    region.write_guest(2, 0, &SlotGuest::default());
+    wait_for("restore", LIMIT, || {
+        Some(target.attr()).filter(|a| *a == baseline)
+    });
 }
 
 /// An emulator thread (QEMU's main loop) holds the VM's

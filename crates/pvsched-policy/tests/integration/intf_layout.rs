@@ -105,7 +105,9 @@ fn expectations() -> (Vec<Expect>, Vec<Coverage>) {
             sib_wakes,
             sync_wait_ns,
             sync_since,
-            host_hold_until
+            host_hold_until,
+            wait_on_off,
+            pad1
         ]
     );
     layout_struct!(

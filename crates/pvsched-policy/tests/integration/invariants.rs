@@ -11,7 +11,7 @@
 use proptest::prelude::*;
 use pvsched_abi::{BOOST_NICE, BOOST_NONE, BOOST_RT};
 use pvsched_policy::event::{R_LIMITS, R_THROTTLED};
-use pvsched_policy::{BoostKind, Caps, Event, GuestFields, KickPairs, VmModel};
+use pvsched_policy::{BoostKind, Caps, Event, GuestFields, KickPairs, VmModel, WaitOn};
 use std::collections::HashMap;
 
 fn kind() -> impl Strategy<Value = BoostKind> {
@@ -74,7 +74,7 @@ fn caps() -> impl Strategy<Value = Caps> {
                 vm_budget_us,
                 ipi_window_us: iw,
                 kick_pairs,
-                wait_on: true,
+                wait_on: WaitOn::On,
                 lock_wait: true,
                 ..Caps::default()
             },

@@ -254,3 +254,26 @@ impl Drop for SyncCounts {
         }
     }
 }
+
+/// Pins thread `tid` (0: the caller) to `cpu`.
+pub fn pin(tid: u32, cpu: usize) {
+    pin_to(tid, &[cpu]);
+}
+
+/// Lets thread `tid` (0: the caller) run on `cpus` only.
+pub fn pin_to(tid: u32, cpus: &[usize]) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
+    // sched_setaffinity read and write only that set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        assert_eq!(
+            libc::sched_setaffinity(tid as libc::pid_t, size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pin thread {tid} to CPUs {cpus:?}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
