@@ -188,6 +188,9 @@ impl Virsh {
             )
         };
         let mut child = Command::new(&self.program)
+            // Its messages in English whatever the operator's locale:
+            // `pvsched detach` tells a domain that is not running by them.
+            .env("LC_ALL", "C")
             .arg("-c")
             .arg(&self.connect)
             .args(args)
